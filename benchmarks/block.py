@@ -1,0 +1,235 @@
+"""Forward+backward time of one block, side by side with the peers a user would pick instead.
+
+    python benchmarks/block.py                      # CPU, float32, batch 8, T 256, d_model 512
+    python benchmarks/block.py --memory             # also: peak memory of sdpa vs math at T 4096
+    python benchmarks/block.py --device cuda --dtype bfloat16 --d-model 2048 --time 2048
+
+Peers come from the ``bench`` extra (``pip install -e ".[bench]"``); a missing peer is skipped.
+Prints a Markdown table with each time and the zoo/peer ratio (below 1.0: zoo is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import zoo
+
+Step = Callable[[], None]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_interleaved(steps: dict[str, Step], device: str, repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds of each step, timed round-robin so drift in machine load hits all alike."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    sync(device)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def fwd_bwd(module: nn.Module, x: torch.Tensor, call: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Step:
+    x = x.detach().requires_grad_()
+    run = call or module
+
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        run(x).float().square().mean().backward()
+
+    return step
+
+
+def zoo_block(preset: str, args: argparse.Namespace, **block: object) -> nn.Module:
+    overrides = [f"preset={preset}", f"block.d_model={args.d_model}", f"block.n_heads={args.n_heads}"]
+    overrides += [f"block.{k}={v}" for k, v in block.items()]
+    return zoo.build_block(zoo.compose(overrides).block)
+
+
+def llama_peer(args: argparse.Namespace, d_ff: int) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    config = LlamaConfig(
+        hidden_size=args.d_model,
+        intermediate_size=d_ff,
+        num_attention_heads=args.n_heads,
+        num_key_value_heads=2,
+        max_position_embeddings=max(args.time, 4096),
+    )
+    config._attn_implementation = "sdpa"
+    layer = LlamaDecoderLayer(config, layer_idx=0)
+    rotary = LlamaRotaryEmbedding(config)
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[1], device=x.device)[None]
+        out = layer(x, position_ids=positions, position_embeddings=rotary(x, positions))
+        return out[0] if isinstance(out, tuple) else out
+
+    return layer, call
+
+
+def gpt_peers(args: argparse.Namespace) -> dict[str, tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor] | None]]:
+    peers: dict[str, tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor] | None]] = {}
+    torch_layer = nn.TransformerEncoderLayer(
+        args.d_model, args.n_heads, 4 * args.d_model, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+    )
+
+    def torch_call(x: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device, dtype=x.dtype)
+        return torch_layer(x, src_mask=mask, is_causal=True)
+
+    peers["torch TransformerEncoderLayer"] = (torch_layer, torch_call)
+    try:
+        from x_transformers import Decoder
+
+        peers["x-transformers Decoder"] = (
+            Decoder(dim=args.d_model, depth=1, heads=args.n_heads, attn_flash=True),
+            None,
+        )
+    except ImportError:
+        print("x-transformers not installed: skipped (pip install -e '.[bench]')", file=sys.stderr)
+    return peers
+
+
+def count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def run_speed(args: argparse.Namespace) -> None:
+    device, dtype = args.device, getattr(torch, args.dtype)
+    x = torch.randn(args.batch, args.time, args.d_model, device=device, dtype=dtype)
+    llama_block = zoo_block("llama", args)
+    # (name, module, call, name of the zoo block it is compared with)
+    contenders: list[tuple[str, nn.Module, Callable[[torch.Tensor], torch.Tensor] | None, str | None]] = [
+        ("zoo gpt (sdpa)", zoo_block("gpt", args), None, None),
+        *[(name, module, call, "zoo gpt (sdpa)") for name, (module, call) in gpt_peers(args).items()],
+        ("zoo llama (sdpa)", llama_block, None, None),
+    ]
+    try:
+        module, call = llama_peer(args, llama_block.mlp.down.in_features)
+        contenders.append(("HF LlamaDecoderLayer (sdpa)", module, call, "zoo llama (sdpa)"))
+    except ImportError:
+        print("transformers not installed: skipped (pip install -e '.[bench]')", file=sys.stderr)
+
+    steps = {name: fwd_bwd(module.to(device, dtype), x, call) for name, module, call, _ in contenders}
+    seconds = time_interleaved(steps, device, args.repeats)
+
+    print(
+        f"\nforward+backward, {args.device} {args.dtype}, batch {args.batch}, T {args.time}, "
+        f"d_model {args.d_model}, {args.n_heads} heads, {torch.get_num_threads()} threads, "
+        f"median of {args.repeats}\n"
+    )
+    print("| block | parameters | ms | TFLOP/s | zoo / peer |")
+    print("|---|---:|---:|---:|---:|")
+    for name, module, _, against in contenders:
+        flops = 3 * 2 * count(module) * x.shape[0] * x.shape[1]  # matmul FLOPs of fwd+bwd, attention scores aside
+        ratio = f"{seconds[against] / seconds[name]:.2f}" if against else ""
+        print(
+            f"| {name} | {count(module):,} | {seconds[name] * 1e3:.1f} | {flops / seconds[name] / 1e12:.2f} | {ratio} |"
+        )
+
+
+def rss_bytes(field: str) -> int:
+    """A memory field of /proc/self/status (VmRSS: now, VmHWM: peak since the last reset), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_memory_child(args: argparse.Namespace) -> None:
+    """Run one fwd+bwd at --time and print the peak memory it needed above the model's (bytes)."""
+    device = args.device
+    block = zoo_block("gpt", args, **{"attn.backend": args.backend}).to(device)
+    x = torch.randn(1, args.time, args.d_model, device=device, requires_grad=True)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = rss_bytes("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak-RSS high-water mark (Linux)
+    block(x).square().mean().backward()
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = rss_bytes("VmHWM") - base
+    print(json.dumps({"peak_bytes": peak}))
+
+
+def run_memory(args: argparse.Namespace) -> None:
+    peaks = {}
+    for backend in ("sdpa", "math"):
+        command = [
+            sys.executable,
+            __file__,
+            "--memory-child",
+            "--backend",
+            backend,
+            "--device",
+            args.device,
+            "--time",
+            str(args.memory_time),
+            "--d-model",
+            str(args.d_model),
+            "--n-heads",
+            str(args.n_heads),
+        ]
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        peaks[backend] = json.loads(out.strip().splitlines()[-1])["peak_bytes"]
+    print(f"\npeak memory of one fwd+bwd, batch 1, T {args.memory_time}, gpt block ({args.device})\n")
+    print("| backend | peak MiB |\n|---|---:|")
+    for backend, peak in peaks.items():
+        print(f"| {backend} | {peak / 2**20:.0f} |")
+    print(f"\nsdpa / math peak memory: {peaks['sdpa'] / peaks['math']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--time", type=int, default=256)
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--n-heads", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--memory", action="store_true", help="also measure sdpa vs math peak memory")
+    parser.add_argument("--memory-time", type=int, default=4096)
+    parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="sdpa", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_child:
+        peak_memory_child(args)
+        return
+    torch.manual_seed(0)
+    run_speed(args)
+    if args.memory:
+        run_memory(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Configs and the registry: bad input fails early with a message naming field, value and choices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from combos import TINY
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import zoo
+from zoo import AXES, ConfigError, Registry, build_block, compose, resolve_block
+from zoo.build import option_defaults
+
+
+def cfg(**changes):
+    base = {**TINY, "placement": "pre", "norm": "layernorm", "attn": "gqa", "pos": "rotary", "mlp": "gelu"}
+    return {**base, **changes}
+
+
+def test_available_lists_every_axis():
+    assert set(zoo.available()) == {"placement", "norm", "attn", "pos", "mlp"}
+    assert zoo.available()["attn"] == ["mha", "gqa", "mqa"]
+
+
+def test_compose_then_build_like_the_command_line():
+    composed = compose(["norm=rmsnorm", "attn=gqa", "pos=rotary", "mlp=swiglu", "placement=pre"])
+    assert composed.block.attn.n_kv_heads == 2 and composed.block.norm.name == "rmsnorm"
+    block = build_block(composed.block)
+    x = torch.randn(2, 16, composed.block.d_model)
+    assert block(x).shape == x.shape
+
+
+def test_plain_dict_builds_the_same_block_as_the_composed_config():
+    composed = compose(["preset=llama"])
+    plain = OmegaConf.to_container(composed.block)
+    assert isinstance(plain, dict)
+    torch.manual_seed(0)
+    a = build_block(composed.block)
+    torch.manual_seed(0)
+    b = build_block(plain)
+    x = torch.randn(1, 4, composed.block.d_model)
+    torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [
+        ("gpt", {"placement": "pre", "norm": "layernorm", "attn": "mha", "pos": "none", "mlp": "gelu"}),
+        ("llama", {"placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rotary", "mlp": "swiglu"}),
+        ("vaswani", {"placement": "post", "norm": "layernorm", "attn": "mha", "pos": "none", "mlp": "relu"}),
+    ],
+)
+def test_presets_set_every_axis(preset, expected):
+    block = compose([f"preset={preset}"]).block
+    assert {axis: block[axis].name for axis in AXES} == expected
+    assert block.bias is (preset != "llama")
+
+
+def test_command_line_choice_beats_preset():
+    assert compose(["preset=llama", "norm=layernorm"]).block.norm.name == "layernorm"
+
+
+def test_unknown_part_names_axis_value_closest_and_all():
+    with pytest.raises(ConfigError) as error:
+        resolve_block(cfg(norm="rmsnrom"))
+    message = str(error.value)
+    assert "block.norm.name='rmsnrom'" in message
+    assert "did you mean 'rmsnorm'" in message
+    assert "layernorm, rmsnorm" in message
+
+
+def test_unknown_part_on_the_command_line():
+    with pytest.raises(ConfigCompositionException, match="rmsnrom"):
+        compose(["norm=rmsnrom"])
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "allowed"),
+    [
+        ({"d_model": 18}, "block.n_heads=4", "must divide d_model=18"),
+        ({"attn": {"name": "gqa", "n_kv_heads": 3}}, "block.attn.n_kv_heads=3", "one of [1, 2, 4]"),
+        ({"attn": {"name": "gqa", "n_kv_heads": 0}}, "block.attn.n_kv_heads=0", "must divide"),
+        ({"d_model": 12, "n_heads": 4}, "block.d_model=12", "even head size"),
+        ({"d_model": 0}, "block.d_model=0", "positive"),
+        ({"n_heads": -2}, "block.n_heads=-2", "positive"),
+        ({"d_ff": 0}, "block.d_ff=0", "positive"),
+        ({"dropout": 1.0}, "block.dropout=1.0", "[0, 1)"),
+        ({"dropout": -0.1}, "block.dropout=-0.1", "[0, 1)"),
+        ({"d_modle": 16}, "block.d_modle=16", "unknown key"),
+        ({"norm": {"name": "rmsnorm", "epss": 1e-5}}, "block.norm.epss", "options: eps"),
+        ({"norm": {"name": "rmsnorm", "eps": 0.0}}, "block.norm.eps=0.0", "> 0"),
+        ({"d_model": "16"}, "block.d_model='16'", "must be int"),
+        ({"d_model": 16.0}, "block.d_model=16.0", "must be int"),
+        ({"bias": "yes"}, "block.bias='yes'", "must be bool"),
+        ({"attn": {"name": "mha", "backend": "flash"}}, "block.attn.backend='flash'", "'sdpa', 'math'"),
+        ({"attn": {"name": "mha", "n_kv_heads": 2.5}}, "block.attn.n_kv_heads=2.5", "int or null"),
+        ({"norm": None}, "block.norm=None", "layernorm, rmsnorm"),
+        ({"norm": {"eps": 1e-5}}, "block.norm=", "needs a 'name'"),
+    ],
+)
+def test_bad_config_names_field_value_and_allowed(changes, field, allowed):
+    with pytest.raises(ConfigError) as error:
+        build_block(cfg(**changes))
+    assert field in str(error.value) and allowed in str(error.value), str(error.value)
+
+
+def test_typo_on_the_command_line_fails_at_composition():
+    with pytest.raises(ConfigCompositionException, match="d_modle"):
+        compose(["block.d_modle=64"])
+    with pytest.raises(ConfigError, match="block.n_heads=5"):
+        compose(["block.n_heads=5"])
+
+
+def test_registering_a_name_twice_is_an_error():
+    registry = Registry("norm")
+    registry.register("x")(type("X", (), {}))
+    with pytest.raises(ValueError, match="'x' is already registered"):
+        registry.register("x")(type("Y", (), {}))
+
+
+@pytest.mark.parametrize("shape", [(16,), (2, 16), (2, 3, 8), (2, 3, 16, 1)])
+def test_wrong_input_rank_or_width_is_a_clear_error(shape):
+    block = build_block(cfg())
+    with pytest.raises(ValueError, match=r"\(batch, time, d_model=16\)"):
+        block(torch.randn(*shape))
+
+
+def option_files(axis: str) -> dict[str, Path]:
+    return {path.stem: path for path in sorted((zoo.CONF_DIR / axis).glob("*.yaml"))}
+
+
+@pytest.mark.parametrize("axis", list(AXES))
+def test_option_files_and_registry_agree(axis):
+    assert set(option_files(axis)) == set(AXES[axis].names())
+
+
+@pytest.mark.parametrize(
+    ("axis", "name"), [(axis, name) for axis, registry in AXES.items() for name in registry.names()]
+)
+def test_every_option_file_builds_and_lists_every_option(axis, name):
+    path = option_files(axis)[name]
+    assert path.read_text().startswith(f"# @package block.{axis}\n")
+    node = yaml.safe_load(path.read_text())
+    assert node.pop("name") == name
+    assert node == option_defaults(AXES[axis].get(name))
+    composed = compose([f"{axis}={name}", "block.d_model=16", "block.n_heads=4"])
+    build_block(composed.block)

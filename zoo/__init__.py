@@ -1,0 +1,35 @@
+"""zoo: composable transformer blocks, built from Hydra configs, tested as one contract."""
+
+from zoo.block import Block
+from zoo.build import BlockSpec, build_block, resolve_block
+from zoo.config import CONF_DIR, compose
+from zoo.dims import BlockDims
+from zoo.errors import ConfigError
+from zoo.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIONS, Registry
+
+__version__ = "0.1.0"
+
+
+def available() -> dict[str, list[str]]:
+    """Every axis and its registered part names, e.g. ``{"norm": ["layernorm", "rmsnorm"], ...}``."""
+    return {axis: registry.names() for axis, registry in AXES.items()}
+
+
+__all__ = [
+    "ATTENTIONS",
+    "AXES",
+    "Block",
+    "BlockDims",
+    "BlockSpec",
+    "CONF_DIR",
+    "ConfigError",
+    "MLPS",
+    "NORMS",
+    "PLACEMENTS",
+    "POSITIONS",
+    "Registry",
+    "available",
+    "build_block",
+    "compose",
+    "resolve_block",
+]

@@ -1,0 +1,16 @@
+"""The one error type for bad configuration: it names the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is not allowed.
+
+    The message always reads ``<field>=<value>: <allowed>`` so a user can fix the one thing wrong.
+    """
+
+    def __init__(self, field: str, value: Any, allowed: str) -> None:
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}={value!r}: {allowed}")

@@ -1,0 +1,83 @@
+"""A decoder-only language model: token embedding, a stack of blocks, final norm, LM head."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from zoo.block import Block
+from zoo.build import BlockSpec, build_block, resolve_block, to_dict
+from zoo.errors import ConfigError
+from zoo.parts.attention import KVCache
+
+
+class LanguageModel(nn.Module):
+    """Token ids (batch, time) -> next-token logits (batch, time, vocab).
+
+    Parameter names: ``embed``, ``blocks.{i}.*``, ``final_norm`` (pre-norm stacks only), ``head``
+    (absent when tied to the embedding).
+    """
+
+    def __init__(self, spec: BlockSpec, vocab_size: int, n_layers: int, tie_embeddings: bool = True) -> None:
+        super().__init__()
+        d_model = spec.dims.d_model
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList(build_block(spec) for _ in range(n_layers))
+        needs_final_norm = spec["placement"].part.cls.final_norm
+        self.final_norm = spec["norm"].build(spec.dims) if needs_final_norm else nn.Identity()
+        self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
+        self.reset_parameters(n_layers)
+
+    def reset_parameters(self, n_layers: int) -> None:
+        """Normal(0, 0.02) weights, zero biases; residual-output projections scaled by 1/sqrt(2 n_layers)."""
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.ndim >= 2:
+                std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("attn.out.weight", "mlp.down.weight")) else 0.02
+                nn.init.normal_(p, std=std)
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        *,
+        key_mask: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """ids: (b, t) -> logits (b, t, vocab). caches: one KVCache per block, appended to in place."""
+        x = self.embed(ids)  # (b, t, d)
+        for i, block in enumerate(self.blocks):
+            x = block(x, key_mask=key_mask, cache=None if caches is None else caches[i])
+        x = self.final_norm(x)
+        return self.head(x) if self.head is not None else x @ self.embed.weight.T
+
+    def new_caches(self) -> list[KVCache]:
+        return [KVCache() for _ in self.blocks]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def build_model(cfg: Mapping[str, Any] | DictConfig) -> LanguageModel:
+    """A model from a config with a ``block`` section and a ``model`` section
+    (``vocab_size``, ``n_layers``, ``tie_embeddings``)."""
+    raw = to_dict(cfg)
+    spec = resolve_block(raw.get("block", {}))
+    model = dict(raw.get("model") or {})
+    allowed = {"vocab_size": 256, "n_layers": 2, "tie_embeddings": True}
+    for key, value in model.items():
+        if key not in allowed:
+            raise ConfigError(f"model.{key}", value, f"unknown key; allowed: {', '.join(allowed)}")
+    options = {**allowed, **model}
+    for key in ("vocab_size", "n_layers"):
+        if not isinstance(options[key], int) or isinstance(options[key], bool) or options[key] < 1:
+            raise ConfigError(f"model.{key}", options[key], "must be a positive integer")
+    return LanguageModel(spec, options["vocab_size"], options["n_layers"], bool(options["tie_embeddings"]))
+
+
+__all__ = ["Block", "LanguageModel", "build_model"]

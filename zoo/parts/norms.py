@@ -1,0 +1,56 @@
+"""Normalization layers over the last (feature) axis."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoo.dims import BlockDims
+from zoo.errors import ConfigError
+from zoo.registry import NORMS
+
+
+def check_eps(eps: float) -> None:
+    if not eps > 0:
+        raise ConfigError("block.norm.eps", eps, "must be > 0")
+
+
+@NORMS.register(
+    "layernorm",
+    formula="(x - mean(x)) / sqrt(var(x) + eps) * g + b",
+    reference="Ba et al. 2016, Layer Normalization, arXiv:1607.06450",
+)
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm: centre and scale each vector, learned gain (and bias when block.bias)."""
+
+    @classmethod
+    def check(cls, dims: BlockDims, *, eps: float = 1e-5) -> None:
+        check_eps(eps)
+
+    def __init__(self, dims: BlockDims, *, eps: float = 1e-5) -> None:
+        super().__init__(dims.d_model, eps=eps, bias=dims.bias)
+
+
+@NORMS.register(
+    "rmsnorm",
+    formula="x / sqrt(mean(x^2) + eps) * g",
+    reference="Zhang & Sennrich 2019, Root Mean Square Layer Normalization, arXiv:1910.07467",
+)
+class RMSNorm(nn.Module):
+    """RMSNorm: scale each vector by its root mean square, learned gain, no centring."""
+
+    @classmethod
+    def check(cls, dims: BlockDims, *, eps: float = 1e-6) -> None:
+        check_eps(eps)
+
+    def __init__(self, dims: BlockDims, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dims.d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in at least float32, so bfloat16 inputs do not lose the mean of squares.
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        h = x.to(dtype)
+        h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (h * self.weight.to(dtype)).to(x.dtype)
