@@ -5,6 +5,7 @@ from zoo.build import BlockSpec, build_block, resolve_block
 from zoo.config import CONF_DIR, compose
 from zoo.dims import BlockDims
 from zoo.errors import ConfigError
+from zoo.model import LanguageModel, build_model
 from zoo.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIONS, Registry
 
 __version__ = "0.1.0"
@@ -23,6 +24,7 @@ __all__ = [
     "BlockSpec",
     "CONF_DIR",
     "ConfigError",
+    "LanguageModel",
     "MLPS",
     "NORMS",
     "PLACEMENTS",
@@ -30,6 +32,7 @@ __all__ = [
     "Registry",
     "available",
     "build_block",
+    "build_model",
     "compose",
     "resolve_block",
 ]

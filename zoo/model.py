@@ -62,6 +62,36 @@ class LanguageModel(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters by component: embedding (and untied head), attention, mlp, norms, total."""
+        counts = {"embedding": 0, "attention": 0, "mlp": 0, "norms": 0}
+        for name, p in self.named_parameters():
+            counts[component_of(name)] += p.numel()
+        counts["total"] = sum(counts.values())
+        return counts
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs (forward + backward) per token at context ``seq_len``.
+
+        6 x the non-embedding parameters (each weight: one multiply-add forward, two backward),
+        plus attention scores and weighted values: 6 x n_layers x seq_len x d_model
+        (Kaplan et al. 2020, without halving for the causal mask).
+        """
+        counts = self.parameter_counts()
+        dense = counts["total"] - counts["embedding"] + self.embed.weight.numel()  # the LM head matmul counts
+        return 6 * dense + 6 * len(self.blocks) * seq_len * self.embed.embedding_dim
+
+
+def component_of(name: str) -> str:
+    """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention)."""
+    if name.startswith(("embed", "head")):
+        return "embedding"
+    if ".attn." in name or ".cross_attn." in name:
+        return "attention"
+    if ".mlp." in name:
+        return "mlp"
+    return "norms"
+
 
 def build_model(cfg: Mapping[str, Any] | DictConfig) -> LanguageModel:
     """A model from a config with a ``block`` section and a ``model`` section
