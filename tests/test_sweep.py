@@ -17,6 +17,7 @@ import zoo
 from zoo import build_model, compose
 from zoo.records import read_summary
 from zoo.sweep import SWEEPS_DIR, sweep_argv, sweep_main, sweep_names
+from zoo.train import run, run_dirname
 
 ROOT = Path(zoo.__file__).resolve().parent.parent
 SMALL = [
@@ -49,12 +50,12 @@ def summaries(folder: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_zoo_sweep_reports_then_resumes_on_submitit_local(tmp_path):
+def test_zoo_sweep_trains_reports_and_survives_a_failing_run(tmp_path):
     # Three variants; n_heads=5 does not divide d_model=32, so that run fails and the others go on.
     folder = tmp_path / "sweep"
     small = [a for a in SMALL if not a.startswith("block.n_heads")]
-    args = ["quick", "pos=none", "mlp=gelu", "seed=0", *small, f"hydra.sweep.dir={folder}"]
-    done = zoo_cli("zoo.sweep", *args, "block.n_heads=2,4,5", cwd=tmp_path)
+    args = ["quick", "pos=none", "mlp=gelu", "seed=0", "block.n_heads=2,4,5", *small, f"hydra.sweep.dir={folder}"]
+    done = zoo_cli("zoo.sweep", *args, cwd=tmp_path)
     runs = summaries(folder)
     status = {r["config"]["block"]["n_heads"]: r["status"] for r in runs.values()}
     assert status == {2: "ok", 4: "ok", 5: "failed"}
@@ -70,15 +71,30 @@ def test_zoo_sweep_reports_then_resumes_on_submitit_local(tmp_path):
         assert imread(folder / png).shape[2] in (3, 4)
     assert not (tmp_path / "runs").exists()  # everything went where hydra.sweep.dir said
 
-    # The sweep again, another value added, on the submitit launcher (each job its own process, as
-    # on SLURM): the finished run is skipped (same folder, same config), the new one trains.
-    zoo_cli("zoo.sweep", *args, "block.n_heads=4,8", "hydra/launcher=submitit_local", cwd=tmp_path)
-    again = summaries(folder)
-    assert len(again) == 4 and all(again[name] == before for name, before in runs.items())
-    new = [s for name, s in again.items() if name not in runs]
-    assert new[0]["config"]["block"]["n_heads"] == 8 and new[0]["status"] == "ok"
-    with open(folder / "report.csv") as f:  # the report covers the whole folder
-        assert sorted(r["block.n_heads"] for r in csv.DictReader(f)) == ["2", "4", "5", "8"]
+
+@pytest.mark.slow
+def test_sweep_resumes_on_submitit_local(tmp_path):
+    # A finished run where the sweep will look for it: the folder named after its overrides, the
+    # config composed as the command line composes it (trained here, in-process).
+    folder = tmp_path / "sweep"
+    fixed = ["pos=none", "mlp=gelu", "seed=0", *[a for a in SMALL if not a.startswith("block.n_heads")]]
+    overrides = [*fixed, "block.n_heads=4"]
+    name = run_dirname(",".join(sorted(o for o in overrides if not o.startswith(("threads=", "progress=")))))
+    cfg = compose(sweep_argv("quick", overrides))
+    before = run(cfg, folder / name, overrides=overrides)
+    assert before["status"] == "ok"
+
+    # The sweep, one more value than was run, on submitit (each job its own process, as on SLURM):
+    # the finished run is skipped, the new one trains, and the report covers both.
+    zoo_cli("zoo.sweep", "quick", *fixed, "block.n_heads=4,8", f"hydra.sweep.dir={folder}",
+            "hydra/launcher=submitit_local", cwd=tmp_path)  # fmt: skip
+    after = summaries(folder)
+    assert after[name] == before  # skipped: not a byte changed
+    new = [s for key, s in after.items() if key != name]
+    assert len(new) == 1 and new[0]["config"]["block"]["n_heads"] == 8 and new[0]["status"] == "ok"
+    assert new[0]["config_hash"] != before["config_hash"]
+    with open(folder / "report.csv") as f:
+        assert sorted(r["block.n_heads"] for r in csv.DictReader(f)) == ["4", "8"]
 
 
 @pytest.mark.slow
@@ -128,3 +144,14 @@ def test_mlp_sweep_matches_parameter_counts():
     )
     counts = {mlp: build_model(compose(sweep_argv("mlp", [f"mlp={mlp}"]))).parameter_counts() for mlp in mlps}
     assert len({c["mlp"] for c in counts.values()}) == 1 and len({c["total"] for c in counts.values()}) == 1, counts
+
+
+def test_console_scripts_resolve():
+    import importlib
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {"zoo-train", "zoo-sweep", "zoo-report"} <= set(scripts)
+    for target in scripts.values():
+        module, _, attr = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr)), target

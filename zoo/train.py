@@ -97,9 +97,10 @@ def run(
     """Train one configuration; rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``out_dir``.
 
     Never raises for a bad config or a failing run: the summary says ``failed`` with the error.
+    With ``resume``, a folder whose summary already says ``ok`` for the same config is left as it is.
     Returns the summary.
     """
-    rank, world, local_rank = dist_env()
+    rank, world, _ = dist_env()
     writes = rank == 0 and out_dir is not None
     started = time.perf_counter()
     summary: dict[str, Any] = {
@@ -111,68 +112,85 @@ def run(
         "started": now(),
         "versions": versions(),
     }
-    metrics = None
-    group = False
     try:
         raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
         assert isinstance(raw, dict)
-        summary["config"] = raw
-        summary["config_hash"] = config_hash(raw)
+        summary.update(config=raw, config_hash=config_hash(raw))
         if writes and resume and world == 1:
             prior = read_summary(out_dir)  # type: ignore[arg-type]
             if prior and prior.get("status") == "ok" and prior.get("config_hash") == summary["config_hash"]:
-                log.info("skip %s: already ok (%s)", out_dir, metric_text(prior))
+                log.info("skip %s: already ok (%s)", shown(out_dir), metric_text(prior))
                 return prior
-        train_cfg, device = check_run_config(raw)
-        resolve_block(raw.get("block") or {})  # fail on the block before reading data
-        if world > 1 and multirun:
-            raise ConfigError("hydra.mode", "MULTIRUN", "torchrun trains one configuration; launch sweeps without it")
-        threads = raw.get("threads") or default_threads(parallel_jobs)
-        torch.set_num_threads(threads)
-        if device.type == "cuda" and world > 1:
-            device = torch.device("cuda", local_rank)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        task = build_task(raw.get("task"))
-        vocab = (raw.get("model") or {}).get("vocab_size", 256)
-        if task.vocab_size > vocab:
-            raise ConfigError(
-                "model.vocab_size", vocab, f"at least task {task.name!r}'s vocabulary ({task.vocab_size})"
-            )
-        if world > 1:
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-            group = True
-        seed = raw.get("seed", 0)
-        torch.manual_seed(seed)  # the same initial model on every rank
-        model = build_model(raw)
-        torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
-        summary.update(
-            parameters=model.parameter_counts(),
-            flops_per_token=model.flops_per_token(task.seq_len),
-            data=task.info(),
-            device=str(device),
-            threads=threads,
-            world_size=world,
-            metric={"name": task.metric, "mode": task.mode(), "value": None},
-        )
-        if writes:
-            write_json_atomic(out_dir / SUMMARY, summary)  # type: ignore[operator]
-            metrics = MetricsLog(out_dir / METRICS)  # type: ignore[operator]
+        train(raw, summary, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun)
+    except ConfigError as error:
+        summary.update(status="failed", error=f"ConfigError: {error}")
+    except Exception as error:
+        summary.update(status="failed", error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
+    summary["wall_time_s"] = time.perf_counter() - started
+    summary["finished"] = now()
+    if writes:
+        write_json_atomic(out_dir / SUMMARY, summary)  # type: ignore[operator]
+    if rank == 0:
+        if summary["status"] == "failed":
+            where = " (traceback in summary.json)" if "traceback" in summary and writes else ""
+            log.error("%s failed: %s%s", shown(out_dir), summary["error"], where)
+        else:
+            log.info("%s %s: %s", shown(out_dir), summary["status"], metric_text(summary))
+    return summary
+
+
+def train(
+    raw: dict[str, Any], summary: dict[str, Any], out_dir: Path | None, *, parallel_jobs: int, multirun: bool
+) -> None:
+    """Validate, build and train, filling ``summary`` in; ``out_dir`` None writes nothing (other ranks)."""
+    rank, world, local_rank = dist_env()
+    train_cfg, device = check_run_config(raw)
+    resolve_block(raw.get("block") or {})  # fail on the block before reading data
+    if world > 1 and multirun:
+        raise ConfigError("hydra.mode", "MULTIRUN", "torchrun trains one configuration; launch sweeps without it")
+    threads = raw.get("threads") or default_threads(parallel_jobs)
+    torch.set_num_threads(threads)
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", local_rank)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    task = build_task(raw.get("task"))
+    vocab = (raw.get("model") or {}).get("vocab_size", 256)
+    if task.vocab_size > vocab:
+        raise ConfigError("model.vocab_size", vocab, f"at least task {task.name!r}'s vocabulary ({task.vocab_size})")
+    seed = raw.get("seed", 0)
+    torch.manual_seed(seed)  # the same initial model on every rank
+    model = build_model(raw)
+    torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
+    summary.update(
+        parameters=model.parameter_counts(),
+        flops_per_token=model.flops_per_token(task.seq_len),
+        data=task.info(),
+        device=str(device),
+        threads=threads,
+        world_size=world,
+        metric={"name": task.metric, "mode": task.mode(), "value": None},
+    )
+    if out_dir is not None:
+        write_json_atomic(out_dir / SUMMARY, summary)  # status "running": a killed run is re-run on resume
+    if rank == 0:
+        choices = ", ".join(f"{k}={v}" for k, v in summary["choices"].items() if v is not None)
+        data = summary["data"].get("sha256", "generated")[:12]
+        total = summary["parameters"]["total"]
         log.info(
-            "%s: %s parameters, %s, data %s (%s)",
-            out_dir or "run",
-            f"{summary['parameters']['total']:,}",
-            ", ".join(f"{k}={v}" for k, v in summary["choices"].items() if v is not None) or "defaults",
-            task.name,
-            summary["data"].get("sha256", "generated")[:12],
+            "%s: %s parameters, %s, data %s (%s)", shown(out_dir), f"{total:,}", choices or "defaults", task.name, data
         )
+    metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None)
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
         trainer = Trainer(
             model,
             task,
             train_cfg,
             device=device,
             data_seed=seed * 65_537 + rank,
-            log=metrics.write if metrics else lambda record: None,
+            log=metrics.write,
             progress=raw.get("progress"),
             rank=rank,
             world=world,
@@ -181,29 +199,14 @@ def run(
         summary.update(outcome.as_dict())
         if world > 1:
             summary["ranks_in_sync"] = ranks_in_sync(model)
-        summary.update(trainer.peak_memory())
-        summary["metric"]["value"] = outcome.final.get(task.metric) if outcome.status == "ok" else None
-        if trainer.eval_errors:
-            summary["eval_errors"] = trainer.eval_errors
-    except ConfigError as error:
-        summary.update(status="failed", error=f"ConfigError: {error}")
-    except Exception as error:
-        summary.update(status="failed", error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
     finally:
-        if metrics is not None:
-            metrics.close()
-        if group:
+        metrics.close()
+        if world > 1:
             dist.destroy_process_group()
-    summary["wall_time_s"] = time.perf_counter() - started
-    summary["finished"] = now()
-    if writes:
-        write_json_atomic(out_dir / SUMMARY, summary)  # type: ignore[operator]
-    if rank == 0:
-        if summary["status"] == "failed":
-            log.error("%s failed: %s", out_dir or "run", summary["error"])
-        else:
-            log.info("%s %s: %s", out_dir or "run", summary["status"], metric_text(summary))
-    return summary
+    summary.update(trainer.peak_memory())
+    summary["metric"]["value"] = outcome.final.get(task.metric) if outcome.status == "ok" else None
+    if trainer.eval_errors:
+        summary["eval_errors"] = trainer.eval_errors
 
 
 def ranks_in_sync(model: torch.nn.Module) -> bool:
@@ -214,6 +217,16 @@ def ranks_in_sync(model: torch.nn.Module) -> bool:
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     return all(torch.equal(every[0], other) for other in every[1:])
+
+
+def shown(path: Path | None) -> str:
+    """``path`` relative to the working directory when inside it (shorter log lines)."""
+    if path is None:
+        return "run"
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def metric_text(summary: dict[str, Any]) -> str:

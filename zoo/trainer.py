@@ -95,6 +95,7 @@ def check_run_config(raw: dict[str, Any]) -> tuple[TrainConfig, torch.device]:
             raise ConfigError(key, raw[key], f"unknown top-level key; allowed: {', '.join(sorted(RUN_KEYS))}")
     check_type("seed", raw.get("seed", 0), int)
     check_type("threads", raw.get("threads"), int | None)
+    check_type("progress", raw.get("progress"), bool | None)
     if raw.get("threads") is not None and raw["threads"] < 1:
         raise ConfigError(
             "threads", raw["threads"], "must be a positive integer (or null: every core this job may use)"
@@ -187,7 +188,7 @@ class Trainer:
 
     def fit(self) -> Outcome:
         cfg, model, optimizer = self.cfg, self.train_model, self.optimizer
-        params = [p for p in self.model.parameters()]
+        params = list(self.model.parameters())
         tokens_per_step = cfg.batch_size * self.task.seq_len * self.world
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
