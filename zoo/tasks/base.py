@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -28,7 +29,7 @@ class Batch:
         return Batch(self.inputs.to(device, non_blocking=True), self.targets.to(device, non_blocking=True))
 
 
-class Task:
+class Task(ABC):
     """A training task. Subclasses take their options as keyword-only constructor arguments
     (they become the ``task.*`` config keys, type-checked) and implement the data.
 
@@ -47,17 +48,17 @@ class Task:
             raise ConfigError("task.metric", self.metric, f"one of {', '.join(names)}")
 
     # -- data ---------------------------------------------------------------------------------
+    @abstractmethod
     def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
         """A fresh training batch drawn with ``generator`` (the run's data seed)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def val_batches(self, batch_size: int, n_batches: int, factor: int = 1) -> list[Batch]:
         """The fixed validation set at ``factor`` times the trained length: the same for every run."""
-        raise NotImplementedError
 
+    @abstractmethod
     def info(self) -> dict[str, Any]:
         """What the data is: its source, sizes and a hash (recorded in summary.json)."""
-        raise NotImplementedError
 
     # -- metrics ------------------------------------------------------------------------------
     #: Metric names (without ``val_`` and the length suffix) and whether lower is better.
