@@ -55,3 +55,25 @@ def randomize(module: torch.nn.Module) -> None:
         for _name, p in module.named_parameters():
             if p.ndim == 1:
                 p.add_(0.1 * torch.randn_like(p))
+
+
+#: Model-level contract tests: a 2-layer model over a 32-token vocabulary.
+VOCAB = 32
+
+
+def make_model(combo: dict[str, str], dtype: torch.dtype = torch.float64, n_layers: int = 2, **overrides: Any):
+    """A tiny LanguageModel of ``combo`` with weights large enough that greedy tokens vary."""
+    from zoo import LanguageModel, resolve_block
+
+    model = LanguageModel(resolve_block(block_config(combo, **overrides)), VOCAB, n_layers).to(dtype)
+    scramble(model)
+    return model.eval()
+
+
+def scramble(module: torch.nn.Module, std: float = 0.3) -> None:
+    """Redraw matrices with a large std (init's 0.02 makes every logit near-equal) and randomize norms."""
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.ndim >= 2:
+                p.normal_(0, std)
+    randomize(module)

@@ -6,7 +6,10 @@ from zoo.config import CONF_DIR, compose
 from zoo.dims import BlockDims
 from zoo.errors import ConfigError
 from zoo.model import LanguageModel, build_model
+from zoo.parts.attention import KVCache
+from zoo.parts.cross_attention import CrossAttention
 from zoo.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIONS, Registry
+from zoo.seq2seq import Seq2SeqModel, build_seq2seq
 
 __version__ = "0.1.0"
 
@@ -24,15 +27,19 @@ __all__ = [
     "BlockSpec",
     "CONF_DIR",
     "ConfigError",
+    "CrossAttention",
+    "KVCache",
     "LanguageModel",
     "MLPS",
     "NORMS",
     "PLACEMENTS",
     "POSITIONS",
     "Registry",
+    "Seq2SeqModel",
     "available",
     "build_block",
     "build_model",
+    "build_seq2seq",
     "compose",
     "resolve_block",
 ]

@@ -20,6 +20,7 @@ import zoo.parts  # noqa: F401  (registers the built-in parts)
 from zoo.block import Block
 from zoo.dims import BlockDims
 from zoo.errors import ConfigError
+from zoo.parts.cross_attention import CrossAttention
 from zoo.registry import AXES, Part
 
 SIZE_FIELDS = {"d_model", "n_heads", "d_ff"}
@@ -82,8 +83,13 @@ def build_block(cfg: Mapping[str, Any] | DictConfig | BlockSpec) -> Block:
     position = spec["pos"].build(dims)
     attn = spec["attn"].build(dims, position)
     mlp = spec["mlp"].build(dims)
-    placement = spec["placement"].build(dims, lambda: spec["norm"].build(dims), 2)
-    return Block(placement, attn, mlp, dims.d_model)
+    cross = None
+    if dims.cross_attention:  # same key/value heads and backend as the self-attention
+        options = spec["attn"].options
+        cross = CrossAttention(dims, n_kv_heads=options.get("n_kv_heads"), backend=options.get("backend", "sdpa"))
+    n_branches = 3 if cross is not None else 2
+    placement = spec["placement"].build(dims, lambda: spec["norm"].build(dims), n_branches)
+    return Block(placement, attn, mlp, dims.d_model, cross_attn=cross)
 
 
 def _resolve_dims(raw: dict[str, Any]) -> BlockDims:

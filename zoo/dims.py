@@ -12,7 +12,8 @@ class BlockDims:
     """The block-wide settings a part is built from (``block.d_model``, ``block.n_heads``, ...).
 
     ``d_ff`` is the MLP hidden width; ``None`` lets the MLP pick its own default.
-    ``causal`` is False for encoder blocks.
+    ``causal`` is False for encoder blocks. ``cross_attention`` adds a cross-attention sub-layer
+    (decoder blocks of an encoder-decoder model).
     """
 
     d_model: int = 256
@@ -21,6 +22,7 @@ class BlockDims:
     bias: bool = True
     dropout: float = 0.0
     causal: bool = True
+    cross_attention: bool = False
 
     @property
     def d_head(self) -> int:

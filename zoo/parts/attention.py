@@ -1,4 +1,4 @@
-"""Causal self-attention from projections and tensor ops: MHA, GQA and MQA in one class.
+"""Self-attention from projections and tensor ops: MHA, GQA and MQA in one class, and its KV cache.
 
 Mask convention, everywhere in zoo: a boolean mask is True where attention is *allowed*
 (SDPA's convention; ``nn.MultiheadAttention`` uses the opposite). Key position > query position
@@ -24,27 +24,97 @@ Backend = Literal["sdpa", "math"]
 
 
 class KVCache:
-    """Keys and values of one attention layer, each (batch, n_kv_heads, time, d_head).
+    """Keys and values of one attention layer in preallocated buffers, written in place.
 
-    Keys are stored after rotation, so a cached key never needs its position again.
+    ``k`` and ``v`` are (batch, n_kv_heads, capacity, d_head); slots ``0..length`` hold keys.
+    Only the ``n_kv_heads`` key/value heads are stored, so GQA and MQA shrink the cache by
+    n_heads / n_kv_heads. Keys are stored after rotation: a cached key never needs its position again.
+
+    ``max_len`` is the capacity allocated at the first write (default: that write's length); a write
+    past the capacity reallocates to twice the size, so give ``max_len`` when it is known.
+    ``positions`` (batch, capacity) holds per-sample position ids when the writer passes them.
+    ``cross`` holds a cross-attention layer's memory keys and values, computed once per source.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_len: int | None = None) -> None:
+        if max_len is not None and max_len < 1:
+            raise ConfigError("max_len", max_len, "must be a positive integer or None")
+        self.max_len = max_len
+        self.length = 0
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+        self.cross: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
-    def length(self) -> int:
+    def capacity(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the new (b, g, t_new, d) keys and values; return all of them."""
-        if self.k is None or self.v is None:
-            self.k, self.v = k, v
-        else:
-            self.k = torch.cat([self.k, k], dim=-2)
-            self.v = torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the key, value (and position) buffers, cross-attention memory included."""
+        tensors = [self.k, self.v, self.positions, *(self.cross or ())]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def reset(self) -> None:
+        """Forget every key (the buffers are kept for reuse)."""
+        self.length = 0
+        self.cross = None
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first ``length`` keys (rewind decoding steps; the buffers stay)."""
+        if not 0 <= length <= self.length:
+            raise ConfigError("length", length, f"must be in 0..{self.length} (the keys held)")
+        self.length = length
+
+    def append(
+        self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new (b, g, t_new, d) keys and values after the cached ones; return views of all.
+
+        positions: (b, t_new) position ids of the new keys, kept when given (for score biases).
+        """
+        start, end = self.length, self.length + k.shape[-2]
+        if self.k is None or (start == 0 and not self._fits(k)):
+            self.positions = None
+            self._allocate(k, max(self.max_len or 0, end))
+        elif not self._fits(k):
+            raise ValueError(
+                f"cache holds keys of shape {tuple(self.k.shape)} ({self.k.dtype}), got {tuple(k.shape)} "
+                f"({k.dtype}); reset() it before decoding another batch"
+            )
+        elif end > self.capacity:
+            self._allocate(k, max(end, 2 * self.capacity))
+        assert self.k is not None and self.v is not None
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        if positions is not None or self.positions is not None:
+            if self.positions is None:  # the keys so far had their slots as positions
+                slots = torch.arange(self.capacity, device=k.device)
+                self.positions = repeat(slots, "t -> b t", b=k.shape[0]).contiguous()  # a copy, not a view
+            new = torch.arange(start, end, device=k.device) if positions is None else positions
+            self.positions[:, start:end] = new
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def _fits(self, k: torch.Tensor) -> bool:
+        """Whether new keys ``k`` match the buffers in batch, heads, head size, dtype and device."""
+        assert self.k is not None
+        same_shape = self.k.shape[:2] == k.shape[:2] and self.k.shape[3] == k.shape[3]
+        return same_shape and self.k.dtype == k.dtype and self.k.device == k.device
+
+    def _allocate(self, like: torch.Tensor, capacity: int) -> None:
+        """(Re)allocate buffers of ``capacity`` slots, keeping the keys written so far."""
+        batch, heads, _, d_head = like.shape
+        old = (self.k, self.v, self.positions)
+        self.k = like.new_empty(batch, heads, capacity, d_head)
+        self.v = like.new_empty(batch, heads, capacity, d_head)
+        if old[0] is not None and old[1] is not None and self.length:
+            self.k[:, :, : self.length] = old[0][:, :, : self.length]
+            self.v[:, :, : self.length] = old[1][:, :, : self.length]
+        if old[2] is not None:
+            self.positions = old[2].new_zeros(batch, capacity)
+            self.positions[:, : self.length] = old[2][:, : self.length]
 
 
 def allowed_mask(
@@ -139,29 +209,35 @@ class Attention(nn.Module):
         *,
         key_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (b, t, d_model) -> (b, t, d_model).
 
         key_mask: (b, t_k) bool, True at real keys (t_k counts cached keys too).
-        cache: keys and values of earlier positions; the new ones are appended to it.
+        cache: keys and values of earlier positions; the new ones are written into it.
+        positions: (b, t) position ids per sample, for left-padded batches; by default the query at
+            cache slot ``s`` has position ``s``. The causal mask always follows slots.
         """
+        time = x.shape[1]
         offset = cache.length if cache is not None else 0
-        positions = torch.arange(offset, offset + x.shape[1], device=x.device)
+        slots = torch.arange(offset, offset + time, device=x.device)  # absolute indices of the queries
 
-        q, k, v = self.qkv(x).split(
-            [self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head], dim=-1
-        )
-        q = rearrange(q, "b t (h d) -> b h t d", h=self.n_heads)
-        k = rearrange(k, "b t (g d) -> b g t d", g=self.n_kv_heads)
-        v = rearrange(v, "b t (g d) -> b g t d", g=self.n_kv_heads)
-        q, k = self.position.rotate(q, k, positions)
+        # One reshape for all heads (n = n_heads query + n_kv_heads key + n_kv_heads value heads), then views.
+        heads = rearrange(self.qkv(x), "b t (n d) -> b n t d", d=self.d_head)
+        q, k, v = heads.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
+        q, k = self.position.rotate(q, k, slots if positions is None else positions)
+        k_positions = positions
         if cache is not None:
-            k, v = cache.append(k, v)
-        k_positions = torch.arange(k.shape[-2], device=x.device)
+            k, v = cache.append(k, v, positions)
+            k_positions = None if cache.positions is None else cache.positions[:, : cache.length]
+        k_slots = torch.arange(k.shape[-2], device=x.device)
 
-        mask = allowed_mask(positions, k_positions, self.causal, key_mask)
-        bias = self.position.score_bias(positions, k_positions)
-        plain_causal = self.causal and key_mask is None and bias is None and offset == 0
+        bias = self.position.score_bias(
+            slots if positions is None else positions, k_slots if k_positions is None else k_positions
+        )
+        # One query at the last slot may see every key, so decoding steps need no causal mask.
+        mask = allowed_mask(slots, k_slots, self.causal and time > 1, key_mask)
+        plain_causal = self.causal and time > 1 and key_mask is None and bias is None and offset == 0
         attend = self._sdpa if self.backend == "sdpa" else self._math
         y = attend(q, k, v, None if plain_causal else additive(mask, bias, q.dtype), plain_causal)
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
