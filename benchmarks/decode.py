@@ -28,17 +28,25 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed(run: Callable[[], object], device: str, repeats: int) -> float:
-    """Median seconds of ``repeats`` calls, after one warm-up call."""
-    run()
+def timed(steps: dict[str, Callable[[], object]], device: str, repeats: int, warmup: bool = True) -> dict[str, float]:
+    """Median seconds of each step, timed round-robin so drift in machine load hits all alike."""
+    if warmup:
+        for step in steps.values():
+            step()
     sync(device)
-    times = []
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def row(name: str, value: str, target: str = "") -> None:
+    """One table row, printed at once (a full run takes minutes)."""
+    print(f"| {name} | {value} | {target} |", flush=True)
 
 
 def zoo_model(args: argparse.Namespace, kv_heads: int) -> zoo.LanguageModel:
@@ -112,7 +120,7 @@ def per_token_seconds(model: zoo.LanguageModel, context: int, args: argparse.Nam
             model(token, caches=caches)
 
     model(prompt, caches=caches)
-    return timed(run, args.device, args.repeats) / args.steps
+    return timed({"steps": run}, args.device, args.repeats)["steps"] / args.steps
 
 
 @torch.no_grad()
@@ -137,7 +145,9 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs=2, default=[64, 1024], help="short and long cached contexts")
     parser.add_argument("--steps", type=int, default=32, help="decoding steps timed at each context")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--uncached-repeats", type=int, default=1, help="repeats of the (slow) uncached run")
+    parser.add_argument(
+        "--uncached-repeats", type=int, default=1, help="repeats of the (slow) uncached run; 0 skips it"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face peer")
     args = parser.parse_args()
@@ -147,24 +157,14 @@ def main() -> None:
 
     model = zoo_model(args, args.kv_heads)
     prompt = torch.randint(0, args.vocab, (args.batch, args.prompt), device=args.device)
-    rows: list[tuple[str, str, str]] = []  # (measurement, value, target)
+    print(
+        f"\ndecoding, {args.device} {args.dtype}, {torch.get_num_threads()} threads, batch {args.batch}, "
+        f"{args.layers} layers, d_model {args.d_model}, {args.n_heads} heads ({args.kv_heads} kv), "
+        f"vocab {args.vocab}, prompt {args.prompt}, {args.new} new tokens, greedy\n"
+    )
+    print("| measurement | value | target |\n|---|---:|---:|", flush=True)
 
-    cached = timed(lambda: model.generate(prompt, args.new), args.device, args.repeats)
-    uncached = timed(lambda: model.generate(prompt, args.new, use_cache=False), args.device, args.uncached_repeats)
-    rows += [
-        (f"zoo generate {args.new} tokens, cache", f"{cached:.3f} s", ""),
-        (f"zoo generate {args.new} tokens, no cache", f"{uncached:.3f} s", ""),
-        ("speedup of the cache", f"{uncached / cached:.1f}x", ">= 10x"),
-    ]
-
-    short, long = args.contexts
-    t_short, t_long = per_token_seconds(model, short, args), per_token_seconds(model, long, args)
-    rows += [
-        (f"zoo per-token time, context {short}", f"{t_short * 1e3:.2f} ms", ""),
-        (f"zoo per-token time, context {long}", f"{t_long * 1e3:.2f} ms", ""),
-        (f"per-token time {long} / {short}", f"{t_long / t_short:.2f}", "<= 2"),
-    ]
-
+    steps: dict[str, Callable[[], object]] = {"zoo": lambda: model.generate(prompt, args.new)}
     if not args.no_hf:
         try:
             hf = hf_llama(model, args)
@@ -177,30 +177,38 @@ def main() -> None:
                 kwargs = {"max_new_tokens": args.new, "do_sample": False, "use_cache": True}
                 return hf.generate(prompt, attention_mask=mask, **kwargs)[:, args.prompt :]
 
-            same = torch.equal(hf_generate(), model.generate(prompt, args.new))
-            hf_time = timed(hf_generate, args.device, args.repeats)
-            rows += [
-                (f"HF LlamaForCausalLM generate {args.new} tokens, cache", f"{hf_time:.3f} s", ""),
-                ("zoo / HF time", f"{cached / hf_time:.2f}", "<= 1.0"),
-                ("same greedy tokens as HF (same weights)", "yes" if same else "no", "yes"),
-            ]
+            steps["hf"] = hf_generate
+    seconds = timed(steps, args.device, args.repeats)
+    row(f"zoo generate {args.new} tokens, cache", f"{seconds['zoo']:.3f} s")
+    if "hf" in seconds:
+        same = torch.equal(steps["hf"](), steps["zoo"]())
+        row(f"HF LlamaForCausalLM generate {args.new} tokens, cache", f"{seconds['hf']:.3f} s")
+        row("zoo / HF time", f"{seconds['zoo'] / seconds['hf']:.2f}", "<= 1.0")
+        row("same greedy tokens as HF (same weights)", "yes" if same else "no", "yes")
+
+    short, long = args.contexts
+    t_short, t_long = per_token_seconds(model, short, args), per_token_seconds(model, long, args)
+    row(f"zoo per-token time, context {short}", f"{t_short * 1e3:.2f} ms")
+    row(f"zoo per-token time, context {long}", f"{t_long * 1e3:.2f} ms")
+    row(f"per-token time {long} / {short}", f"{t_long / t_short:.2f}", "<= 2")
 
     mha = cache_bytes(zoo_model(args, args.n_heads), args)
     gqa = cache_bytes(zoo_model(args, 2), args)
-    rows += [
-        (f"KV cache bytes, MHA ({args.n_heads} kv heads)", f"{mha:,}", ""),
-        ("KV cache bytes, GQA (2 kv heads)", f"{gqa:,}", ""),
-        ("GQA / MHA cache bytes", f"{gqa / mha:.4f}", f"{2 / args.n_heads:.4f}"),
-    ]
+    row(f"KV cache bytes, MHA ({args.n_heads} kv heads)", f"{mha:,}")
+    row("KV cache bytes, GQA (2 kv heads)", f"{gqa:,}")
+    row("GQA / MHA cache bytes", f"{gqa / mha:.4f}", f"{2 / args.n_heads:.4f}")
 
-    print(
-        f"\ndecoding, {args.device} {args.dtype}, {torch.get_num_threads()} threads, batch {args.batch}, "
-        f"{args.layers} layers, d_model {args.d_model}, {args.n_heads} heads ({args.kv_heads} kv), "
-        f"vocab {args.vocab}, prompt {args.prompt}, {args.new} new tokens, greedy\n"
-    )
-    print("| measurement | value | target |\n|---|---:|---:|")
-    for name, value, target in rows:
-        print(f"| {name} | {value} | {target} |")
+    # Last: minutes at full size. No warm-up run; each run is long enough for that not to matter.
+    if args.uncached_repeats < 1:
+        return
+    uncached = timed(
+        {"uncached": lambda: model.generate(prompt, args.new, use_cache=False)},
+        args.device,
+        args.uncached_repeats,
+        warmup=False,
+    )["uncached"]
+    row(f"zoo generate {args.new} tokens, no cache", f"{uncached:.3f} s")
+    row("speedup of the cache", f"{uncached / seconds['zoo']:.1f}x", ">= 10x")
 
 
 if __name__ == "__main__":

@@ -178,3 +178,18 @@ def test_encoder_block_equals_torch_transformer_encoder_layer(norm_first, placem
     src_mask = padding(3, 7, 3)
     expected = torch_layer(src, src_key_padding_mask=~src_mask)
     torch.testing.assert_close(block(src, key_mask=src_mask), expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("attn", ["mha", "gqa"])
+def test_cross_attention_backends_agree(attn):
+    """Cross-attention borrows self-attention's backends: sdpa and math give the same output."""
+    blocks = []
+    for backend in ("sdpa", "math"):
+        torch.manual_seed(0)
+        cfg = {**TINY, "placement": "pre", "norm": "layernorm", "pos": "none", "mlp": "gelu", "cross_attention": True}
+        blocks.append(build_block({**cfg, "attn": {"name": attn, "backend": backend}}).double().eval())
+    x, memory = torch.randn(2, 4, D, dtype=torch.float64), torch.randn(2, 6, D, dtype=torch.float64)
+    memory_mask = padding(2, 6, 2)
+    sdpa, math_ = (b(x, memory=memory, memory_mask=memory_mask) for b in blocks)
+    torch.testing.assert_close(sdpa, math_, rtol=0, atol=1e-12)
+    assert blocks[1].cross_attn.n_kv_heads == (2 if attn == "gqa" else H)

@@ -54,8 +54,9 @@ class CrossAttention(nn.Module):
     ) -> torch.Tensor:
         """x: (b, t, d_model), memory: (b, s, d_model) -> (b, t, d_model).
 
-        memory_mask: (b, s) bool, True at real source tokens. cache: if it already holds this
-        layer's memory keys and values (``cache.cross``), ``memory`` is not needed.
+        memory_mask: (b, s) bool, True at real source tokens. cache: once it holds this layer's
+        memory keys and values (``cache.cross``, set by the first call), ``memory`` is not read;
+        ``cache.reset()`` before decoding for another source.
         """
         if cache is not None and cache.cross is not None:
             k, v = cache.cross
