@@ -2,9 +2,11 @@
 
 from zoo.block import Block
 from zoo.build import BlockSpec, build_block, resolve_block
+from zoo.compat import check_combination
 from zoo.config import CONF_DIR, compose
 from zoo.dims import BlockDims
 from zoo.errors import ConfigError
+from zoo.match import param_report
 from zoo.model import LanguageModel, build_model
 from zoo.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIONS, Registry
 
@@ -33,6 +35,8 @@ __all__ = [
     "available",
     "build_block",
     "build_model",
+    "check_combination",
     "compose",
+    "param_report",
     "resolve_block",
 ]
