@@ -13,29 +13,34 @@ from torch import nn
 from zoo.block import Block
 from zoo.build import BlockSpec, build_block, resolve_block, to_dict
 from zoo.errors import ConfigError
+from zoo.init import seeded_parameters
 from zoo.parts.attention import KVCache
 
 
 class LanguageModel(nn.Module):
     """Token ids (batch, time) -> next-token logits (batch, time, vocab).
 
-    Parameter names: ``embed``, ``blocks.{i}.*``, ``final_norm`` (pre-norm stacks only), ``head``
-    (absent when tied to the embedding).
+    Parameter names: ``embed``, ``pos_embed`` (absolute positions: ``learned``), ``blocks.{i}.*``,
+    ``final_norm`` (pre-norm stacks only), ``head`` (absent when tied to the embedding).
     """
 
     def __init__(self, spec: BlockSpec, vocab_size: int, n_layers: int, tie_embeddings: bool = True) -> None:
         super().__init__()
         d_model = spec.dims.d_model
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(build_block(spec) for _ in range(n_layers))
+        self.pos_embed = spec["pos"].build(spec.dims).embedding()  # absolute positions, else None
+        self.blocks = nn.ModuleList(build_block(spec, context="model") for _ in range(n_layers))
         needs_final_norm = spec["placement"].part.cls.final_norm
         self.final_norm = spec["norm"].build(spec.dims) if needs_final_norm else nn.Identity()
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
         self.reset_parameters(n_layers)
 
-    def reset_parameters(self, n_layers: int) -> None:
-        """Normal(0, 0.02) weights, zero biases; residual-output projections scaled by 1/sqrt(2 n_layers)."""
-        for name, p in self.named_parameters():
+    def reset_parameters(self, n_layers: int, seed: int | None = None) -> None:
+        """Normal(0, 0.02) weights, zero biases; residual-output projections scaled by 1/sqrt(2 n_layers).
+
+        Each draw is seeded from (seed, name, shape) (zoo.init; seed: the last torch.manual_seed).
+        """
+        for name, p in seeded_parameters(self, seed):
             if name.endswith("bias"):
                 nn.init.zeros_(p)
             elif p.ndim >= 2:
@@ -51,6 +56,9 @@ class LanguageModel(nn.Module):
     ) -> torch.Tensor:
         """ids: (b, t) -> logits (b, t, vocab). caches: one KVCache per block, appended to in place."""
         x = self.embed(ids)  # (b, t, d)
+        if self.pos_embed is not None:  # absolute positions continue after the cached ones
+            offset = caches[0].length if caches else 0
+            x = self.pos_embed(x, torch.arange(offset, offset + ids.shape[1], device=ids.device))
         for i, block in enumerate(self.blocks):
             x = block(x, key_mask=key_mask, cache=None if caches is None else caches[i])
         x = self.final_norm(x)
@@ -84,7 +92,7 @@ class LanguageModel(nn.Module):
 
 def component_of(name: str) -> str:
     """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention)."""
-    if name.startswith(("embed", "head")):
+    if name.startswith(("embed", "pos_embed", "head")):
         return "embedding"
     if ".attn." in name or ".cross_attn." in name:
         return "attention"
