@@ -47,17 +47,17 @@ def choices(axis: str, with_variants: bool = True) -> list[str]:
 
 def combinations() -> list[dict[str, str]]:
     """The product of part names, then each variant choice paired with every choice of each other axis."""
-    combos = [dict(zip(AXES, combo, strict=True)) for combo in itertools.product(*(AXES[a].names() for a in AXES))]
-    base = {axis: AXES[axis].names()[0] for axis in AXES}
+    combos = [dict(zip(AXES, names, strict=True)) for names in itertools.product(*(AXES[a].names() for a in AXES))]
     seen = {combo_id(c) for c in combos}
+    base = {axis: AXES[axis].names()[0] for axis in AXES}
     for axis in AXES:
-        for choice in choices(axis)[len(AXES[axis].names()) :]:
-            for other in AXES:
-                for label in choices(other) if other != axis else [choice]:
-                    combo = {**base, axis: choice, other: label} if other != axis else {**base, axis: choice}
-                    if combo_id(combo) not in seen:
-                        seen.add(combo_id(combo))
-                        combos.append(combo)
+        for variant in choices(axis)[len(AXES[axis].names()) :]:
+            pairs = [{}] + [{other: label} for other in AXES if other != axis for label in choices(other)]
+            for pair in pairs:
+                combo = {**base, axis: variant, **pair}
+                if combo_id(combo) not in seen:
+                    seen.add(combo_id(combo))
+                    combos.append(combo)
     return combos
 
 

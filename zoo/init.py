@@ -31,5 +31,10 @@ def seeded_parameters(module: nn.Module, seed: int | None = None) -> Iterator[tu
     cuda = sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=cuda):
         for name, p in module.named_parameters():
-            torch.manual_seed(parameter_seed(seed, name, p.shape))
+            value = parameter_seed(seed, name, p.shape)
+            if p.device.type == "cuda":
+                with torch.cuda.device(p.device):
+                    torch.cuda.manual_seed(value)
+            else:
+                torch.random.default_generator.manual_seed(value)
             yield name, p
