@@ -2,9 +2,11 @@
 
 from zoo.block import Block
 from zoo.build import BlockSpec, build_block, resolve_block
+from zoo.compat import check_combination
 from zoo.config import CONF_DIR, compose
 from zoo.dims import BlockDims
 from zoo.errors import ConfigError
+from zoo.match import param_report
 from zoo.model import LanguageModel, build_model
 from zoo.parts.attention import KVCache
 from zoo.parts.cross_attention import CrossAttention
@@ -40,6 +42,8 @@ __all__ = [
     "build_block",
     "build_model",
     "build_seq2seq",
+    "check_combination",
     "compose",
+    "param_report",
     "resolve_block",
 ]

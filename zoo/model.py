@@ -15,6 +15,7 @@ from zoo.block import Block
 from zoo.build import BlockSpec, build_block, to_dict
 from zoo.errors import ConfigError
 from zoo.generate import check_generate_args, decode, left_padding_positions
+from zoo.init import seeded_parameters
 from zoo.model_config import block_section, layer_specs, model_options
 from zoo.parts.attention import KVCache
 
@@ -27,12 +28,16 @@ def final_norm_for(spec: BlockSpec) -> nn.Module:
     return spec["norm"].build(spec.dims) if spec["placement"].part.cls.final_norm else nn.Identity()
 
 
-def init_stack(module: nn.Module, n_residual_branches: int) -> None:
+def init_stack(module: nn.Module, n_residual_branches: int, seed: int | None = None) -> None:
     """Normal(0, 0.02) weights, zero biases, norm gains untouched; residual-output projections
     (``attn.out``, ``cross_attn.out``, ``mlp.down``) get std 0.02 / sqrt(number of residual branches),
     i.e. 0.02 / sqrt(2 n_layers) for a decoder-only stack (GPT-2), so the stream's variance stays
-    independent of depth."""
-    for name, p in module.named_parameters():
+    independent of depth.
+
+    Each draw is seeded from (seed, name, shape) (zoo.init; seed: the last torch.manual_seed), so
+    variants built after the same seed share the weights of every parameter they have in common.
+    """
+    for name, p in seeded_parameters(module, seed):
         if name.endswith("bias"):
             nn.init.zeros_(p)
         elif p.ndim >= 2:
@@ -46,7 +51,7 @@ def residual_branches(blocks: Sequence[Block]) -> int:
 
 def component_of(name: str) -> str:
     """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention)."""
-    if name.startswith(("embed", "head")):
+    if name.startswith(("embed", "pos_embed", "head")):
         return "embedding"
     if ".attn." in name or ".cross_attn." in name:
         return "attention"
@@ -73,8 +78,9 @@ class CountsParameters(nn.Module):
 class LanguageModel(CountsParameters):
     """Token ids (batch, time) -> next-token logits (batch, time, vocab).
 
-    Parameter names: ``embed``, ``blocks.{i}.*``, ``final_norm`` (when the last block's placement
-    needs one), ``head`` (absent when tied to the embedding). Initialization: :func:`init_stack`.
+    Parameter names: ``embed``, ``pos_embed`` (``pos=learned`` only), ``blocks.{i}.*``, ``final_norm``
+    (when the last block's placement needs one), ``head`` (absent when tied to the embedding).
+    Initialization: :func:`init_stack`.
     """
 
     def __init__(
@@ -93,14 +99,15 @@ class LanguageModel(CountsParameters):
             raise ConfigError("block.d_model", [s.dims.d_model for s in specs], "every layer needs the same d_model")
         d_model = specs[0].dims.d_model
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(build_block(s) for s in specs)
+        self.pos_embed = specs[0]["pos"].build(specs[0].dims).embedding()  # absolute positions, else None
+        self.blocks = nn.ModuleList(build_block(s, context="model") for s in specs)
         self.final_norm = final_norm_for(specs[-1])
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        """Re-draw every weight as documented in :func:`init_stack`."""
-        init_stack(self, residual_branches(self.blocks))
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """Re-draw every weight as documented in :func:`init_stack` (seed: default the last torch.manual_seed)."""
+        init_stack(self, residual_branches(self.blocks), seed)
 
     def forward(
         self,
@@ -130,6 +137,10 @@ class LanguageModel(CountsParameters):
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
         x = self.embed(ids)  # (b, t, d)
+        if self.pos_embed is not None:  # absolute positions continue after the cached ones
+            offset = caches[0].length if caches else 0
+            slots = torch.arange(offset, offset + ids.shape[1], device=ids.device)
+            x = self.pos_embed(x, slots if positions is None else positions)
         for i, block in enumerate(self.blocks):
             x = block(x, key_mask=key_mask, cache=None if caches is None else caches[i], positions=positions)
         return self.final_norm(x)

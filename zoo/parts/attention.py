@@ -8,6 +8,7 @@ is blocked in causal attention.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -18,7 +19,7 @@ from torch import nn
 from zoo.dims import BlockDims
 from zoo.errors import ConfigError
 from zoo.parts.positions import Position
-from zoo.registry import ATTENTIONS
+from zoo.registry import ATTENTIONS, NORMS
 
 Backend = Literal["sdpa", "math"]
 
@@ -122,16 +123,22 @@ def allowed_mask(
     k_positions: torch.Tensor,
     causal: bool,
     key_mask: torch.Tensor | None,
+    window: int | None = None,
 ) -> torch.Tensor | None:
     """Boolean (b or 1, 1, t_q, t_k) mask, True where query i may attend to key j, or None if all may.
 
     Built from absolute positions, so it stays right when there are fewer queries than keys
     (cached decoding), where SDPA's top-left-aligned ``is_causal`` would be wrong.
     key_mask: (b, t_k), True at real (non-padding) keys.
+    window: keys must also be less than ``window`` positions away (causal: the query and the
+    window - 1 keys before it).
     """
     mask = None
     if causal and not (len(q_positions) == 1 and int(q_positions[0]) >= int(k_positions[-1])):
         mask = rearrange(k_positions, "k -> 1 1 1 k") <= rearrange(q_positions, "q -> 1 1 q 1")
+    if window is not None:
+        near = (rearrange(q_positions, "q -> 1 1 q 1") - rearrange(k_positions, "k -> 1 1 1 k")).abs() < window
+        mask = near if mask is None else mask & near
     if key_mask is not None:
         keys = rearrange(key_mask.bool(), "b k -> b 1 1 k")
         mask = keys if mask is None else mask & keys
@@ -158,6 +165,12 @@ def additive(mask: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.
     summary="Multi-head attention: one key/value head per query head (n_kv_heads = n_heads)",
     formula="softmax(q k^T / sqrt(d_head) + mask) v per head; out(concat heads)",
     reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
+    # Tiny values, so the contract suite's 6-token sequences exercise them.
+    variants={
+        "window": {"window": 3},
+        "softcap": {"softcap": 2.0, "backend": "math"},
+        "qknorm": {"qk_norm": "rmsnorm"},
+    },
     n_kv_heads=None,
 )
 class Attention(nn.Module):
@@ -169,10 +182,24 @@ class Attention(nn.Module):
 
     Backends: ``sdpa`` (torch's fused scaled_dot_product_attention) and ``math`` (explicit scores,
     mask, float32 softmax, weights @ v).
+
+    Options: ``qk_norm`` (a registered norm applied to each head's queries and keys before the
+    position part; parameters ``q_norm``, ``k_norm``), ``window`` (sliding-window attention: each query
+    sees at most ``window`` keys, itself included; a float mask keeps SDPA on its fused kernels) and
+    ``softcap`` (scores become softcap * tanh(scores / softcap); math backend only).
     """
 
     @classmethod
-    def check(cls, dims: BlockDims, *, n_kv_heads: int | None = None, backend: Backend = "sdpa") -> None:
+    def check(
+        cls,
+        dims: BlockDims,
+        *,
+        n_kv_heads: int | None = None,
+        backend: Backend = "sdpa",
+        qk_norm: str = "none",
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> None:
         kv = dims.n_heads if n_kv_heads is None else n_kv_heads
         if kv < 1 or dims.n_heads % kv:
             divisors = [d for d in range(1, dims.n_heads + 1) if dims.n_heads % d == 0]
@@ -180,6 +207,22 @@ class Attention(nn.Module):
                 "block.attn.n_kv_heads",
                 n_kv_heads,
                 f"must divide n_heads={dims.n_heads}: one of {divisors} (or null for n_heads)",
+            )
+        if qk_norm != "none" and qk_norm not in NORMS:
+            raise ConfigError("block.attn.qk_norm", qk_norm, f"none or a registered norm: {', '.join(NORMS.names())}")
+        if window is not None and window < 1:
+            raise ConfigError("block.attn.window", window, "must be a positive integer, or null for no window")
+        if window is not None and dims.max_len is not None and window >= dims.max_len:
+            raise ConfigError(
+                "block.attn.window",
+                window,
+                f"must be smaller than block.max_len={dims.max_len} (a window over the whole context is no window)",
+            )
+        if softcap is not None and not softcap > 0:
+            raise ConfigError("block.attn.softcap", softcap, "must be > 0, or null for no cap")
+        if softcap is not None and backend != "math":
+            raise ConfigError(
+                "block.attn.softcap", softcap, "needs block.attn.backend=math (SDPA has no hook to cap the scores)"
             )
 
     def __init__(
@@ -189,9 +232,12 @@ class Attention(nn.Module):
         *,
         n_kv_heads: int | None = None,
         backend: Backend = "sdpa",
+        qk_norm: str = "none",
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
-        self.check(dims, n_kv_heads=n_kv_heads, backend=backend)
+        self.check(dims, n_kv_heads=n_kv_heads, backend=backend, qk_norm=qk_norm, window=window, softcap=softcap)
         self.n_heads = dims.n_heads
         self.n_kv_heads = dims.n_heads if n_kv_heads is None else n_kv_heads
         self.d_head = dims.d_head
@@ -202,6 +248,11 @@ class Attention(nn.Module):
         width = (self.n_heads + 2 * self.n_kv_heads) * self.d_head
         self.qkv = nn.Linear(dims.d_model, width, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
+        self.window, self.softcap = window, softcap
+        self.q_norm = self.k_norm = None
+        if qk_norm != "none":  # per head: a norm over d_head features
+            norm, head_dims = NORMS.get(qk_norm), replace(dims, d_model=self.d_head)
+            self.q_norm, self.k_norm = norm.cls(head_dims, **norm.defaults), norm.cls(head_dims, **norm.defaults)
 
     def forward(
         self,
@@ -225,6 +276,8 @@ class Attention(nn.Module):
         # One reshape for all heads (n = n_heads query + n_kv_heads key + n_kv_heads value heads), then views.
         heads = rearrange(self.qkv(x), "b t (n d) -> b n t d", d=self.d_head)
         q, k, v = heads.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, over d_head
         q, k = self.position.rotate(q, k, slots if positions is None else positions)
         k_positions = positions
         if cache is not None:
@@ -236,8 +289,10 @@ class Attention(nn.Module):
             slots if positions is None else positions, k_slots if k_positions is None else k_positions
         )
         # One query at the last slot may see every key, so decoding steps need no causal mask.
-        mask = allowed_mask(slots, k_slots, self.causal and time > 1, key_mask)
-        plain_causal = self.causal and time > 1 and key_mask is None and bias is None and offset == 0
+        mask = allowed_mask(slots, k_slots, self.causal and time > 1, key_mask, self.window)
+        plain_causal = (
+            self.causal and time > 1 and key_mask is None and bias is None and offset == 0 and self.window is None
+        )
         attend = self._sdpa if self.backend == "sdpa" else self._math
         y = attend(q, k, v, None if plain_causal else additive(mask, bias, q.dtype), plain_causal)
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
@@ -265,6 +320,8 @@ class Attention(nn.Module):
         # Scores in at least float32 (the promoted type: float64 stays float64).
         dtype = torch.promote_types(q.dtype, torch.float32)
         scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)) / math.sqrt(self.d_head)
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
         if is_causal:
             t_q, t_k = scores.shape[-2:]
             mask = additive(torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(), None, dtype)

@@ -23,6 +23,8 @@ class CrossAttention(nn.Module):
     ``cache.cross``, so decoding steps only project their one query.
     """
 
+    softcap: float | None = None  # read by the shared math backend; cross-attention never caps
+
     # The attention backends are shared with self-attention (same attributes: heads, dropout).
     _sdpa = Attention._sdpa
     _math = Attention._math
