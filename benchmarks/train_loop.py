@@ -1,0 +1,118 @@
+"""Training-loop overhead: zoo's Trainer against the bare forward + backward + step of the same model.
+
+    python benchmarks/train_loop.py                                  # CPU, d_model 128, 4 layers, T 128
+    python benchmarks/train_loop.py --d-model 64 --layers 2 --steps 50 --repeats 3   # a quick check
+    python benchmarks/train_loop.py --device cuda --d-model 512 --layers 8 --batch 32 --seq-len 512
+
+Both sides train the same model (same init) with the same optimizer on the same task's batch
+size and length. The bare side reuses one batch already on the device and never reads the loss
+back; the Trainer draws a fresh batch every step, sets the learning rate, clips gradients, sums
+the loss, logs every ``train.log_every`` steps and updates its progress bar. Runs alternate
+(bare, loop, bare, loop, ...) so drift in machine load hits both alike; the medians are compared.
+The Trainer's tokens/s excludes its evaluation, as in summary.json. Target: ratio >= 0.90.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from zoo import build_model, compose
+from zoo.tasks import build_task
+from zoo.trainer import TrainConfig, Trainer, check_run_config, loss_fn, make_optimizer
+
+
+def bare_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device, steps: int) -> float:
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device)
+    optimizer = make_optimizer(model, train_cfg)
+    batch = task.train_batch(train_cfg.batch_size, torch.Generator().manual_seed(0)).to(device)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    )
+
+    def step() -> torch.Tensor:
+        with autocast:
+            logits = model(batch.inputs)
+        loss = loss_fn(logits, batch.targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    sync(device)
+    start = time.perf_counter()  # the first step counts on both sides (first-call allocations included)
+    for _ in range(steps):
+        step()
+    sync(device)
+    return steps * train_cfg.batch_size * task.seq_len / (time.perf_counter() - start)
+
+
+def loop_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device) -> float:
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    trainer = Trainer(model, task, train_cfg, device=device, data_seed=0, progress=False)
+    return trainer.fit().tokens_per_s
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("overrides", nargs="*", help="extra zoo overrides, e.g. preset=llama")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = compose(
+        [
+            f"block.d_model={args.d_model}",
+            f"block.n_heads={args.heads}",
+            f"model.n_layers={args.layers}",
+            f"task.seq_len={args.seq_len}",
+            "task.max_bytes=1000000",
+            f"train.batch_size={args.batch}",
+            f"train.steps={args.steps}",
+            "train.eval_every=0",
+            "train.eval_batches=1",
+            f"device={args.device}",
+            *args.overrides,
+        ]
+    )
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    train_cfg, device = check_run_config(raw)
+    task = build_task(raw["task"])
+    bare, loop = [], []
+    for _ in range(args.repeats):
+        bare.append(bare_tokens_per_s(raw, task, train_cfg, device, args.steps))
+        loop.append(loop_tokens_per_s(raw, task, train_cfg, device))
+    b, lo = statistics.median(bare), statistics.median(loop)
+    print(
+        f"model: d_model={args.d_model} layers={args.layers} T={args.seq_len} batch={args.batch} "
+        f"device={args.device} threads={torch.get_num_threads()} {' '.join(args.overrides)}"
+    )
+    print("| loop | tokens/s (median) | all repeats |")
+    print("|---|---|---|")
+    print(f"| bare fwd+bwd+step | {b:,.0f} | {', '.join(f'{x:,.0f}' for x in bare)} |")
+    print(f"| zoo Trainer | {lo:,.0f} | {', '.join(f'{x:,.0f}' for x in loop)} |")
+    print(f"ratio Trainer / bare: {lo / b:.3f} (target >= 0.90)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Sweeps through the command line (subprocesses): zoo-sweep, resume, launchers, torchrun DDP."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from matplotlib.image import imread
+
+import zoo
+from zoo import build_model, compose
+from zoo.records import read_summary
+from zoo.sweep import SWEEPS_DIR, sweep_argv, sweep_main, sweep_names
+
+ROOT = Path(zoo.__file__).resolve().parent.parent
+SMALL = [
+    "block.d_model=32",
+    "block.n_heads=4",
+    "model.n_layers=2",
+    "task.max_bytes=30000",
+    "task.seq_len=32",
+    "task.val_fraction=0.1",
+    "train.steps=4",
+    "train.batch_size=4",
+    "train.log_every=2",
+    "train.eval_every=2",
+    "train.eval_batches=2",
+    "threads=1",
+]
+
+
+def zoo_cli(module: str, *args: str, cwd: Path, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m <module> args`` (or under ``launcher``) with this checkout first on the path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [*(launcher or [sys.executable]), "-m", module, *args]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def summaries(folder: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/summary.json")}
+
+
+@pytest.mark.slow
+def test_zoo_sweep_reports_then_resumes_on_submitit_local(tmp_path):
+    # Three variants; n_heads=5 does not divide d_model=32, so that run fails and the others go on.
+    folder = tmp_path / "sweep"
+    small = [a for a in SMALL if not a.startswith("block.n_heads")]
+    args = ["quick", "pos=none", "mlp=gelu", "seed=0", *small, f"hydra.sweep.dir={folder}"]
+    done = zoo_cli("zoo.sweep", *args, "block.n_heads=2,4,5", cwd=tmp_path)
+    runs = summaries(folder)
+    status = {r["config"]["block"]["n_heads"]: r["status"] for r in runs.values()}
+    assert status == {2: "ok", 4: "ok", 5: "failed"}
+    assert all(r["choices"]["sweeps"] == "quick" and r["config"]["block"]["d_model"] == 32 for r in runs.values())
+    assert "| # | block.n_heads | seeds | params | val_bpb (mean ± std) |" in done.stdout  # the table ends the sweep
+    report = (folder / "report.md").read_text()
+    assert "block.n_heads=5: failed: ConfigError: block.n_heads=5: must divide d_model=32" in report
+    with open(folder / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["ok", "ok", "1 failed"]  # failures last
+    assert float(rows[0]["val_bpb_mean"]) <= float(rows[1]["val_bpb_mean"])  # best first
+    for png in ("curves.png", "final.png"):
+        assert imread(folder / png).shape[2] in (3, 4)
+    assert not (tmp_path / "runs").exists()  # everything went where hydra.sweep.dir said
+
+    # The sweep again, another value added, on the submitit launcher (each job its own process, as
+    # on SLURM): the finished run is skipped (same folder, same config), the new one trains.
+    zoo_cli("zoo.sweep", *args, "block.n_heads=4,8", "hydra/launcher=submitit_local", cwd=tmp_path)
+    again = summaries(folder)
+    assert len(again) == 4 and all(again[name] == before for name, before in runs.items())
+    new = [s for name, s in again.items() if name not in runs]
+    assert new[0]["config"]["block"]["n_heads"] == 8 and new[0]["status"] == "ok"
+    with open(folder / "report.csv") as f:  # the report covers the whole folder
+        assert sorted(r["block.n_heads"] for r in csv.DictReader(f)) == ["2", "4", "5", "8"]
+
+
+@pytest.mark.slow
+def test_torchrun_ddp_two_cpu_processes(tmp_path):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    zoo_cli("zoo.train", *SMALL, "hydra.run.dir=ddp", cwd=tmp_path, launcher=launcher)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp"]  # rank 1 wrote nothing
+    summary = read_summary(tmp_path / "ddp")
+    assert summary["status"] == "ok" and summary["world_size"] == 2
+    assert summary["ranks_in_sync"] is True  # same init on both ranks, gradients averaged
+    assert summary["tokens"] == 2 * 4 * 4 * 32  # two ranks' batches per step
+    records = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "val"] == [2, 4]
+
+
+def test_zoo_sweep_lists_the_versioned_sweeps(capsys):
+    sweep_main([])
+    out = capsys.readouterr().out
+    for name in ("quick", "card", "attention", "placement_depth", "mlp"):
+        assert name in sweep_names() and f"  {name} " in out
+    with pytest.raises(SystemExit, match="did you mean 'quick'"):
+        sweep_main(["quikc"])
+
+
+def swept_values(key: str, values: str) -> list[str]:
+    """``"mha,gqa"`` -> ``["mha", "gqa"]``; ``glob(*)`` over an axis -> every registered part."""
+    if values.startswith("glob("):
+        return zoo.AXES[key].names()
+    return [v.strip() for v in str(values).split(",")]
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml")))
+def test_every_sweep_file_is_a_multirun_whose_every_value_builds(name):
+    text = (SWEEPS_DIR / f"{name}.yaml").read_text()
+    assert text.startswith("# @package _global_\n")
+    hydra = yaml.safe_load(text)["hydra"]
+    assert hydra["mode"] == "MULTIRUN" and hydra["sweep"]["dir"] == f"runs/{name}"
+    assert hydra["sweeper"]["params"], f"sweeps/{name}.yaml sweeps nothing"
+    swept = {key: swept_values(key, values) for key, values in hydra["sweeper"]["params"].items()}
+    cfg = compose(sweep_argv(name, [f"{key}={values[-1]}" for key, values in swept.items()]))  # one variant
+    assert build_model(cfg).parameter_counts()["total"] > 0  # compose validated the block; this builds it
+
+
+def test_mlp_sweep_matches_parameter_counts():
+    mlps = swept_values(
+        "mlp", yaml.safe_load((SWEEPS_DIR / "mlp.yaml").read_text())["hydra"]["sweeper"]["params"]["mlp"]
+    )
+    counts = {mlp: build_model(compose(sweep_argv("mlp", [f"mlp={mlp}"]))).parameter_counts() for mlp in mlps}
+    assert len({c["mlp"] for c in counts.values()}) == 1 and len({c["total"] for c in counts.values()}) == 1, counts

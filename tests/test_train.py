@@ -1,0 +1,153 @@
+"""One training run in-process: records, determinism, divergence, bad configs, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from zoo import compose
+from zoo.records import read_metrics, read_summary
+from zoo.train import run, run_dirname
+from zoo.trainer import TrainConfig
+
+TINY = [
+    "block.d_model=32",
+    "block.n_heads=4",
+    "model.n_layers=2",
+    "train.steps=12",
+    "train.batch_size=4",
+    "train.warmup_steps=3",
+    "train.log_every=4",
+    "train.eval_every=6",
+    "train.eval_batches=2",
+    "threads=1",
+    "progress=false",
+]
+
+
+BYTES = ["task.max_bytes=30000", "task.seq_len=32", "task.val_fraction=0.1"]
+
+
+def tiny(*overrides: str, task: str = "bytes") -> dict:
+    """A run config small enough for a few seconds' training."""
+    data = BYTES if task in ("bytes", "lengthgen") else []
+    return OmegaConf.to_container(compose([f"task={task}", *TINY, *data, *overrides]), resolve=True)
+
+
+def without_timings(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records]
+
+
+def test_run_writes_metrics_and_summary(tmp_path):
+    summary = run(tiny(), tmp_path)
+    assert summary == read_summary(tmp_path)
+    assert summary["status"] == "ok" and summary["error"] is None
+    assert summary["steps"] == 12 and summary["tokens"] == 12 * 4 * 32
+    assert summary["parameters"]["total"] == sum(v for k, v in summary["parameters"].items() if k != "total")
+    assert summary["flops_per_token"] > 6 * summary["parameters"]["attention"]
+    assert summary["metric"] == {"name": "val_bpb", "mode": "min", "value": summary["final"]["val_bpb"]}
+    assert summary["final"]["val_bpb"] == pytest.approx(summary["final"]["val_loss"] / math.log(2))
+    assert summary["tokens_per_s"] > 0 and summary["wall_time_s"] > 0 and summary["peak_memory_mib"] > 0
+    assert len(summary["data"]["sha256"]) == 64 and summary["data"]["bytes"] == 30000
+    assert summary["versions"]["torch"] == torch.__version__ and summary["config"]["train"]["steps"] == 12
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 4, 6, 8, 12]
+    assert [r["step"] for r in records if r["kind"] == "val"] == [6, 12]
+    assert {"loss", "lr", "tokens_per_s", "tokens"} <= set(records[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json"]  # no temp files left
+
+
+def test_training_lowers_the_loss(tmp_path):
+    summary = run(tiny("train.steps=30", "train.eval_every=0", "train.lr=1e-2"), tmp_path)
+    first = read_metrics(tmp_path)[0]["loss"]
+    assert first == pytest.approx(math.log(256), abs=0.3)  # uniform over bytes at init
+    assert summary["final"]["val_loss"] < first - 1.0
+
+
+def test_same_seed_same_metrics_other_seed_other(tmp_path):
+    a = run(tiny("preset=llama"), tmp_path / "a")
+    b = run(tiny("preset=llama"), tmp_path / "b")
+    c = run(tiny("preset=llama", "seed=1"), tmp_path / "c")
+    assert without_timings(read_metrics(tmp_path / "a")) == without_timings(read_metrics(tmp_path / "b"))
+    assert a["final"] == b["final"] and a["config_hash"] == b["config_hash"]
+    assert c["final"] != a["final"]
+
+
+def test_diverging_run_stops_early_and_is_recorded(tmp_path):
+    summary = run(tiny("train.lr=1000.0", "train.warmup_steps=0", "train.steps=40", "train.log_every=2"), tmp_path)
+    assert summary["status"] == "diverged" and summary["error"] is None
+    assert summary["steps"] < 40 and "loss" in summary["reason"]
+    assert summary["metric"]["value"] is None
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"train": {"lr": -1.0}}, "train.lr=-1.0: must be a positive number"),
+        ({"train": {"stesp": 3}}, "train.stesp=3: unknown key"),
+        ({"block": {"n_heads": 5}}, "block.n_heads=5: must divide d_model=32"),
+        ({"task": {"name": "bytse"}}, "task.name='bytse': unknown task; did you mean 'bytes'"),
+        ({"model": {"vocab_size": 100}}, "model.vocab_size=100: at least task 'bytes'"),
+        ({"device": "tpu"}, "device='tpu': cpu, cuda or cuda:<index>"),
+        ({"seeed": 1}, "seeed=1: unknown top-level key"),
+    ],
+)
+def test_bad_config_is_recorded_not_raised(tmp_path, change, message):
+    cfg = OmegaConf.merge(tiny(), change)
+    summary = run(cfg, tmp_path)
+    assert summary["status"] == "failed"
+    assert summary["error"].startswith("ConfigError: ") and message in summary["error"], summary["error"]
+    assert read_summary(tmp_path)["status"] == "failed"
+    assert "traceback" not in summary  # a config error is one line, not a stack
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
+def test_cuda_asked_without_cuda_is_a_clear_failure(tmp_path):
+    summary = run(tiny("device=cuda"), tmp_path)
+    assert "device='cuda': CUDA is not available on this machine" in summary["error"]
+
+
+def test_resume_skips_ok_runs_and_reruns_the_rest(tmp_path):
+    first = run(tiny(), tmp_path)
+    stamp = (tmp_path / "metrics.jsonl").stat().st_mtime_ns
+    again = run(tiny(), tmp_path)
+    assert again == first and (tmp_path / "metrics.jsonl").stat().st_mtime_ns == stamp  # skipped
+    assert run(tiny("threads=2"), tmp_path) == first  # runtime-only keys do not force a re-run
+    changed = run(tiny("train.steps=8"), tmp_path)  # the config changed under the same folder
+    assert changed["steps"] == 8 and changed["started"] >= first["started"]
+    summary = read_summary(tmp_path)
+    summary["status"] = "failed"
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    redone = run(tiny("train.steps=8"), tmp_path)
+    assert redone["status"] == "ok" and redone["finished"] >= summary["finished"]
+    assert without_timings(read_metrics(tmp_path))[-1]["step"] == 8
+
+
+def test_mqar_and_longer_evaluation_lengths(tmp_path):
+    mqar = run(tiny("task.n_pairs=4", "task.n_queries=4", "task.eval_lengths=[1,2]", task="mqar"), tmp_path / "m")
+    assert mqar["status"] == "ok" and mqar["metric"]["name"] == "val_accuracy" and mqar["metric"]["mode"] == "max"
+    assert set(mqar["final"]) == {"train_loss", "val_accuracy", "val_accuracy_2x", "val_loss", "val_loss_2x"}
+    assert 0 <= mqar["final"]["val_accuracy_2x"] <= 1
+    lengthgen = run(tiny("task.seq_len=16", "preset=llama", task="lengthgen"), tmp_path / "l")
+    assert lengthgen["metric"]["name"] == "val_bpb_4x" and lengthgen["metric"]["value"] > 0
+    assert {"val_bpb", "val_bpb_2x", "val_bpb_4x"} <= set(lengthgen["final"])
+
+
+def test_learning_rate_schedule():
+    cfg = TrainConfig(steps=110, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    lrs = [cfg.lr_at(s) for s in range(110)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warmup
+    assert lrs[10] == pytest.approx(1.0) and lrs[60] == pytest.approx(0.55)  # cosine half-way
+    assert lrs[-1] == pytest.approx(0.1, abs=1e-3) and all(a >= b for a, b in zip(lrs[9:-1], lrs[10:], strict=True))
+
+
+def test_run_folder_names_are_path_safe_and_stable():
+    assert run_dirname("attn=gqa,norm=rmsnorm,seed=0") == "attn=gqa,norm=rmsnorm,seed=0"
+    assert "/" not in run_dirname("task.path=/data/x y.txt") and run_dirname("") == "default"
+    long = ",".join(f"k{i}=v{i}" for i in range(80))
+    assert len(run_dirname(long)) == 200 and run_dirname(long) == run_dirname(long) != run_dirname(long + "x")

@@ -1,0 +1,99 @@
+"""What a run leaves on disk: ``metrics.jsonl`` (appended as it trains) and ``summary.json``.
+
+``summary.json`` is written atomically (a temp file in the same folder, then ``os.replace``), so
+a reader (the report, a resumed sweep) sees either the old summary or the new one, never half.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+
+#: Keys of the run config that change how fast a run goes, not what it computes.
+RUNTIME_KEYS = ("threads", "progress")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` via a temp file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(clean(data), f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def clean(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become None (JSON has no NaN), containers recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's summary, or None when there is none (never started, or killed before the first write)."""
+    try:
+        return json.loads((run_dir / SUMMARY).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record of ``metrics.jsonl``; a line cut short by a kill is skipped."""
+    records = []
+    try:
+        lines = (run_dir / METRICS).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """A short hash of what a run computes: its resolved config less the runtime-only keys."""
+    semantic = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
+    text = json.dumps(clean(semantic), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class MetricsLog:
+    """Appends one JSON object per line to ``metrics.jsonl``, flushed per record.
+
+    Opened with "w": a re-run starts its curve afresh. ``None`` as the path writes nothing
+    (ranks other than 0 under DDP).
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self._file: IO[str] | None = open(path, "w") if path is not None else None  # noqa: SIM115
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(clean(record)) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,315 @@
+"""``zoo-report DIR``: one row per variant of a sweep, mean ± std over seeds, sorted by the metric.
+
+Reads every ``summary.json`` under DIR; writes ``report.md``, ``report.csv`` (one row per
+variant), ``runs.csv`` (one row per run), ``curves.png`` and ``final.png`` beside them, and
+prints the Markdown table. Runs at the end of every sweep (:class:`ReportCallback`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import math
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from zoo.records import SUMMARY, read_metrics, read_summary
+from zoo.registry import AXES
+
+log = logging.getLogger("zoo.report")
+
+#: Override keys that never define a variant: seeds are averaged over, the sweep file names the folder.
+NOT_AXES = {"seed", "sweeps"}
+
+
+@dataclass
+class Run:
+    """One run folder: its summary and its overrides as ``{key: value}``."""
+
+    path: Path
+    summary: dict[str, Any]
+    overrides: dict[str, str]
+
+    @property
+    def status(self) -> str:
+        return str(self.summary.get("status", "unknown"))
+
+    @property
+    def seed(self) -> Any:
+        return (self.summary.get("config") or {}).get("seed", self.overrides.get("seed"))
+
+    def value(self, key: str) -> str:
+        """The run's setting for a swept key: its override, its group choice, or its config value."""
+        if key in self.overrides:
+            return self.overrides[key]
+        choices = self.summary.get("choices") or {}
+        if key in choices:
+            return str(choices[key])
+        node: Any = self.summary.get("config") or {}
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return "" if node is None else str(node)
+
+
+@dataclass
+class Variant:
+    """The runs of one setting of the swept keys (one per seed)."""
+
+    key: tuple[str, ...]
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def ok(self) -> list[Run]:
+        return [r for r in self.runs if r.status == "ok"]
+
+    def values(self, metric: str) -> list[float]:
+        out = []
+        for run in self.ok:
+            value = (run.summary.get("final") or {}).get(metric)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                out.append(float(value))
+        return out
+
+    def mean_std(self, metric: str) -> tuple[float | None, float | None]:
+        values = self.values(metric)
+        if not values:
+            return None, None
+        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+    def mean_of(self, key: str) -> float | None:
+        values = [r.summary.get(key) for r in self.ok if isinstance(r.summary.get(key), (int, float))]
+        return statistics.fmean(values) if values else None
+
+    @property
+    def status(self) -> str:
+        counts = Counter(r.status for r in self.runs)
+        if set(counts) == {"ok"}:
+            return "ok"
+        return ", ".join(f"{n} {status}" for status, n in counts.most_common())
+
+    @property
+    def parameters(self) -> int | None:
+        for run in self.runs:
+            total = (run.summary.get("parameters") or {}).get("total")
+            if total is not None:
+                return int(total)
+        return None
+
+    def errors(self) -> list[str]:
+        return [
+            f"{r.summary.get('status')}: {r.summary.get('error') or r.summary.get('reason') or 'no summary'}"
+            for r in self.runs
+            if r.status != "ok"
+        ]
+
+
+@dataclass
+class Report:
+    """A sweep's runs grouped into variants, sorted best first by ``metric``."""
+
+    root: Path
+    axes: list[str]
+    variants: list[Variant]
+    metric: str
+    mode: str
+    extra: list[str]  # other validation metrics shown beside the headline (e.g. other lengths)
+
+    @property
+    def runs(self) -> list[Run]:
+        return [r for v in self.variants for r in v.runs]
+
+    def label(self, variant: Variant) -> str:
+        return " ".join(f"{a}={v}" for a, v in zip(self.axes, variant.key, strict=True)) or "default"
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, str]:
+    """``["+sweeps=quick", "norm=rmsnorm"]`` -> ``{"sweeps": "quick", "norm": "rmsnorm"}``."""
+    out = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key.lstrip("+~")] = value
+    return out
+
+
+def collect(root: Path) -> list[Run]:
+    """Every run under ``root`` that has a summary, in folder order."""
+    runs = []
+    for path in sorted(root.rglob(SUMMARY)):
+        summary = read_summary(path.parent)
+        if summary is not None:
+            runs.append(Run(path.parent, summary, parse_overrides(summary.get("overrides") or [])))
+    return runs
+
+
+def build_report(root: Path) -> Report:
+    runs = collect(root)
+    if not runs:
+        raise FileNotFoundError(f"no {SUMMARY} under {root}: is this a sweep or run folder?")
+    first = [*AXES, "preset", "task"]  # block axes first, in the block's order; then the rest by name
+    keys = sorted(
+        {k for r in runs for k in r.overrides} - NOT_AXES,
+        key=lambda k: (k not in first, first.index(k) if k in first else 0, k),
+    )
+    axes = [k for k in keys if len({r.value(k) for r in runs}) > 1]
+    groups: dict[tuple[str, ...], Variant] = {}
+    for run in runs:
+        key = tuple(run.value(a) for a in axes)
+        groups.setdefault(key, Variant(key)).runs.append(run)
+    metrics = Counter((r.summary.get("metric") or {}).get("name") for r in runs if r.summary.get("metric"))
+    metric = metrics.most_common(1)[0][0] if metrics else "val_loss"
+    modes = [
+        (r.summary.get("metric") or {}).get("mode")
+        for r in runs
+        if (r.summary.get("metric") or {}).get("name") == metric
+    ]
+    mode = modes[0] if modes else "min"
+    family = metric.rsplit("_", 1)[0] if metric.endswith("x") and metric[-2:-1].isdigit() else metric
+    finals = sorted({k for r in runs for k in (r.summary.get("final") or {})})
+    extra = [k for k in finals if k != metric and (k == family or k.startswith(f"{family}_"))]
+
+    def order(variant: Variant) -> tuple[int, float]:
+        mean, _ = variant.mean_std(metric)
+        if mean is None:
+            return (1, 0.0)
+        return (0, mean if mode == "min" else -mean)
+
+    variants = sorted(groups.values(), key=order)
+    return Report(root, axes, variants, metric, mode, extra)
+
+
+def fmt(value: float | None, digits: int = 4) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(report: Report) -> str:
+    """The variants table, best first, with a line on what was measured and the failures below."""
+    m = report.metric
+    better = "lower" if report.mode == "min" else "higher"
+    best = next((v.mean_std(m)[0] for v in report.variants if v.mean_std(m)[0] is not None), None)
+    head = [
+        "#",
+        *report.axes,
+        "seeds",
+        "params",
+        f"{m} (mean ± std)",
+        "vs best",
+        *report.extra,
+        "tokens/s",
+        "wall s",
+        "status",
+    ]
+    lines = [
+        f"{report.root}: {len(report.runs)} runs, {len(report.variants)} variants, sorted by {m} ({better} is better)",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for i, variant in enumerate(report.variants, 1):
+        mean, std = variant.mean_std(m)
+        shown = "" if mean is None else fmt(mean) + (f" ± {std:.4f}" if std is not None else "")
+        delta = "" if mean is None or best is None else ("best" if i == 1 else f"{mean - best:+.4f}")
+        params = variant.parameters
+        rate, wall = variant.mean_of("tokens_per_s"), variant.mean_of("wall_time_s")
+        row = [
+            str(i),
+            *variant.key,
+            str(len(variant.runs)),
+            f"{params:,}" if params is not None else "",
+            shown,
+            delta,
+            *[fmt(variant.mean_std(k)[0]) for k in report.extra],
+            f"{rate:,.0f}" if rate is not None else "",
+            f"{wall:.1f}" if wall is not None else "",
+            variant.status,
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    problems = [(report.label(v), e) for v in report.variants for e in v.errors()]
+    if problems:
+        lines += ["", "Not ok:"] + [f"- {label}: {error}" for label, error in problems]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(report: Report) -> None:
+    m = report.metric
+    finals = sorted({k for r in report.runs for k in (r.summary.get("final") or {})})
+    with open(report.root / "report.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(
+            [*report.axes, "runs", "ok", "parameters", "metric", f"{m}_mean", f"{m}_std",
+             *[f"{k}_mean" for k in finals if k != m], "tokens_per_s", "wall_time_s", "flops_per_token", "status"]
+        )  # fmt: skip
+        for v in report.variants:
+            mean, std = v.mean_std(m)
+            flops = next((r.summary.get("flops_per_token") for r in v.runs if r.summary.get("flops_per_token")), None)
+            writer.writerow(
+                [*v.key, len(v.runs), len(v.ok), v.parameters, m, mean, std,
+                 *[v.mean_std(k)[0] for k in finals if k != m], v.mean_of("tokens_per_s"), v.mean_of("wall_time_s"),
+                 flops, v.status]
+            )  # fmt: skip
+    with open(report.root / "runs.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(
+            ["run_dir", *report.axes, "seed", "status", m, "parameters", "tokens_per_s", "wall_time_s", "error"]
+        )
+        for v in report.variants:
+            for r in v.runs:
+                writer.writerow(
+                    [r.path.relative_to(report.root).as_posix() or ".", *v.key, r.seed, r.status,
+                     (r.summary.get("final") or {}).get(m), (r.summary.get("parameters") or {}).get("total"),
+                     r.summary.get("tokens_per_s"), r.summary.get("wall_time_s"),
+                     r.summary.get("error") or r.summary.get("reason")]
+                )  # fmt: skip
+
+
+def write_report(root: Path, plots: bool = True) -> str:
+    """Build and write the whole report for the runs under ``root``; returns the Markdown."""
+    report = build_report(Path(root))
+    text = markdown(report)
+    (report.root / "report.md").write_text(text)
+    write_csv(report)
+    if plots:
+        from zoo.plots import plot_curves, plot_final
+
+        plot_curves(report, report.root / "curves.png", {r.path: read_metrics(r.path) for r in report.runs})
+        plot_final(report, report.root / "final.png")
+    return text
+
+
+def report_main(argv: Sequence[str] | None = None) -> None:
+    """``zoo-report DIR``: print a sweep's table; write report.md, report.csv, runs.csv and PNG plots."""
+    parser = argparse.ArgumentParser(prog="zoo-report", description=report_main.__doc__)
+    parser.add_argument("dir", type=Path, help="a sweep folder (e.g. runs/quick) or any folder of runs")
+    parser.add_argument("--no-plots", action="store_true", help="tables only")
+    args = parser.parse_args(argv)
+    try:
+        print(write_report(args.dir, plots=not args.no_plots), end="")
+    except FileNotFoundError as error:
+        parser.exit(1, f"zoo-report: {error}\n")
+    print(f"\nwritten: {', '.join(str(args.dir / n) for n in ('report.md', 'report.csv', 'runs.csv'))}", end="")
+    print("" if args.no_plots else f", {args.dir / 'curves.png'}, {args.dir / 'final.png'}")
+
+
+class ReportCallback(Callback):
+    """Hydra callback: when a sweep ends, write its report and print the table."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        root = Path(config.hydra.sweep.dir)
+        try:
+            text = write_report(root)
+        except Exception as error:  # a report problem must not hide the runs' own results
+            log.error("report for %s failed: %s: %s", root, type(error).__name__, error)
+            return
+        print("\n" + text + f"\nreport: {root / 'report.md'} (and report.csv, runs.csv, curves.png, final.png)")
+
+
+if __name__ == "__main__":
+    report_main()

@@ -1,0 +1,62 @@
+"""``zoo-sweep NAME [overrides]``: run the versioned sweep ``sweeps/NAME.yaml``, then print its report.
+
+``zoo-sweep quick`` is ``zoo-train -m +sweeps=quick`` with the repository's ``sweeps/`` folder on
+Hydra's search path. Extra arguments are Hydra overrides (``train.steps=100``, ``seed=0,1,2``,
+``hydra/launcher=joblib``, ``hydra.sweep.dir=...``). The sweep writes ``runs/NAME/`` unless told
+otherwise; running it again resumes (runs whose summary says ``ok`` are skipped).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from zoo.config import CONF_DIR
+
+#: Versioned sweep files: ``sweeps/<name>.yaml`` beside ``conf/``.
+SWEEPS_DIR = CONF_DIR.parent / "sweeps"
+
+
+def sweep_names() -> list[str]:
+    return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+
+
+def describe(name: str) -> str:
+    """The sweep file's first comment line after the package header."""
+    for line in (SWEEPS_DIR / f"{name}.yaml").read_text().splitlines()[1:]:
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def sweep_argv(name: str, overrides: Sequence[str]) -> list[str]:
+    """The ``zoo-train`` arguments that run sweep ``name``."""
+    root = str(SWEEPS_DIR.parent).replace("\\", "\\\\").replace("'", "\\'")
+    return [f"hydra.searchpath=['file://{root}']", f"+sweeps={name}", *overrides]
+
+
+def sweep_main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point: ``zoo-sweep NAME [overrides]``; ``zoo-sweep`` alone lists the sweeps."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    names = sweep_names()
+    if not args or args[0] in ("-h", "--help", "--list"):
+        print("usage: zoo-sweep NAME [hydra overrides]   (sweeps/NAME.yaml; output in runs/NAME/)\n\nsweeps:")
+        for name in names:
+            print(f"  {name:<16} {describe(name)}")
+        return
+    name, overrides = args[0], args[1:]
+    if name not in names:
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" did you mean {close[0]!r}?" if close else ""
+        sys.exit(f"zoo-sweep: no sweep {name!r} in {SWEEPS_DIR}.{hint} sweeps: {', '.join(names)}")
+    from zoo.train import main
+
+    sys.argv = [str(Path(sys.argv[0]).with_name("zoo-train")), *sweep_argv(name, overrides)]
+    main()
+
+
+if __name__ == "__main__":
+    sweep_main()

@@ -1,0 +1,10 @@
+"""Training tasks: data generated or read at run time, nothing downloaded.
+
+``bytes`` (byte-level language modelling on local text) and ``mqar`` (multi-query associative
+recall); any task can be evaluated at multiples of its trained length (``task.eval_lengths``).
+"""
+
+from zoo.tasks import mqar, text  # noqa: F401  (registers the built-in tasks)
+from zoo.tasks.base import IGNORE, TASKS, Batch, Task, build_task, register_task
+
+__all__ = ["IGNORE", "TASKS", "Batch", "Task", "build_task", "register_task"]

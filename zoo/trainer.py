@@ -1,0 +1,296 @@
+"""The training loop: AdamW, linear warmup then cosine decay, gradient clipping, periodic evaluation.
+
+Config validation (:func:`check_run_config`) happens before any tensor work. The loop keeps the
+per-step cost to the model's own forward, backward and optimizer step: the loss is summed on the
+device and read back only every ``train.log_every`` steps (that is also when divergence is checked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+from tqdm import tqdm
+
+from zoo.build import check_type
+from zoo.errors import ConfigError
+from zoo.model import LanguageModel
+from zoo.tasks import IGNORE, Batch, Task
+from zoo.tasks.base import metric_name
+
+#: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form).
+RUN_KEYS = {"block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep"}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The ``train`` section. ``eval_every=0`` evaluates only at the end; ``grad_clip=0`` turns clipping off."""
+
+    steps: int = 500
+    batch_size: int = 16
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    log_every: int = 10
+    eval_every: int = 100
+    eval_batches: int = 8
+    diverge_factor: float = 4.0
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any] | None) -> TrainConfig:
+        raw = dict(raw or {})
+        names = [f.name for f in fields(cls)]
+        for key in raw:
+            if key not in names:
+                raise ConfigError(f"train.{key}", raw[key], f"unknown key; allowed: {', '.join(names)}")
+        hints = {"int": int, "float": float}
+        values = {
+            f.name: check_type(f"train.{f.name}", raw[f.name], hints[f.type]) for f in fields(cls) if f.name in raw
+        }
+        cfg = cls(**values)
+        for name in ("steps", "batch_size", "log_every", "eval_batches"):
+            if getattr(cfg, name) < 1:
+                raise ConfigError(f"train.{name}", getattr(cfg, name), "must be a positive integer")
+        for name in ("warmup_steps", "eval_every", "weight_decay", "grad_clip"):
+            if getattr(cfg, name) < 0:
+                raise ConfigError(f"train.{name}", getattr(cfg, name), "must be >= 0")
+        if not cfg.lr > 0 or not math.isfinite(cfg.lr):
+            raise ConfigError("train.lr", cfg.lr, "must be a positive number")
+        if not 0 <= cfg.min_lr_ratio <= 1:
+            raise ConfigError("train.min_lr_ratio", cfg.min_lr_ratio, "must be in [0, 1]")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(cfg, name) < 1:
+                raise ConfigError(f"train.{name}", getattr(cfg, name), "must be in [0, 1)")
+        if not cfg.diverge_factor > 1:
+            raise ConfigError("train.diverge_factor", cfg.diverge_factor, "must be > 1")
+        return cfg
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate at 0-based ``step``: linear warmup to ``lr``, cosine down to ``lr * min_lr_ratio``."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps))
+        low = self.lr * self.min_lr_ratio
+        return low + 0.5 * (self.lr - low) * (1 + math.cos(math.pi * progress))
+
+
+def check_run_config(raw: dict[str, Any]) -> tuple[TrainConfig, torch.device]:
+    """Validate the run-level keys (``seed``, ``device``, ``threads``, ``train``); no tensor work."""
+    for key in raw:
+        if key not in RUN_KEYS:
+            raise ConfigError(key, raw[key], f"unknown top-level key; allowed: {', '.join(sorted(RUN_KEYS))}")
+    check_type("seed", raw.get("seed", 0), int)
+    check_type("threads", raw.get("threads"), int | None)
+    if raw.get("threads") is not None and raw["threads"] < 1:
+        raise ConfigError(
+            "threads", raw["threads"], "must be a positive integer (or null: every core this job may use)"
+        )
+    device = check_type("device", raw.get("device", "cpu"), str)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ConfigError("device", device, "cpu, cuda or cuda:<index>")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", device, "CUDA is not available on this machine; use device=cpu")
+    return TrainConfig.from_config(raw.get("train")), dev
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (and the embedding), none on biases and norm gains."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (float32) over the positions whose target is not IGNORE."""
+    return F.cross_entropy(rearrange(logits.float(), "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"))
+
+
+@dataclass
+class Outcome:
+    """What the loop did: ``status`` is ``ok`` or ``diverged``."""
+
+    status: str
+    steps: int
+    tokens: int
+    train_time_s: float
+    tokens_per_s: float
+    final: dict[str, float | None]
+    reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Trainer:
+    """Trains ``model`` on ``task``. Under DDP (``world > 1``) the process group is already initialized,
+    every rank built the same model from the same seed, and ``data_seed`` differs by rank.
+
+    ``log`` receives every metrics record (rank 0 passes a writer; other ranks a no-op).
+    """
+
+    def __init__(
+        self,
+        model: LanguageModel,
+        task: Task,
+        cfg: TrainConfig,
+        *,
+        device: torch.device,
+        data_seed: int,
+        log: Callable[[dict[str, Any]], None] = lambda record: None,
+        progress: bool | None = None,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
+        self.model, self.task, self.cfg, self.device = model.to(device), task, cfg, device
+        self.rank, self.world, self.log = rank, world, log
+        self.progress = progress
+        self.generator = torch.Generator().manual_seed(data_seed)
+        self.optimizer = make_optimizer(self.model, cfg)
+        if world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [device.index] if device.type == "cuda" else None
+            self.train_model: nn.Module = DistributedDataParallel(self.model, device_ids=ids)
+        else:
+            self.train_model = self.model
+        self.val_sets = {f: task.val_batches(cfg.batch_size, cfg.eval_batches, f) for f in task.eval_lengths}
+        self.eval_errors: dict[str, str] = {}
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast on CUDA; nothing on CPU (float32)."""
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def batches(self) -> Iterator[Batch]:
+        while True:
+            yield self.task.train_batch(self.cfg.batch_size, self.generator).to(self.device)
+
+    def fit(self) -> Outcome:
+        cfg, model, optimizer = self.cfg, self.train_model, self.optimizer
+        params = [p for p in self.model.parameters()]
+        tokens_per_step = cfg.batch_size * self.task.seq_len * self.world
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        disable = True if self.rank != 0 or self.progress is False else (None if self.progress is None else False)
+        bar = tqdm(total=cfg.steps, disable=disable, unit="step", dynamic_ncols=True)  # None: off unless a TTY
+        loss_sum, n_summed = torch.zeros((), device=self.device), 0
+        reference, last_loss, final_val = None, None, {}
+        train_time, status, reason, step = 0.0, "ok", None, 0
+        model.train()
+        batches = self.batches()
+        started = time.perf_counter()
+        for step in range(1, cfg.steps + 1):
+            lr = cfg.lr_at(step - 1)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = next(batches)
+            with self.autocast():
+                logits = model(batch.inputs)
+            loss = loss_fn(logits, batch.targets)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum += loss.detach()
+            n_summed += 1
+            evaluate = step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
+            if step % cfg.log_every and step != 1 and not evaluate:
+                continue
+            # -- a log step: the one host sync --------------------------------------------------
+            mean = loss_sum / n_summed
+            if self.world > 1:
+                dist.all_reduce(mean)
+                mean = mean / self.world
+            last_loss = mean.item()
+            now = time.perf_counter()
+            rate = n_summed * tokens_per_step / max(now - started, 1e-9)
+            train_time, started = train_time + now - started, now  # logging below counts as training time
+            self.log(
+                {"kind": "train", "step": step, "tokens": step * tokens_per_step, "loss": last_loss, "lr": lr,
+                 "tokens_per_s": rate}
+            )  # fmt: skip
+            bar.update(n_summed)
+            bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+            loss_sum.zero_()
+            n_summed = 0
+            reference = last_loss if reference is None else reference
+            if not math.isfinite(last_loss) or last_loss > cfg.diverge_factor * reference:
+                status = "diverged"
+                reason = (
+                    f"loss {last_loss:.4g} at step {step} (first loss {reference:.4g}, limit x{cfg.diverge_factor:g})"
+                )
+                break
+            if evaluate:
+                paused = time.perf_counter()
+                final_val = self.evaluate()
+                self.log({"kind": "val", "step": step, "tokens": step * tokens_per_step, **final_val})
+                started += time.perf_counter() - paused  # evaluation is not training time
+        bar.close()
+        tokens = step * tokens_per_step
+        return Outcome(
+            status=status,
+            steps=step,
+            tokens=tokens,
+            train_time_s=train_time,
+            tokens_per_s=tokens / max(train_time, 1e-9),
+            final={"train_loss": last_loss, **final_val},
+            reason=reason,
+        )
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float | None]:
+        """Every validation metric, at each evaluated length (batches shared out across ranks)."""
+        self.model.eval()
+        out: dict[str, float | None] = {}
+        for factor, batches in self.val_sets.items():
+            sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, count, correct
+            try:
+                for batch in batches[self.rank :: self.world]:
+                    batch = batch.to(self.device)
+                    with self.autocast():
+                        logits = self.model(batch.inputs).float()
+                    scored = batch.targets != IGNORE
+                    logits, targets = logits[scored], batch.targets[scored]  # (n, v), (n,)
+                    loss = F.cross_entropy(logits, targets, reduction="sum")
+                    correct = (logits.argmax(-1) == targets).sum()
+                    sums += torch.stack([loss.double(), scored.sum().double(), correct.double()])
+            except Exception as error:  # a part that cannot run at this length: record, keep training
+                if factor == 1:
+                    raise
+                self.eval_errors[f"{factor}x"] = f"{type(error).__name__}: {error}"
+                out.update({metric_name(name, factor): None for name in self.task.metrics})
+                continue
+            if self.world > 1:
+                dist.all_reduce(sums)
+            loss_sum, count, correct = sums.tolist()
+            for name, value in self.task.compute(loss_sum, int(count), int(correct)).items():
+                out[metric_name(name, factor)] = value
+        self.model.train()
+        return out
+
+    def peak_memory(self) -> dict[str, Any]:
+        """Peak memory in MiB: CUDA allocations on GPU, else the process's peak resident set."""
+        if self.device.type == "cuda":
+            return {"peak_memory_mib": torch.cuda.max_memory_allocated(self.device) / 2**20, "kind": "cuda_allocated"}
+        return {"peak_memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "kind": "process_rss"}
