@@ -2,6 +2,7 @@
 
     python benchmarks/block.py                      # CPU, float32, batch 8, T 256, d_model 512
     python benchmarks/block.py --memory             # also: peak memory of sdpa vs math at T 4096
+    python benchmarks/block.py --parts              # also: alibi and sliding windows beside rotary
     python benchmarks/block.py --device cuda --dtype bfloat16 --d-model 2048 --time 2048
 
 Peers come from the ``bench`` extra (``pip install -e ".[bench]"``); a missing peer is skipped.
@@ -59,8 +60,8 @@ def fwd_bwd(module: nn.Module, x: torch.Tensor, call: Callable[[torch.Tensor], t
     return step
 
 
-def zoo_block(preset: str, args: argparse.Namespace, **block: object) -> nn.Module:
-    overrides = [f"preset={preset}", f"block.d_model={args.d_model}", f"block.n_heads={args.n_heads}"]
+def zoo_block(preset: str, args: argparse.Namespace, *choices: str, **block: object) -> nn.Module:
+    overrides = [f"preset={preset}", f"block.d_model={args.d_model}", f"block.n_heads={args.n_heads}", *choices]
     overrides += [f"block.{k}={v}" for k, v in block.items()]
     return zoo.build_block(zoo.compose(overrides).block)
 
@@ -149,6 +150,42 @@ def run_speed(args: argparse.Namespace) -> None:
         )
 
 
+def fused_only(step: Step) -> str:
+    """``fused`` if ``step`` runs with SDPA's materializing math backend disabled, else ``math``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+            step()
+    except RuntimeError:
+        return "math (fallback)"
+    return "fused"
+
+
+def run_parts(args: argparse.Namespace) -> None:
+    """Position schemes and windows beside rotary, on the llama block: time and SDPA path."""
+    device, dtype = args.device, getattr(torch, args.dtype)
+    x = torch.randn(args.batch, args.time, args.d_model, device=device, dtype=dtype)
+    window = max(1, args.time // 4)
+    variants = {
+        "rotary": [],
+        "alibi": ["pos=alibi"],
+        "none": ["pos=none"],
+        f"rotary, window {window}": [f"block.attn.window={window}"],
+        f"alibi, window {window}": ["pos=alibi", f"block.attn.window={window}"],
+        "rotary, qk_norm": ["block.attn.qk_norm=rmsnorm"],
+        "rotary, rotary_fraction 0.25": ["block.pos.rotary_fraction=0.25"],
+    }
+    steps = {name: fwd_bwd(zoo_block("llama", args, *c).to(device, dtype), x) for name, c in variants.items()}
+    paths = {name: fused_only(step) for name, step in steps.items()}
+    seconds = time_interleaved(steps, device, args.repeats)
+    print(f"\nzoo llama block by position scheme, forward+backward, T {args.time} ({args.device} {args.dtype})\n")
+    print("| pos / attention | ms | / rotary | SDPA path |\n|---|---:|---:|---|")
+    for name in variants:
+        ratio = seconds[name] / seconds["rotary"]
+        print(f"| {name} | {seconds[name] * 1e3:.1f} | {ratio:.2f} | {paths[name]} |")
+
+
 def rss_bytes(field: str) -> int:
     """A memory field of /proc/self/status (VmRSS: now, VmHWM: peak since the last reset), in bytes."""
     with open("/proc/self/status") as f:
@@ -217,6 +254,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--memory", action="store_true", help="also measure sdpa vs math peak memory")
     parser.add_argument("--memory-time", type=int, default=4096)
+    parser.add_argument("--parts", action="store_true", help="also time alibi and windows beside rotary")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="sdpa", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -227,6 +265,8 @@ def main() -> None:
         return
     torch.manual_seed(0)
     run_speed(args)
+    if args.parts:
+        run_parts(args)
     if args.memory:
         run_memory(args)
 

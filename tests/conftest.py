@@ -1,15 +1,50 @@
-"""Test setup: one torch thread per worker (the contract matrix is many tiny ops)."""
+"""Test setup: one torch thread per worker (the contract matrix is many tiny ops), and a summary
+of the contract suite's combinations at the end of the run."""
 
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from collections import Counter  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+CONTRACT = "test_contract.py::test_block_contract["
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
-    torch.manual_seed(0)
+    # The CPU generator only: torch.manual_seed also queues a CUDA seeding that formats a stack trace
+    # (milliseconds per test, thousands of tests).
+    torch.random.default_generator.manual_seed(0)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
+    """How many combinations the contract suite ran (and in which context), skipped (and why), and
+    the properties that did not apply."""
+    reports = [
+        r
+        for key in ("passed", "failed", "skipped")
+        for r in terminalreporter.stats.get(key, [])
+        if CONTRACT in r.nodeid and (r.when == "call" or r.skipped)
+    ]
+    if not reports:
+        return
+    skipped = Counter(r.longrepr[2].removeprefix("Skipped: ") for r in reports if r.skipped)
+    ran = [r for r in reports if not r.skipped]
+    where = {"block": "as a lone block", "model": "behind a model's position embedding"}
+    contexts = Counter(where.get(dict(r.user_properties).get("context"), "?") for r in ran)
+    notes = Counter(value for r in ran for key, value in r.user_properties if key == "note")
+    write = terminalreporter.write_line
+    write(
+        f"contract: {len(reports)} combinations, {len(ran)} run ("
+        + ", ".join(f"{n} {context}" for context, n in sorted(contexts.items()))
+        + f"), {sum(skipped.values())} skipped as invalid"
+    )
+    for reason, n in skipped.most_common():
+        write(f"  skipped {n}: {reason}")
+    for note, n in notes.most_common():
+        write(f"  {n} x {note}")

@@ -23,3 +23,17 @@ def test_parts_catalogue_is_current():
     assert (ROOT / "docs" / "parts.md").read_text() == parts_markdown(), (
         "docs/parts.md is stale: run `zoo-parts --markdown > docs/parts.md`"
     )
+
+
+def test_zoo_parts_params_counts_a_restricted_grid_with_matching(capsys):
+    parts_main(
+        ["--params", "--d-model", "64", "placement=pre", "norm=rmsnorm", "attn=mha,gqa", "pos=rotary,learned"]
+        + ["mlp=gelu,swiglu", "block.mlp.match=params", "block.mlp.match_attn=mha", "block.max_len=32"]
+    )
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| pre ")]
+    assert len(rows) == 8
+    matched = [row.split(" | ") for row in rows]
+    reference = {row[-1].rstrip(" |") for row in matched}
+    assert len(reference) == 1  # every variant matched to the same mha + gelu block
+    target = int(next(iter(reference)).replace(",", ""))
+    assert all(abs(int(row[-2].replace(",", "")) - target) < 200 for row in matched)

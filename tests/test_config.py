@@ -100,6 +100,11 @@ def test_unknown_part_on_the_command_line():
         ({"attn": {"name": "mha", "n_kv_heads": 2.5}}, "block.attn.n_kv_heads=2.5", "int or null"),
         ({"norm": None}, "block.norm=None", "layernorm, rmsnorm"),
         ({"norm": {"eps": 1e-5}}, "block.norm=", "needs a 'name'"),
+        ({"max_len": 0}, "block.max_len=0", "positive"),
+        ({"attn": {"name": "mha", "window": 0}}, "block.attn.window=0", "positive integer, or null"),
+        ({"attn": {"name": "mha", "softcap": -1.0, "backend": "math"}}, "block.attn.softcap=-1.0", "> 0"),
+        ({"pos": {"name": "rotary", "rotary_fraction": 1.5}}, "block.pos.rotary_fraction=1.5", "(0, 1]"),
+        ({"norm": {"name": "scalenorm", "eps": 0.0}}, "block.norm.eps=0.0", "> 0"),
     ],
 )
 def test_bad_config_names_field_value_and_allowed(changes, field, allowed):
@@ -147,5 +152,6 @@ def test_every_option_file_builds_and_lists_every_option(axis, name):
     node = yaml.safe_load(path.read_text())
     assert node.pop("name") == name
     assert node == option_defaults(AXES[axis].get(name))
-    composed = compose([f"{axis}={name}", "block.d_model=16", "block.n_heads=4"])
-    build_block(composed.block)
+    composed = compose([f"{axis}={name}", "block.d_model=16", "block.n_heads=4", "block.max_len=32"])
+    assert zoo.check_combination(composed) is None
+    build_block(composed.block, context="model")

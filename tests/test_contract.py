@@ -1,150 +1,216 @@
-"""The block contract, checked for every combination of registered parts.
+"""The block contract (tests/contract.py), checked for every combination of registered parts.
 
-Equality of two paths is tested in float64, where a real difference cannot hide in rounding.
+One test per combination: its blocks are built once and every property runs against them; a
+failure names each property that failed. Invalid combinations are skipped with the reason
+(zoo.check_combination), and the run ends with a count (conftest.py).
 """
 
 from __future__ import annotations
 
-import pytest
-import torch
-from combos import block_config, every_combination, make_block
+from collections.abc import Callable
 
-from zoo import build_block
-from zoo.parts.attention import KVCache
+import pytest
+from combos import every_combination, every_pair
+from contract import Subject, run_contract
+
+
+@every_combination
+def test_block_contract(combo, record_property):
+    subject = Subject.of(combo)
+    if isinstance(subject, str):
+        pytest.skip(subject)
+    record_property("context", subject.context)
+    failures, notes = run_contract(subject)
+    for note in notes:
+        record_property("note", note)
+    assert not failures, "\n".join(failures)
+
+
+# --- Models, cross-attention and encoder blocks ----------------------------------------------------
+# Checked for every combination in one test: each combination's model and blocks are built once,
+# every check runs on them, and a failure names each check that failed.
+
+import torch  # noqa: E402
+from combos import VOCAB, block_config, make_model, randomize  # noqa: E402
+from contract import close  # noqa: E402
+
+from zoo import build_block  # noqa: E402
+from zoo.parts.attention import KVCache  # noqa: E402
 
 B, T, D = 2, 6, 16
+S = 5  # source (encoder memory) length
+#: Logits compared at float32 tolerance; computed in float64 so only a real difference can exceed it.
+FLOAT32 = 1e-5
 
 
-def inputs(batch: int = B, time: int = T, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    return torch.randn(batch, time, D, dtype=dtype)
+class Built:
+    """One combination's 2-layer model, cross-attention block and encoder block, each built on first use."""
+
+    def __init__(self, combo: dict[str, str]) -> None:
+        self.combo = combo
+        self._made: dict[str, torch.nn.Module] = {}
+
+    def _get(self, key: str, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._get("model", lambda: make_model(self.combo))
+
+    @property
+    def cross(self) -> torch.nn.Module:
+        return self._get("cross", lambda: self.bare_block(cross_attention=True))
+
+    @property
+    def encoder(self) -> torch.nn.Module:
+        return self._get("encoder", lambda: self.bare_block(causal=False))
+
+    def bare_block(self, **overrides: object) -> torch.nn.Module:
+        """The block alone (absolute positions, if any, are a model's: here they add nothing)."""
+        block = build_block(block_config(self.combo, **overrides), context="model").double()
+        randomize(block)
+        return block.eval()
 
 
-@every_combination
-@pytest.mark.parametrize("time", [1, T])
-def test_shape_kept(combo, time):
-    x = inputs(time=time)
-    assert make_block(combo)(x).shape == x.shape
+MODEL_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for every combination
+PAIR_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for every pair of parts (combos.every_pair)
 
 
-@every_combination
-@pytest.mark.parametrize("backend", ["sdpa", "math"])
-def test_future_tokens_do_not_change_the_past(combo, backend):
-    block = make_block(combo, attn={"backend": backend})
-    x = inputs()
-    for t in range(T - 1):
-        changed = x.clone()
-        changed[:, t + 1 :] = torch.randn_like(changed[:, t + 1 :]) * 3
-        torch.testing.assert_close(block(changed)[:, : t + 1], block(x)[:, : t + 1], rtol=0, atol=1e-12)
+def model_check(check: Callable[[Built], None]) -> Callable[[Built], None]:
+    MODEL_CHECKS[check.__name__.replace("_", " ")] = check
+    return check
 
 
-@every_combination
-@pytest.mark.parametrize("backend", ["sdpa", "math"])
-def test_jacobian_is_zero_on_future_inputs(combo, backend):
-    block = make_block(combo, attn={"backend": backend})
-    x = inputs(batch=1).requires_grad_()
-    y = block(x)
-    for t in range(T):
-        (grad,) = torch.autograd.grad(y[0, t].sum(), x, retain_graph=True)
-        assert torch.all(grad[0, t + 1 :] == 0), f"output {t} depends on a later input"
-        assert grad[0, : t + 1].abs().sum() > 0, f"output {t} ignores its own past"
+def pair_check(check: Callable[[Built], None]) -> Callable[[Built], None]:
+    PAIR_CHECKS[check.__name__.replace("_", " ")] = check
+    return check
 
 
-@every_combination
-def test_gradients_reach_input_and_every_parameter(combo):
-    block = make_block(combo).train()
-    x = inputs().requires_grad_()
-    (block(x) * torch.randn(B, T, D, dtype=x.dtype)).sum().backward()
-    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
-    for name, p in block.named_parameters():
-        assert p.grad is not None, f"{name} gets no gradient"
-        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
-        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
-
-
-@every_combination
-def test_finite_on_huge_inputs(combo):
-    block = make_block(combo, dtype=torch.float32)
-    assert torch.isfinite(block(inputs(dtype=torch.float32) * 1e4)).all()
-
-
-#: bfloat16 keeps 8 mantissa bits (~0.4% per rounding); a block compounds a few dozen roundings.
-BF16_RELATIVE_ERROR = 0.05
-
-
-@every_combination
-def test_bfloat16_close_to_float32(combo):
-    block = make_block(combo, dtype=torch.float32)
-    x = inputs(dtype=torch.float32)
-    reference = block(x)
-    low = block.to(torch.bfloat16)(x.to(torch.bfloat16)).float()
-    assert torch.isfinite(low).all()
-    error = (low - reference).norm() / reference.norm()
-    assert error < BF16_RELATIVE_ERROR, f"bfloat16 relative error {error:.3f}"
+def run_checks(combo: dict[str, str], checks: dict[str, Callable[[Built], None]]) -> None:
+    subject = Subject.of(combo)
+    if isinstance(subject, str):
+        pytest.skip(subject)
+    built, failures = Built(combo), []
+    for name, check in checks.items():
+        try:
+            check(built)
+        except AssertionError as error:
+            failures.append(f"{name}: {error}")
+    assert not failures, "\n".join(failures)
 
 
 @every_combination
-def test_samples_do_not_see_each_other(combo):
-    block = make_block(combo)
-    x = inputs(batch=3)
-    alone = torch.cat([block(x[i : i + 1]) for i in range(3)])
-    torch.testing.assert_close(block(x), alone, rtol=0, atol=1e-12)
-    changed = x.clone()
-    changed[1:] = torch.randn_like(changed[1:])
-    torch.testing.assert_close(block(changed)[0], block(x)[0], rtol=0, atol=1e-12)
+def test_model_contract(combo):
+    run_checks(combo, MODEL_CHECKS)
 
 
-@every_combination
-def test_sdpa_and_math_backends_agree(combo):
-    fast = make_block(combo, attn={"backend": "sdpa"})
-    slow = build_block(block_config(combo, attn={"backend": "math"})).double().eval()
-    slow.load_state_dict(fast.state_dict())
-    x = inputs()
-    key_mask = torch.ones(B, T, dtype=torch.bool)
-    key_mask[0, :2] = False  # left padding on the first sample
-    torch.testing.assert_close(fast(x), slow(x), rtol=0, atol=1e-10)
-    torch.testing.assert_close(fast(x, key_mask=key_mask), slow(x, key_mask=key_mask), rtol=0, atol=1e-10)
+@every_pair
+def test_model_contract_pairwise(combo):
+    run_checks(combo, PAIR_CHECKS)
 
 
-@every_combination
-def test_dropout_only_in_train(combo):
-    block = make_block(combo, dropout=0.5)
-    plain = build_block(block_config(combo, dropout=0.0)).double().eval()
-    plain.load_state_dict(block.state_dict())
-    x = inputs()
-    torch.testing.assert_close(block(x), block(x), rtol=0, atol=0)
-    torch.testing.assert_close(block(x), plain(x), rtol=0, atol=1e-12)
-    block.train()
-    assert not torch.allclose(block(x), block(x)), "dropout is not active in train()"
+def inputs(batch: int = B, time: int = T) -> torch.Tensor:
+    return torch.randn(batch, time, D, dtype=torch.float64)
 
 
-@every_combination
-def test_state_dict_round_trip(combo):
-    first = make_block(combo)
-    torch.manual_seed(123)
-    second = build_block(block_config(combo)).double().eval()
-    second.load_state_dict(first.state_dict())
-    x = inputs()
-    torch.testing.assert_close(second(x), first(x), rtol=0, atol=0)
+@model_check
+def prefill_in_chunks_then_cached_decoding_equals_full_forward(built: Built) -> None:
+    model = built.model
+    ids = torch.randint(0, VOCAB, (B, 7))
+    caches = model.new_caches(max_len=4)  # smaller than the sequence: the cache must grow
+    steps, start = [], 0
+    for size in (2, 3, 1, 1):  # a prefill, a chunk, then single tokens
+        steps.append(model(ids[:, start : start + size], caches=caches))
+        start += size
+    assert all(cache.length == ids.shape[1] for cache in caches)
+    close(torch.cat(steps, dim=1), model(ids), FLOAT32, "logits")
+    # Keys and values only, n_kv_heads of them: 2 x layers x batch x kv heads x slots x d_head x 8 bytes.
+    attn = model.blocks[0].attn
+    expected = 2 * len(model.blocks) * B * attn.n_kv_heads * caches[0].capacity * attn.d_head * 8
+    assert sum(cache.nbytes for cache in caches) == expected, "the cache holds more than the kv heads"
 
 
-@every_combination
-@pytest.mark.parametrize("backend", ["sdpa", "math"])
-def test_cached_decoding_equals_full_forward(combo, backend):
-    block = make_block(combo, attn={"backend": backend})
-    x = inputs()
+@pair_check
+def left_padded_batch_equals_each_prompt_alone(built: Built) -> None:
+    model = built.model
+    lengths, width, new = [3, 5], 5, 3
+    prompts = [torch.randint(0, VOCAB, (1, n)) for n in lengths]
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    key_mask = torch.zeros(len(lengths), width, dtype=torch.bool)
+    for i, prompt in enumerate(prompts):
+        ids[i, width - prompt.shape[1] :] = prompt
+        key_mask[i, width - prompt.shape[1] :] = True
+    positions = (key_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(ids, key_mask=key_mask, positions=positions)
+    for i, prompt in enumerate(prompts):
+        close(logits[i, width - prompt.shape[1] :], model(prompt)[0], FLOAT32, "logits")
+    batched = model.generate(ids, new, key_mask=key_mask)
+    alone = torch.cat([model.generate(prompt, new) for prompt in prompts])
+    assert torch.equal(batched, alone)
+    assert torch.equal(model.generate(ids, new, key_mask=key_mask, use_cache=False), alone)
+
+
+def memory_inputs(batch: int = B) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoder memory (b, S, D) and its padding mask: the first sample's last 2 positions are padding."""
+    memory_mask = torch.ones(batch, S, dtype=torch.bool)
+    memory_mask[0, -2:] = False
+    return torch.randn(batch, S, D, dtype=torch.float64), memory_mask
+
+
+@pair_check
+def cross_attention_reads_real_memory_never_its_padding_nor_the_future(built: Built) -> None:
+    block, x = built.cross, inputs()
+    memory, memory_mask = memory_inputs()
+    y = block(x, memory=memory, memory_mask=memory_mask)
+    changed = memory.clone()
+    changed[0, -2:] = torch.randn(2, D, dtype=memory.dtype) * 5  # padding only
+    close(block(x, memory=changed, memory_mask=memory_mask), y, 1e-12, "outputs")
+    changed[:, 0] += torch.randn(D, dtype=memory.dtype)  # a real source token
+    assert not torch.allclose(block(x, memory=changed, memory_mask=memory_mask), y), "memory is ignored"
+    future = x.clone()
+    future[:, 3:] = torch.randn_like(future[:, 3:]) * 3
+    out = block(future, memory=memory, memory_mask=memory_mask)
+    close(out[:, :3], y[:, :3], 1e-12, "outputs")
+
+
+@pair_check
+def cross_attention_cached_decoding_equals_full_forward(built: Built) -> None:
+    block, x = built.cross, inputs()
+    memory, memory_mask = memory_inputs()
     cache = KVCache()
-    steps = [block(x[:, :3], cache=cache)] + [block(x[:, t : t + 1], cache=cache) for t in range(3, T)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), block(x), rtol=0, atol=1e-10)
+    steps = [block(x[:, :3], cache=cache, memory=memory, memory_mask=memory_mask)]
+    # Later steps get no memory: its keys and values were computed once, at the first step.
+    steps += [block(x[:, t : t + 1], cache=cache, memory_mask=memory_mask) for t in range(3, T)]
+    full = block(x, memory=memory, memory_mask=memory_mask)
+    close(torch.cat(steps, dim=1), full, 1e-10, "outputs")
 
 
-@every_combination
-def test_padding_never_changes_real_positions_and_stays_finite(combo):
-    block = make_block(combo)
-    x = inputs()
+@pair_check
+def cross_attention_gradients_reach_memory_and_every_parameter(built: Built) -> None:
+    block = built.cross
+    x = inputs().requires_grad_()
+    memory, memory_mask = memory_inputs()
+    memory.requires_grad_()
+    block.zero_grad(set_to_none=True)
+    (block(x, memory=memory, memory_mask=memory_mask) * torch.randn(B, T, D, dtype=x.dtype)).sum().backward()
+    assert memory.grad is not None and memory.grad[:, :-2].abs().sum() > 0
+    assert torch.all(memory.grad[0, -2:] == 0), "gradient flows into padded memory"
+    for name, p in block.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+@pair_check
+def encoder_block_sees_both_directions_and_ignores_padding(built: Built) -> None:
+    block, x = built.encoder, inputs()
     key_mask = torch.ones(B, T, dtype=torch.bool)
-    key_mask[:, :2] = False  # left padding: queries 0 and 1 see no real key at all
+    key_mask[:, -2:] = False  # right padding
     y = block(x, key_mask=key_mask)
     assert torch.isfinite(y).all()
-    changed = x.clone()
-    changed[:, :2] = torch.randn_like(changed[:, :2]) * 5
-    torch.testing.assert_close(block(changed, key_mask=key_mask)[:, 2:], y[:, 2:], rtol=0, atol=1e-12)
+    future = x.clone()
+    future[:, 1] += torch.randn(D, dtype=x.dtype)  # a later real token (in any window) changes an earlier output
+    assert not torch.allclose(block(future, key_mask=key_mask)[:, 0], y[:, 0]), "encoder block is causal"
+    padded = x.clone()
+    padded[:, -2:] = torch.randn_like(padded[:, -2:]) * 5
+    close(block(padded, key_mask=key_mask)[:, :-2], y[:, :-2], 1e-12, "outputs")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from zoo import build_model, compose
+from zoo import POSITIONS, ConfigError, build_model, compose
 
 
 def tiny_model(*overrides: str):
@@ -34,3 +35,90 @@ def test_parameter_counts_add_up():
 def test_post_norm_stack_has_no_final_norm():
     assert isinstance(tiny_model("preset=vaswani").final_norm, torch.nn.Identity)
     assert not isinstance(tiny_model("preset=gpt").final_norm, torch.nn.Identity)
+
+
+def test_untied_head_is_its_own_parameter():
+    tied, untied = tiny_model(), tiny_model("model.tie_embeddings=false")
+    assert tied.head is None and untied.head is not None
+    assert untied.parameter_counts()["embedding"] == 2 * tied.parameter_counts()["embedding"]
+    assert "head.weight" in dict(untied.named_parameters())
+
+
+def test_init_scales_residual_outputs_by_depth():
+    torch.manual_seed(0)
+    model = build_model(compose(["block.d_model=128", "block.n_heads=4", "model.n_layers=8"]))
+    weights = dict(model.named_parameters())
+    assert abs(weights["blocks.0.attn.qkv.weight"].std().item() - 0.02) < 0.002
+    for name in ("blocks.3.attn.out.weight", "blocks.3.mlp.down.weight"):
+        assert abs(weights[name].std().item() - 0.02 / 4) < 0.0005, name  # 0.02 / sqrt(2 * 8)
+    assert torch.all(weights["blocks.0.attn.qkv.bias"] == 0)
+
+
+def test_per_layer_overrides_from_the_command_line():
+    model = tiny_model("model.n_layers=4", "+model.layers.3.attn=mqa", "+model.layers.1.attn.n_kv_heads=2")
+    assert [block.attn.n_kv_heads for block in model.blocks] == [4, 2, 4, 1]
+    mixed = tiny_model("preset=llama", "model.n_layers=3", "+model.layers.0.mlp=gelu", "+model.layers.2.norm=layernorm")
+    assert type(mixed.blocks[0].mlp).__name__ == "GeluMLP" and type(mixed.blocks[1].mlp).__name__ == "SwiGLU"
+    assert type(mixed.blocks[2].placement.norms[0]).__name__ == "LayerNorm"
+    assert type(mixed.final_norm).__name__ == "LayerNorm"  # the last block's norm
+
+
+def test_per_layer_overrides_from_a_dict():
+    block = {"d_model": 32, "n_heads": 4, "placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rotary"}
+    cfg = {"block": {**block, "mlp": "swiglu"}, "model": {"n_layers": 3, "layers": {2: {"attn": "mha"}}}}
+    model = build_model(cfg)
+    assert [block.attn.n_kv_heads for block in model.blocks] == [2, 2, 4]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "allowed"),
+    [
+        (["+model.layers.4.attn=mqa"], "model.layers.4=4", "0..3"),
+        (["+model.layers.x.attn=mqa"], "model.layers.x='x'", "layer index"),
+        (["+model.layers.1.attn=mqb"], "model.layers.1.attn.name='mqb'", "did you mean 'mqa'"),
+        (["+model.layers.1.attn.n_kv_heads=3"], "model.layers.1.attn.n_kv_heads=3", "must divide"),
+        (["+model.layers.1.d_model=64"], "model.layers.1.d_model=64", "must equal block.d_model=32"),
+        (["+model.layers.1.d_modle=64"], "model.layers.1.d_modle=64", "unknown key"),
+        (["+model.layers.1=mqa"], "model.layers.1='mqa'", "mapping of block overrides"),
+        (["+model.n_layer=3"], "model.n_layer=3", "unknown key"),
+        (["model.n_layers=0"], "model.n_layers=0", "positive integer"),
+        (["model.vocab_size=-1"], "model.vocab_size=-1", "positive integer"),
+        (["model.tie_embeddings=maybe"], "model.tie_embeddings='maybe'", "true or false"),
+        (["block.cross_attention=true"], "block.cross_attention=True", "build_seq2seq"),
+        (["+model.layers.2.cross_attention=true"], "model.layers.2.cross_attention=True", "build_seq2seq"),
+    ],
+)
+def test_bad_model_config_names_the_field(overrides, field, allowed):
+    with pytest.raises(ConfigError) as error:
+        tiny_model("model.n_layers=4", *overrides)
+    assert field in str(error.value) and allowed in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("pos", POSITIONS.names())
+@pytest.mark.parametrize("window", [None, 3])
+def test_every_position_in_a_model_caches_and_stays_causal(pos, window):
+    """Absolute positions (learned, sinusoidal) continue after the cached tokens; score biases and
+    windows count from absolute positions too."""
+    model = tiny_model(f"pos={pos}", "block.max_len=16", f"block.attn.window={window or 'null'}").double().eval()
+    ids = torch.randint(0, 256, (2, 9))
+    logits = model(ids)
+    caches = model.new_caches()
+    steps = [model(ids[:, :4], caches=caches)] + [model(ids[:, t : t + 1], caches=caches) for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), logits, rtol=0, atol=1e-10)
+    changed = ids.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % 256
+    torch.testing.assert_close(model(changed)[:, :5], logits[:, :5], rtol=0, atol=1e-12)
+    model.train()
+    model(ids).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name} gets no gradient"
+
+
+def test_absolute_positions_make_order_visible():
+    ids = torch.randint(0, 256, (1, 6))
+    swapped = ids[:, [1, 0, 2, 3, 4, 5]]
+    for pos, sees_order in [("none", False), ("learned", True), ("sinusoidal", True)]:
+        model = tiny_model(f"pos={pos}", "block.max_len=16", "model.n_layers=1").double().eval()
+        # The last position sees the same tokens in both: only positions can tell the order.
+        differs = not torch.allclose(model(ids)[0, -1], model(swapped)[0, -1])
+        assert differs == sees_order, pos

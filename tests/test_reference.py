@@ -1,14 +1,15 @@
-"""Independent references: the gpt preset against a from-scratch pre-norm decoder block, and GQA."""
+"""Independent references: a from-scratch pre-norm decoder block, GQA, and PyTorch's own Transformer layers."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from combos import TINY
 
-from zoo import build_block
+from zoo import build_block, compose
 
 D, H = TINY["d_model"], TINY["n_heads"]
 
@@ -82,3 +83,113 @@ def test_kv_projection_shrinks_by_the_head_ratio():
     assert kv_rows(gpt_block("mha")) == 2 * H * d_head
     assert kv_rows(gpt_block("gqa", n_kv_heads=2)) * (H // 2) == kv_rows(gpt_block("mha"))
     assert kv_rows(gpt_block("mqa")) * H == kv_rows(gpt_block("mha"))
+
+
+# --- PyTorch's own encoder and decoder layers, same weights copied in ------------------------------
+
+
+def torch_weights(layer: torch.nn.Module, cross: bool) -> dict[str, torch.Tensor]:
+    """A torch.nn.Transformer{Encoder,Decoder}Layer's weights under zoo's parameter names."""
+    w = layer.state_dict()
+    ours = {
+        "attn.qkv.weight": w["self_attn.in_proj_weight"],
+        "attn.qkv.bias": w["self_attn.in_proj_bias"],
+        "attn.out.weight": w["self_attn.out_proj.weight"],
+        "attn.out.bias": w["self_attn.out_proj.bias"],
+        "mlp.up.weight": w["linear1.weight"],
+        "mlp.up.bias": w["linear1.bias"],
+        "mlp.down.weight": w["linear2.weight"],
+        "mlp.down.bias": w["linear2.bias"],
+    }
+    norms = ["norm1", "norm2", "norm3"] if cross else ["norm1", "norm2"]
+    for i, norm in enumerate(norms):
+        ours[f"placement.norms.{i}.weight"] = w[f"{norm}.weight"]
+        ours[f"placement.norms.{i}.bias"] = w[f"{norm}.bias"]
+    if cross:
+        q, kv = w["multihead_attn.in_proj_weight"].split([D, 2 * D])
+        q_bias, kv_bias = w["multihead_attn.in_proj_bias"].split([D, 2 * D])
+        ours |= {"cross_attn.q.weight": q, "cross_attn.q.bias": q_bias, "cross_attn.kv.weight": kv}
+        ours |= {"cross_attn.kv.bias": kv_bias, "cross_attn.out.weight": w["multihead_attn.out_proj.weight"]}
+        ours["cross_attn.out.bias"] = w["multihead_attn.out_proj.bias"]
+    return ours
+
+
+def scrambled(layer: torch.nn.Module) -> torch.nn.Module:
+    """Random weights everywhere (torch zero-initializes attention biases), float64, dropout off."""
+    layer = layer.double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.ndim == 1 and p.shape[0] == D else 0.0))
+    # train() with dropout 0 keeps torch off its inference fast path (which zeroes padded outputs).
+    return layer.train()
+
+
+def padding(batch: int, time: int, pad: int) -> torch.Tensor:
+    """(batch, time) bool, True at real tokens: the last sample's last ``pad`` tokens are padding."""
+    mask = torch.ones(batch, time, dtype=torch.bool)
+    mask[-1, time - pad :] = False
+    return mask
+
+
+@pytest.mark.parametrize(("norm_first", "placement", "preset"), [(False, "post", "vaswani"), (True, "pre", None)])
+def test_decoder_block_equals_torch_transformer_decoder_layer(norm_first, placement, preset):
+    torch_layer = torch.nn.TransformerDecoderLayer(
+        D, H, 3 * D, dropout=0.0, activation="relu", batch_first=True, norm_first=norm_first
+    )
+    torch_layer = scrambled(torch_layer)
+    overrides = [f"block.d_model={D}", f"block.n_heads={H}", f"block.d_ff={3 * D}", "block.cross_attention=true"]
+    overrides += [f"preset={preset}"] if preset else [f"placement={placement}", "norm=layernorm", "mlp=relu"]
+    cfg = compose(overrides)
+    assert cfg.block.placement.name == placement and cfg.block.attn.name == "mha" and cfg.block.pos.name == "none"
+    block = build_block(cfg.block).double().train()
+    block.load_state_dict(torch_weights(torch_layer, cross=True))
+
+    batch, time, source = 3, 6, 5
+    tgt = torch.randn(batch, time, D, dtype=torch.float64)
+    memory = torch.randn(batch, source, D, dtype=torch.float64)
+    tgt_mask, memory_mask = padding(batch, time, 2), padding(batch, source, 3)
+    causal_blocked = torch.triu(torch.ones(time, time, dtype=torch.bool), diagonal=1)  # torch: True = blocked
+    expected = torch_layer(
+        tgt,
+        memory,
+        tgt_mask=causal_blocked,
+        tgt_key_padding_mask=~tgt_mask,
+        memory_key_padding_mask=~memory_mask,
+    )
+    ours = block(tgt, memory=memory, key_mask=tgt_mask, memory_mask=memory_mask)  # zoo: True = allowed
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-10)
+    # Without padding, and with the mask as torch's float -inf triangle.
+    float_mask = torch.nn.Transformer.generate_square_subsequent_mask(time, dtype=torch.float64)
+    expected = torch_layer(tgt, memory, tgt_mask=float_mask)
+    torch.testing.assert_close(block(tgt, memory=memory), expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(("norm_first", "placement"), [(False, "post"), (True, "pre")])
+def test_encoder_block_equals_torch_transformer_encoder_layer(norm_first, placement):
+    torch_layer = scrambled(
+        torch.nn.TransformerEncoderLayer(
+            D, H, 3 * D, dropout=0.0, activation="relu", batch_first=True, norm_first=norm_first
+        )
+    )
+    cfg = {**TINY, "d_ff": 3 * D, "causal": False, "placement": placement, "norm": "layernorm"}
+    block = build_block({**cfg, "attn": "mha", "pos": "none", "mlp": "relu"}).double().train()
+    block.load_state_dict(torch_weights(torch_layer, cross=False))
+    src = torch.randn(3, 7, D, dtype=torch.float64)
+    src_mask = padding(3, 7, 3)
+    expected = torch_layer(src, src_key_padding_mask=~src_mask)
+    torch.testing.assert_close(block(src, key_mask=src_mask), expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("attn", ["mha", "gqa"])
+def test_cross_attention_backends_agree(attn):
+    """Cross-attention borrows self-attention's backends: sdpa and math give the same output."""
+    blocks = []
+    for backend in ("sdpa", "math"):
+        torch.manual_seed(0)
+        cfg = {**TINY, "placement": "pre", "norm": "layernorm", "pos": "none", "mlp": "gelu", "cross_attention": True}
+        blocks.append(build_block({**cfg, "attn": {"name": attn, "backend": backend}}).double().eval())
+    x, memory = torch.randn(2, 4, D, dtype=torch.float64), torch.randn(2, 6, D, dtype=torch.float64)
+    memory_mask = padding(2, 6, 2)
+    sdpa, math_ = (b(x, memory=memory, memory_mask=memory_mask) for b in blocks)
+    torch.testing.assert_close(sdpa, math_, rtol=0, atol=1e-12)
+    assert blocks[1].cross_attn.n_kv_heads == (2 if attn == "gqa" else H)

@@ -6,20 +6,32 @@ import torch
 from torch import nn
 
 from zoo.parts.attention import Attention, KVCache
+from zoo.parts.cross_attention import CrossAttention
 from zoo.parts.placements import Placement
 
 
 class Block(nn.Module):
-    """Self-attention then MLP, each a branch wired into the residual stream by ``placement``.
+    """Self-attention, optional cross-attention, then MLP, each a branch wired into the residual
+    stream by ``placement`` (which holds one norm per branch).
 
     Never reads configs: build one with :func:`zoo.build_block`, or pass parts directly.
-    Parameter names: ``attn.qkv``, ``attn.out``, ``mlp.*``, ``placement.norms.{0,1}``.
+    Parameter names: ``attn.qkv``, ``attn.out``, ``mlp.*``, ``placement.norms.{0,1}``; with
+    cross-attention also ``cross_attn.{q,kv,out}``, and the norms are ``placement.norms.{0,1,2}``
+    (self-attention, cross-attention, MLP).
     """
 
-    def __init__(self, placement: Placement, attn: Attention, mlp: nn.Module, d_model: int) -> None:
+    def __init__(
+        self,
+        placement: Placement,
+        attn: Attention,
+        mlp: nn.Module,
+        d_model: int,
+        cross_attn: CrossAttention | None = None,
+    ) -> None:
         super().__init__()
         self.placement = placement
         self.attn = attn
+        self.cross_attn = cross_attn
         self.mlp = mlp
         self.d_model = d_model
 
@@ -29,16 +41,32 @@ class Block(nn.Module):
         *,
         key_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (batch, time, d_model) -> (batch, time, d_model).
 
-        key_mask: (batch, keys) bool, True at real tokens, False at padding.
-        cache: this layer's KV cache for incremental decoding (appended to in place).
+        key_mask: (batch, keys) bool, True at real tokens, False at padding (keys include cached ones).
+        cache: this layer's KV cache for incremental decoding (written in place).
+        positions: (batch, time) per-sample position ids (left-padded batches); default: cache slots.
+        memory: (batch, source, d_model) encoder output, for a block with cross-attention.
+        memory_mask: (batch, source) bool, True at real source tokens.
         """
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"block input must be (batch, time, d_model={self.d_model}), got shape {tuple(x.shape)}")
+        if self.cross_attn is None and memory is not None:
+            raise ValueError("this block has no cross-attention (block.cross_attention=false) but got memory")
 
         def attend(h: torch.Tensor) -> torch.Tensor:
-            return self.attn(h, key_mask=key_mask, cache=cache)
+            return self.attn(h, key_mask=key_mask, cache=cache, positions=positions)
 
-        return self.placement(x, [attend, self.mlp])
+        branches = [attend, self.mlp]
+        if self.cross_attn is not None:
+            cross_attn = self.cross_attn
+
+            def cross(h: torch.Tensor) -> torch.Tensor:
+                return cross_attn(h, memory, memory_mask=memory_mask, cache=cache)
+
+            branches.insert(1, cross)
+        return self.placement(x, branches)

@@ -18,11 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo.parts  # noqa: F401  (registers the built-in parts)
 from zoo.block import Block
+from zoo.compat import Context, unmet_need
 from zoo.dims import BlockDims
 from zoo.errors import ConfigError
+from zoo.match import mlp_dims
+from zoo.parts.cross_attention import CrossAttention
 from zoo.registry import AXES, Part
 
-SIZE_FIELDS = {"d_model", "n_heads", "d_ff"}
+SIZE_FIELDS = {"d_model", "n_heads", "d_ff", "max_len"}
 
 
 @dataclass(frozen=True)
@@ -75,15 +78,28 @@ def resolve_block(cfg: Mapping[str, Any] | DictConfig) -> BlockSpec:
     return BlockSpec(dims, choices)
 
 
-def build_block(cfg: Mapping[str, Any] | DictConfig | BlockSpec) -> Block:
-    """Build a block from a config (``cfg.block`` as composed, or a plain dict with its keys)."""
+def build_block(cfg: Mapping[str, Any] | DictConfig | BlockSpec, *, context: Context = "block") -> Block:
+    """Build a block from a config (``cfg.block`` as composed, or a plain dict with its keys).
+
+    ``context``: where the block lives (``block``: alone; ``model``: in a model, which provides
+    the token embedding that absolute positions need). A part whose needs the context does not
+    meet raises ConfigError (zoo.compat).
+    """
     spec = cfg if isinstance(cfg, BlockSpec) else resolve_block(cfg)
+    error = unmet_need(spec, context)
+    if error is not None:
+        raise error
     dims = spec.dims
     position = spec["pos"].build(dims)
     attn = spec["attn"].build(dims, position)
-    mlp = spec["mlp"].build(dims)
-    placement = spec["placement"].build(dims, lambda: spec["norm"].build(dims), 2)
-    return Block(placement, attn, mlp, dims.d_model)
+    mlp = spec["mlp"].build(mlp_dims(spec))  # the matched width under block.mlp.match=params
+    cross = None
+    if dims.cross_attention:  # same key/value heads and backend as the self-attention
+        options = spec["attn"].options
+        cross = CrossAttention(dims, n_kv_heads=options.get("n_kv_heads"), backend=options.get("backend", "sdpa"))
+    n_branches = 3 if cross is not None else 2
+    placement = spec["placement"].build(dims, lambda: spec["norm"].build(dims), n_branches)
+    return Block(placement, attn, mlp, dims.d_model, cross_attn=cross)
 
 
 def _resolve_dims(raw: dict[str, Any]) -> BlockDims:
@@ -147,6 +163,7 @@ def option_defaults(part: Part) -> dict[str, Any]:
     return {name: part.defaults.get(name, signature[name].default) for name in part_options(part.cls)}
 
 
+@cache
 def _hints(obj: Any) -> dict[str, Any]:
     return typing.get_type_hints(obj)
 

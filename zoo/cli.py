@@ -4,22 +4,53 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 from collections.abc import Sequence
+from typing import Any
 
-from zoo.build import build_block, option_defaults
+import yaml
+
+from zoo.build import option_defaults
+from zoo.compat import CONTEXTS, check_combination
+from zoo.errors import ConfigError
+from zoo.match import param_report
 from zoo.registry import AXES
+
+EPILOG = """examples:
+  zoo-parts --check pos=learned block.max_len=512        # valid in a model? (exit 1 and the reason if not)
+  zoo-parts --check --block pos=learned                  # ... as a lone block
+  zoo-parts --params mlp=gelu,swiglu attn=mha,gqa block.mlp.match=params block.mlp.match_attn=mha
+"""
 
 
 def parts_main(argv: Sequence[str] | None = None) -> None:
-    """``zoo-parts``: every axis and its parts; ``--params`` builds every combination and counts."""
-    parser = argparse.ArgumentParser(prog="zoo-parts", description=parts_main.__doc__)
-    parser.add_argument("--params", action="store_true", help="build every combination and print parameter counts")
+    """``zoo-parts``: every axis and its parts; ``--params`` counts parameters of every combination;
+    ``--check`` says whether one combination is valid and why not."""
+    parser = argparse.ArgumentParser(
+        prog="zoo-parts", description=parts_main.__doc__, epilog=EPILOG, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        "--params",
+        action="store_true",
+        help="build every combination (restricted by AXIS=a,b; options block.KEY=VALUE) and count parameters",
+    )
+    parser.add_argument("--check", action="store_true", help="is the combination the overrides compose valid?")
+    parser.add_argument("--block", action="store_true", help="with --check: as a lone block (default: in a model)")
     parser.add_argument("--markdown", action="store_true", help="print the catalogue docs/parts.md is made of")
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--n-heads", type=int, default=8)
+    parser.add_argument("--d-model", type=int, default=256, help="with --params")
+    parser.add_argument("--n-heads", type=int, default=8, help="with --params")
+    parser.add_argument("--max-len", type=int, default=1024, help="with --params (sizes pos=learned)")
+    parser.add_argument("overrides", nargs="*", help="AXIS=NAME (--check: Hydra overrides) or block.KEY=VALUE")
     args = parser.parse_args(argv)
-    if args.params:
-        print_param_table(args.d_model, args.n_heads)
+    if args.check:
+        sys.exit(print_check(args.overrides, "block" if args.block else "model"))
+    elif args.overrides and not args.params:
+        parser.error("overrides go with --check or --params")
+    elif args.params:
+        try:
+            print_param_table(args.d_model, args.n_heads, args.overrides, args.max_len)
+        except ConfigError as error:
+            parser.error(str(error))
     elif args.markdown:
         print(parts_markdown(), end="")
     else:
@@ -32,7 +63,78 @@ def print_parts() -> None:
         width = max(len(name) for name in registry.names())
         for part in registry.parts():
             options = ", ".join(f"{k}={v}" for k, v in option_defaults(part).items())
-            print(f"  {part.name:<{width}}  {part.summary}" + (f"  [{options}]" if options else ""))
+            needs = ", ".join(getattr(part.cls, "needs", {}))
+            print(
+                f"  {part.name:<{width}}  {part.summary}"
+                + (f"  [{options}]" if options else "")
+                + (f"  (needs {needs})" if needs else "")
+            )
+
+
+def print_check(overrides: Sequence[str], context: str) -> int:
+    """Print whether the composed overrides are valid (with the block's size) or why not; 0 if valid."""
+    from hydra.errors import HydraException
+
+    from zoo.config import compose
+
+    try:
+        cfg = compose(overrides)
+    except (ConfigError, HydraException) as error:
+        print(f"invalid: {str(error).split(chr(10) + 'Config search path')[0].rstrip()}")
+        return 1
+    reason = check_combination(cfg, context)  # type: ignore[arg-type]
+    names = " ".join(f"{axis}={cfg.block[axis].name}" for axis in AXES)
+    if reason is not None:
+        print(f"invalid: {reason}\n  ({names}, as a {context})")
+        return 1
+    report = param_report(cfg)
+    matched = f", matched to {report['reference_params']:,}" if report["reference_params"] is not None else ""
+    size = f"block: {report['block_params']:,} parameters{matched}, d_ff {report['d_ff']}"
+    print(f"valid: {names} (as a {context}; {size})")
+    return 0
+
+
+def parse_grid(overrides: Sequence[str]) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """``AXIS=a,b`` restricts an axis; ``block.KEY=VALUE`` (or ``block.AXIS.OPTION=VALUE``) sets a value
+    (parsed as YAML) in every combination."""
+    names = {axis: registry.names() for axis, registry in AXES.items()}
+    block: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(item, None, "write AXIS=NAME[,NAME...] or block.KEY=VALUE")
+        if key in AXES:
+            names[key] = value.split(",")
+            for name in names[key]:
+                AXES[key].get(name)
+        elif key.startswith("block."):
+            *path, leaf = key.removeprefix("block.").split(".")
+            node = block
+            for part in path:
+                node = node.setdefault(part, {})
+            node[leaf] = yaml.safe_load(value)
+        else:
+            raise ConfigError(key, value, f"an axis ({', '.join(AXES)}) or a block.KEY")
+    return names, block
+
+
+def print_param_table(d_model: int, n_heads: int, overrides: Sequence[str] = (), max_len: int = 1024) -> None:
+    """Parameters of one block for every combination, the MLP width it builds with, and the count it was
+    matched to under ``block.mlp.match=params``; an invalid combination prints its reason instead."""
+    names, block = parse_grid(overrides)
+    print(f"| {' | '.join(AXES)} | d_ff | block parameters | matched to |")
+    print("|" + "---|" * len(AXES) + "---:|---:|---:|")
+    for combo in itertools.product(*names.values()):
+        cfg: dict[str, Any] = {"d_model": d_model, "n_heads": n_heads, "max_len": max_len, **block}
+        for axis, name in zip(AXES, combo, strict=True):
+            cfg[axis] = {**block.get(axis, {}), "name": name}
+        reason = check_combination(cfg, "model")
+        if reason is not None:
+            print(f"| {' | '.join(combo)} | | invalid: {reason} | |")
+            continue
+        report = param_report(cfg)
+        reference = f"{report['reference_params']:,}" if report["reference_params"] is not None else ""
+        print(f"| {' | '.join(combo)} | {report['d_ff']} | {report['block_params']:,} | {reference} |")
 
 
 def parts_markdown() -> str:
@@ -54,14 +156,21 @@ def parts_markdown() -> str:
         for part in registry.parts():
             options = ", ".join(f"`{k}={v}`" for k, v in option_defaults(part).items()) or "-"
             lines.append(f"| `{part.name}` | {part.summary} | `{part.formula}` | {options} | {part.reference} |")
+    lines += [
+        "",
+        "## Compatibility",
+        "",
+        "`zoo-parts --check <overrides>` says whether a combination is valid and why not; in Python,",
+        "`zoo.check_combination(cfg)` returns the reason or None. Each part's `check` classmethod rules on",
+        "its own options and sizes; what a part needs from its surroundings it declares in `needs`:",
+        "",
+        "| part | needs | why |",
+        "|---|---|---|",
+    ]
+    for axis, registry in AXES.items():
+        for part in registry.parts():
+            for need, why in getattr(part.cls, "needs", {}).items():
+                lines.append(f"| `{axis}={part.name}` | `{need}` | {why} |")
+    lines += ["", "| context | provides |", "|---|---|"]
+    lines += [f"| {context} | {', '.join(sorted(provided)) or '-'} |" for context, provided in CONTEXTS.items()]
     return "\n".join(lines) + "\n"
-
-
-def print_param_table(d_model: int, n_heads: int) -> None:
-    names = [registry.names() for registry in AXES.values()]
-    print(f"| {' | '.join(AXES)} | parameters |")
-    print("|" + "---|" * (len(AXES) + 1))
-    for combo in itertools.product(*names):
-        block = build_block({"d_model": d_model, "n_heads": n_heads, **dict(zip(AXES, combo, strict=False))})
-        count = sum(p.numel() for p in block.parameters())
-        print(f"| {' | '.join(combo)} | {count:,} |")

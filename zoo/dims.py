@@ -12,7 +12,10 @@ class BlockDims:
     """The block-wide settings a part is built from (``block.d_model``, ``block.n_heads``, ...).
 
     ``d_ff`` is the MLP hidden width; ``None`` lets the MLP pick its own default.
-    ``causal`` is False for encoder blocks.
+    ``causal`` is False for encoder blocks. ``cross_attention`` adds a cross-attention sub-layer
+    (decoder blocks of an encoder-decoder model). ``max_len`` is the longest sequence the block will see
+    (positions ``0..max_len-1``): it sizes learned positions and bounds an attention window;
+    ``None`` means unbounded.
     """
 
     d_model: int = 256
@@ -21,6 +24,8 @@ class BlockDims:
     bias: bool = True
     dropout: float = 0.0
     causal: bool = True
+    cross_attention: bool = False
+    max_len: int | None = None
 
     @property
     def d_head(self) -> int:

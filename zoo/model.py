@@ -3,61 +3,65 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
 from zoo.block import Block
-from zoo.build import BlockSpec, build_block, resolve_block, to_dict
+from zoo.build import BlockSpec, build_block, to_dict
 from zoo.errors import ConfigError
+from zoo.generate import check_generate_args, decode, left_padding_positions
+from zoo.init import seeded_parameters
+from zoo.model_config import block_section, layer_specs, model_options
 from zoo.parts.attention import KVCache
 
+#: Parameters whose output is added to the residual stream (scaled down at init by depth).
+RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
 
-class LanguageModel(nn.Module):
-    """Token ids (batch, time) -> next-token logits (batch, time, vocab).
 
-    Parameter names: ``embed``, ``blocks.{i}.*``, ``final_norm`` (pre-norm stacks only), ``head``
-    (absent when tied to the embedding).
+def final_norm_for(spec: BlockSpec) -> nn.Module:
+    """The norm after the last block when its placement needs one (pre), else Identity."""
+    return spec["norm"].build(spec.dims) if spec["placement"].part.cls.final_norm else nn.Identity()
+
+
+def init_stack(module: nn.Module, n_residual_branches: int, seed: int | None = None) -> None:
+    """Normal(0, 0.02) weights, zero biases, norm gains untouched; residual-output projections
+    (``attn.out``, ``cross_attn.out``, ``mlp.down``) get std 0.02 / sqrt(number of residual branches),
+    i.e. 0.02 / sqrt(2 n_layers) for a decoder-only stack (GPT-2), so the stream's variance stays
+    independent of depth.
+
+    Each draw is seeded from (seed, name, shape) (zoo.init; seed: the last torch.manual_seed), so
+    variants built after the same seed share the weights of every parameter they have in common.
     """
+    for name, p in seeded_parameters(module, seed):
+        if name.endswith("bias"):
+            nn.init.zeros_(p)
+        elif p.ndim >= 2:
+            scaled = name.endswith(RESIDUAL_OUTPUTS)
+            nn.init.normal_(p, std=0.02 / math.sqrt(n_residual_branches) if scaled else 0.02)
 
-    def __init__(self, spec: BlockSpec, vocab_size: int, n_layers: int, tie_embeddings: bool = True) -> None:
-        super().__init__()
-        d_model = spec.dims.d_model
-        self.embed = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(build_block(spec) for _ in range(n_layers))
-        needs_final_norm = spec["placement"].part.cls.final_norm
-        self.final_norm = spec["norm"].build(spec.dims) if needs_final_norm else nn.Identity()
-        self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
-        self.reset_parameters(n_layers)
 
-    def reset_parameters(self, n_layers: int) -> None:
-        """Normal(0, 0.02) weights, zero biases; residual-output projections scaled by 1/sqrt(2 n_layers)."""
-        for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(p)
-            elif p.ndim >= 2:
-                std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("attn.out.weight", "mlp.down.weight")) else 0.02
-                nn.init.normal_(p, std=std)
+def residual_branches(blocks: Sequence[Block]) -> int:
+    return sum(3 if block.cross_attn is not None else 2 for block in blocks)
 
-    def forward(
-        self,
-        ids: torch.Tensor,
-        *,
-        key_mask: torch.Tensor | None = None,
-        caches: list[KVCache] | None = None,
-    ) -> torch.Tensor:
-        """ids: (b, t) -> logits (b, t, vocab). caches: one KVCache per block, appended to in place."""
-        x = self.embed(ids)  # (b, t, d)
-        for i, block in enumerate(self.blocks):
-            x = block(x, key_mask=key_mask, cache=None if caches is None else caches[i])
-        x = self.final_norm(x)
-        return self.head(x) if self.head is not None else x @ self.embed.weight.T
 
-    def new_caches(self) -> list[KVCache]:
-        return [KVCache() for _ in self.blocks]
+def component_of(name: str) -> str:
+    """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention)."""
+    if name.startswith(("embed", "pos_embed", "head")):
+        return "embedding"
+    if ".attn." in name or ".cross_attn." in name:
+        return "attention"
+    if ".mlp." in name:
+        return "mlp"
+    return "norms"
+
+
+class CountsParameters(nn.Module):
+    """Parameter counts by component (shared by the language and encoder-decoder models)."""
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -69,6 +73,152 @@ class LanguageModel(nn.Module):
             counts[component_of(name)] += p.numel()
         counts["total"] = sum(counts.values())
         return counts
+
+
+class LanguageModel(CountsParameters):
+    """Token ids (batch, time) -> next-token logits (batch, time, vocab).
+
+    Parameter names: ``embed``, ``pos_embed`` (``pos=learned`` only), ``blocks.{i}.*``, ``final_norm``
+    (when the last block's placement needs one), ``head`` (absent when tied to the embedding).
+    Initialization: :func:`init_stack`.
+    """
+
+    def __init__(
+        self,
+        spec: BlockSpec | Sequence[BlockSpec],
+        vocab_size: int,
+        n_layers: int | None = None,
+        tie_embeddings: bool = True,
+    ) -> None:
+        """spec: one BlockSpec repeated ``n_layers`` times, or one BlockSpec per layer."""
+        super().__init__()
+        specs = [spec] * (n_layers or 1) if isinstance(spec, BlockSpec) else list(spec)
+        if n_layers is not None and len(specs) != n_layers:
+            raise ConfigError("model.n_layers", n_layers, f"must match the {len(specs)} block specs given")
+        if not specs or any(s.dims.d_model != specs[0].dims.d_model for s in specs):
+            raise ConfigError("block.d_model", [s.dims.d_model for s in specs], "every layer needs the same d_model")
+        d_model = specs[0].dims.d_model
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.pos_embed = specs[0]["pos"].build(specs[0].dims).embedding()  # absolute positions, else None
+        self.blocks = nn.ModuleList(build_block(s, context="model") for s in specs)
+        self.final_norm = final_norm_for(specs[-1])
+        self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """Re-draw every weight as documented in :func:`init_stack` (seed: default the last torch.manual_seed)."""
+        init_stack(self, residual_branches(self.blocks), seed)
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        *,
+        key_mask: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """ids: (b, t) -> logits (b, t, vocab).
+
+        key_mask: (b, t_k) bool, True at real tokens (t_k counts cached tokens too).
+        caches: one KVCache per block (:meth:`new_caches`), written in place.
+        positions: (b, t) per-sample position ids (left-padded batches); default: cache slots.
+        """
+        return self.logits(self.hidden_states(ids, key_mask=key_mask, caches=caches, positions=positions))
+
+    def hidden_states(
+        self,
+        ids: torch.Tensor,
+        *,
+        key_mask: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """ids: (b, t) -> the final-normed residual stream (b, t, d_model); arguments as in forward."""
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
+        x = self.embed(ids)  # (b, t, d)
+        if self.pos_embed is not None:  # absolute positions continue after the cached ones
+            offset = caches[0].length if caches else 0
+            slots = torch.arange(offset, offset + ids.shape[1], device=ids.device)
+            x = self.pos_embed(x, slots if positions is None else positions)
+        for i, block in enumerate(self.blocks):
+            x = block(x, key_mask=key_mask, cache=None if caches is None else caches[i], positions=positions)
+        return self.final_norm(x)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., d_model) -> (..., vocab) through the head (the embedding matrix when tied)."""
+        return F.linear(h, self.embed.weight if self.head is None else self.head.weight)
+
+    def new_caches(self, max_len: int | None = None) -> list[KVCache]:
+        """One empty KVCache per block; ``max_len`` (prompt + new tokens) preallocates them."""
+        return [KVCache(max_len) for _ in self.blocks]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        *,
+        key_mask: torch.Tensor | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continue each prompt by ``max_new_tokens`` tokens; returns only the new ones, (b, max_new_tokens).
+
+        temperature 0 is greedy (argmax); otherwise sample softmax(logits / temperature), restricted
+        to the ``top_k`` largest logits when given. Prompts of different lengths go in one batch
+        left-padded, with ``key_mask`` (b, t) True at real tokens: each row then generates what it
+        would alone. ``use_cache=False`` recomputes the whole sequence at every step (for comparison).
+        Runs without gradients; call ``eval()`` first so dropout is off.
+        """
+        check_generate_args(prompt_ids, max_new_tokens, temperature, top_k)
+        batch, time = prompt_ids.shape
+        total = time + max_new_tokens
+        positions = None
+        if key_mask is not None:
+            positions = left_padding_positions(key_mask, prompt_ids)
+            if bool(key_mask.all()):
+                key_mask = positions = None  # no padding: the fast path with no mask at all
+        full_mask = full_positions = None
+        if key_mask is not None and positions is not None:
+            full_mask = torch.ones(batch, total, dtype=torch.bool, device=prompt_ids.device)
+            full_mask[:, :time] = key_mask  # (b, prompt + new): generated tokens are real
+            steps = torch.arange(1, max_new_tokens + 1, device=prompt_ids.device)
+            full_positions = torch.cat([positions, positions[:, -1:] + steps], dim=1)
+
+        if use_cache:
+            caches = self.new_caches(total)
+
+            def next_logits(token: torch.Tensor | None, step: int) -> torch.Tensor:
+                if token is None:  # prefill: the whole prompt at once
+                    h = self.hidden_states(prompt_ids, key_mask=key_mask, caches=caches, positions=positions)
+                else:  # one token against the cache
+                    end = time + step
+                    h = self.hidden_states(
+                        token[:, None],
+                        key_mask=None if full_mask is None else full_mask[:, :end],
+                        caches=caches,
+                        positions=None if full_positions is None else full_positions[:, end - 1 : end],
+                    )
+                return self.logits(h[:, -1])
+
+        else:
+            ids = torch.cat([prompt_ids, prompt_ids.new_zeros(batch, max_new_tokens)], dim=1)
+
+            def next_logits(token: torch.Tensor | None, step: int) -> torch.Tensor:
+                end = time + step
+                if token is not None:
+                    ids[:, end - 1] = token
+                h = self.hidden_states(
+                    ids[:, :end],
+                    key_mask=None if full_mask is None else full_mask[:, :end],
+                    positions=None if full_positions is None else full_positions[:, :end],
+                )
+                return self.logits(h[:, -1])
+
+        return decode(next_logits, prompt_ids, max_new_tokens, temperature, top_k, generator)
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs (forward + backward) per token at context ``seq_len``.
@@ -82,32 +232,18 @@ class LanguageModel(nn.Module):
         return 6 * dense + 6 * len(self.blocks) * seq_len * self.embed.embedding_dim
 
 
-def component_of(name: str) -> str:
-    """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention)."""
-    if name.startswith(("embed", "head")):
-        return "embedding"
-    if ".attn." in name or ".cross_attn." in name:
-        return "attention"
-    if ".mlp." in name:
-        return "mlp"
-    return "norms"
-
-
 def build_model(cfg: Mapping[str, Any] | DictConfig) -> LanguageModel:
-    """A model from a config with a ``block`` section and a ``model`` section
-    (``vocab_size``, ``n_layers``, ``tie_embeddings``)."""
+    """A model from a config with a ``block`` section and a ``model`` section: ``vocab_size``,
+    ``n_layers``, ``tie_embeddings`` and ``layers`` (per-layer block overrides, ``{3: {attn: mqa}}``)."""
     raw = to_dict(cfg)
-    spec = resolve_block(raw.get("block", {}))
-    model = dict(raw.get("model") or {})
-    allowed = {"vocab_size": 256, "n_layers": 2, "tie_embeddings": True}
-    for key, value in model.items():
-        if key not in allowed:
-            raise ConfigError(f"model.{key}", value, f"unknown key; allowed: {', '.join(allowed)}")
-    options = {**allowed, **model}
-    for key in ("vocab_size", "n_layers"):
-        if not isinstance(options[key], int) or isinstance(options[key], bool) or options[key] < 1:
-            raise ConfigError(f"model.{key}", options[key], "must be a positive integer")
-    return LanguageModel(spec, options["vocab_size"], options["n_layers"], bool(options["tie_embeddings"]))
+    options = model_options(raw)
+    block = block_section(raw)
+    specs = layer_specs(block, options["n_layers"], options["layers"], "model.layers")
+    for i, spec in enumerate(specs):
+        if spec.dims.cross_attention:
+            field = "block.cross_attention" if block.get("cross_attention") else f"model.layers.{i}.cross_attention"
+            raise ConfigError(field, True, "a decoder-only model has no encoder memory; use zoo.build_seq2seq")
+    return LanguageModel(specs, options["vocab_size"], tie_embeddings=options["tie_embeddings"])
 
 
 __all__ = ["Block", "LanguageModel", "build_model"]

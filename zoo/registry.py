@@ -23,6 +23,9 @@ class Part:
     formula: str
     reference: str
     defaults: dict[str, Any] = field(default_factory=dict)
+    #: Named option settings the contract suite also covers, e.g. ``{"window": {"window": 3}}``
+    #: (on every part of the axis that takes those options; tests/combos.py).
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Registry:
@@ -44,11 +47,14 @@ class Registry:
         summary: str | None = None,
         formula: str = "",
         reference: str = "",
+        variants: dict[str, dict[str, Any]] | None = None,
         **defaults: Any,
     ) -> Callable[[T], T]:
         """Class decorator registering ``cls`` under ``name``; ``defaults`` preset its options.
 
-        ``summary`` defaults to the first line of the class docstring.
+        ``summary`` defaults to the first line of the class docstring. ``variants`` names option
+        settings (beyond the defaults) that the contract suite also checks, paired with every part
+        of every other axis.
         """
 
         def decorator(cls: T) -> T:
@@ -66,6 +72,7 @@ class Registry:
                 formula=formula,
                 reference=reference,
                 defaults=dict(defaults),
+                variants={key: dict(value) for key, value in (variants or {}).items()},
             )
             return cls
 

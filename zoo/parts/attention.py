@@ -1,4 +1,4 @@
-"""Causal self-attention from projections and tensor ops: MHA, GQA and MQA in one class.
+"""Self-attention from projections and tensor ops: MHA, GQA and MQA in one class, and its KV cache.
 
 Mask convention, everywhere in zoo: a boolean mask is True where attention is *allowed*
 (SDPA's convention; ``nn.MultiheadAttention`` uses the opposite). Key position > query position
@@ -8,6 +8,7 @@ is blocked in causal attention.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -18,33 +19,103 @@ from torch import nn
 from zoo.dims import BlockDims
 from zoo.errors import ConfigError
 from zoo.parts.positions import Position
-from zoo.registry import ATTENTIONS
+from zoo.registry import ATTENTIONS, NORMS
 
 Backend = Literal["sdpa", "math"]
 
 
 class KVCache:
-    """Keys and values of one attention layer, each (batch, n_kv_heads, time, d_head).
+    """Keys and values of one attention layer in preallocated buffers, written in place.
 
-    Keys are stored after rotation, so a cached key never needs its position again.
+    ``k`` and ``v`` are (batch, n_kv_heads, capacity, d_head); slots ``0..length`` hold keys.
+    Only the ``n_kv_heads`` key/value heads are stored, so GQA and MQA shrink the cache by
+    n_heads / n_kv_heads. Keys are stored after rotation: a cached key never needs its position again.
+
+    ``max_len`` is the capacity allocated at the first write (default: that write's length); a write
+    past the capacity reallocates to twice the size, so give ``max_len`` when it is known.
+    ``positions`` (batch, capacity) holds per-sample position ids when the writer passes them.
+    ``cross`` holds a cross-attention layer's memory keys and values, computed once per source.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_len: int | None = None) -> None:
+        if max_len is not None and max_len < 1:
+            raise ConfigError("max_len", max_len, "must be a positive integer or None")
+        self.max_len = max_len
+        self.length = 0
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+        self.cross: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
-    def length(self) -> int:
+    def capacity(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the new (b, g, t_new, d) keys and values; return all of them."""
-        if self.k is None or self.v is None:
-            self.k, self.v = k, v
-        else:
-            self.k = torch.cat([self.k, k], dim=-2)
-            self.v = torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the key, value (and position) buffers, cross-attention memory included."""
+        tensors = [self.k, self.v, self.positions, *(self.cross or ())]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def reset(self) -> None:
+        """Forget every key (the buffers are kept for reuse)."""
+        self.length = 0
+        self.cross = None
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first ``length`` keys (rewind decoding steps; the buffers stay)."""
+        if not 0 <= length <= self.length:
+            raise ConfigError("length", length, f"must be in 0..{self.length} (the keys held)")
+        self.length = length
+
+    def append(
+        self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new (b, g, t_new, d) keys and values after the cached ones; return views of all.
+
+        positions: (b, t_new) position ids of the new keys, kept when given (for score biases).
+        """
+        start, end = self.length, self.length + k.shape[-2]
+        if self.k is None or (start == 0 and not self._fits(k)):
+            self.positions = None
+            self._allocate(k, max(self.max_len or 0, end))
+        elif not self._fits(k):
+            raise ValueError(
+                f"cache holds keys of shape {tuple(self.k.shape)} ({self.k.dtype}), got {tuple(k.shape)} "
+                f"({k.dtype}); reset() it before decoding another batch"
+            )
+        elif end > self.capacity:
+            self._allocate(k, max(end, 2 * self.capacity))
+        assert self.k is not None and self.v is not None
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        if positions is not None or self.positions is not None:
+            if self.positions is None:  # the keys so far had their slots as positions
+                slots = torch.arange(self.capacity, device=k.device)
+                self.positions = repeat(slots, "t -> b t", b=k.shape[0]).contiguous()  # a copy, not a view
+            new = torch.arange(start, end, device=k.device) if positions is None else positions
+            self.positions[:, start:end] = new
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def _fits(self, k: torch.Tensor) -> bool:
+        """Whether new keys ``k`` match the buffers in batch, heads, head size, dtype and device."""
+        assert self.k is not None
+        same_shape = self.k.shape[:2] == k.shape[:2] and self.k.shape[3] == k.shape[3]
+        return same_shape and self.k.dtype == k.dtype and self.k.device == k.device
+
+    def _allocate(self, like: torch.Tensor, capacity: int) -> None:
+        """(Re)allocate buffers of ``capacity`` slots, keeping the keys written so far."""
+        batch, heads, _, d_head = like.shape
+        old = (self.k, self.v, self.positions)
+        self.k = like.new_empty(batch, heads, capacity, d_head)
+        self.v = like.new_empty(batch, heads, capacity, d_head)
+        if old[0] is not None and old[1] is not None and self.length:
+            self.k[:, :, : self.length] = old[0][:, :, : self.length]
+            self.v[:, :, : self.length] = old[1][:, :, : self.length]
+        if old[2] is not None:
+            self.positions = old[2].new_zeros(batch, capacity)
+            self.positions[:, : self.length] = old[2][:, : self.length]
 
 
 def allowed_mask(
@@ -52,16 +123,22 @@ def allowed_mask(
     k_positions: torch.Tensor,
     causal: bool,
     key_mask: torch.Tensor | None,
+    window: int | None = None,
 ) -> torch.Tensor | None:
     """Boolean (b or 1, 1, t_q, t_k) mask, True where query i may attend to key j, or None if all may.
 
     Built from absolute positions, so it stays right when there are fewer queries than keys
     (cached decoding), where SDPA's top-left-aligned ``is_causal`` would be wrong.
     key_mask: (b, t_k), True at real (non-padding) keys.
+    window: keys must also be less than ``window`` positions away (causal: the query and the
+    window - 1 keys before it).
     """
     mask = None
     if causal and not (len(q_positions) == 1 and int(q_positions[0]) >= int(k_positions[-1])):
         mask = rearrange(k_positions, "k -> 1 1 1 k") <= rearrange(q_positions, "q -> 1 1 q 1")
+    if window is not None:
+        near = (rearrange(q_positions, "q -> 1 1 q 1") - rearrange(k_positions, "k -> 1 1 1 k")).abs() < window
+        mask = near if mask is None else mask & near
     if key_mask is not None:
         keys = rearrange(key_mask.bool(), "b k -> b 1 1 k")
         mask = keys if mask is None else mask & keys
@@ -88,6 +165,12 @@ def additive(mask: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.
     summary="Multi-head attention: one key/value head per query head (n_kv_heads = n_heads)",
     formula="softmax(q k^T / sqrt(d_head) + mask) v per head; out(concat heads)",
     reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
+    # Tiny values, so the contract suite's 6-token sequences exercise them.
+    variants={
+        "window": {"window": 3},
+        "softcap": {"softcap": 2.0, "backend": "math"},
+        "qknorm": {"qk_norm": "rmsnorm"},
+    },
     n_kv_heads=None,
 )
 class Attention(nn.Module):
@@ -99,10 +182,24 @@ class Attention(nn.Module):
 
     Backends: ``sdpa`` (torch's fused scaled_dot_product_attention) and ``math`` (explicit scores,
     mask, float32 softmax, weights @ v).
+
+    Options: ``qk_norm`` (a registered norm applied to each head's queries and keys before the
+    position part; parameters ``q_norm``, ``k_norm``), ``window`` (sliding-window attention: each query
+    sees at most ``window`` keys, itself included; a float mask keeps SDPA on its fused kernels) and
+    ``softcap`` (scores become softcap * tanh(scores / softcap); math backend only).
     """
 
     @classmethod
-    def check(cls, dims: BlockDims, *, n_kv_heads: int | None = None, backend: Backend = "sdpa") -> None:
+    def check(
+        cls,
+        dims: BlockDims,
+        *,
+        n_kv_heads: int | None = None,
+        backend: Backend = "sdpa",
+        qk_norm: str = "none",
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> None:
         kv = dims.n_heads if n_kv_heads is None else n_kv_heads
         if kv < 1 or dims.n_heads % kv:
             divisors = [d for d in range(1, dims.n_heads + 1) if dims.n_heads % d == 0]
@@ -110,6 +207,22 @@ class Attention(nn.Module):
                 "block.attn.n_kv_heads",
                 n_kv_heads,
                 f"must divide n_heads={dims.n_heads}: one of {divisors} (or null for n_heads)",
+            )
+        if qk_norm != "none" and qk_norm not in NORMS:
+            raise ConfigError("block.attn.qk_norm", qk_norm, f"none or a registered norm: {', '.join(NORMS.names())}")
+        if window is not None and window < 1:
+            raise ConfigError("block.attn.window", window, "must be a positive integer, or null for no window")
+        if window is not None and dims.max_len is not None and window >= dims.max_len:
+            raise ConfigError(
+                "block.attn.window",
+                window,
+                f"must be smaller than block.max_len={dims.max_len} (a window over the whole context is no window)",
+            )
+        if softcap is not None and not softcap > 0:
+            raise ConfigError("block.attn.softcap", softcap, "must be > 0, or null for no cap")
+        if softcap is not None and backend != "math":
+            raise ConfigError(
+                "block.attn.softcap", softcap, "needs block.attn.backend=math (SDPA has no hook to cap the scores)"
             )
 
     def __init__(
@@ -119,9 +232,12 @@ class Attention(nn.Module):
         *,
         n_kv_heads: int | None = None,
         backend: Backend = "sdpa",
+        qk_norm: str = "none",
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
-        self.check(dims, n_kv_heads=n_kv_heads, backend=backend)
+        self.check(dims, n_kv_heads=n_kv_heads, backend=backend, qk_norm=qk_norm, window=window, softcap=softcap)
         self.n_heads = dims.n_heads
         self.n_kv_heads = dims.n_heads if n_kv_heads is None else n_kv_heads
         self.d_head = dims.d_head
@@ -132,6 +248,11 @@ class Attention(nn.Module):
         width = (self.n_heads + 2 * self.n_kv_heads) * self.d_head
         self.qkv = nn.Linear(dims.d_model, width, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
+        self.window, self.softcap = window, softcap
+        self.q_norm = self.k_norm = None
+        if qk_norm != "none":  # per head: a norm over d_head features
+            norm, head_dims = NORMS.get(qk_norm), replace(dims, d_model=self.d_head)
+            self.q_norm, self.k_norm = norm.cls(head_dims, **norm.defaults), norm.cls(head_dims, **norm.defaults)
 
     def forward(
         self,
@@ -139,29 +260,39 @@ class Attention(nn.Module):
         *,
         key_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (b, t, d_model) -> (b, t, d_model).
 
         key_mask: (b, t_k) bool, True at real keys (t_k counts cached keys too).
-        cache: keys and values of earlier positions; the new ones are appended to it.
+        cache: keys and values of earlier positions; the new ones are written into it.
+        positions: (b, t) position ids per sample, for left-padded batches; by default the query at
+            cache slot ``s`` has position ``s``. The causal mask always follows slots.
         """
+        time = x.shape[1]
         offset = cache.length if cache is not None else 0
-        positions = torch.arange(offset, offset + x.shape[1], device=x.device)
+        slots = torch.arange(offset, offset + time, device=x.device)  # absolute indices of the queries
 
-        q, k, v = self.qkv(x).split(
-            [self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head], dim=-1
-        )
-        q = rearrange(q, "b t (h d) -> b h t d", h=self.n_heads)
-        k = rearrange(k, "b t (g d) -> b g t d", g=self.n_kv_heads)
-        v = rearrange(v, "b t (g d) -> b g t d", g=self.n_kv_heads)
-        q, k = self.position.rotate(q, k, positions)
+        # One reshape for all heads (n = n_heads query + n_kv_heads key + n_kv_heads value heads), then views.
+        heads = rearrange(self.qkv(x), "b t (n d) -> b n t d", d=self.d_head)
+        q, k, v = heads.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, over d_head
+        q, k = self.position.rotate(q, k, slots if positions is None else positions)
+        k_positions = positions
         if cache is not None:
-            k, v = cache.append(k, v)
-        k_positions = torch.arange(k.shape[-2], device=x.device)
+            k, v = cache.append(k, v, positions)
+            k_positions = None if cache.positions is None else cache.positions[:, : cache.length]
+        k_slots = torch.arange(k.shape[-2], device=x.device)
 
-        mask = allowed_mask(positions, k_positions, self.causal, key_mask)
-        bias = self.position.score_bias(positions, k_positions)
-        plain_causal = self.causal and key_mask is None and bias is None and offset == 0
+        bias = self.position.score_bias(
+            slots if positions is None else positions, k_slots if k_positions is None else k_positions
+        )
+        # One query at the last slot may see every key, so decoding steps need no causal mask.
+        mask = allowed_mask(slots, k_slots, self.causal and time > 1, key_mask, self.window)
+        plain_causal = (
+            self.causal and time > 1 and key_mask is None and bias is None and offset == 0 and self.window is None
+        )
         attend = self._sdpa if self.backend == "sdpa" else self._math
         y = attend(q, k, v, None if plain_causal else additive(mask, bias, q.dtype), plain_causal)
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
@@ -189,6 +320,8 @@ class Attention(nn.Module):
         # Scores in at least float32 (the promoted type: float64 stays float64).
         dtype = torch.promote_types(q.dtype, torch.float32)
         scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)) / math.sqrt(self.d_head)
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
         if is_causal:
             t_q, t_k = scores.shape[-2:]
             mask = additive(torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(), None, dtype)

@@ -1,15 +1,24 @@
-"""Position-wise feed-forward networks: d_model -> hidden -> d_model."""
+"""Position-wise feed-forward networks: d_model -> hidden -> d_model.
+
+Every MLP takes the ``match`` options (``block.mlp.match``, ``match_mlp``, ``match_attn``): with
+``match: params`` the builder picks the hidden width so that the block has as many parameters as a
+reference block (see :mod:`zoo.match`) and passes it in as ``dims.d_ff``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from zoo.dims import BlockDims, dropout
-from zoo.registry import MLPS
+from zoo.errors import ConfigError
+from zoo.registry import ATTENTIONS, MLPS
+
+Match = Literal["none", "params"]
 
 
 def glu_width(d_model: int, multiple_of: int = 8) -> int:
@@ -18,20 +27,80 @@ def glu_width(d_model: int, multiple_of: int = 8) -> int:
     return multiple_of * -(-hidden // multiple_of)
 
 
-class PlainMLP(nn.Module):
-    """down(act(up(x))) with hidden width d_ff (default 4 * d_model)."""
+class MLP(nn.Module):
+    """Base class: hidden width ``dims.d_ff`` (or the MLP's default) and the parameter-matching options.
 
-    def __init__(self, dims: BlockDims) -> None:
+    match: ``none`` (the width as configured) or ``params`` (the width that gives this block the
+    parameter count of the same block with ``mlp=match_mlp`` at block.d_ff or its default width, and
+    with ``attn=match_attn`` when set: e.g. ``mha`` gives GQA's savings back to the MLP).
+    """
+
+    @classmethod
+    def check(
+        cls, dims: BlockDims, *, match: Match = "none", match_mlp: str = "gelu", match_attn: str | None = None
+    ) -> None:
+        if match_mlp not in MLPS:
+            raise ConfigError("block.mlp.match_mlp", match_mlp, f"a registered MLP: {', '.join(MLPS.names())}")
+        if match_attn is not None and match_attn not in ATTENTIONS:
+            raise ConfigError(
+                "block.mlp.match_attn", match_attn, f"null or a registered attention: {', '.join(ATTENTIONS.names())}"
+            )
+
+    @staticmethod
+    def default_width(d_model: int) -> int:
+        return 4 * d_model
+
+    def __init__(
+        self, dims: BlockDims, *, match: Match = "none", match_mlp: str = "gelu", match_attn: str | None = None
+    ) -> None:
         super().__init__()
-        hidden = dims.d_ff or 4 * dims.d_model
-        self.up = nn.Linear(dims.d_model, hidden, bias=dims.bias)
-        self.down = nn.Linear(hidden, dims.d_model, bias=dims.bias)
+        self.check(dims, match=match, match_mlp=match_mlp, match_attn=match_attn)
+        self.match, self.match_mlp, self.match_attn = match, match_mlp, match_attn
+        self.hidden = dims.d_ff or self.default_width(dims.d_model)
         self.drop = dropout(dims.dropout)
+
+    def extra_repr(self) -> str:
+        return f"hidden={self.hidden}, match={self.match}"
+
+
+class PlainMLP(MLP):
+    """down(act(up(x))) with hidden width d_ff (default 4 * d_model). Parameters: ``up``, ``down``."""
 
     activation: Callable[[torch.Tensor], torch.Tensor]  # set by each subclass
 
+    def __init__(
+        self, dims: BlockDims, *, match: Match = "none", match_mlp: str = "gelu", match_attn: str | None = None
+    ) -> None:
+        super().__init__(dims, match=match, match_mlp=match_mlp, match_attn=match_attn)
+        self.up = nn.Linear(dims.d_model, self.hidden, bias=dims.bias)
+        self.down = nn.Linear(self.hidden, dims.d_model, bias=dims.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.drop(self.activation(self.up(x))))
+
+
+class GatedMLP(MLP):
+    """down(act(gate(x)) * up(x)), gate and up in one matmul; width d_ff (default 8/3 * d_model, to 8).
+
+    Parameters: ``gate_up`` (the gate rows first, then the up rows) and ``down``.
+    """
+
+    activation: Callable[[torch.Tensor], torch.Tensor]  # the gate's, set by each subclass
+
+    @staticmethod
+    def default_width(d_model: int) -> int:
+        return glu_width(d_model)
+
+    def __init__(
+        self, dims: BlockDims, *, match: Match = "none", match_mlp: str = "gelu", match_attn: str | None = None
+    ) -> None:
+        super().__init__(dims, match=match, match_mlp=match_mlp, match_attn=match_attn)
+        self.gate_up = nn.Linear(dims.d_model, 2 * self.hidden, bias=dims.bias)
+        self.down = nn.Linear(self.hidden, dims.d_model, bias=dims.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (b, t, 2f) -> 2 x (b, t, f)
+        return self.down(self.drop(self.activation(gate) * up))
 
 
 @MLPS.register(
@@ -56,24 +125,49 @@ class ReluMLP(PlainMLP):
     activation = staticmethod(F.relu)
 
 
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x).square()
+
+
+@MLPS.register(
+    "relu2",
+    formula="down(relu(up(x))^2)",
+    reference="So et al. 2021, Primer, arXiv:2109.08668",
+)
+class ReluSquaredMLP(PlainMLP):
+    """Two-layer MLP with squared ReLU (Primer)."""
+
+    activation = staticmethod(relu_squared)
+
+
 @MLPS.register(
     "swiglu",
     formula="down(silu(gate(x)) * up(x)), gate and up in one matmul",
     reference="Shazeer 2020, GLU Variants Improve Transformer, arXiv:2002.05202",
 )
-class SwiGLU(nn.Module):
-    """Gated MLP with SiLU gate; hidden width d_ff (default 8/3 * d_model, rounded up to 8).
+class SwiGLU(GatedMLP):
+    """Gated MLP with SiLU gate; hidden width d_ff (default 8/3 * d_model, rounded up to 8)."""
 
-    ``gate_up.weight`` holds the gate rows first, then the up rows.
-    """
+    activation = staticmethod(F.silu)
 
-    def __init__(self, dims: BlockDims) -> None:
-        super().__init__()
-        hidden = dims.d_ff or glu_width(dims.d_model)
-        self.gate_up = nn.Linear(dims.d_model, 2 * hidden, bias=dims.bias)
-        self.down = nn.Linear(hidden, dims.d_model, bias=dims.bias)
-        self.drop = dropout(dims.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (b, t, 2f) -> 2 x (b, t, f)
-        return self.down(self.drop(F.silu(gate) * up))
+@MLPS.register(
+    "geglu",
+    formula="down(gelu(gate(x)) * up(x)), gate and up in one matmul",
+    reference="Shazeer 2020, GLU Variants Improve Transformer, arXiv:2002.05202",
+)
+class GeGLU(GatedMLP):
+    """Gated MLP with exact GELU gate; hidden width d_ff (default 8/3 * d_model, rounded up to 8)."""
+
+    activation = staticmethod(F.gelu)
+
+
+@MLPS.register(
+    "reglu",
+    formula="down(relu(gate(x)) * up(x)), gate and up in one matmul",
+    reference="Shazeer 2020, GLU Variants Improve Transformer, arXiv:2002.05202",
+)
+class ReGLU(GatedMLP):
+    """Gated MLP with ReLU gate; hidden width d_ff (default 8/3 * d_model, rounded up to 8)."""
+
+    activation = staticmethod(F.relu)

@@ -15,7 +15,8 @@ Branch = Callable[[torch.Tensor], torch.Tensor]
 
 
 class Placement(nn.Module):
-    """Owns one norm per branch (``norms.i``) and the residual dropout.
+    """Owns the norms (``norms.i``, one per branch unless :meth:`norm_count` says otherwise) and the
+    residual dropout.
 
     ``final_norm`` says whether a model stacking this placement needs a norm after the last block.
     """
@@ -24,8 +25,13 @@ class Placement(nn.Module):
 
     def __init__(self, dims: BlockDims, make_norm: Callable[[], nn.Module], n_branches: int) -> None:
         super().__init__()
-        self.norms = nn.ModuleList(make_norm() for _ in range(n_branches))
+        self.norms = nn.ModuleList(make_norm() for _ in range(self.norm_count(n_branches)))
         self.drop = dropout(dims.dropout)
+
+    @classmethod
+    def norm_count(cls, n_branches: int) -> int:
+        """How many ``norms`` this placement owns for ``n_branches`` branches."""
+        return n_branches
 
     # Subclasses define forward(x, branches: Sequence[Branch]) -> x.
 
@@ -60,3 +66,51 @@ class PostNorm(Placement):
         for norm, branch in zip(self.norms, branches, strict=True):
             x = norm(x + self.drop(branch(x)))
         return x
+
+
+@PLACEMENTS.register(
+    "sandwich",
+    formula="x = x + norm_b(f(norm_a(x))) for each branch f",
+    reference="Ding et al. 2021, CogView (sandwich-LN), arXiv:2105.13290; Gemma 2 (pre- and post-norm)",
+)
+class SandwichNorm(Placement):
+    """Sandwich norm: normalize the branch input and the branch output; the stream is never normalized.
+
+    Parameters: ``norms.i`` (inputs, as in ``pre``) and ``out_norms.i`` (outputs).
+    """
+
+    final_norm = True
+
+    def __init__(self, dims: BlockDims, make_norm: Callable[[], nn.Module], n_branches: int) -> None:
+        super().__init__(dims, make_norm, n_branches)
+        self.out_norms = nn.ModuleList(make_norm() for _ in range(n_branches))
+
+    def forward(self, x: torch.Tensor, branches: Sequence[Branch]) -> torch.Tensor:
+        for norm, out_norm, branch in zip(self.norms, self.out_norms, branches, strict=True):
+            x = x + self.drop(out_norm(branch(norm(x))))
+        return x
+
+
+@PLACEMENTS.register(
+    "parallel",
+    formula="x = x + attn(norm(x)) + mlp(norm(x)), one shared norm",
+    reference="Wang & Komatsuzaki 2021, GPT-J-6B; Chowdhery et al. 2022, PaLM, arXiv:2204.02311",
+)
+class Parallel(Placement):
+    """Parallel branches (GPT-J, PaLM): every branch reads the same normalized input; outputs are summed.
+
+    Parameter: ``norms.0`` (the one shared norm).
+    """
+
+    final_norm = True
+
+    @classmethod
+    def norm_count(cls, n_branches: int) -> int:
+        return 1
+
+    def forward(self, x: torch.Tensor, branches: Sequence[Branch]) -> torch.Tensor:
+        h = self.norms[0](x)
+        out = x
+        for branch in branches:
+            out = out + self.drop(branch(h))
+        return out

@@ -1,11 +1,18 @@
-"""Position schemes. A position part may rotate queries and keys, or bias the attention scores.
+"""Position schemes. A position part may rotate queries and keys, bias the attention scores, or
+(absolute positions) give the model an embedding to add to its token embeddings.
 
-Positions are absolute token indices, so cached decoding passes ``offset..offset+T``.
+Positions are absolute token indices, so cached decoding passes ``offset..offset+T``; a left-padded
+batch passes them per sample, (batch, T), so each sequence starts at position 0.
 """
 
 from __future__ import annotations
 
+import math
+from typing import ClassVar
+
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from zoo.dims import BlockDims
@@ -14,14 +21,27 @@ from zoo.registry import POSITIONS
 
 
 class Position(nn.Module):
-    """Base class: no rotation and no score bias (subclasses override one or both)."""
+    """Base class: no rotation, no score bias, no embedding (subclasses override what they use).
+
+    ``needs`` maps what a part requires from its surroundings to why; ``"embedding"`` is provided
+    by a model (token embeddings to add positions to), not by a lone block (see zoo.compat).
+    """
+
+    needs: ClassVar[dict[str, str]] = {}
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: (b, h, t, d), k: (b, g, t, d), positions: (t,) -> q, k rotated to those positions."""
+        """q: (b, h, t, d), k: (b, g, t, d), positions: (t,) or per sample (b, t) -> q, k at those positions."""
         return q, k
 
     def score_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor | None:
-        """An additive (h, t_q, t_k) bias on the scores, or None."""
+        """An additive bias on the scores, or None.
+
+        Positions (t_q,), (t_k,) give an (h, t_q, t_k) bias; per-sample (b, t_q), (b, t_k) give (b, h, t_q, t_k).
+        """
+        return None
+
+    def embedding(self) -> nn.Module | None:
+        """The module a model applies to its token embeddings, ``(x, positions) -> x + pe``, or None."""
         return None
 
 
@@ -35,48 +55,202 @@ class NoPosition(Position):
 
 @POSITIONS.register(
     "rotary",
-    formula="q_i, k_i rotated by angle i * base^(-2j/d) in each pair (j, j + d/2)",
-    reference="Su et al. 2021, RoFormer, arXiv:2104.09864",
+    formula="q_i, k_i rotated by angle i * base^(-2j/r) in each pair (j, j + r/2), r = fraction * d_head",
+    reference="Su et al. 2021, RoFormer, arXiv:2104.09864; partial: Black et al. 2022, GPT-NeoX-20B, arXiv:2204.06745",
+    variants={"partial": {"rotary_fraction": 0.5}},
 )
 class Rotary(Position):
     """Rotary embedding (RoPE) on queries and keys, never values.
 
-    Pairing convention: split halves, i.e. feature j pairs with feature j + d_head/2 (GPT-NeoX,
-    Llama in Hugging Face). cos/sin tables are cached per length, device and dtype.
+    Pairing convention: split halves, i.e. feature j pairs with feature j + r/2 (GPT-NeoX,
+    Llama in Hugging Face). ``rotary_fraction`` < 1 rotates only the first r = int(d_head * fraction)
+    features of each head and passes the rest through (GPT-NeoX's ``rotary_pct``).
+    cos/sin tables are cached per length, device and dtype.
     """
 
     @classmethod
-    def check(cls, dims: BlockDims, *, base: float = 10000.0) -> None:
-        if dims.d_head % 2:
+    def check(cls, dims: BlockDims, *, base: float = 10000.0, rotary_fraction: float = 1.0) -> None:
+        if not 0 < rotary_fraction <= 1:
+            raise ConfigError("block.pos.rotary_fraction", rotary_fraction, "must be in (0, 1]")
+        rotated = int(dims.d_head * rotary_fraction)
+        if rotary_fraction == 1 and dims.d_head % 2:
             raise ConfigError(
                 "block.d_model", dims.d_model, f"rotary needs an even head size, got d_model/n_heads={dims.d_head}"
             )
+        if rotated < 2 or rotated % 2:
+            raise ConfigError(
+                "block.pos.rotary_fraction",
+                rotary_fraction,
+                f"rotates int(d_head * fraction) = {rotated} features of d_head={dims.d_head}; "
+                "that must be a positive even number",
+            )
+        if not base > 1:
+            raise ConfigError("block.pos.base", base, "must be > 1")
+
+    def __init__(self, dims: BlockDims, *, base: float = 10000.0, rotary_fraction: float = 1.0) -> None:
+        super().__init__()
+        self.base = base
+        self.rotated = int(dims.d_head * rotary_fraction)
+        inv_freq = base ** (-torch.arange(0, self.rotated, 2, dtype=torch.float64) / self.rotated)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (r/2,)
+        self._table: tuple[int, torch.device, torch.dtype, torch.Tensor] | None = None
+
+    def _cos_sin(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """(length, 2, d_head): cos of each angle, and sin with the first half negated (see _rotate)."""
+        cached = self._table
+        if cached is None or cached[0] < length or cached[1] != device or cached[2] != dtype:
+            length = max(length, 2 * cached[0] if cached else 0)
+            angles = torch.outer(torch.arange(length, dtype=torch.float64), self.inv_freq.double().cpu())
+            signed = torch.cat([-angles.sin(), angles.sin()], dim=-1)  # (t, d): halves share angles
+            table = torch.stack([torch.cat([angles.cos(), angles.cos()], dim=-1), signed], dim=1)
+            cached = (length, device, dtype, table.to(device, dtype))
+            self._table = cached
+        return cached[3]
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self._cos_sin(int(positions.max()) + 1, q.device, q.dtype)[positions]  # (t, 2, d) or (b, t, 2, d)
+        cos, signed_sin = table.unbind(-2)  # (t, d) broadcasts over batch and heads
+        if positions.ndim == 2:
+            cos, signed_sin = rearrange(cos, "b t d -> b 1 t d"), rearrange(signed_sin, "b t d -> b 1 t d")
+        return _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (j, j + r/2) of the first r = cos.shape[-1] features; pass the rest through.
+
+    x * cos + [-second, first] * sin, with [second, first] as a roll and the minus folded into
+    ``signed_sin`` (= [-sin, sin]); two fewer ops per call than chunk + cat.
+    """
+    rotated = cos.shape[-1]
+    if rotated < x.shape[-1]:  # partial rotary
+        return torch.cat([_rotate(x[..., :rotated], cos, signed_sin), x[..., rotated:]], dim=-1)
+    return x * cos + x.roll(rotated // 2, dims=-1) * signed_sin
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """Per-head slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ... for n a power of two; otherwise
+    those of the nearest lower power of two, then every other slope of the next one (Press et al.)."""
+
+    def geometric(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return geometric(n_heads)
+    lower = 2 ** math.floor(math.log2(n_heads))
+    return geometric(lower) + geometric(2 * lower)[0::2][: n_heads - lower]
+
+
+@POSITIONS.register(
+    "alibi",
+    formula="scores_h(i, j) -= m_h * |i - j|, m_h = 2^(-8h/n_heads)",
+    reference="Press et al. 2021, Train Short, Test Long (ALiBi), arXiv:2108.12409",
+)
+class ALiBi(Position):
+    """ALiBi: a per-head linear penalty on query-key distance added to the scores; no embedding.
+
+    Passed to SDPA as a float mask, so attention stays on the fused kernels. Buffer: ``slopes`` (h,).
+    """
+
+    def __init__(self, dims: BlockDims) -> None:
+        super().__init__()
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(dims.n_heads)), persistent=False)
+
+    def score_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        # Positions (t,) give (h, t_q, t_k); per-sample positions (b, t) give (b, h, t_q, t_k).
+        distance = (rearrange(q_positions, "... q -> ... q 1") - rearrange(k_positions, "... k -> ... 1 k")).abs()
+        return -rearrange(self.slopes, "h -> h 1 1") * rearrange(distance, "... q k -> ... 1 q k")
+
+
+EMBEDDING_NEED = "adds positions to the token embeddings, which a lone block does not have (use it in a model)"
+
+
+class LearnedEmbedding(nn.Module):
+    """x + weight[positions]; ``weight`` is (max_len, d_model)."""
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (b, t, d), positions: (t,) or (b, t) -> (b, t, d)."""
+        last = int(positions.max())
+        if last >= self.weight.shape[0]:
+            raise ValueError(f"position {last} is past the learned table (block.max_len={self.weight.shape[0]})")
+        return x + F.embedding(positions, self.weight).to(x.dtype)
+
+
+@POSITIONS.register(
+    "learned",
+    formula="x_i = embed(token_i) + P[i], P a learned (max_len, d_model) table",
+    reference="Gehring et al. 2017, ConvS2S, arXiv:1705.03122; GPT-2 (Radford et al. 2019)",
+)
+class LearnedPosition(Position):
+    """Learned absolute positions added at the embedding; the model owns the table, pos_embed.weight."""
+
+    needs = {"embedding": EMBEDDING_NEED}
+
+    @classmethod
+    def check(cls, dims: BlockDims) -> None:
+        if dims.max_len is None:
+            raise ConfigError("block.max_len", None, "learned positions need a table size: the longest sequence")
+
+    def __init__(self, dims: BlockDims) -> None:
+        super().__init__()
+        self.check(dims)
+        self.max_len, self.d_model = dims.max_len, dims.d_model
+
+    def embedding(self) -> nn.Module:
+        assert self.max_len is not None  # check() ran
+        return LearnedEmbedding(self.max_len, self.d_model)
+
+
+class SinusoidalEmbedding(nn.Module):
+    """x + PE[positions], PE(i, 2j) = sin(i / base^(2j/d)), PE(i, 2j+1) = cos(i / base^(2j/d)); no parameters."""
+
+    def __init__(self, d_model: int, base: float) -> None:
+        super().__init__()
+        self.d_model, self.base = d_model, base
+        self._table: tuple[int, torch.device, torch.dtype, torch.Tensor] | None = None
+
+    def table(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """PE for positions 0..length-1 (at least), (t, d_model), cached per device and dtype."""
+        cached = self._table
+        if cached is None or cached[0] < length or cached[1] != device or cached[2] != dtype:
+            length = max(length, 2 * cached[0] if cached else 0)
+            inv_freq = self.base ** (-torch.arange(0, self.d_model, 2, dtype=torch.float64) / self.d_model)
+            angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)  # (t, d/2)
+            pe = rearrange([angles.sin(), angles.cos()], "two t half -> t (half two)")  # interleave sin, cos
+            cached = (length, device, dtype, pe.to(device, dtype))
+            self._table = cached
+        return cached[3]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (b, t, d), positions: (t,) or (b, t) -> (b, t, d)."""
+        return x + self.table(int(positions.max()) + 1, x.device, x.dtype)[positions]
+
+
+@POSITIONS.register(
+    "sinusoidal",
+    formula="x_i = embed(token_i) + [sin(i / base^(2j/d)), cos(i / base^(2j/d))]_j",
+    reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
+)
+class SinusoidalPosition(Position):
+    """Fixed sinusoidal absolute positions added at the embedding (the original Transformer)."""
+
+    needs = {"embedding": EMBEDDING_NEED}
+
+    @classmethod
+    def check(cls, dims: BlockDims, *, base: float = 10000.0) -> None:
+        if dims.d_model % 2:
+            raise ConfigError("block.d_model", dims.d_model, "sinusoidal positions need an even d_model")
         if not base > 1:
             raise ConfigError("block.pos.base", base, "must be > 1")
 
     def __init__(self, dims: BlockDims, *, base: float = 10000.0) -> None:
         super().__init__()
-        self.base = base
-        inv_freq = base ** (-torch.arange(0, dims.d_head, 2, dtype=torch.float64) / dims.d_head)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d/2,)
-        self._table: tuple[int, torch.device, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+        self.d_model, self.base = dims.d_model, base
 
-    def _cos_sin(self, length: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        cached = self._table
-        if cached is None or cached[0] < length or cached[1] != device or cached[2] != dtype:
-            length = max(length, 2 * cached[0] if cached else 0)
-            angles = torch.outer(torch.arange(length, dtype=torch.float64), self.inv_freq.double().cpu())
-            angles = torch.cat([angles, angles], dim=-1)  # (t, d): halves share angles
-            cached = (length, device, dtype, angles.cos().to(device, dtype), angles.sin().to(device, dtype))
-            self._table = cached
-        return cached[3], cached[4]
-
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self._cos_sin(int(positions.max()) + 1, q.device, q.dtype)
-        cos, sin = cos[positions], sin[positions]  # (t, d), broadcast over batch and heads
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
+    def embedding(self) -> nn.Module:
+        return SinusoidalEmbedding(self.d_model, self.base)

@@ -1,0 +1,283 @@
+"""The block contract: the properties every combination of parts must have, in one shared module.
+
+Each property is a function of a :class:`Subject` (one combination; its blocks and the outputs
+several properties read are built or computed once) registered with ``@prop``.
+:func:`run_contract` runs them all and returns one message per failing property, named, so one
+broken property never hides another. Equality of two paths is tested in float64, where a real
+difference cannot hide in rounding.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from combos import block_config, build, context_of, randomize
+from torch import nn
+
+from zoo.parts.attention import KVCache
+
+B, T, D = 2, 6, 16
+PADS = (2, 0)  # left padding of each sample: sample 0's queries 0 and 1 see no real key at all
+CHUNKS = (3, 2, 1)  # cached decoding: a 3-token prompt, a 2-token chunk, then a single token
+BACKENDS = ("sdpa", "math")
+DROPOUT = 0.5
+
+#: bfloat16 keeps 8 mantissa bits (~0.4% per rounding); a block compounds a few dozen roundings.
+BF16_RELATIVE_ERROR = 0.05
+
+Property = Callable[["Subject"], "str | None"]
+PROPERTIES: dict[str, Property] = {}
+NEEDS_GRAD: set[str] = set()
+
+
+def prop(name: str, grad: bool = False) -> Callable[[Property], Property]:
+    """Register a property. It raises AssertionError when violated, and may return a note
+    ("not applicable: ...") when the combination has nothing to check. Without ``grad`` it runs
+    under no_grad."""
+
+    def register(check: Property) -> Property:
+        PROPERTIES[name] = check
+        if grad:
+            NEEDS_GRAD.add(name)
+        return check
+
+    return register
+
+
+@dataclass
+class Subject:
+    """One combination: its config, the context it runs in, and its blocks (built once each)."""
+
+    combo: dict[str, str]
+    cfg: dict[str, Any]
+    context: str
+    backends: list[str]  # the configured backend first, then the others the config allows
+    x: torch.Tensor = field(default_factory=lambda: torch.randn(B, T, D, dtype=torch.float64))
+    key_mask: torch.Tensor = field(init=False)
+    _blocks: dict[Any, nn.Module] = field(default_factory=dict)
+    _cached: dict[Any, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.key_mask = torch.ones(B, T, dtype=torch.bool)
+        for i, pad in enumerate(PADS):
+            self.key_mask[i, :pad] = False
+
+    @classmethod
+    def of(cls, combo: dict[str, str]) -> Subject | str:
+        """The subject of ``combo``, or the reason the combination is invalid."""
+        cfg = block_config(combo)
+        context, reason = context_of(cfg)
+        if context is None:
+            return str(reason)
+        configured = cfg["attn"].get("backend", "sdpa")
+        others = [b for b in BACKENDS if b != configured and context_of(with_backend(cfg, b))[0] is not None]
+        return cls(combo, cfg, context, [configured, *others])
+
+    def build(self, **overrides: Any) -> nn.Module:
+        """A fresh float64 block of this combination (``attn={...}`` or size overrides), in eval()."""
+        cfg = {**self.cfg, **{k: ({**self.cfg[k], **v} if isinstance(v, dict) else v) for k, v in overrides.items()}}
+        return build(cfg, self.context).double().eval()
+
+    def block(self, backend: str | None = None) -> nn.Module:
+        """The block with ``backend`` (default: configured); every backend shares the same weights."""
+        backend = backend or self.backends[0]
+        if backend not in self._blocks:
+            block = self.build(attn={"backend": backend})
+            if self._blocks:
+                block.load_state_dict(self.block().state_dict())
+            else:
+                randomize(block)
+            self._blocks[backend] = block
+        return self._blocks[backend]
+
+    def reloaded(self) -> nn.Module:
+        """A fresh build with ``block.dropout`` = DROPOUT, loaded with the block's state_dict (once)."""
+        if "reloaded" not in self._blocks:
+            block = self.build(dropout=DROPOUT)
+            block.load_state_dict(self.block().state_dict())
+            self._blocks["reloaded"] = block
+        return self._blocks["reloaded"]
+
+    def float32(self, consume: bool = False) -> nn.Module:
+        """A float32 block with the same weights (made from the reloaded block, if one was built, so
+        no other property gets that one afterwards). ``consume``: the caller converts it further,
+        so the next call makes a new one."""
+        if "float32" not in self._blocks:
+            self._blocks["float32"] = self.reloaded().float()
+            del self._blocks["reloaded"]
+        return self._blocks.pop("float32") if consume else self._blocks["float32"]
+
+    def y(self, backend: str | None = None, masked: bool = False) -> torch.Tensor:
+        """The block's output on ``x`` (with ``key_mask`` when masked), computed once."""
+        key = (backend or self.backends[0], masked)
+        if key not in self._cached:
+            self._cached[key] = self.block(key[0])(self.x, key_mask=self.key_mask if masked else None)
+        return self._cached[key]
+
+    def causal(self, backend: str) -> dict[str, Any]:
+        """One forward and one backward, computed once per backend, read by the causality properties
+        (and, for the configured backend, by "gradients reach ...").
+
+        Inputs (2T - 1, T, D): rows 0..T-1 are copies of sample 0, row t answering for output t
+        (batched, as samples are independent: "samples do not see each other" checks that); row
+        T + t has every token after t replaced. Backward from a random projection of output t of
+        row t, for every t: d/d(row t) is that output's Jacobian.
+        """
+        key = ("causal", backend)
+        if key not in self._cached:
+            rows = [self.x[0]] * T
+            for t in range(T - 1):
+                changed = self.x[0].clone()
+                changed[t + 1 :] = torch.randn_like(changed[t + 1 :]) * 3
+                rows.append(changed)
+            x = torch.stack(rows).requires_grad_()
+            block = self.block(backend)
+            params = dict(block.named_parameters())
+            with torch.enable_grad():
+                y = block(x)
+                picked = y[torch.arange(T), torch.arange(T)]  # (T, D): output t of row t
+                grads = torch.autograd.grad(
+                    (picked * torch.randn_like(picked)).sum(), [x, *params.values()], allow_unused=True
+                )
+            self._cached[key] = {"y": y.detach(), "dx": grads[0], "dparams": dict(zip(params, grads[1:], strict=True))}
+        return self._cached[key]
+
+
+def with_backend(cfg: dict[str, Any], backend: str) -> dict[str, Any]:
+    return {**cfg, "attn": {**cfg["attn"], "backend": backend}}
+
+
+def run_contract(subject: Subject) -> tuple[list[str], list[str]]:
+    """Run every property: (failures, notes), each message starting with the property's name."""
+    failures, notes = [], []
+    for name, check in PROPERTIES.items():
+        try:
+            with torch.enable_grad() if name in NEEDS_GRAD else torch.no_grad():
+                note = check(subject)
+        except Exception as error:  # noqa: BLE001  (every property reports, whatever it raised)
+            failures.append(f"{name}: {type(error).__name__}: {error}")
+        else:
+            if note:
+                notes.append(f"{name}: {note}")
+    return failures, notes
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, atol: float, what: str) -> None:
+    """assert |actual - expected| <= atol everywhere (torch.testing.assert_close's report only on
+    failure: it costs milliseconds, and the contract compares tens of thousands of times)."""
+    same_kind = actual.shape == expected.shape and actual.dtype == expected.dtype
+    if not same_kind or not bool((actual - expected).abs().max() <= atol):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=atol, msg=lambda m: f"{what}\n{m}")
+
+
+@prop("shape kept")
+def shape_kept(s: Subject) -> None:
+    for x in (s.x[:, :1], s.x):
+        y = s.block()(x) if x.shape[1] == 1 else s.y()
+        assert y.shape == x.shape, f"T={x.shape[1]}: {tuple(x.shape)} -> {tuple(y.shape)}"
+
+
+@prop("future tokens do not change the past")
+def future_tokens(s: Subject) -> None:
+    for backend in s.backends:
+        y = s.causal(backend)["y"]
+        for t in range(T - 1):
+            close(y[T + t, : t + 1], y[0, : t + 1], 1e-12, f"{backend}: changing tokens after {t} changed the past")
+
+
+@prop("the Jacobian is zero on future inputs")
+def jacobian(s: Subject) -> None:
+    for backend in s.backends:
+        grad = s.causal(backend)["dx"]
+        for t in range(T):
+            assert torch.all(grad[t, t + 1 :] == 0), f"{backend}: output {t} depends on a later input"
+            assert grad[t, : t + 1].abs().sum() > 0, f"{backend}: output {t} ignores its own past"
+
+
+@prop("gradients reach the input and every parameter")
+def gradients(s: Subject) -> None:
+    # The causality backward: a random projection of every output position (dropout is 0, so
+    # train() and eval() compute the same function).
+    result = s.causal(s.backends[0])
+    dx = result["dx"]
+    assert torch.isfinite(dx).all() and dx.abs().sum() > 0, "the input gets no (finite) gradient"
+    for name, grad in result["dparams"].items():
+        assert grad is not None, f"{name} gets no gradient"
+        assert torch.isfinite(grad).all(), f"{name} has a non-finite gradient"
+        assert grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+
+
+@prop("samples do not see each other")
+def batch_independence(s: Subject) -> None:
+    y = s.y()
+    # Sample 0 beside sample 1, and beside 10 other samples (the causality batch): the same output.
+    close(s.causal(s.backends[0])["y"][0], y[0], 1e-12, "changing the other samples changed sample 0")
+    close(s.block()(s.x[1:]), y[1:], 1e-12, "sample 1 alone differs from sample 1 in the batch")
+
+
+@prop("sdpa and math agree")
+def backends_agree(s: Subject) -> str | None:
+    if len(s.backends) < 2:
+        return f"not applicable: only {s.backends[0]} is valid"
+    close(s.y("sdpa"), s.y("math"), 1e-10, "without a key mask")
+    close(s.y("sdpa", masked=True), s.y("math", masked=True), 1e-10, "with left padding")
+    return None
+
+
+@prop("state_dict round trip")
+def state_dict_round_trip(s: Subject) -> None:
+    # A fresh build (with dropout, inactive in eval(): the next property's block) loaded with the
+    # state_dict computes the same function to the last bit.
+    close(s.reloaded()(s.x), s.y(), 0, "reloaded block differs")
+
+
+@prop("dropout only in train()")
+def dropout(s: Subject) -> None:
+    block = s.reloaded()
+    # eval(): equal to the dropout-free block to the last bit, so also deterministic.
+    close(block(s.x), s.y(), 0, "eval() output differs from the dropout-free block")
+    block.train()
+    try:
+        assert not torch.allclose(block(s.x), s.y()), "dropout is not active in train()"
+    finally:
+        block.eval()
+
+
+@prop("finite on huge inputs")
+def huge_inputs(s: Subject) -> None:
+    assert torch.isfinite(s.float32()(s.x.float() * 1e4)).all()
+
+
+@prop("bfloat16 close to float32")
+def bfloat16(s: Subject) -> None:
+    block, x = s.float32(consume=True), s.x.float()
+    reference = block(x)
+    low = block.bfloat16()(x.bfloat16()).float()
+    assert torch.isfinite(low).all(), "non-finite bfloat16 output"
+    error = (low - reference).norm() / reference.norm()
+    assert error < BF16_RELATIVE_ERROR, f"bfloat16 relative error {error:.3f}"
+
+
+@prop("cached decoding equals the full forward")
+def cached_decoding(s: Subject) -> None:
+    for backend in s.backends:
+        block, cache, steps = s.block(backend), KVCache(), []
+        for start, length in zip(itertools.accumulate(CHUNKS, initial=0), CHUNKS, strict=False):
+            steps.append(block(s.x[:, start : start + length], cache=cache))
+        close(torch.cat(steps, dim=1), s.y(backend), 1e-10, f"{backend}: cached decoding {CHUNKS} differs")
+
+
+@prop("padding never changes real positions and stays finite")
+def padding(s: Subject) -> None:
+    y = s.y(masked=True)
+    assert torch.isfinite(y).all(), "non-finite output under padding"
+    changed = s.x.clone()
+    for i, pad in enumerate(PADS):
+        changed[i, :pad] = torch.randn_like(changed[i, :pad]) * 5
+    y_changed = s.block()(changed, key_mask=s.key_mask)
+    for i, pad in enumerate(PADS):
+        close(y_changed[i, pad:], y[i, pad:], 1e-12, f"sample {i}: padding changed real positions")

@@ -1,0 +1,18 @@
+"""The benchmark scripts run (at tiny sizes; the real runs are by hand, see README)."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def test_decode_benchmark_runs_and_measures_the_gqa_cache(monkeypatch, capsys):
+    tiny = "--no-hf --layers 1 --d-model 16 --n-heads 4 --vocab 32 --prompt 8 --new 4 --contexts 4 16"
+    monkeypatch.setattr(sys, "argv", ["decode.py", *tiny.split(), "--steps", "2", "--repeats", "1"])
+    runpy.run_path(str(BENCHMARKS / "decode.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "| speedup of the cache |" in out and "| per-token time 16 / 4 |" in out
+    assert "| GQA / MHA cache bytes | 0.5000 | 0.5000 |" in out  # 2 of 4 kv heads, measured

@@ -1,0 +1,23 @@
+"""The Python examples in docs/ run, in order, as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", path.read_text(), flags=re.DOTALL | re.MULTILINE)
+
+
+@pytest.mark.parametrize("page", ["inference.md", "composing.md"])
+def test_doc_examples_run(page):
+    blocks = python_blocks(DOCS / page)
+    assert blocks, f"{page} has no python example"
+    namespace: dict[str, object] = {}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"{page} block {i}", "exec"), namespace)

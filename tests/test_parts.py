@@ -1,0 +1,196 @@
+"""The parts beyond the card, each against its formula, written out independently."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from combos import TINY
+
+from zoo import ATTENTIONS, POSITIONS, build_block
+from zoo.dims import BlockDims
+from zoo.parts.attention import allowed_mask
+from zoo.parts.norms import RMSNorm, ScaleNorm
+from zoo.parts.placements import Parallel, SandwichNorm
+from zoo.parts.positions import Rotary, SinusoidalEmbedding, alibi_slopes
+
+D, H = TINY["d_model"], TINY["n_heads"]
+DIMS = BlockDims(d_model=D, n_heads=H)
+
+
+def block(**axes):
+    cfg = {**TINY, "placement": "pre", "norm": "rmsnorm", "attn": "mha", "pos": "none", "mlp": "gelu"}
+    built = build_block({**cfg, **axes}).double().eval()
+    with torch.no_grad():
+        for p in built.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return built
+
+
+def reference_attention(attn, x, bias=None, window=None, softcap=None):
+    """softmax(cap(q k^T / sqrt(d)) + bias + mask) v, per head, from the attention's weights (MHA)."""
+    b, t, d = x.shape
+    d_head = d // H
+    q, k, v = (x @ attn.qkv.weight.T + attn.qkv.bias).split(d, dim=-1)
+    q, k, v = (z.view(b, t, H, d_head).transpose(1, 2) for z in (q, k, v))  # (b, h, t, d_head)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d_head)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed = allowed & (i - j < window)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    out = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, t, d)
+    return out @ attn.out.weight.T + attn.out.bias
+
+
+def test_sandwich_normalizes_branch_input_and_output():
+    norms = iter([RMSNorm(DIMS) for _ in range(4)])
+    placement = SandwichNorm(DIMS, lambda: next(norms), 2)
+    with torch.no_grad():
+        for p in placement.parameters():
+            p.copy_(torch.rand_like(p) + 0.5)
+    f, g = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+    x = torch.randn(2, 5, D)
+    h = x + placement.out_norms[0](f(placement.norms[0](x)))
+    expected = h + placement.out_norms[1](g(placement.norms[1](h)))
+    torch.testing.assert_close(placement(x, [f, g]), expected)
+    names = {name for name, _ in placement.named_parameters()}
+    assert names == {"norms.0.weight", "norms.1.weight", "out_norms.0.weight", "out_norms.1.weight"}
+
+
+def test_parallel_shares_one_norm_between_the_branches():
+    placement = Parallel(DIMS, lambda: RMSNorm(DIMS), 2)
+    f, g = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+    x = torch.randn(2, 5, D)
+    h = placement.norms[0](x)
+    torch.testing.assert_close(placement(x, [f, g]), x + f(h) + g(h))
+    assert [name for name, _ in placement.named_parameters()] == ["norms.0.weight"]
+
+
+def test_scalenorm_puts_every_vector_on_a_sphere_of_learned_radius():
+    norm = ScaleNorm(DIMS)
+    assert norm.scale.shape == (1,) and norm.scale.item() == pytest.approx(math.sqrt(D))
+    with torch.no_grad():
+        norm.scale.fill_(3.0)
+    x = torch.randn(4, 7, D) * torch.rand(4, 7, 1) * 10
+    y = norm(x)
+    torch.testing.assert_close(y.norm(dim=-1), torch.full((4, 7), 3.0))
+    torch.testing.assert_close(y, 3 * x / x.norm(dim=-1, keepdim=True))
+
+
+@pytest.mark.parametrize(
+    ("name", "act", "gated"),
+    [("geglu", F.gelu, True), ("reglu", F.relu, True), ("swiglu", F.silu, True), ("relu2", None, False)],
+)
+def test_new_mlps_follow_their_formula(name, act, gated):
+    mlp = block(mlp=name).mlp
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    if gated:
+        hidden = mlp.down.in_features
+        w, b = mlp.gate_up.weight, mlp.gate_up.bias
+        gate = x @ w[:hidden].T + b[:hidden]
+        up = x @ w[hidden:].T + b[hidden:]
+        expected = (act(gate) * up) @ mlp.down.weight.T + mlp.down.bias
+    else:
+        expected = F.relu(x @ mlp.up.weight.T + mlp.up.bias) ** 2 @ mlp.down.weight.T + mlp.down.bias
+    torch.testing.assert_close(mlp(x), expected)
+
+
+def test_alibi_slopes_follow_the_paper():
+    assert alibi_slopes(8) == [2 ** -(i + 1) for i in range(8)]
+    assert alibi_slopes(4) == [2 ** -(2 * (i + 1)) for i in range(4)]
+    # Not a power of two: the 4-head slopes, then every other slope of the 8-head sequence.
+    assert alibi_slopes(6) == alibi_slopes(4) + alibi_slopes(8)[0::2][:2]
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("window", [None, 2])
+def test_alibi_and_window_match_the_reference(backend, window):
+    built = block(pos="alibi", attn={"name": "mha", "backend": backend, "window": window})
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    i, j = torch.arange(7)[:, None], torch.arange(7)[None, :]
+    slopes = torch.tensor(alibi_slopes(H), dtype=torch.float64)[:, None, None]
+    bias = -slopes * (i - j).abs()
+    expected = reference_attention(built.attn, x, bias=bias, window=window)
+    torch.testing.assert_close(built.attn(x), expected, rtol=0, atol=1e-12)
+
+
+def test_window_mask_from_absolute_positions():
+    q, k = torch.arange(4, 7), torch.arange(7)  # three queries after four cached keys
+    mask = allowed_mask(q, k, causal=True, key_mask=None, window=3)
+    expected = torch.tensor(
+        [[0, 0, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1]], dtype=torch.bool
+    )  # query i sees keys i-2..i
+    assert torch.equal(mask[0, 0], expected)
+    both_ways = allowed_mask(q, k, causal=False, key_mask=None, window=2)[0, 0]
+    assert torch.equal(both_ways, (q[:, None] - k[None, :]).abs() < 2)
+
+
+def test_softcap_bounds_the_scores():
+    built = block(attn={"name": "mha", "backend": "math", "softcap": 1.5})
+    x = torch.randn(2, 6, D, dtype=torch.float64) * 5
+    torch.testing.assert_close(built.attn(x), reference_attention(built.attn, x, softcap=1.5), rtol=0, atol=1e-12)
+    assert not torch.allclose(built.attn(x), reference_attention(built.attn, x))
+
+
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
+    cfg = {**TINY, "bias": False, "placement": "pre", "norm": "rmsnorm", "pos": "rotary", "mlp": "gelu"}
+    plain = build_block({**cfg, "attn": {"name": "gqa"}}).double()
+    normed = build_block({**cfg, "attn": {"name": "gqa", "qk_norm": "rmsnorm"}}).double()
+    assert normed.attn.q_norm.weight.shape == (D // H,) and normed.attn.k_norm.weight.shape == (D // H,)
+    normed.load_state_dict(plain.state_dict(), strict=False)
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    before = (plain.attn(x), normed.attn(x))
+    with torch.no_grad():  # scale the query and key rows (q: 16 rows, k: 2 heads x 4 rows)
+        for model in (plain, normed):
+            model.attn.qkv.weight[: D + 8] *= 7.0
+    assert not torch.allclose(plain.attn(x), before[0])
+    torch.testing.assert_close(normed.attn(x), before[1], rtol=0, atol=1e-4)  # up to the norm eps
+
+
+def test_partial_rotary_turns_only_the_first_features():
+    dims = BlockDims(d_model=32, n_heads=2)  # d_head 16
+    partial, full_of_first = Rotary(dims, rotary_fraction=0.25), Rotary(BlockDims(d_model=8, n_heads=2))
+    q, k = torch.randn(1, 2, 5, 16, dtype=torch.float64), torch.randn(1, 2, 5, 16, dtype=torch.float64)
+    positions = torch.arange(3, 8)
+    q_rot, k_rot = partial.rotate(q, k, positions)
+    torch.testing.assert_close(q_rot[..., 4:], q[..., 4:], rtol=0, atol=0)  # the rest passes through
+    expected_q, expected_k = full_of_first.rotate(q[..., :4], k[..., :4], positions)
+    torch.testing.assert_close(q_rot[..., :4], expected_q)
+    torch.testing.assert_close(k_rot[..., :4], expected_k)
+    assert not torch.allclose(q_rot[..., :4], q[..., :4])
+
+
+def test_sinusoidal_table_is_the_original_transformers():
+    table = SinusoidalEmbedding(D, 10000.0).table(9, torch.device("cpu"), torch.float64)
+    i, j = torch.arange(9.0, dtype=torch.float64)[:, None], torch.arange(0, D, 2, dtype=torch.float64)[None, :]
+    torch.testing.assert_close(table[:9, 0::2], torch.sin(i / 10000 ** (j / D)))
+    torch.testing.assert_close(table[:9, 1::2], torch.cos(i / 10000 ** (j / D)))
+
+
+def test_every_position_and_window_stays_on_the_fused_sdpa_kernels():
+    """A float mask or bias keeps SDPA off its materializing math backend: with that backend
+    disabled, every position part, with and without a window, still runs forward and backward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+    for pos in POSITIONS.names():
+        for window in (None, 3):
+            for attn in ATTENTIONS.names():
+                built = build_block(
+                    {**TINY, "placement": "pre", "norm": "rmsnorm", "pos": pos, "mlp": "gelu",
+                     "attn": {"name": attn, "window": window}},
+                    context="model",
+                )  # fmt: skip
+                x = torch.randn(2, 6, D, requires_grad=True)
+                with sdpa_kernel(fused):
+                    built(x).sum().backward()
+                    key_mask = torch.ones(2, 6, dtype=torch.bool)
+                    key_mask[0, :2] = False
+                    built(x, key_mask=key_mask)

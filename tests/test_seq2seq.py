@@ -1,0 +1,110 @@
+"""The encoder-decoder: stacks from one block config, cached decoding, memory keys computed once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from combos import VOCAB, scramble
+
+from zoo import ConfigError, Seq2SeqModel, build_seq2seq, compose
+
+SIZES = ["block.d_model=16", "block.n_heads=4", f"model.vocab_size={VOCAB}", "model.n_layers=2"]
+
+
+def tiny_seq2seq(*overrides: str) -> Seq2SeqModel:
+    """Untied head: with random weights a tied post-norm decoder repeats one token, which tests nothing.
+
+    A fixed seed for the weights: some draws make a post-norm decoder repeat one token, too.
+    """
+    torch.manual_seed(1)
+    model = build_seq2seq(compose([*SIZES, "+encoder.n_layers=3", "model.tie_embeddings=false", *overrides])).double()
+    scramble(model)
+    return model.eval()
+
+
+def source(batch: int = 3, time: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded source ids and their mask (sample i has i padding tokens)."""
+    ids = torch.randint(0, VOCAB, (batch, time))
+    mask = torch.ones(batch, time, dtype=torch.bool)
+    for i in range(batch):
+        mask[i, time - i :] = False
+    return ids, mask
+
+
+def test_stacks_are_built_from_the_block_config():
+    model = tiny_seq2seq("preset=llama")
+    assert len(model.encoder.blocks) == 3 and len(model.decoder.blocks) == 2
+    assert all(not b.attn.causal and b.cross_attn is None for b in model.encoder.blocks)
+    assert all(b.attn.causal and b.cross_attn is not None for b in model.decoder.blocks)
+    assert all(b.cross_attn.n_kv_heads == 2 for b in model.decoder.blocks)  # follows the attn choice
+    assert len(model.decoder.blocks[0].placement.norms) == 3
+    counts = model.parameter_counts()
+    assert counts["total"] == model.num_parameters() and counts["attention"] > 0
+    assert model.flops_per_token(8) > 6 * (counts["total"] - counts["embedding"])
+
+
+def test_encoder_overrides_and_defaults():
+    model = build_seq2seq(compose([*SIZES, "+encoder.block.attn=mqa", "+encoder.layers.0.mlp=relu"]))
+    assert len(model.encoder.blocks) == 2  # defaults to the decoder's depth
+    assert [b.attn.n_kv_heads for b in model.encoder.blocks] == [1, 1]
+    assert type(model.encoder.blocks[0].mlp).__name__ == "ReluMLP"
+    assert [b.attn.n_kv_heads for b in model.decoder.blocks] == [4, 4]
+
+
+@pytest.mark.parametrize("preset", ["vaswani", "llama"])
+def test_cached_generation_equals_recomputing_and_teacher_forcing(preset):
+    model = tiny_seq2seq(f"preset={preset}")
+    src, src_mask = source()
+    new = model.generate(src, 6, bos_id=1, src_mask=src_mask)
+    assert torch.equal(model.generate(src, 6, bos_id=1, src_mask=src_mask, use_cache=False), new)
+    tgt = torch.cat([torch.ones(3, 1, dtype=torch.long), new], dim=1)
+    logits = model(src, tgt, src_mask=src_mask)  # teacher forcing on the generated target
+    assert torch.equal(logits[:, :-1].argmax(-1), new)
+    assert len(set(new.flatten().tolist())) > 2, "weights too uniform for the test to mean anything"
+
+
+def test_memory_keys_and_values_are_projected_once_per_layer():
+    model = tiny_seq2seq("preset=vaswani")
+    calls = []
+    for block in model.decoder.blocks:
+        block.cross_attn.kv.register_forward_hook(lambda *_: calls.append(1))
+    model.generate(source()[0], 5)
+    assert len(calls) == len(model.decoder.blocks)
+    calls.clear()
+    model.generate(source()[0], 5, use_cache=False)
+    assert len(calls) == 5 * len(model.decoder.blocks)
+
+
+def test_padded_sources_generate_what_each_would_alone():
+    model = tiny_seq2seq("preset=llama")
+    src, src_mask = source()
+    batched = model.generate(src, 5, src_mask=src_mask)
+    for i in range(3):
+        real = src[i : i + 1, src_mask[i]]
+        assert torch.equal(model.generate(real, 5)[0], batched[i])
+
+
+def test_gradients_reach_every_parameter():
+    model = tiny_seq2seq("preset=vaswani").train()
+    src, src_mask = source()
+    tgt = torch.randint(0, VOCAB, (3, 4))
+    model(src, tgt, src_mask=src_mask).square().mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["+encoder.n_layers=0"], "encoder.n_layers=0"),
+        (["+encoder.depth=2"], "encoder.depth=2"),
+        (["+encoder.block.d_model=32"], "encoder.block.d_model=32"),
+        (["+encoder.block.attn.n_kv_heads=3"], "encoder.block.attn.n_kv_heads=3"),
+        (["+encoder.layers.7.attn=mqa"], "encoder.layers.7=7"),
+        (["+model.layers.1.norm=rmsnrom"], "model.layers.1.norm.name='rmsnrom'"),
+    ],
+)
+def test_bad_seq2seq_config_names_the_field(overrides, field):
+    with pytest.raises(ConfigError) as error:
+        build_seq2seq(compose([*SIZES, *overrides]))
+    assert field in str(error.value), str(error.value)

@@ -1,0 +1,67 @@
+"""The compatibility map: which combinations of parts make sense, with the reason when one does not.
+
+The rules live in the parts, not in a table here:
+
+- a part's ``check(dims, **options)`` classmethod rejects its own bad options and sizes
+  (``attn.softcap`` without ``backend: math``, an ``attn.window`` as wide as ``block.max_len``, ...);
+- a part class may declare ``needs = {"embedding": "why"}``: what its surroundings must provide, and
+  ``provides = frozenset({...})``: what it provides to the other parts.
+
+Surroundings are a *context*: a lone ``block`` provides nothing; a ``model`` provides ``embedding``
+(token embeddings that absolute positions are added to).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from omegaconf import DictConfig
+
+from zoo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from zoo.build import BlockSpec
+
+Context = Literal["block", "model"]
+
+#: What each context provides to the parts of its blocks.
+CONTEXTS: dict[str, frozenset[str]] = {"block": frozenset(), "model": frozenset({"embedding"})}
+
+
+def unmet_need(spec: BlockSpec, context: Context = "block") -> ConfigError | None:
+    """The error for the first thing a part of ``spec`` needs that neither the context nor another part
+    provides, or None."""
+    if context not in CONTEXTS:
+        raise ConfigError("context", context, f"one of {', '.join(CONTEXTS)}")
+    provided = set(CONTEXTS[context])
+    for choice in spec.choices.values():
+        provided |= set(getattr(choice.part.cls, "provides", ()))
+    for axis, choice in spec.choices.items():
+        for need, why in getattr(choice.part.cls, "needs", {}).items():
+            if need not in provided:
+                return ConfigError(f"block.{axis}.name", choice.part.name, f"needs {need}: {why}")
+    return None
+
+
+def check_combination(cfg: Mapping[str, Any] | DictConfig, context: Context | None = None) -> str | None:
+    """None if ``cfg`` builds, else the reason it does not (the ConfigError's message).
+
+    ``cfg``: a full config (with a ``block`` section: checked as part of a ``model``) or a block config
+    (checked as a lone ``block``); ``context`` overrides that choice. Runs no tensor work beyond
+    counting parameters on the meta device when ``block.mlp.match`` is ``params``.
+    """
+    from zoo.build import resolve_block, to_dict
+    from zoo.match import mlp_dims
+
+    try:
+        raw = to_dict(cfg)
+        full = "block" in raw
+        spec = resolve_block(raw["block"] if full else raw)
+        error = unmet_need(spec, context or ("model" if full else "block"))
+        if error is not None:
+            return str(error)
+        mlp_dims(spec)
+    except ConfigError as error:
+        return str(error)
+    return None

@@ -1,0 +1,77 @@
+"""Cross-attention: queries from the decoder block, keys and values from the encoder's memory.
+
+No causal mask (every decoder position may read the whole source) and no position part (decoder
+and source positions are unrelated); a padding mask on memory, True at real source tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from zoo.dims import BlockDims
+from zoo.parts.attention import Attention, Backend, KVCache, additive
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from the block's stream (queries) to encoder memory (keys and values).
+
+    Parameters (a stable API): ``q`` (n_heads*d_head rows), ``kv`` (fused: n_kv_heads*d_head key rows,
+    then n_kv_heads*d_head value rows) and ``out``. ``n_kv_heads`` and ``backend`` follow the block's
+    self-attention. With a cache, memory keys and values are computed on the first call and kept in
+    ``cache.cross``, so decoding steps only project their one query.
+    """
+
+    softcap: float | None = None  # read by the shared math backend; cross-attention never caps
+
+    # The attention backends are shared with self-attention (same attributes: heads, dropout).
+    _sdpa = Attention._sdpa
+    _math = Attention._math
+
+    def __init__(self, dims: BlockDims, *, n_kv_heads: int | None = None, backend: Backend = "sdpa") -> None:
+        super().__init__()
+        Attention.check(dims, n_kv_heads=n_kv_heads, backend=backend)
+        self.n_heads = dims.n_heads
+        self.n_kv_heads = dims.n_heads if n_kv_heads is None else n_kv_heads
+        self.d_head = dims.d_head
+        self.dropout = dims.dropout
+        self.backend = backend
+        self.q = nn.Linear(dims.d_model, self.n_heads * self.d_head, bias=dims.bias)
+        self.kv = nn.Linear(dims.d_model, 2 * self.n_kv_heads * self.d_head, bias=dims.bias)
+        self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
+
+    def memory_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """memory: (b, s, d_model) -> keys and values, each (b, n_kv_heads, s, d_head)."""
+        k, v = rearrange(self.kv(memory), "b s (two g d) -> two b g s d", two=2, g=self.n_kv_heads)
+        return k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        *,
+        memory_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """x: (b, t, d_model), memory: (b, s, d_model) -> (b, t, d_model).
+
+        memory_mask: (b, s) bool, True at real source tokens. cache: once it holds this layer's
+        memory keys and values (``cache.cross``, set by the first call), ``memory`` is not read;
+        ``cache.reset()`` before decoding for another source.
+        """
+        if cache is not None and cache.cross is not None:
+            k, v = cache.cross
+        elif memory is None:
+            raise ValueError("cross-attention needs encoder memory (or a cache that already holds its keys)")
+        else:
+            k, v = self.memory_kv(memory)
+            if cache is not None:
+                cache.cross = (k, v)
+        q = rearrange(self.q(x), "b t (h d) -> b h t d", h=self.n_heads)
+        mask = None
+        if memory_mask is not None:
+            mask = additive(rearrange(memory_mask.bool(), "b s -> b 1 1 s"), None, q.dtype)
+        attend = self._sdpa if self.backend == "sdpa" else self._math
+        y = attend(q, k, v, mask, False)
+        return self.out(rearrange(y, "b h t d -> b t (h d)"))

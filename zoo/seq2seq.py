@@ -1,0 +1,215 @@
+"""The encoder-decoder (Vaswani et al. 2017): an encoder stack reads the source, a decoder stack with
+cross-attention generates the target.
+
+Encoder blocks are ordinary blocks with ``causal: false``; decoder blocks are ordinary blocks with
+``cross_attention: true`` (self-attention, cross-attention, MLP, each wrapped by the placement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
+
+from zoo.build import BlockSpec, build_block, resolve_block, to_dict
+from zoo.errors import ConfigError
+from zoo.generate import check_generate_args, decode
+from zoo.model import CountsParameters, final_norm_for, init_stack, residual_branches
+from zoo.model_config import (
+    ENCODER_DEFAULTS,
+    block_section,
+    layer_specs,
+    merge_block,
+    model_options,
+    positive_int,
+    section,
+)
+from zoo.parts.attention import KVCache
+
+
+class Stack(nn.Module):
+    """Blocks in turn, then ``final_norm`` where the last block's placement needs one."""
+
+    def __init__(self, specs: Sequence[BlockSpec]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(build_block(s) for s in specs)
+        self.final_norm = final_norm_for(specs[-1])
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        key_mask: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(b, t, d_model) -> (b, t, d_model); arguments as in :meth:`zoo.Block.forward`."""
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
+        for i, block in enumerate(self.blocks):
+            cache = None if caches is None else caches[i]
+            x = block(x, key_mask=key_mask, cache=cache, memory=memory, memory_mask=memory_mask)
+        return self.final_norm(x)
+
+
+class Seq2SeqModel(CountsParameters):
+    """Source ids (b, s) and target ids (b, t) -> next-token logits (b, t, vocab).
+
+    Parameter names: ``embed`` (shared by source and target), ``encoder.blocks.{i}``,
+    ``encoder.final_norm``, ``decoder.blocks.{i}`` (with ``cross_attn``), ``decoder.final_norm``,
+    ``head`` (absent when tied to the embedding). Each stack is initialized by
+    :func:`zoo.model.init_stack` with its own depth.
+    """
+
+    def __init__(
+        self,
+        encoder: Sequence[BlockSpec],
+        decoder: Sequence[BlockSpec],
+        vocab_size: int,
+        tie_embeddings: bool = True,
+    ) -> None:
+        super().__init__()
+        if not encoder or not decoder:
+            raise ConfigError("n_layers", (len(encoder), len(decoder)), "encoder and decoder need a layer each")
+        for i, spec in enumerate(decoder):
+            if not spec.dims.cross_attention:
+                raise ConfigError(f"decoder[{i}].cross_attention", False, "decoder blocks need cross-attention")
+        d_model = encoder[0].dims.d_model
+        if any(s.dims.d_model != d_model for s in [*encoder, *decoder]):
+            raise ConfigError("block.d_model", d_model, "encoder and decoder need the same d_model")
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.encoder = Stack(encoder)
+        self.decoder = Stack(decoder)
+        self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, 0.02) embedding and head; each stack as :func:`zoo.model.init_stack` says."""
+        nn.init.normal_(self.embed.weight, std=0.02)
+        if self.head is not None:
+            nn.init.normal_(self.head.weight, std=0.02)
+        for stack in (self.encoder, self.decoder):
+            init_stack(stack, residual_branches(stack.blocks))
+
+    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """src_ids: (b, s) -> memory (b, s, d_model). src_mask: (b, s) bool, True at real tokens."""
+        return self.encoder(self.embed(src_ids), key_mask=src_mask)
+
+    def decode(
+        self,
+        tgt_ids: torch.Tensor,
+        memory: torch.Tensor | None,
+        *,
+        memory_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """tgt_ids: (b, t) -> logits (b, t, vocab), attending to memory (b, s, d_model).
+
+        memory may be None once ``caches`` hold its keys and values (after the first cached step).
+        key_mask: (b, t_k) bool over target keys (cached ones too), True at real tokens.
+        """
+        h = self.decoder(self.embed(tgt_ids), key_mask=key_mask, caches=caches, memory=memory, memory_mask=memory_mask)
+        return self.logits(h)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.embed.weight if self.head is None else self.head.weight)
+
+    def forward(
+        self,
+        src_ids: torch.Tensor,
+        tgt_ids: torch.Tensor,
+        *,
+        src_mask: torch.Tensor | None = None,
+        tgt_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Teacher forcing: (b, s), (b, t) -> logits (b, t, vocab). Masks: True at real tokens."""
+        memory = self.encode(src_ids, src_mask)
+        return self.decode(tgt_ids, memory, memory_mask=src_mask, key_mask=tgt_mask)
+
+    def new_caches(self, max_len: int | None = None) -> list[KVCache]:
+        """One empty KVCache per decoder block; each also keeps its layer's memory keys and values."""
+        return [KVCache(max_len) for _ in self.decoder.blocks]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        src_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        *,
+        bos_id: int = 0,
+        src_mask: torch.Tensor | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Encode the source once, then generate ``max_new_tokens`` after ``bos_id``; -> (b, max_new_tokens).
+
+        With the cache, each layer's memory keys and values are projected once, at the first step.
+        Sampling as in :meth:`zoo.LanguageModel.generate`.
+        """
+        check_generate_args(src_ids, max_new_tokens, temperature, top_k, name="src_ids")
+        memory = self.encode(src_ids, src_mask)
+        ids = src_ids.new_full((src_ids.shape[0], max_new_tokens + 1), bos_id)  # BOS, then the new tokens
+        caches = self.new_caches(max_new_tokens + 1) if use_cache else None
+
+        def next_logits(token: torch.Tensor | None, step: int) -> torch.Tensor:
+            if token is not None:
+                ids[:, step] = token
+            if caches is None:  # recompute the whole target
+                return self.decode(ids[:, : step + 1], memory, memory_mask=src_mask)[:, -1]
+            # Memory only at the first step: later steps read its keys and values from the caches.
+            return self.decode(
+                ids[:, step : step + 1], memory if step == 0 else None, memory_mask=src_mask, caches=caches
+            )[:, -1]
+
+        return decode(next_logits, src_ids, max_new_tokens, temperature, top_k, generator)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per target token, source and target both ``seq_len`` long: 6 x the
+        non-embedding parameters (plus the head) plus attention: 6 x seq_len x d_model per encoder
+        layer and twice that per decoder layer (self and cross)."""
+        counts = self.parameter_counts()
+        dense = counts["total"] - counts["embedding"] + self.embed.weight.numel()
+        layers = len(self.encoder.blocks) + 2 * len(self.decoder.blocks)
+        return 6 * dense + 6 * layers * seq_len * self.embed.embedding_dim
+
+
+def build_seq2seq(cfg: Mapping[str, Any] | DictConfig) -> Seq2SeqModel:
+    """An encoder-decoder from a config: ``block`` (shared by both stacks), ``model`` (as for
+    :func:`zoo.build_model`; ``n_layers`` and ``layers`` are the decoder's) and an optional
+    ``encoder`` section: ``n_layers`` (default: the decoder's), ``block`` (overrides of ``block``
+    for the encoder) and ``layers`` (per-layer overrides).
+
+    Decoder blocks get ``cross_attention: true``; encoder blocks ``causal: false`` and no cross-attention.
+    """
+    raw = to_dict(cfg)
+    options = model_options(raw)
+    encoder = section(raw, "encoder", ENCODER_DEFAULTS)
+    block = block_section(raw)
+    d_model = resolve_block(block).dims.d_model  # errors in the shared block name block.*
+    n_encoder = encoder["n_layers"] if encoder["n_layers"] is not None else options["n_layers"]
+    positive_int("encoder.n_layers", n_encoder)
+    changes = encoder["block"] or {}
+    if not isinstance(changes, Mapping):
+        raise ConfigError("encoder.block", changes, "must be a mapping of block overrides, e.g. {attn: mha}")
+    if changes.get("d_model", d_model) != d_model:
+        raise ConfigError("encoder.block.d_model", changes["d_model"], f"must equal block.d_model={d_model}")
+    encoder_block = merge_block({**block, "causal": False, "cross_attention": False}, changes)
+    try:
+        resolve_block(encoder_block)
+    except ConfigError as error:
+        raise ConfigError(f"encoder.{error.field}", error.value, error.allowed) from None
+    encoder_specs = layer_specs(encoder_block, n_encoder, encoder["layers"], "encoder.layers")
+    decoder_block = {**block, "cross_attention": True}
+    decoder_specs = layer_specs(decoder_block, options["n_layers"], options["layers"], "model.layers")
+    return Seq2SeqModel(encoder_specs, decoder_specs, options["vocab_size"], options["tie_embeddings"])
+
+
+__all__ = ["Seq2SeqModel", "Stack", "build_seq2seq"]
