@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from omegaconf import OmegaConf
 
 from zoo import compose
 from zoo.records import read_metrics, read_summary
+from zoo.tasks import TASKS, build_task
 from zoo.train import run, run_dirname
 from zoo.trainer import TrainConfig
 
@@ -151,3 +155,20 @@ def test_run_folder_names_are_path_safe_and_stable():
     assert "/" not in run_dirname("task.path=/data/x y.txt") and run_dirname("") == "default"
     long = ",".join(f"k{i}=v{i}" for i in range(80))
     assert len(run_dirname(long)) == 200 and run_dirname(long) == run_dirname(long) != run_dirname(long + "x")
+
+
+def test_the_adding_a_task_example_in_the_docs_trains(tmp_path):
+    text = (Path(__file__).resolve().parent.parent / "docs" / "sweeps.md").read_text()
+    code = re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    option_file = re.findall(r"^```yaml\n(# @package task\n.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    assert len(code) == 1 and len(option_file) == 1
+    try:
+        exec(compile(code[0], "docs/sweeps.md", "exec"), {})
+        options = yaml.safe_load(option_file[0])
+        assert build_task(options).metric == "val_accuracy"
+        cfg = {**tiny(task="mqar"), "task": {**options, "length": 4, "vocab": 16, "eval_lengths": [1, 2]}}
+        summary = run(cfg, tmp_path)
+        assert summary["status"] == "ok" and summary["data"] == {"task": "copy", "source": "generated"}
+        assert {"val_accuracy", "val_accuracy_2x"} <= set(summary["final"])
+    finally:
+        TASKS.pop("copy", None)
