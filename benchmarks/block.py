@@ -13,39 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import torch
+from timing import time_interleaved
 from torch import nn
 
 import zoo
 
 Step = Callable[[], None]
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_interleaved(steps: dict[str, Step], device: str, repeats: int, warmup: int = 2) -> dict[str, float]:
-    """Median seconds of each step, timed round-robin so drift in machine load hits all alike."""
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
-    sync(device)
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def fwd_bwd(module: nn.Module, x: torch.Tensor, call: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Step:
@@ -133,7 +111,7 @@ def run_speed(args: argparse.Namespace) -> None:
         print("transformers not installed: skipped (pip install -e '.[bench]')", file=sys.stderr)
 
     steps = {name: fwd_bwd(module.to(device, dtype), x, call) for name, module, call, _ in contenders}
-    seconds = time_interleaved(steps, device, args.repeats)
+    seconds = time_interleaved(steps, device, args.repeats, warmup=2)
 
     print(
         f"\nforward+backward, {args.device} {args.dtype}, batch {args.batch}, T {args.time}, "
@@ -178,7 +156,7 @@ def run_parts(args: argparse.Namespace) -> None:
     }
     steps = {name: fwd_bwd(zoo_block("llama", args, *c).to(device, dtype), x) for name, c in variants.items()}
     paths = {name: fused_only(step) for name, step in steps.items()}
-    seconds = time_interleaved(steps, device, args.repeats)
+    seconds = time_interleaved(steps, device, args.repeats, warmup=2)
     print(f"\nzoo llama block by position scheme, forward+backward, T {args.time} ({args.device} {args.dtype})\n")
     print("| pos / attention | ms | / rotary | SDPA path |\n|---|---:|---:|---|")
     for name in variants:

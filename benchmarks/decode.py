@@ -13,35 +13,13 @@ generate the same greedy tokens. Prints a Markdown table with each measurement a
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
+from timing import time_interleaved
 
 import zoo
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(steps: dict[str, Callable[[], object]], device: str, repeats: int, warmup: bool = True) -> dict[str, float]:
-    """Median seconds of each step, timed round-robin so drift in machine load hits all alike."""
-    if warmup:
-        for step in steps.values():
-            step()
-    sync(device)
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def row(name: str, value: str, target: str = "") -> None:
@@ -120,7 +98,7 @@ def per_token_seconds(model: zoo.LanguageModel, context: int, args: argparse.Nam
             model(token, caches=caches)
 
     model(prompt, caches=caches)
-    return timed({"steps": run}, args.device, args.repeats)["steps"] / args.steps
+    return time_interleaved({"steps": run}, args.device, args.repeats)["steps"] / args.steps
 
 
 @torch.no_grad()
@@ -178,7 +156,7 @@ def main() -> None:
                 return hf.generate(prompt, attention_mask=mask, **kwargs)[:, args.prompt :]
 
             steps["hf"] = hf_generate
-    seconds = timed(steps, args.device, args.repeats)
+    seconds = time_interleaved(steps, args.device, args.repeats)
     row(f"zoo generate {args.new} tokens, cache", f"{seconds['zoo']:.3f} s")
     if "hf" in seconds:
         same = torch.equal(steps["hf"](), steps["zoo"]())
@@ -201,11 +179,11 @@ def main() -> None:
     # Last: minutes at full size. No warm-up run; each run is long enough for that not to matter.
     if args.uncached_repeats < 1:
         return
-    uncached = timed(
+    uncached = time_interleaved(
         {"uncached": lambda: model.generate(prompt, args.new, use_cache=False)},
         args.device,
         args.uncached_repeats,
-        warmup=False,
+        warmup=0,
     )["uncached"]
     row(f"zoo generate {args.new} tokens, no cache", f"{uncached:.3f} s")
     row("speedup of the cache", f"{uncached / seconds['zoo']:.1f}x", ">= 10x")

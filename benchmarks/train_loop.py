@@ -19,6 +19,7 @@ import statistics
 import time
 
 import torch
+from timing import sync
 
 from zoo import build_model, compose
 from zoo.tasks import build_task
@@ -56,11 +57,6 @@ def loop_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device) -
     model = build_model(cfg)
     trainer = Trainer(model, task, train_cfg, device=device, data_seed=0, progress=False)
     return trainer.fit().tokens_per_s
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 def test_decode_benchmark_runs_and_measures_the_gqa_cache(monkeypatch, capsys):
     tiny = "--no-hf --layers 1 --d-model 16 --n-heads 4 --vocab 32 --prompt 8 --new 4 --contexts 4 16"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # as `python benchmarks/decode.py` would: its helpers import
     monkeypatch.setattr(sys, "argv", ["decode.py", *tiny.split(), "--steps", "2", "--repeats", "1"])
     runpy.run_path(str(BENCHMARKS / "decode.py"), run_name="__main__")
     out = capsys.readouterr().out
