@@ -22,8 +22,8 @@ import torch
 from timing import sync
 
 from zoo import build_model, compose
-from zoo.tasks import build_task
-from zoo.trainer import TrainConfig, Trainer, check_run_config, loss_fn, make_optimizer
+from zoo.lab.tasks import build_task
+from zoo.lab.trainer import TrainConfig, Trainer, check_run_config, loss_fn, make_optimizer
 
 
 def bare_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device, steps: int) -> float:

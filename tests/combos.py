@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from zoo import AXES, build_block, check_combination, resolve_block
-from zoo.build import part_options
+from zoo.core.options import option_types
 from zoo.parts.attention import KVCache
 
 #: Tiny sizes: 4 query heads so GQA's 2 kv heads sit strictly between MQA and MHA.
@@ -40,7 +40,7 @@ def choices(axis: str, with_variants: bool = True) -> list[str]:
         f"{name}+{variant}"
         for variant, options in variants(axis).items()
         for name in names
-        if set(options) <= set(part_options(AXES[axis].get(name).cls))
+        if set(options) <= set(option_types(AXES[axis].get(name).cls))
     ]
     return names + taken
 

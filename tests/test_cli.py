@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zoo import AXES
-from zoo.cli import parts_main, parts_markdown
+from zoo.lab.cli import parts_main, parts_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ from torch import nn
 
 import zoo
 from zoo import POSITIONS, ConfigError, build_block, build_model, check_combination, compose
-from zoo.cli import parts_main
+from zoo.lab.cli import parts_main
 from zoo.parts.positions import Position
 
 

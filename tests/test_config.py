@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 import zoo
 from zoo import AXES, ConfigError, Registry, build_block, compose, resolve_block
-from zoo.build import option_defaults
+from zoo.assembly.spec import every_option
 
 
 def cfg(**changes):
@@ -151,7 +151,7 @@ def test_every_option_file_builds_and_lists_every_option(axis, name):
     assert path.read_text().startswith(f"# @package block.{axis}\n")
     node = yaml.safe_load(path.read_text())
     assert node.pop("name") == name
-    assert node == option_defaults(AXES[axis].get(name))
+    assert node == every_option(AXES[axis].get(name))
     composed = compose([f"{axis}={name}", "block.d_model=16", "block.n_heads=4", "block.max_len=32"])
     assert zoo.check_combination(composed) is None
     build_block(composed.block, context="model")

@@ -21,8 +21,8 @@ import yaml
 
 import zoo
 from zoo import AXES
-from zoo.cli import parts_main
-from zoo.sweep import sweep_argv, sweep_names
+from zoo.lab.cli import parts_main
+from zoo.lab.sweep import sweep_argv, sweep_names
 
 ROOT = Path(zoo.__file__).resolve().parent.parent
 # adding-a-part.md's commands need the part it adds: tests/test_tutorial.py runs them in a copy.
@@ -65,7 +65,7 @@ TINY = {
 
 def run_tiny(program: str, args: list[str], tmp_path: Path) -> None:
     """Run the command in a subprocess at tiny sizes, one grid point per swept key; every run must be ok."""
-    module = {"zoo-train": "zoo.train", "zoo-sweep": "zoo.sweep"}[program]
+    module = {"zoo-train": "zoo.lab.train", "zoo-sweep": "zoo.lab.sweep"}[program]
     first = [a.split("=")[0] + "=" + a.split("=", 1)[1].split(",")[0] if "=" in a else a for a in args]
     kept = [a for a in first if a.split("=")[0] not in TINY and not a.startswith("hydra.sweep.dir")]
     if program == "zoo-sweep":  # pin every key the sweep file sweeps to one value

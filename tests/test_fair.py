@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from zoo import ATTENTIONS, MLPS, build_block, build_model, compose, param_report
-from zoo.init import parameter_seed
+from zoo.assembly.init import parameter_seed
 
 BASE = {"d_model": 64, "n_heads": 8, "placement": "pre", "norm": "rmsnorm", "pos": "rotary"}
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from combos import TINY
 
 from zoo import ATTENTIONS, POSITIONS, build_block
-from zoo.dims import BlockDims
+from zoo.core.dims import BlockDims
 from zoo.parts.attention import allowed_mask
 from zoo.parts.norms import RMSNorm, ScaleNorm
 from zoo.parts.placements import Parallel, SandwichNorm

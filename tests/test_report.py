@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from zoo.records import write_json_atomic
-from zoo.report import build_report, markdown, report_main, write_report
+from zoo.lab.records import write_json_atomic
+from zoo.lab.report import markdown, report_main, write_report
+from zoo.lab.variants import build_report
 
 
 def fake_run(root: Path, overrides: list[str], status: str = "ok", value: float | None = None, **extra) -> None:

@@ -15,9 +15,9 @@ from matplotlib.image import imread
 
 import zoo
 from zoo import build_model, compose
-from zoo.records import read_summary
-from zoo.sweep import SWEEPS_DIR, sweep_argv, sweep_main, sweep_names
-from zoo.train import run, run_dirname
+from zoo.lab.records import read_summary
+from zoo.lab.sweep import SWEEPS_DIR, sweep_argv, sweep_main, sweep_names
+from zoo.lab.train import run, run_dirname
 
 ROOT = Path(zoo.__file__).resolve().parent.parent
 SMALL = [
@@ -55,7 +55,7 @@ def test_zoo_sweep_trains_reports_and_survives_a_failing_run(tmp_path):
     folder = tmp_path / "sweep"
     small = [a for a in SMALL if not a.startswith("block.n_heads")]
     args = ["quick", "pos=none", "mlp=gelu", "seed=0", "block.n_heads=2,4,5", *small, f"hydra.sweep.dir={folder}"]
-    done = zoo_cli("zoo.sweep", *args, cwd=tmp_path)
+    done = zoo_cli("zoo.lab.sweep", *args, cwd=tmp_path)
     runs = summaries(folder)
     status = {r["config"]["block"]["n_heads"]: r["status"] for r in runs.values()}
     assert status == {2: "ok", 4: "ok", 5: "failed"}
@@ -86,7 +86,7 @@ def test_sweep_resumes_on_submitit_local(tmp_path):
 
     # The sweep, one more value than was run, on submitit (each job its own process, as on SLURM):
     # the finished run is skipped, the new one trains, and the report covers both.
-    zoo_cli("zoo.sweep", "quick", *fixed, "block.n_heads=4,8", f"hydra.sweep.dir={folder}",
+    zoo_cli("zoo.lab.sweep", "quick", *fixed, "block.n_heads=4,8", f"hydra.sweep.dir={folder}",
             "hydra/launcher=submitit_local", cwd=tmp_path)  # fmt: skip
     after = summaries(folder)
     assert after[name] == before  # skipped: not a byte changed

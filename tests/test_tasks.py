@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from zoo import ConfigError
-from zoo.tasks import IGNORE, TASKS, build_task
-from zoo.tasks.text import read_corpus
+from zoo.lab.tasks import IGNORE, TASKS, build_task
+from zoo.lab.tasks.text import read_corpus
 
 
 def small_bytes(tmp_path, **options):
@@ -19,7 +19,7 @@ def small_bytes(tmp_path, **options):
 
 
 def test_registered_tasks():
-    assert {"bytes", "mqar"} <= set(TASKS)
+    assert {"bytes", "mqar"} <= set(TASKS.names())
 
 
 def test_bytes_batches_are_next_byte_shifted(tmp_path):

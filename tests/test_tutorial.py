@@ -29,6 +29,8 @@ def test_tutorial_part_appears_in_zoo_parts_the_contract_suite_and_a_sweep(tmp_p
     repo = tmp_path / "zoo"
     for folder in ("zoo", "conf", "tests", "sweeps", "docs"):
         shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for data in ("conf", "sweeps"):  # laid out as pyproject's package-dir installs them: zoo.conf, zoo.sweeps
+        (repo / "zoo" / data).symlink_to(repo / data, target_is_directory=True)
     files = files_in_tutorial()
     assert set(files) == {"zoo/parts/norms.py", "conf/norm/dyt.yaml"}
     with open(repo / "zoo/parts/norms.py", "a") as f:  # step 1: append the class
@@ -42,7 +44,7 @@ def test_tutorial_part_appears_in_zoo_parts_the_contract_suite_and_a_sweep(tmp_p
         return done.stdout
 
     # Step 3: zoo-parts lists it with its option.
-    listing = run("-c", "from zoo.cli import parts_main; parts_main([])")
+    listing = run("-c", "from zoo.lab.cli import parts_main; parts_main([])")
     assert re.search(r"^\s+dyt\s+DyT: .*\[alpha_init=0.5\]", listing, flags=re.MULTILINE), listing
     # The contract suite covers it with no test edit: its combinations are collected by name.
     collected = run("-m", "pytest", "--co", "-q", "-p", "no:xdist", "tests/test_contract.py", "-k", "dyt")
@@ -59,7 +61,7 @@ def test_tutorial_part_appears_in_zoo_parts_the_contract_suite_and_a_sweep(tmp_p
         "train.eval_batches=1",
         "threads=1",
     ]
-    run("-m", "zoo.train", "-m", "norm=layernorm,dyt", *small, "hydra.sweep.dir=sweep")
+    run("-m", "zoo.lab.train", "-m", "norm=layernorm,dyt", *small, "hydra.sweep.dir=sweep")
     statuses = {p.parent.name: json.loads(p.read_text())["status"] for p in (repo / "sweep").glob("*/summary.json")}
     assert len(statuses) == 2 and set(statuses.values()) == {"ok"}, statuses
     assert any("dyt" in name for name in statuses), statuses

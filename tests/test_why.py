@@ -6,7 +6,7 @@ import torch
 from combos import TINY
 
 from zoo import build_block
-from zoo.dims import BlockDims
+from zoo.core.dims import BlockDims
 from zoo.parts.positions import Rotary
 
 

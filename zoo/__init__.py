@@ -1,19 +1,29 @@
-"""zoo: composable transformer blocks, built from Hydra configs, tested as one contract."""
+"""zoo: composable transformer blocks, built from Hydra configs, tested as one contract.
 
-from zoo.block import Block
-from zoo.build import BlockSpec, build_block, resolve_block
-from zoo.compat import check_combination
-from zoo.config import CONF_DIR, compose
-from zoo.dims import BlockDims
-from zoo.errors import ConfigError
-from zoo.match import param_report
-from zoo.model import LanguageModel, build_model
+Layers, each importing only those below it (checked by import-linter, see pyproject.toml):
+``zoo.core`` (registries, errors, sizes, options) <- ``zoo.parts`` <- ``zoo.assembly`` (specs,
+compatibility, matching, building) <- ``zoo.models`` <- ``zoo.lab`` (training, sweeps, reports, CLI).
+"""
+
+import importlib.metadata
+
+from zoo.assembly.block import Block
+from zoo.assembly.build import build_block, param_report
+from zoo.assembly.compat import check_combination
+from zoo.assembly.compose import CONF_DIR, compose
+from zoo.assembly.spec import BlockSpec, resolve_block
+from zoo.core.dims import BlockDims
+from zoo.core.errors import ConfigError
+from zoo.core.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIONS, Registry
+from zoo.models.language import LanguageModel, build_model
+from zoo.models.seq2seq import Seq2SeqModel, build_seq2seq
 from zoo.parts.attention import KVCache
 from zoo.parts.cross_attention import CrossAttention
-from zoo.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIONS, Registry
-from zoo.seq2seq import Seq2SeqModel, build_seq2seq
 
-__version__ = "0.1.0"
+try:
+    __version__ = importlib.metadata.version("zoo")
+except importlib.metadata.PackageNotFoundError:  # imported from a source tree that is not installed
+    __version__ = "unknown"
 
 
 def available() -> dict[str, list[str]]:

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
-from zoo.dims import BlockDims
-from zoo.errors import ConfigError
+from zoo.core.dims import BlockDims
+from zoo.core.errors import ConfigError
+from zoo.core.registry import ATTENTIONS, NORMS
 from zoo.parts.positions import Position
-from zoo.registry import ATTENTIONS, NORMS
 
 Backend = Literal["sdpa", "math"]
 
@@ -160,6 +160,51 @@ def additive(mask: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.
     return out
 
 
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    is_causal: bool,
+    backend: Backend,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """The attention kernel every attention part shares: softmax(q k^T / sqrt(d) + mask) v.
+
+    q: (b, h, t_q, d); k, v: (b, g, t_k, d) with g dividing h (query head i reads key/value head
+    i // (h / g)); mask: an additive float mask broadcasting to (b, h, t_q, t_k), or None;
+    ``is_causal``: a top-left causal mask instead (never together with ``mask``). ``dropout`` is the
+    attention-weight dropout to apply (pass 0.0 in eval). -> (b, h, t_q, d).
+
+    ``sdpa``: torch's fused scaled_dot_product_attention (GQA without copying keys). ``math``: explicit
+    scores in at least float32, optional soft-capping, softmax, weights @ v (the reference).
+    """
+    group = q.shape[1] // k.shape[1]
+    if backend == "sdpa":
+        if softcap is not None:
+            raise ValueError("softcap needs the math backend (SDPA has no hook to cap the scores)")
+        # Never both attn_mask and is_causal: CPU would silently apply both.
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, enable_gqa=group > 1
+        )
+    k = repeat(k, "b g t d -> b (g r) t d", r=group)  # grouped: query head h reads kv head h // group
+    v = repeat(v, "b g t d -> b (g r) t d", r=group)
+    dtype = torch.promote_types(q.dtype, torch.float32)  # scores in at least float32 (float64 stays)
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)) / math.sqrt(q.shape[-1])
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if is_causal:
+        t_q, t_k = scores.shape[-2:]
+        mask = additive(torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(), None, dtype)
+    if mask is not None:
+        scores = scores + mask.to(dtype)
+    weights = torch.softmax(scores, dim=-1)  # over keys
+    weights = F.dropout(weights, dropout) if dropout > 0 else weights
+    return torch.einsum("bhqk,bhkd->bhqd", weights.to(v.dtype), v)
+
+
 @ATTENTIONS.register(
     "mha",
     summary="Multi-head attention: one key/value head per query head (n_kv_heads = n_heads)",
@@ -190,16 +235,9 @@ class Attention(nn.Module):
     """
 
     @classmethod
-    def check(
-        cls,
-        dims: BlockDims,
-        *,
-        n_kv_heads: int | None = None,
-        backend: Backend = "sdpa",
-        qk_norm: str = "none",
-        window: int | None = None,
-        softcap: float | None = None,
-    ) -> None:
+    def check(cls, dims: BlockDims, **options: Any) -> None:
+        n_kv_heads, backend, qk_norm = options["n_kv_heads"], options["backend"], options["qk_norm"]
+        window, softcap = options["window"], options["softcap"]
         kv = dims.n_heads if n_kv_heads is None else n_kv_heads
         if kv < 1 or dims.n_heads % kv:
             divisors = [d for d in range(1, dims.n_heads + 1) if dims.n_heads % d == 0]
@@ -237,7 +275,6 @@ class Attention(nn.Module):
         softcap: float | None = None,
     ) -> None:
         super().__init__()
-        self.check(dims, n_kv_heads=n_kv_heads, backend=backend, qk_norm=qk_norm, window=window, softcap=softcap)
         self.n_heads = dims.n_heads
         self.n_kv_heads = dims.n_heads if n_kv_heads is None else n_kv_heads
         self.d_head = dims.d_head
@@ -293,43 +330,17 @@ class Attention(nn.Module):
         plain_causal = (
             self.causal and time > 1 and key_mask is None and bias is None and offset == 0 and self.window is None
         )
-        attend = self._sdpa if self.backend == "sdpa" else self._math
-        y = attend(q, k, v, None if plain_causal else additive(mask, bias, q.dtype), plain_causal)
-        return self.out(rearrange(y, "b h t d -> b t (h d)"))
-
-    def _sdpa(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool
-    ) -> torch.Tensor:
-        # Never both attn_mask and is_causal: CPU would silently apply both.
-        return F.scaled_dot_product_attention(
+        y = attend(
             q,
             k,
             v,
-            attn_mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,  # SDPA drops even in eval() otherwise
-            is_causal=is_causal,
-            enable_gqa=self.n_kv_heads != self.n_heads,
+            None if plain_causal else additive(mask, bias, q.dtype),
+            is_causal=plain_causal,
+            backend=self.backend,
+            dropout=self.dropout if self.training else 0.0,
+            softcap=self.softcap,
         )
-
-    def _math(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool
-    ) -> torch.Tensor:
-        group = self.n_heads // self.n_kv_heads
-        k = repeat(k, "b g t d -> b (g r) t d", r=group)  # grouped: query head h reads kv head h // group
-        v = repeat(v, "b g t d -> b (g r) t d", r=group)
-        # Scores in at least float32 (the promoted type: float64 stays float64).
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)) / math.sqrt(self.d_head)
-        if self.softcap is not None:
-            scores = self.softcap * torch.tanh(scores / self.softcap)
-        if is_causal:
-            t_q, t_k = scores.shape[-2:]
-            mask = additive(torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(), None, dtype)
-        if mask is not None:
-            scores = scores + mask.to(dtype)
-        weights = torch.softmax(scores, dim=-1)  # over keys
-        weights = F.dropout(weights, self.dropout, self.training)
-        return torch.einsum("bhqk,bhkd->bhqd", weights.to(v.dtype), v)
+        return self.out(rearrange(y, "b h t d -> b t (h d)"))
 
 
 ATTENTIONS.register(

@@ -10,8 +10,8 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from zoo.dims import BlockDims
-from zoo.parts.attention import Attention, Backend, KVCache, additive
+from zoo.core.dims import BlockDims
+from zoo.parts.attention import Backend, KVCache, additive, attend
 
 
 class CrossAttention(nn.Module):
@@ -19,19 +19,13 @@ class CrossAttention(nn.Module):
 
     Parameters (a stable API): ``q`` (n_heads*d_head rows), ``kv`` (fused: n_kv_heads*d_head key rows,
     then n_kv_heads*d_head value rows) and ``out``. ``n_kv_heads`` and ``backend`` follow the block's
-    self-attention. With a cache, memory keys and values are computed on the first call and kept in
-    ``cache.cross``, so decoding steps only project their one query.
+    self-attention (validated with it); the kernel is self-attention's :func:`attend`. With a cache,
+    memory keys and values are computed on the first call and kept in ``cache.cross``, so decoding
+    steps only project their one query.
     """
-
-    softcap: float | None = None  # read by the shared math backend; cross-attention never caps
-
-    # The attention backends are shared with self-attention (same attributes: heads, dropout).
-    _sdpa = Attention._sdpa
-    _math = Attention._math
 
     def __init__(self, dims: BlockDims, *, n_kv_heads: int | None = None, backend: Backend = "sdpa") -> None:
         super().__init__()
-        Attention.check(dims, n_kv_heads=n_kv_heads, backend=backend)
         self.n_heads = dims.n_heads
         self.n_kv_heads = dims.n_heads if n_kv_heads is None else n_kv_heads
         self.d_head = dims.d_head
@@ -72,6 +66,6 @@ class CrossAttention(nn.Module):
         mask = None
         if memory_mask is not None:
             mask = additive(rearrange(memory_mask.bool(), "b s -> b 1 1 s"), None, q.dtype)
-        attend = self._sdpa if self.backend == "sdpa" else self._math
-        y = attend(q, k, v, mask, False)
+        dropout = self.dropout if self.training else 0.0
+        y = attend(q, k, v, mask, is_causal=False, backend=self.backend, dropout=dropout)
         return self.out(rearrange(y, "b h t d -> b t (h d)"))

@@ -1,24 +1,20 @@
 """Position-wise feed-forward networks: d_model -> hidden -> d_model.
 
-Every MLP takes the ``match`` options (``block.mlp.match``, ``match_mlp``, ``match_attn``): with
-``match: params`` the builder picks the hidden width so that the block has as many parameters as a
-reference block (see :mod:`zoo.match`) and passes it in as ``dims.d_ff``.
+An MLP builds at hidden width ``dims.d_ff`` (or its own default). Under ``block.mlp.match: params``
+the assembly picks that width so the block has as many parameters as a reference block
+(:mod:`zoo.assembly.match`); the MLP itself never sees the matching options.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.dims import BlockDims, dropout
-from zoo.errors import ConfigError
-from zoo.registry import ATTENTIONS, MLPS
-
-Match = Literal["none", "params"]
+from zoo.core.dims import BlockDims, dropout
+from zoo.core.registry import MLPS
 
 
 def glu_width(d_model: int, multiple_of: int = 8) -> int:
@@ -28,39 +24,19 @@ def glu_width(d_model: int, multiple_of: int = 8) -> int:
 
 
 class MLP(nn.Module):
-    """Base class: hidden width ``dims.d_ff`` (or the MLP's default) and the parameter-matching options.
-
-    match: ``none`` (the width as configured) or ``params`` (the width that gives this block the
-    parameter count of the same block with ``mlp=match_mlp`` at block.d_ff or its default width, and
-    with ``attn=match_attn`` when set: e.g. ``mha`` gives GQA's savings back to the MLP).
-    """
-
-    @classmethod
-    def check(
-        cls, dims: BlockDims, *, match: Match = "none", match_mlp: str = "gelu", match_attn: str | None = None
-    ) -> None:
-        if match_mlp not in MLPS:
-            raise ConfigError("block.mlp.match_mlp", match_mlp, f"a registered MLP: {', '.join(MLPS.names())}")
-        if match_attn is not None and match_attn not in ATTENTIONS:
-            raise ConfigError(
-                "block.mlp.match_attn", match_attn, f"null or a registered attention: {', '.join(ATTENTIONS.names())}"
-            )
+    """Base class: hidden width ``dims.d_ff``, or :meth:`default_width` when that is None."""
 
     @staticmethod
     def default_width(d_model: int) -> int:
         return 4 * d_model
 
-    def __init__(
-        self, dims: BlockDims, *, match: Match = "none", match_mlp: str = "gelu", match_attn: str | None = None
-    ) -> None:
+    def __init__(self, dims: BlockDims) -> None:
         super().__init__()
-        self.check(dims, match=match, match_mlp=match_mlp, match_attn=match_attn)
-        self.match, self.match_mlp, self.match_attn = match, match_mlp, match_attn
         self.hidden = dims.d_ff or self.default_width(dims.d_model)
         self.drop = dropout(dims.dropout)
 
     def extra_repr(self) -> str:
-        return f"hidden={self.hidden}, match={self.match}"
+        return f"hidden={self.hidden}"
 
 
 class PlainMLP(MLP):
@@ -68,10 +44,8 @@ class PlainMLP(MLP):
 
     activation: Callable[[torch.Tensor], torch.Tensor]  # set by each subclass
 
-    def __init__(
-        self, dims: BlockDims, *, match: Match = "none", match_mlp: str = "gelu", match_attn: str | None = None
-    ) -> None:
-        super().__init__(dims, match=match, match_mlp=match_mlp, match_attn=match_attn)
+    def __init__(self, dims: BlockDims) -> None:
+        super().__init__(dims)
         self.up = nn.Linear(dims.d_model, self.hidden, bias=dims.bias)
         self.down = nn.Linear(self.hidden, dims.d_model, bias=dims.bias)
 
@@ -91,10 +65,8 @@ class GatedMLP(MLP):
     def default_width(d_model: int) -> int:
         return glu_width(d_model)
 
-    def __init__(
-        self, dims: BlockDims, *, match: Match = "none", match_mlp: str = "gelu", match_attn: str | None = None
-    ) -> None:
-        super().__init__(dims, match=match, match_mlp=match_mlp, match_attn=match_attn)
+    def __init__(self, dims: BlockDims) -> None:
+        super().__init__(dims)
         self.gate_up = nn.Linear(dims.d_model, 2 * self.hidden, bias=dims.bias)
         self.down = nn.Linear(self.hidden, dims.d_model, bias=dims.bias)
 

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.dims import BlockDims
-from zoo.errors import ConfigError
-from zoo.registry import NORMS
+from zoo.core.dims import BlockDims
+from zoo.core.errors import ConfigError
+from zoo.core.registry import NORMS
 
 
-def check_eps(eps: float) -> None:
-    if not eps > 0:
-        raise ConfigError("block.norm.eps", eps, "must be > 0")
+class HasEps:
+    """A norm whose ``eps`` option must be positive."""
+
+    @classmethod
+    def check(cls, dims: BlockDims, **options: Any) -> None:
+        if not options["eps"] > 0:
+            raise ConfigError("block.norm.eps", options["eps"], "must be > 0")
 
 
 @NORMS.register(
@@ -21,12 +27,8 @@ def check_eps(eps: float) -> None:
     formula="(x - mean(x)) / sqrt(var(x) + eps) * g + b",
     reference="Ba et al. 2016, Layer Normalization, arXiv:1607.06450",
 )
-class LayerNorm(nn.LayerNorm):
+class LayerNorm(HasEps, nn.LayerNorm):
     """LayerNorm: centre and scale each vector, learned gain (and bias when block.bias)."""
-
-    @classmethod
-    def check(cls, dims: BlockDims, *, eps: float = 1e-5) -> None:
-        check_eps(eps)
 
     def __init__(self, dims: BlockDims, *, eps: float = 1e-5) -> None:
         super().__init__(dims.d_model, eps=eps, bias=dims.bias)
@@ -37,12 +39,8 @@ class LayerNorm(nn.LayerNorm):
     formula="x / sqrt(mean(x^2) + eps) * g",
     reference="Zhang & Sennrich 2019, Root Mean Square Layer Normalization, arXiv:1910.07467",
 )
-class RMSNorm(nn.Module):
+class RMSNorm(HasEps, nn.Module):
     """RMSNorm: scale each vector by its root mean square, learned gain, no centring."""
-
-    @classmethod
-    def check(cls, dims: BlockDims, *, eps: float = 1e-6) -> None:
-        check_eps(eps)
 
     def __init__(self, dims: BlockDims, *, eps: float = 1e-6) -> None:
         super().__init__()
@@ -61,15 +59,11 @@ class RMSNorm(nn.Module):
     formula="g * x / max(||x||_2, eps), one scalar gain g (init sqrt(d))",
     reference="Nguyen & Salazar 2019, Transformers without Tears, arXiv:1910.05895",
 )
-class ScaleNorm(nn.Module):
+class ScaleNorm(HasEps, nn.Module):
     """ScaleNorm: project each vector onto a sphere whose radius is one learned scalar.
 
     Parameter: ``scale`` (shape (1,), initialized to sqrt(d_model)).
     """
-
-    @classmethod
-    def check(cls, dims: BlockDims, *, eps: float = 1e-5) -> None:
-        check_eps(eps)
 
     def __init__(self, dims: BlockDims, *, eps: float = 1e-5) -> None:
         super().__init__()

@@ -8,8 +8,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from zoo.dims import BlockDims, dropout
-from zoo.registry import PLACEMENTS
+from zoo.core.dims import BlockDims, dropout
+from zoo.core.registry import PLACEMENTS
 
 Branch = Callable[[torch.Tensor], torch.Tensor]
 

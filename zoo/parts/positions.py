@@ -8,23 +8,23 @@ batch passes them per sample, (batch, T), so each sequence starts at position 0.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from zoo.dims import BlockDims
-from zoo.errors import ConfigError
-from zoo.registry import POSITIONS
+from zoo.core.dims import BlockDims
+from zoo.core.errors import ConfigError
+from zoo.core.registry import POSITIONS
 
 
 class Position(nn.Module):
     """Base class: no rotation, no score bias, no embedding (subclasses override what they use).
 
     ``needs`` maps what a part requires from its surroundings to why; ``"embedding"`` is provided
-    by a model (token embeddings to add positions to), not by a lone block (see zoo.compat).
+    by a model (token embeddings to add positions to), not by a lone block (see zoo.assembly.compat).
     """
 
     needs: ClassVar[dict[str, str]] = {}
@@ -69,7 +69,8 @@ class Rotary(Position):
     """
 
     @classmethod
-    def check(cls, dims: BlockDims, *, base: float = 10000.0, rotary_fraction: float = 1.0) -> None:
+    def check(cls, dims: BlockDims, **options: Any) -> None:
+        base, rotary_fraction = options["base"], options["rotary_fraction"]
         if not 0 < rotary_fraction <= 1:
             raise ConfigError("block.pos.rotary_fraction", rotary_fraction, "must be in (0, 1]")
         rotated = int(dims.d_head * rotary_fraction)
@@ -192,17 +193,16 @@ class LearnedPosition(Position):
     needs = {"embedding": EMBEDDING_NEED}
 
     @classmethod
-    def check(cls, dims: BlockDims) -> None:
+    def check(cls, dims: BlockDims, **options: Any) -> None:
         if dims.max_len is None:
             raise ConfigError("block.max_len", None, "learned positions need a table size: the longest sequence")
 
     def __init__(self, dims: BlockDims) -> None:
         super().__init__()
-        self.check(dims)
         self.max_len, self.d_model = dims.max_len, dims.d_model
 
     def embedding(self) -> nn.Module:
-        assert self.max_len is not None  # check() ran
+        assert self.max_len is not None, "check() requires block.max_len"
         return LearnedEmbedding(self.max_len, self.d_model)
 
 
@@ -242,7 +242,8 @@ class SinusoidalPosition(Position):
     needs = {"embedding": EMBEDDING_NEED}
 
     @classmethod
-    def check(cls, dims: BlockDims, *, base: float = 10000.0) -> None:
+    def check(cls, dims: BlockDims, **options: Any) -> None:
+        base = options["base"]
         if dims.d_model % 2:
             raise ConfigError("block.d_model", dims.d_model, "sinusoidal positions need an even d_model")
         if not base > 1:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
-if TYPE_CHECKING:
-    from zoo.report import Report, Variant
+from zoo.lab.variants import Report, Variant
 
 #: Curves drawn at most: past this, the best ones (the rest stay in the table and final.png).
 MAX_CURVES = 10

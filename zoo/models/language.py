@@ -2,80 +2,23 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from zoo.block import Block
-from zoo.build import BlockSpec, build_block, to_dict
-from zoo.errors import ConfigError
-from zoo.generate import check_generate_args, decode, left_padding_positions
-from zoo.init import seeded_parameters
-from zoo.model_config import block_section, layer_specs, model_options
+from zoo.assembly.build import build_block
+from zoo.assembly.spec import BlockSpec, to_dict
+from zoo.core.errors import ConfigError
+from zoo.models.base import TokenModel, final_norm_for, init_stack, residual_branches
+from zoo.models.config import block_section, layer_specs, model_options
+from zoo.models.generate import check_generate_args, decode, left_padding_positions
 from zoo.parts.attention import KVCache
 
-#: Parameters whose output is added to the residual stream (scaled down at init by depth).
-RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
 
-
-def final_norm_for(spec: BlockSpec) -> nn.Module:
-    """The norm after the last block when its placement needs one (pre), else Identity."""
-    return spec["norm"].build(spec.dims) if spec["placement"].part.cls.final_norm else nn.Identity()
-
-
-def init_stack(module: nn.Module, n_residual_branches: int, seed: int | None = None) -> None:
-    """Normal(0, 0.02) weights, zero biases, norm gains untouched; residual-output projections
-    (``attn.out``, ``cross_attn.out``, ``mlp.down``) get std 0.02 / sqrt(number of residual branches),
-    i.e. 0.02 / sqrt(2 n_layers) for a decoder-only stack (GPT-2), so the stream's variance stays
-    independent of depth.
-
-    Each draw is seeded from (seed, name, shape) (zoo.init; seed: the last torch.manual_seed), so
-    variants built after the same seed share the weights of every parameter they have in common.
-    """
-    for name, p in seeded_parameters(module, seed):
-        if name.endswith("bias"):
-            nn.init.zeros_(p)
-        elif p.ndim >= 2:
-            scaled = name.endswith(RESIDUAL_OUTPUTS)
-            nn.init.normal_(p, std=0.02 / math.sqrt(n_residual_branches) if scaled else 0.02)
-
-
-def residual_branches(blocks: Sequence[Block]) -> int:
-    return sum(3 if block.cross_attn is not None else 2 for block in blocks)
-
-
-def component_of(name: str) -> str:
-    """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention)."""
-    if name.startswith(("embed", "pos_embed", "head")):
-        return "embedding"
-    if ".attn." in name or ".cross_attn." in name:
-        return "attention"
-    if ".mlp." in name:
-        return "mlp"
-    return "norms"
-
-
-class CountsParameters(nn.Module):
-    """Parameter counts by component (shared by the language and encoder-decoder models)."""
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def parameter_counts(self) -> dict[str, int]:
-        """Parameters by component: embedding (and untied head), attention, mlp, norms, total."""
-        counts = {"embedding": 0, "attention": 0, "mlp": 0, "norms": 0}
-        for name, p in self.named_parameters():
-            counts[component_of(name)] += p.numel()
-        counts["total"] = sum(counts.values())
-        return counts
-
-
-class LanguageModel(CountsParameters):
+class LanguageModel(TokenModel):
     """Token ids (batch, time) -> next-token logits (batch, time, vocab).
 
     Parameter names: ``embed``, ``pos_embed`` (``pos=learned`` only), ``blocks.{i}.*``, ``final_norm``
@@ -144,10 +87,6 @@ class LanguageModel(CountsParameters):
         for i, block in enumerate(self.blocks):
             x = block(x, key_mask=key_mask, cache=None if caches is None else caches[i], positions=positions)
         return self.final_norm(x)
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """(..., d_model) -> (..., vocab) through the head (the embedding matrix when tied)."""
-        return F.linear(h, self.embed.weight if self.head is None else self.head.weight)
 
     def new_caches(self, max_len: int | None = None) -> list[KVCache]:
         """One empty KVCache per block; ``max_len`` (prompt + new tokens) preallocates them."""
@@ -221,15 +160,8 @@ class LanguageModel(CountsParameters):
         return decode(next_logits, prompt_ids, max_new_tokens, temperature, top_k, generator)
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs (forward + backward) per token at context ``seq_len``.
-
-        6 x the non-embedding parameters (each weight: one multiply-add forward, two backward),
-        plus attention scores and weighted values: 6 x n_layers x seq_len x d_model
-        (Kaplan et al. 2020, without halving for the causal mask).
-        """
-        counts = self.parameter_counts()
-        dense = counts["total"] - counts["embedding"] + self.embed.weight.numel()  # the LM head matmul counts
-        return 6 * dense + 6 * len(self.blocks) * seq_len * self.embed.embedding_dim
+        """Training FLOPs per token at context ``seq_len`` (:meth:`TokenModel.training_flops`)."""
+        return self.training_flops(seq_len, attention_layers=len(self.blocks))
 
 
 def build_model(cfg: Mapping[str, Any] | DictConfig) -> LanguageModel:
@@ -246,4 +178,4 @@ def build_model(cfg: Mapping[str, Any] | DictConfig) -> LanguageModel:
     return LanguageModel(specs, options["vocab_size"], tie_embeddings=options["tie_embeddings"])
 
 
-__all__ = ["Block", "LanguageModel", "build_model"]
+__all__ = ["LanguageModel", "build_model"]

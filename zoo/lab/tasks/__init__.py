@@ -4,7 +4,7 @@
 recall); any task can be evaluated at multiples of its trained length (``task.eval_lengths``).
 """
 
-from zoo.tasks import mqar, text  # noqa: F401  (registers the built-in tasks)
-from zoo.tasks.base import IGNORE, TASKS, Batch, Task, build_task, register_task
+from zoo.lab.tasks import mqar, text  # noqa: F401  (registers the built-in tasks)
+from zoo.lab.tasks.base import IGNORE, TASKS, Batch, Task, build_task, register_task
 
 __all__ = ["IGNORE", "TASKS", "Batch", "Task", "build_task", "register_task"]

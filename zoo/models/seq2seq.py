@@ -11,15 +11,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from zoo.build import BlockSpec, build_block, resolve_block, to_dict
-from zoo.errors import ConfigError
-from zoo.generate import check_generate_args, decode
-from zoo.model import CountsParameters, final_norm_for, init_stack, residual_branches
-from zoo.model_config import (
+from zoo.assembly.build import build_block
+from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
+from zoo.core.errors import ConfigError
+from zoo.models.base import TokenModel, final_norm_for, init_stack, residual_branches
+from zoo.models.config import (
     ENCODER_DEFAULTS,
     block_section,
     layer_specs,
@@ -28,6 +27,7 @@ from zoo.model_config import (
     positive_int,
     section,
 )
+from zoo.models.generate import check_generate_args, decode
 from zoo.parts.attention import KVCache
 
 
@@ -57,13 +57,13 @@ class Stack(nn.Module):
         return self.final_norm(x)
 
 
-class Seq2SeqModel(CountsParameters):
+class Seq2SeqModel(TokenModel):
     """Source ids (b, s) and target ids (b, t) -> next-token logits (b, t, vocab).
 
     Parameter names: ``embed`` (shared by source and target), ``encoder.blocks.{i}``,
     ``encoder.final_norm``, ``decoder.blocks.{i}`` (with ``cross_attn``), ``decoder.final_norm``,
     ``head`` (absent when tied to the embedding). Each stack is initialized by
-    :func:`zoo.model.init_stack` with its own depth.
+    :func:`zoo.models.base.init_stack` with its own depth.
     """
 
     def __init__(
@@ -89,7 +89,7 @@ class Seq2SeqModel(CountsParameters):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, 0.02) embedding and head; each stack as :func:`zoo.model.init_stack` says."""
+        """Normal(0, 0.02) embedding and head; each stack as :func:`zoo.models.base.init_stack` says."""
         nn.init.normal_(self.embed.weight, std=0.02)
         if self.head is not None:
             nn.init.normal_(self.head.weight, std=0.02)
@@ -116,9 +116,6 @@ class Seq2SeqModel(CountsParameters):
         """
         h = self.decoder(self.embed(tgt_ids), key_mask=key_mask, caches=caches, memory=memory, memory_mask=memory_mask)
         return self.logits(h)
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.embed.weight if self.head is None else self.head.weight)
 
     def forward(
         self,
@@ -172,13 +169,9 @@ class Seq2SeqModel(CountsParameters):
         return decode(next_logits, src_ids, max_new_tokens, temperature, top_k, generator)
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per target token, source and target both ``seq_len`` long: 6 x the
-        non-embedding parameters (plus the head) plus attention: 6 x seq_len x d_model per encoder
-        layer and twice that per decoder layer (self and cross)."""
-        counts = self.parameter_counts()
-        dense = counts["total"] - counts["embedding"] + self.embed.weight.numel()
-        layers = len(self.encoder.blocks) + 2 * len(self.decoder.blocks)
-        return 6 * dense + 6 * layers * seq_len * self.embed.embedding_dim
+        """Training FLOPs per target token, source and target both ``seq_len`` long
+        (:meth:`TokenModel.training_flops`): an encoder layer attends once, a decoder layer twice."""
+        return self.training_flops(seq_len, attention_layers=len(self.encoder.blocks) + 2 * len(self.decoder.blocks))
 
 
 def build_seq2seq(cfg: Mapping[str, Any] | DictConfig) -> Seq2SeqModel:

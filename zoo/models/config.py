@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from zoo.build import BlockSpec, resolve_block, to_dict
-from zoo.errors import ConfigError
-from zoo.registry import AXES
+from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
+from zoo.core.errors import ConfigError
+from zoo.core.registry import AXES
 
 #: ``model`` keys and their defaults.
 MODEL_DEFAULTS: dict[str, Any] = {"vocab_size": 256, "n_layers": 2, "tie_embeddings": True, "layers": {}}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -11,8 +10,10 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from zoo.build import check_type, part_options, to_dict
-from zoo.errors import ConfigError
+from zoo.assembly.spec import to_dict
+from zoo.core.errors import ConfigError
+from zoo.core.options import resolve_options
+from zoo.core.registry import Registry
 
 #: Target value for positions that are not scored (``F.cross_entropy``'s default ignore_index).
 IGNORE = -100
@@ -85,18 +86,17 @@ def metric_name(base: str, factor: int) -> str:
 
 
 TaskT = TypeVar("TaskT", bound=type[Task])
-TASKS: dict[str, type[Task]] = {}
+
+#: Tasks by name: the same registry (and option checking) as the block's parts.
+TASKS = Registry("task", where="task.name")
 
 
-def register_task(name: str) -> Callable[[TaskT], TaskT]:
+def register_task(name: str, **registration: Any) -> Callable[[TaskT], TaskT]:
     """Class decorator: make a Task subclass available as ``task.name=<name>``."""
 
     def decorator(cls: TaskT) -> TaskT:
-        if name in TASKS:
-            raise ValueError(f"task {name!r} is already registered (by {TASKS[name].__qualname__})")
         cls.name = name
-        TASKS[name] = cls
-        return cls
+        return TASKS.register(name, **registration)(cls)
 
     return decorator
 
@@ -104,22 +104,11 @@ def register_task(name: str) -> Callable[[TaskT], TaskT]:
 def build_task(cfg: Mapping[str, Any] | Any) -> Task:
     """A task from the ``task`` config section; bad names, keys and types raise ConfigError."""
     raw = to_dict(cfg) if cfg is not None else {}
-    name = raw.pop("name", None)
-    if name not in TASKS:
-        close = difflib.get_close_matches(str(name), TASKS, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError("task.name", name, f"unknown task; {hint}registered: {', '.join(TASKS)}")
-    cls = TASKS[name]
-    params = part_options(cls)
-    options: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in params:
-            raise ConfigError(f"task.{key}", value, f"not an option of task {name!r}; options: {', '.join(params)}")
-        if key == "eval_lengths":
-            options[key] = check_lengths(value)
-        else:
-            options[key] = check_type(f"task.{key}", value, params[key])
-    return cls(**options)
+    part = TASKS.get(raw.pop("name", None))
+    options = resolve_options(part, raw, "task")
+    if "eval_lengths" in options:
+        options["eval_lengths"] = check_lengths(options["eval_lengths"])
+    return part.cls(**options)
 
 
 def check_lengths(value: Any) -> tuple[int, ...]:

@@ -22,11 +22,11 @@ from einops import rearrange
 from torch import nn
 from tqdm import tqdm
 
-from zoo.build import check_type
-from zoo.errors import ConfigError
-from zoo.model import LanguageModel
-from zoo.tasks import IGNORE, Batch, Task
-from zoo.tasks.base import metric_name
+from zoo.core.errors import ConfigError
+from zoo.core.options import check_type
+from zoo.lab.tasks import IGNORE, Batch, Task
+from zoo.lab.tasks.base import metric_name
+from zoo.models.language import LanguageModel
 
 #: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form).
 RUN_KEYS = {"block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep"}

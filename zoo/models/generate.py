@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from zoo.errors import ConfigError
+from zoo.core.errors import ConfigError
 
 #: next_logits(token, step): logits (batch, vocab) for the next position; token is None at step 0.
 NextLogits = Callable[[torch.Tensor | None, int], torch.Tensor]

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from einops import rearrange
 
-from zoo.errors import ConfigError
-from zoo.tasks.base import Batch, Task, positive, register_task
+from zoo.core.errors import ConfigError
+from zoo.lab.tasks.base import Batch, Task, positive, register_task
 
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from importlib.resources import files
 from pathlib import Path
 
-from zoo.config import CONF_DIR
-
-#: Versioned sweep files: ``sweeps/<name>.yaml`` beside ``conf/``.
-SWEEPS_DIR = CONF_DIR.parent / "sweeps"
+#: Versioned sweep files: ``sweeps/<name>.yaml`` (``zoo/sweeps`` when installed), the ``sweeps`` group.
+SWEEPS_DIR = Path(str(files("zoo.sweeps")))
 
 
 def sweep_names() -> list[str]:
@@ -52,7 +51,7 @@ def sweep_main(argv: Sequence[str] | None = None) -> None:
         close = difflib.get_close_matches(name, names, n=1)
         hint = f" did you mean {close[0]!r}?" if close else ""
         sys.exit(f"zoo-sweep: no sweep {name!r} in {SWEEPS_DIR}.{hint} sweeps: {', '.join(names)}")
-    from zoo.train import main
+    from zoo.lab.train import main
 
     sys.argv = [str(Path(sys.argv[0]).with_name("zoo-train")), *sweep_argv(name, overrides)]
     main()

@@ -9,12 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import yaml
+from hydra.errors import HydraException
 
-from zoo.build import option_defaults
-from zoo.compat import CONTEXTS, check_combination
-from zoo.errors import ConfigError
-from zoo.match import param_report
-from zoo.registry import AXES
+from zoo.assembly.build import param_report
+from zoo.assembly.compat import CONTEXTS, check_combination
+from zoo.assembly.compose import compose
+from zoo.assembly.spec import every_option
+from zoo.core.errors import ConfigError
+from zoo.core.registry import AXES
 
 EPILOG = """examples:
   zoo-parts --check pos=learned block.max_len=512        # valid in a model? (exit 1 and the reason if not)
@@ -62,7 +64,7 @@ def print_parts() -> None:
         print(f"{axis}:")
         width = max(len(name) for name in registry.names())
         for part in registry.parts():
-            options = ", ".join(f"{k}={v}" for k, v in option_defaults(part).items())
+            options = ", ".join(f"{k}={v}" for k, v in every_option(part).items())
             needs = ", ".join(getattr(part.cls, "needs", {}))
             print(
                 f"  {part.name:<{width}}  {part.summary}"
@@ -73,9 +75,6 @@ def print_parts() -> None:
 
 def print_check(overrides: Sequence[str], context: str) -> int:
     """Print whether the composed overrides are valid (with the block's size) or why not; 0 if valid."""
-    from hydra.errors import HydraException
-
-    from zoo.config import compose
 
     try:
         cfg = compose(overrides)
@@ -154,7 +153,7 @@ def parts_markdown() -> str:
             "|---|---|---|---|---|",
         ]
         for part in registry.parts():
-            options = ", ".join(f"`{k}={v}`" for k, v in option_defaults(part).items()) or "-"
+            options = ", ".join(f"`{k}={v}`" for k, v in every_option(part).items()) or "-"
             lines.append(f"| `{part.name}` | {part.summary} | `{part.formula}` | {options} | {part.reference} |")
     lines += [
         "",

@@ -14,14 +14,13 @@ Surroundings are a *context*: a lone ``block`` provides nothing; a ``model`` pro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from omegaconf import DictConfig
 
-from zoo.errors import ConfigError
-
-if TYPE_CHECKING:
-    from zoo.build import BlockSpec
+from zoo.assembly.match import mlp_dims
+from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
+from zoo.core.errors import ConfigError
 
 Context = Literal["block", "model"]
 
@@ -51,9 +50,6 @@ def check_combination(cfg: Mapping[str, Any] | DictConfig, context: Context | No
     (checked as a lone ``block``); ``context`` overrides that choice. Runs no tensor work beyond
     counting parameters on the meta device when ``block.mlp.match`` is ``params``.
     """
-    from zoo.build import resolve_block, to_dict
-    from zoo.match import mlp_dims
-
     try:
         raw = to_dict(cfg)
         full = "block" in raw

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from einops import rearrange
 
-from zoo.errors import ConfigError
-from zoo.tasks.base import IGNORE, Batch, Task, positive, register_task
+from zoo.core.errors import ConfigError
+from zoo.lab.tasks.base import IGNORE, Batch, Task, positive, register_task
 
 #: Validation sequences are drawn from this seed: every run is scored on the same set.
 VAL_SEED = 1234

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from zoo.errors import ConfigError
+from zoo.core.errors import ConfigError
 
 T = TypeVar("T", bound=type)
 
@@ -36,8 +36,9 @@ class Registry:
     ... class RMSNorm: ...
     """
 
-    def __init__(self, axis: str) -> None:
+    def __init__(self, axis: str, where: str | None = None) -> None:
         self.axis = axis
+        self.where = where or f"block.{axis}.name"  # the config key that names a part, for errors
         self._parts: dict[str, Part] = {}
 
     def register(
@@ -88,9 +89,7 @@ class Registry:
         if name not in self._parts:
             close = difflib.get_close_matches(str(name), self._parts, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(
-                f"block.{self.axis}.name", name, f"unknown {self.axis}; {hint}registered: {', '.join(self.names())}"
-            )
+            raise ConfigError(self.where, name, f"unknown {self.axis}; {hint}registered: {', '.join(self.names())}")
         return self._parts[name]
 
     def names(self) -> list[str]:

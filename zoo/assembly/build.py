@@ -1,0 +1,61 @@
+"""The one place where config names become modules: a validated :class:`BlockSpec` (or a config,
+validated on the way) becomes a :class:`~zoo.assembly.block.Block`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from zoo.assembly.block import Block
+from zoo.assembly.compat import Context, unmet_need
+from zoo.assembly.match import attention_difference, count, mlp_dims, reference_mlp_params
+from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
+from zoo.parts.cross_attention import CrossAttention
+
+
+def build_block(cfg: Mapping[str, Any] | DictConfig | BlockSpec, *, context: Context = "block") -> Block:
+    """Build a block from a config (``cfg.block`` as composed, or a plain dict with its keys).
+
+    ``context``: where the block lives (``block``: alone; ``model``: in a model, which provides
+    the token embedding that absolute positions need). A part whose needs the context does not
+    meet raises ConfigError (zoo.assembly.compat).
+    """
+    spec = cfg if isinstance(cfg, BlockSpec) else resolve_block(cfg)
+    error = unmet_need(spec, context)
+    if error is not None:
+        raise error
+    dims = spec.dims
+    position = spec["pos"].build(dims)
+    attn = spec["attn"].build(dims, position)
+    mlp = spec["mlp"].build(mlp_dims(spec))  # the matched width under block.mlp.match=params
+    cross = None
+    if dims.cross_attention:  # same key/value heads and backend as the self-attention
+        options = spec["attn"].options
+        cross = CrossAttention(dims, n_kv_heads=options.get("n_kv_heads"), backend=options.get("backend", "sdpa"))
+    n_branches = 3 if cross is not None else 2
+    placement = spec["placement"].build(dims, lambda: spec["norm"].build(dims), n_branches)
+    return Block(placement, attn, mlp, dims.d_model, cross_attn=cross)
+
+
+def param_report(cfg: Mapping[str, Any] | DictConfig | BlockSpec) -> dict[str, int | None]:
+    """What a sweep report shows about a block config (or a full config's ``block``).
+
+    ``d_ff``: the MLP width it builds with; ``block_params``: the block's parameter count (positions a
+    model owns, such as a learned table, are not in it); ``reference_params``: the count it was
+    matched to (None unless ``match: params``).
+    """
+    spec = cfg
+    if not isinstance(spec, BlockSpec):
+        raw = to_dict(spec)
+        spec = resolve_block(raw["block"] if "block" in raw else raw)
+    with torch.device("meta"):
+        block = build_block(spec, context="model")
+    params = count(block)
+    reference = None
+    if spec.match.match == "params":
+        reference = params - count(block.mlp) + reference_mlp_params(spec) + attention_difference(spec)
+    return {"d_ff": getattr(block.mlp, "hidden", None), "block_params": params, "reference_params": reference}

@@ -1,0 +1,294 @@
+"""``zoo-train``: train one configuration (``-m``: a sweep of them) and record the run.
+
+    zoo-train norm=rmsnorm attn=gqa task=bytes train.steps=500
+    zoo-train -m norm=layernorm,rmsnorm attn=mha,gqa,mqa seed=0,1,2
+    torchrun --nproc_per_node=2 -m zoo.lab.train train.steps=200      # DDP; rank 0 writes
+
+Each run folder gets ``metrics.jsonl`` and ``summary.json`` (status ``ok``, ``diverged`` or
+``failed``). A failed run is recorded and never stops a sweep; a run whose summary already says
+``ok`` for the same config is skipped, so re-running a sweep into its folder resumes it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import importlib.metadata
+import logging
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from zoo.assembly.compose import CONF_DIR
+from zoo.assembly.spec import resolve_block
+from zoo.core.errors import ConfigError
+from zoo.core.registry import AXES
+from zoo.lab.records import METRICS, SUMMARY, MetricsLog, config_hash, read_summary, write_json_atomic
+from zoo.lab.tasks import build_task
+from zoo.lab.trainer import Trainer, check_run_config
+from zoo.models.language import build_model
+
+log = logging.getLogger("zoo.lab.train")
+
+
+def run_dirname(overrides: str, limit: int = 200) -> str:
+    """A run folder's name from its overrides (``attn=gqa,norm=rmsnorm,seed=0``): path-safe, and
+    shortened with a hash when long. Stable: the same overrides give the same folder (resume)."""
+    name = re.sub(r"[^A-Za-z0-9=,._+@-]", "_", overrides) or "default"
+    if len(name) > limit:
+        name = f"{name[: limit - 17]}-{hashlib.sha1(overrides.encode()).hexdigest()[:16]}"
+    return name
+
+
+OmegaConf.register_new_resolver("zoo_dirname", run_dirname, replace=True)
+
+
+def dist_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) without it."""
+    env = os.environ
+    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
+
+
+def default_threads(parallel_jobs: int = 1) -> int:
+    """Cores this process may use, shared among the jobs running beside it on this machine."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return max(1, cores // max(1, local * parallel_jobs))
+
+
+def versions() -> dict[str, str]:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "zoo": package_version(),
+        "hydra": hydra.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("zoo")
+    except importlib.metadata.PackageNotFoundError:  # imported from a source tree that is not installed
+        return "unknown"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run(
+    cfg: DictConfig | dict[str, Any],
+    out_dir: Path | None,
+    *,
+    overrides: Sequence[str] = (),
+    choices: dict[str, Any] | None = None,
+    parallel_jobs: int = 1,
+    resume: bool = True,
+    multirun: bool = False,
+) -> dict[str, Any]:
+    """Train one configuration; rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``out_dir``.
+
+    Never raises for a bad config or a failing run: the summary says ``failed`` with the error.
+    With ``resume``, a folder whose summary already says ``ok`` for the same config is left as it is.
+    Returns the summary.
+    """
+    rank, world, _ = dist_env()
+    writes = rank == 0 and out_dir is not None
+    started = time.perf_counter()
+    summary: dict[str, Any] = {
+        "status": "running",
+        "error": None,
+        "run_dir": str(out_dir) if out_dir is not None else None,
+        "choices": dict(choices or {}),
+        "overrides": list(overrides),
+        "started": now(),
+        "versions": versions(),
+    }
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+        assert isinstance(raw, dict)
+        summary.update(config=raw, config_hash=config_hash(raw))
+        if writes and resume and world == 1:
+            prior = read_summary(out_dir)  # type: ignore[arg-type]
+            if prior and prior.get("status") == "ok" and prior.get("config_hash") == summary["config_hash"]:
+                log.info("skip %s: already ok (%s)", shown(out_dir), metric_text(prior))
+                return prior
+        train(raw, summary, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun)
+    except ConfigError as error:
+        summary.update(status="failed", error=f"ConfigError: {error}")
+    except Exception as error:
+        summary.update(status="failed", error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
+    summary["wall_time_s"] = time.perf_counter() - started
+    summary["finished"] = now()
+    if writes:
+        write_json_atomic(out_dir / SUMMARY, summary)  # type: ignore[operator]
+    if rank == 0:
+        if summary["status"] == "failed":
+            where = " (traceback in summary.json)" if "traceback" in summary and writes else ""
+            log.error("%s failed: %s%s", shown(out_dir), summary["error"], where)
+        else:
+            log.info("%s %s: %s", shown(out_dir), summary["status"], metric_text(summary))
+    return summary
+
+
+def train(
+    raw: dict[str, Any], summary: dict[str, Any], out_dir: Path | None, *, parallel_jobs: int, multirun: bool
+) -> None:
+    """Validate, build and train, filling ``summary`` in; ``out_dir`` None writes nothing (other ranks)."""
+    rank, world, local_rank = dist_env()
+    train_cfg, device = check_run_config(raw)
+    resolve_block(raw.get("block") or {})  # fail on the block before reading data
+    if world > 1 and multirun:
+        raise ConfigError("hydra.mode", "MULTIRUN", "torchrun trains one configuration; launch sweeps without it")
+    threads = raw.get("threads") or default_threads(parallel_jobs)
+    torch.set_num_threads(threads)
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", local_rank)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    task = build_task(raw.get("task"))
+    vocab = (raw.get("model") or {}).get("vocab_size", 256)
+    if task.vocab_size > vocab:
+        raise ConfigError("model.vocab_size", vocab, f"at least task {task.name!r}'s vocabulary ({task.vocab_size})")
+    seed = raw.get("seed", 0)
+    torch.manual_seed(seed)  # the same initial model on every rank
+    model = build_model(raw)
+    torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
+    summary.update(
+        parameters=model.parameter_counts(),
+        flops_per_token=model.flops_per_token(task.seq_len),
+        data=task.info(),
+        device=str(device),
+        threads=threads,
+        world_size=world,
+        metric={"name": task.metric, "mode": task.mode(), "value": None},
+    )
+    if out_dir is not None:
+        write_json_atomic(out_dir / SUMMARY, summary)  # status "running": a killed run is re-run on resume
+    if rank == 0:
+        choices = ", ".join(f"{k}={v}" for k, v in summary["choices"].items() if v is not None)
+        data = summary["data"].get("sha256", "generated")[:12]
+        total = summary["parameters"]["total"]
+        log.info(
+            "%s: %s parameters, %s, data %s (%s)", shown(out_dir), f"{total:,}", choices or "defaults", task.name, data
+        )
+    metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None)
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        trainer = Trainer(
+            model,
+            task,
+            train_cfg,
+            device=device,
+            data_seed=seed * 65_537 + rank,
+            log=metrics.write,
+            progress=raw.get("progress"),
+            rank=rank,
+            world=world,
+        )
+        outcome = trainer.fit()
+        summary.update(outcome.as_dict())
+        if world > 1:
+            summary["ranks_in_sync"] = ranks_in_sync(model)
+    finally:
+        metrics.close()
+        if world > 1:
+            dist.destroy_process_group()
+    summary.update(trainer.peak_memory())
+    summary["metric"]["value"] = outcome.final.get(task.metric) if outcome.status == "ok" else None
+    if trainer.eval_errors:
+        summary["eval_errors"] = trainer.eval_errors
+
+
+def ranks_in_sync(model: torch.nn.Module) -> bool:
+    """Whether every DDP rank ends with the same parameters (same init, averaged gradients)."""
+    flat = torch.cat([p.detach().double().flatten() for p in model.parameters()])
+    weights = torch.linspace(1, 2, len(flat), dtype=torch.float64, device=flat.device)
+    mine = torch.stack([flat.sum(), (flat * weights).sum()])
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return all(torch.equal(every[0], other) for other in every[1:])
+
+
+def shown(path: Path | None) -> str:
+    """``path`` relative to the working directory when inside it (shorter log lines)."""
+    if path is None:
+        return "run"
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def metric_text(summary: dict[str, Any]) -> str:
+    """``val_bpb=2.3120, 41,000 tokens/s, 25.1 s`` (or the divergence reason)."""
+    if summary.get("status") == "diverged":
+        return summary.get("reason") or "diverged"
+    metric = summary.get("metric") or {}
+    value = metric.get("value")
+    shown = f"{metric.get('name')}={value:.4f}" if isinstance(value, float) else f"{metric.get('name')}=n/a"
+    rate = summary.get("tokens_per_s") or 0
+    return f"{shown}, {rate:,.0f} tokens/s, {summary.get('wall_time_s', 0):.1f} s"
+
+
+def hydra_job(cfg: DictConfig) -> str:
+    """The Hydra task function: one run in Hydra's output folder. Returns the run's status."""
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    order = [*AXES, "preset", "task"]
+    choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra/")}
+    choices = dict(sorted(choices.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    launcher = OmegaConf.select(hc, "launcher._target_", default="") or ""
+    parallel = 1  # jobs sharing this machine's cores, for threads=null
+    if "joblib" in launcher:
+        n_jobs = OmegaConf.select(hc, "launcher.n_jobs", default=1) or 1
+        parallel = (os.cpu_count() or 1) if n_jobs < 0 else n_jobs
+    elif "LocalLauncher" in launcher:  # submitit_local starts every job at once
+        parallel = os.cpu_count() or 1
+    summary = run(
+        cfg,
+        Path(hc.runtime.output_dir),
+        overrides=list(hc.overrides.task),
+        choices=choices,
+        parallel_jobs=parallel,
+        multirun=multirun,
+    )
+    if summary["status"] == "failed" and not multirun:
+        raise SystemExit(1)  # a single run: fail the command (a sweep carries on)
+    return str(summary["status"])
+
+
+_hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(hydra_job)
+
+
+def main() -> None:
+    """Console entry point. Under torchrun, ranks other than 0 write nothing (no run folder, no log file)."""
+    rank = dist_env()[0]
+    if rank > 0:
+        sys.argv += [
+            f"hydra.run.dir={tempfile.gettempdir()}",
+            "hydra.output_subdir=null",
+            "hydra/job_logging=stdout",
+            "hydra.job_logging.root.level=WARNING",
+        ]
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

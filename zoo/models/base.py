@@ -1,0 +1,89 @@
+"""What every model shares: the stack's initialization, the final norm, parameter counts, the LM head
+and FLOPs per token."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.assembly.block import Block
+from zoo.assembly.init import seeded_parameters
+from zoo.assembly.spec import BlockSpec
+
+#: Parameters whose output is added to the residual stream (scaled down at init by depth).
+RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
+
+
+def final_norm_for(spec: BlockSpec) -> nn.Module:
+    """The norm after the last block when its placement needs one (pre), else Identity."""
+    return spec["norm"].build(spec.dims) if spec["placement"].part.cls.final_norm else nn.Identity()
+
+
+def init_stack(module: nn.Module, n_residual_branches: int, seed: int | None = None) -> None:
+    """Normal(0, 0.02) weights, zero biases, norm gains untouched; residual-output projections
+    (``attn.out``, ``cross_attn.out``, ``mlp.down``) get std 0.02 / sqrt(number of residual branches),
+    i.e. 0.02 / sqrt(2 n_layers) for a decoder-only stack (GPT-2), so the stream's variance stays
+    independent of depth.
+
+    Each draw is seeded from (seed, name, shape) (zoo.assembly.init; seed: the last torch.manual_seed), so
+    variants built after the same seed share the weights of every parameter they have in common.
+    """
+    for name, p in seeded_parameters(module, seed):
+        if name.endswith("bias"):
+            nn.init.zeros_(p)
+        elif p.ndim >= 2:
+            scaled = name.endswith(RESIDUAL_OUTPUTS)
+            nn.init.normal_(p, std=0.02 / math.sqrt(n_residual_branches) if scaled else 0.02)
+
+
+def residual_branches(blocks: Sequence[Block]) -> int:
+    return sum(3 if block.cross_attn is not None else 2 for block in blocks)
+
+
+def component_of(name: str) -> str:
+    """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention)."""
+    if name.startswith(("embed", "pos_embed", "head")):
+        return "embedding"
+    if ".attn." in name or ".cross_attn." in name:
+        return "attention"
+    if ".mlp." in name:
+        return "mlp"
+    return "norms"
+
+
+class TokenModel(nn.Module):
+    """What the language and encoder-decoder models share: parameter counts by component, the LM
+    head (``head``, or the embedding matrix ``embed`` when tied) and training FLOPs per token."""
+
+    embed: nn.Embedding
+    head: nn.Linear | None
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters by component: embedding (and untied head), attention, mlp, norms, total."""
+        counts = {"embedding": 0, "attention": 0, "mlp": 0, "norms": 0}
+        for name, p in self.named_parameters():
+            counts[component_of(name)] += p.numel()
+        counts["total"] = sum(counts.values())
+        return counts
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., d_model) -> (..., vocab) through the head (the embedding matrix when tied)."""
+        return F.linear(h, self.embed.weight if self.head is None else self.head.weight)
+
+    def training_flops(self, seq_len: int, attention_layers: int) -> int:
+        """Training FLOPs (forward + backward) per token at context ``seq_len``.
+
+        6 x the non-embedding parameters (each weight: one multiply-add forward, two backward), the LM
+        head's matmul included even when tied, plus attention scores and weighted values:
+        6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask).
+        """
+        counts = self.parameter_counts()
+        dense = counts["total"] - counts["embedding"] + self.embed.weight.numel()  # the LM head matmul counts
+        return 6 * dense + 6 * attention_layers * seq_len * self.embed.embedding_dim
