@@ -20,6 +20,8 @@ import torch
 from timing import time_interleaved
 
 import zoo
+from zoo.parts.attention import split_qkv
+from zoo.parts.mlps import split_gate_up
 
 
 def row(name: str, value: str, target: str = "") -> None:
@@ -47,7 +49,7 @@ def hf_llama(model: zoo.LanguageModel, args: argparse.Namespace) -> torch.nn.Mod
     from transformers import LlamaConfig, LlamaForCausalLM
 
     first = model.blocks[0]
-    d_head, kv_heads = first.attn.d_head, first.attn.n_kv_heads
+    kv_heads = first.attn.n_kv_heads
     config = LlamaConfig(
         vocab_size=args.vocab,
         hidden_size=args.d_model,
@@ -67,8 +69,8 @@ def hf_llama(model: zoo.LanguageModel, args: argparse.Namespace) -> torch.nn.Mod
     weights = {"model.embed_tokens.weight": model.embed.weight, "lm_head.weight": model.head.weight}
     weights["model.norm.weight"] = model.final_norm.weight
     for i, block in enumerate(model.blocks):
-        q, k, v = block.attn.qkv.weight.split([args.n_heads * d_head, kv_heads * d_head, kv_heads * d_head])
-        gate, up = block.mlp.gate_up.weight.chunk(2)
+        q, k, v = split_qkv(block.attn.qkv.weight, args.n_heads, kv_heads)
+        gate, up = split_gate_up(block.mlp.gate_up.weight)
         prefix = f"model.layers.{i}."
         weights |= {prefix + "self_attn.q_proj.weight": q, prefix + "self_attn.k_proj.weight": k}
         weights |= {prefix + "self_attn.v_proj.weight": v, prefix + "self_attn.o_proj.weight": block.attn.out.weight}

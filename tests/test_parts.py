@@ -33,8 +33,9 @@ def reference_attention(attn, x, bias=None, window=None, softcap=None):
     """softmax(cap(q k^T / sqrt(d)) + bias + mask) v, per head, from the attention's weights (MHA)."""
     b, t, d = x.shape
     d_head = d // H
-    q, k, v = (x @ attn.qkv.weight.T + attn.qkv.bias).split(d, dim=-1)
-    q, k, v = (z.view(b, t, H, d_head).transpose(1, 2) for z in (q, k, v))  # (b, h, t, d_head)
+    # MHA's fused rows, head by head: [q_0 k_0 v_0 q_1 k_1 v_1 ...], d_head rows each.
+    heads = (x @ attn.qkv.weight.T + attn.qkv.bias).view(b, t, H, 3, d_head)
+    q, k, v = (heads[:, :, :, i].transpose(1, 2) for i in range(3))  # (b, h, t, d_head)
     scores = q @ k.transpose(-1, -2) / math.sqrt(d_head)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
@@ -93,9 +94,10 @@ def test_new_mlps_follow_their_formula(name, act, gated):
     x = torch.randn(2, 5, D, dtype=torch.float64)
     if gated:
         hidden = mlp.down.in_features
-        w, b = mlp.gate_up.weight, mlp.gate_up.bias
-        gate = x @ w[:hidden].T + b[:hidden]
-        up = x @ w[hidden:].T + b[hidden:]
+        w, b = mlp.gate_up.weight, mlp.gate_up.bias  # rows interleaved: gate 0, up 0, gate 1, up 1, ...
+        gate = x @ w[0::2].T + b[0::2]
+        up = x @ w[1::2].T + b[1::2]
+        assert gate.shape[-1] == hidden
         expected = (act(gate) * up) @ mlp.down.weight.T + mlp.down.bias
     else:
         expected = F.relu(x @ mlp.up.weight.T + mlp.up.bias) ** 2 @ mlp.down.weight.T + mlp.down.bias
@@ -147,9 +149,9 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
     normed.load_state_dict(plain.state_dict(), strict=False)
     x = torch.randn(2, 6, D, dtype=torch.float64)
     before = (plain.attn(x), normed.attn(x))
-    with torch.no_grad():  # scale the query and key rows (q: 16 rows, k: 2 heads x 4 rows)
+    with torch.no_grad():  # scale the query and key rows: per kv group, 2 query heads then a key head (4 rows each)
         for model in (plain, normed):
-            model.attn.qkv.weight[: D + 8] *= 7.0
+            model.attn.qkv.weight.view(2, 4, D // H, D)[:, :3] *= 7.0
     assert not torch.allclose(plain.attn(x), before[0])
     torch.testing.assert_close(normed.attn(x), before[1], rtol=0, atol=1e-4)  # up to the norm eps
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from combos import TINY
 
 from zoo import build_block, compose
+from zoo.parts.attention import fuse_qkv
 
 D, H = TINY["d_model"], TINY["n_heads"]
 
@@ -28,13 +29,12 @@ def reference_block(x: torch.Tensor, w: dict[str, torch.Tensor], n_heads: int, n
         return (h - mean) / torch.sqrt(var + 1e-5) * w[f"placement.norms.{i}.weight"] + w[f"placement.norms.{i}.bias"]
 
     h = layer_norm(x, 0)
-    qkv = h @ w["attn.qkv.weight"].T + w["attn.qkv.bias"]
-    q = qkv[..., :width]
-    k = qkv[..., width : width + n_kv_heads * d_head]
-    v = qkv[..., width + n_kv_heads * d_head :]
-    q = q.view(batch, time, n_heads, d_head).transpose(1, 2)  # (b, h, t, d)
-    k = k.view(batch, time, n_kv_heads, d_head).transpose(1, 2).repeat_interleave(n_heads // n_kv_heads, dim=1)
-    v = v.view(batch, time, n_kv_heads, d_head).transpose(1, 2).repeat_interleave(n_heads // n_kv_heads, dim=1)
+    # Fused rows per key/value group: its n_heads / n_kv_heads query heads, its key head, its value head.
+    group = n_heads // n_kv_heads
+    qkv = (h @ w["attn.qkv.weight"].T + w["attn.qkv.bias"]).view(batch, time, n_kv_heads, group + 2, d_head)
+    q = qkv[:, :, :, :group].reshape(batch, time, n_heads, d_head).transpose(1, 2)  # (b, h, t, d)
+    k = qkv[:, :, :, group].transpose(1, 2).repeat_interleave(group, dim=1)
+    v = qkv[:, :, :, group + 1].transpose(1, 2).repeat_interleave(group, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(d_head)  # (b, h, t, t)
     scores = scores + torch.triu(torch.full((time, time), float("-inf"), dtype=x.dtype), diagonal=1)
     context = torch.softmax(scores, dim=-1) @ v
@@ -92,8 +92,8 @@ def torch_weights(layer: torch.nn.Module, cross: bool) -> dict[str, torch.Tensor
     """A torch.nn.Transformer{Encoder,Decoder}Layer's weights under zoo's parameter names."""
     w = layer.state_dict()
     ours = {
-        "attn.qkv.weight": w["self_attn.in_proj_weight"],
-        "attn.qkv.bias": w["self_attn.in_proj_bias"],
+        "attn.qkv.weight": fuse_qkv(*w["self_attn.in_proj_weight"].chunk(3), n_kv_heads=H),
+        "attn.qkv.bias": fuse_qkv(*w["self_attn.in_proj_bias"].chunk(3), n_kv_heads=H),
         "attn.out.weight": w["self_attn.out_proj.weight"],
         "attn.out.bias": w["self_attn.out_proj.bias"],
         "mlp.up.weight": w["linear1.weight"],
@@ -106,12 +106,19 @@ def torch_weights(layer: torch.nn.Module, cross: bool) -> dict[str, torch.Tensor
         ours[f"placement.norms.{i}.weight"] = w[f"{norm}.weight"]
         ours[f"placement.norms.{i}.bias"] = w[f"{norm}.bias"]
     if cross:
-        q, kv = w["multihead_attn.in_proj_weight"].split([D, 2 * D])
-        q_bias, kv_bias = w["multihead_attn.in_proj_bias"].split([D, 2 * D])
+        q, k, v = w["multihead_attn.in_proj_weight"].chunk(3)
+        q_bias, k_bias, v_bias = w["multihead_attn.in_proj_bias"].chunk(3)
+        kv, kv_bias = grouped_kv(k, v), grouped_kv(k_bias, v_bias)
         ours |= {"cross_attn.q.weight": q, "cross_attn.q.bias": q_bias, "cross_attn.kv.weight": kv}
         ours |= {"cross_attn.kv.bias": kv_bias, "cross_attn.out.weight": w["multihead_attn.out_proj.weight"]}
         ours["cross_attn.out.bias"] = w["multihead_attn.out_proj.bias"]
     return ours
+
+
+def grouped_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Cross-attention's fused ``kv`` rows: per head, its key rows then its value rows."""
+    heads = [k.view(H, D // H, *k.shape[1:]), v.view(H, D // H, *v.shape[1:])]
+    return torch.stack(heads, dim=1).reshape(2 * D, *k.shape[1:])
 
 
 def scrambled(layer: torch.nn.Module) -> torch.nn.Module:

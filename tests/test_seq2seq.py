@@ -16,7 +16,7 @@ def tiny_seq2seq(*overrides: str) -> Seq2SeqModel:
 
     A fixed seed for the weights: some draws make a post-norm decoder repeat one token, too.
     """
-    torch.manual_seed(1)
+    torch.manual_seed(0)
     model = build_seq2seq(compose([*SIZES, "+encoder.n_layers=3", "model.tie_embeddings=false", *overrides])).double()
     scramble(model)
     return model.eval()

@@ -118,6 +118,22 @@ class KVCache:
             self.positions[:, : self.length] = old[2][:, : self.length]
 
 
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """Separate query (n_heads*d_head rows), key and value (n_kv_heads*d_head rows) weights or biases
+    -> :class:`Attention`'s fused ``qkv`` rows, grouped by key/value head."""
+    q = rearrange(q, "(g r d) ... -> g r d ...", g=n_kv_heads, d=k.shape[0] // n_kv_heads)
+    k, v = (rearrange(w, "(g d) ... -> g 1 d ...", g=n_kv_heads) for w in (k, v))
+    return rearrange(torch.cat([q, k, v], dim=1), "g n d ... -> (g n d) ...")
+
+
+def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`fuse_qkv`: fused ``qkv`` rows -> query, key and value rows."""
+    groups = rearrange(qkv, "(g n d) ... -> g n d ...", g=n_kv_heads, n=n_heads // n_kv_heads + 2)
+    q = rearrange(groups[:, :-2], "g r d ... -> (g r d) ...")
+    k, v = (rearrange(groups[:, i], "g d ... -> (g d) ...") for i in (-2, -1))
+    return q, k, v
+
+
 def allowed_mask(
     q_positions: torch.Tensor,
     k_positions: torch.Tensor,
@@ -221,9 +237,12 @@ def attend(
 class Attention(nn.Module):
     """Multi-head causal self-attention with ``n_kv_heads`` key/value heads shared by groups of queries.
 
-    Parameters (a stable API): ``qkv`` (fused q, k, v projection; rows: n_heads*d_head query rows,
-    then n_kv_heads*d_head key rows, then n_kv_heads*d_head value rows) and ``out``.
-    Query head h uses key/value head h // (n_heads // n_kv_heads).
+    Parameters (a stable API): ``qkv`` (the fused q, k, v projection) and ``out``. ``qkv``'s rows are
+    grouped by key/value head (Megatron-LM's layout): for each of the n_kv_heads groups, its
+    r = n_heads / n_kv_heads query heads, then its key head, then its value head, d_head rows each.
+    Query head h = g * r + i reads key/value head g. A contiguous slice of whole groups thus holds
+    the queries and the keys and values they read, which is what a tensor-parallel shard needs;
+    :func:`fuse_qkv` and :func:`split_qkv` convert from and to separate q, k, v weights.
 
     Backends: ``sdpa`` (torch's fused scaled_dot_product_attention) and ``math`` (explicit scores,
     mask, float32 softmax, weights @ v).
@@ -310,9 +329,10 @@ class Attention(nn.Module):
         offset = cache.length if cache is not None else 0
         slots = torch.arange(offset, offset + time, device=x.device)  # absolute indices of the queries
 
-        # One reshape for all heads (n = n_heads query + n_kv_heads key + n_kv_heads value heads), then views.
-        heads = rearrange(self.qkv(x), "b t (n d) -> b n t d", d=self.d_head)
-        q, k, v = heads.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
+        # One reshape for all heads: per key/value group g, n = r query heads + its key + its value.
+        heads = rearrange(self.qkv(x), "b t (g n d) -> b g n t d", g=self.n_kv_heads, d=self.d_head)
+        q = rearrange(heads[:, :, :-2], "b g r t d -> b (g r) t d")  # query head g * r + i
+        k, v = heads[:, :, -2], heads[:, :, -1]  # (b, g, t, d) each
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # per head, over d_head
         q, k = self.position.rotate(q, k, slots if positions is None else positions)

@@ -17,8 +17,9 @@ from zoo.parts.attention import Backend, KVCache, additive, attend
 class CrossAttention(nn.Module):
     """Multi-head attention from the block's stream (queries) to encoder memory (keys and values).
 
-    Parameters (a stable API): ``q`` (n_heads*d_head rows), ``kv`` (fused: n_kv_heads*d_head key rows,
-    then n_kv_heads*d_head value rows) and ``out``. ``n_kv_heads`` and ``backend`` follow the block's
+    Parameters (a stable API): ``q`` (n_heads*d_head rows, head by head), ``kv`` (fused, grouped by
+    key/value head like self-attention's ``qkv``: for each of the n_kv_heads heads, its d_head key
+    rows, then its d_head value rows) and ``out``. ``n_kv_heads`` and ``backend`` follow the block's
     self-attention (validated with it); the kernel is self-attention's :func:`attend`. With a cache,
     memory keys and values are computed on the first call and kept in ``cache.cross``, so decoding
     steps only project their one query.
@@ -37,7 +38,7 @@ class CrossAttention(nn.Module):
 
     def memory_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """memory: (b, s, d_model) -> keys and values, each (b, n_kv_heads, s, d_head)."""
-        k, v = rearrange(self.kv(memory), "b s (two g d) -> two b g s d", two=2, g=self.n_kv_heads)
+        k, v = rearrange(self.kv(memory), "b s (g two d) -> two b g s d", two=2, g=self.n_kv_heads)
         return k, v
 
     def forward(

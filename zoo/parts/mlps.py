@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from zoo.core.dims import BlockDims, dropout
@@ -53,10 +54,23 @@ class PlainMLP(MLP):
         return self.down(self.drop(self.activation(self.up(x))))
 
 
+def fuse_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Separate gate and up weights (or biases), f rows each -> :class:`GatedMLP`'s interleaved ``gate_up``."""
+    return rearrange([gate, up], "two f ... -> (f two) ...")
+
+
+def split_gate_up(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`fuse_gate_up`: ``gate_up`` rows -> gate rows, up rows."""
+    gate, up = rearrange(gate_up, "(f two) ... -> two f ...", two=2)
+    return gate, up
+
+
 class GatedMLP(MLP):
     """down(act(gate(x)) * up(x)), gate and up in one matmul; width d_ff (default 8/3 * d_model, to 8).
 
-    Parameters: ``gate_up`` (the gate rows first, then the up rows) and ``down``.
+    Parameters: ``gate_up`` and ``down``. ``gate_up``'s rows interleave the two: row 2j is gate unit
+    j, row 2j + 1 up unit j, so any contiguous slice of an even number of rows holds matching gate
+    and up units (a tensor-parallel shard); :func:`fuse_gate_up` and :func:`split_gate_up` convert.
     """
 
     activation: Callable[[torch.Tensor], torch.Tensor]  # the gate's, set by each subclass
@@ -71,7 +85,7 @@ class GatedMLP(MLP):
         self.down = nn.Linear(self.hidden, dims.d_model, bias=dims.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (b, t, 2f) -> 2 x (b, t, f)
+        gate, up = rearrange(self.gate_up(x), "... (f two) -> two ... f", two=2)  # (b, t, 2f) -> 2 x (b, t, f)
         return self.down(self.drop(self.activation(gate) * up))
 
 
