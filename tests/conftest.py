@@ -1,5 +1,6 @@
-"""Test setup: one torch thread per worker (the contract matrix is many tiny ops), and a summary
-of the contract suite's combinations at the end of the run."""
+"""Test setup: one torch thread per worker (the contract matrix is many tiny ops), ``--part AXIS=NAME``
+(only the tests over combinations that contain that part), and a summary of the contract suite's
+combinations at the end of the run."""
 
 import os
 
@@ -13,6 +14,47 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 CONTRACT = "test_contract.py::test_block_contract["
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--part",
+        action="append",
+        default=[],
+        metavar="AXIS=NAME",
+        help="run only the tests over combinations of parts (the contract suite) whose combination has this "
+        "part, e.g. --part norm=dyt (its variants included: NAME+VARIANT); repeat to require several parts",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wanted = [parse_part(item) for item in config.getoption("part")]
+    if not wanted:
+        return
+    keep, drop = [], []
+    for item in items:
+        combo = getattr(item, "callspec", None) and item.callspec.params.get("combo")
+        matches = isinstance(combo, dict) and all(
+            combo.get(axis) == name or str(combo.get(axis)).partition("+")[0] == name for axis, name in wanted
+        )
+        (keep if matches else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def parse_part(option: str) -> tuple[str, str]:
+    """``norm=dyt`` -> ("norm", "dyt"), checked against the registry."""
+    from zoo import AXES, ConfigError
+
+    axis, sep, name = option.partition("=")
+    if not sep or axis not in AXES:
+        raise pytest.UsageError(f"--part {option}: write AXIS=NAME with AXIS one of {', '.join(AXES)}")
+    try:
+        AXES[axis].get(name.partition("+")[0])
+    except ConfigError as error:
+        raise pytest.UsageError(f"--part {option}: {error}") from None
+    return axis, name
 
 
 @pytest.fixture(autouse=True)

@@ -1,20 +1,71 @@
-"""Composing configs from zoo's Hydra config tree the way the command line does, from Python."""
+"""Composing configs from zoo's Hydra config tree the way the command line does, from Python.
+
+The tree is ``conf/`` (``zoo.conf`` when installed). ``conf/config.yaml`` puts ``${zoo_searchpath:}``
+on Hydra's search path: zoo's groups, its versioned sweeps (the ``sweeps`` group) and the option
+files of every installed plugin (entry-point group ``zoo.conf``), so ``norm=dyt`` works for a
+plugin's part exactly as for a built-in one, in ``zoo-train``, ``zoo-sweep``, ``zoo-parts --check``
+and :func:`compose`. A Hydra app of one's own can list the same entries (docs/composing.md).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from importlib.resources import files
+from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
-from omegaconf import DictConfig
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from zoo.assembly.spec import resolve_block
+from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
+from zoo.core.errors import ConfigError
+from zoo.core.registry import AXES, PluginWarning, plugin_config_packages
 
 #: The Hydra config tree (``conf/`` in the source tree, ``zoo/conf`` when installed): one group per
 #: axis (placement, norm, attn, pos, mlp), presets, tasks.
 CONF_DIR = Path(str(files("zoo.conf")))
+#: The folder holding the ``sweeps`` group (``sweeps/<name>.yaml``, ``zoo/sweeps`` when installed).
+SWEEPS_ROOT = Path(str(files("zoo.sweeps"))).parent
+
+
+def search_path() -> list[str]:
+    """Hydra search-path entries for zoo's groups, its sweeps and every plugin's option files.
+
+    A plugin's ``zoo.conf`` entry point that names no importable package is reported in a
+    :class:`~zoo.core.registry.PluginWarning` (and left out) rather than skipped silently.
+    """
+    root = str(SWEEPS_ROOT).replace("\\", "/")
+    entries = ["pkg://zoo.conf", f"file://{root}"]
+    for package, module in plugin_config_packages():
+        try:
+            found = find_spec(module) is not None
+        except ImportError:  # its parent package is missing
+            found = False
+        if found:
+            entries.append(f"pkg://{module}")
+        else:
+            warnings.warn(
+                f"plugin {package} declares option files in {module!r} (entry point zoo.conf), which does not import",
+                PluginWarning,
+                stacklevel=2,
+            )
+    return entries
+
+
+OmegaConf.register_new_resolver("zoo_searchpath", search_path, replace=True)
+
+# conf/config.yaml's defaults list composes this node after its own: the five axis nodes, open
+# (not struct), so that a misspelt option (``block.placement.alhpa=2``) reaches zoo's check, which
+# names the part's options, instead of Hydra's struct error and its "use +..." advice.
+_axes = OmegaConf.create({"block": {axis: {} for axis in AXES}})
+for _axis in AXES:
+    OmegaConf.set_struct(_axes.block[_axis], False)
+ConfigStore.instance().store(name="zoo_open_axes", node=_axes)
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
@@ -22,7 +73,82 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
 
     >>> cfg = compose(["norm=rmsnorm", "attn=gqa", "preset=llama"])  # doctest: +SKIP
     """
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
-    resolve_block(cfg.block)  # fail now, naming the field, rather than at build time
+    cfg, choices = compose_with_choices(overrides, config_name)
+    resolve_composed(cfg.block, choices, overrides)  # fail now, naming the field, rather than at build time
     return cfg
+
+
+def compose_with_choices(overrides: Sequence[str] = (), config_name: str = "config") -> tuple[DictConfig, dict]:
+    """The composed config, not validated, and Hydra's group choices (``{"norm": "rmsnorm", ...}``).
+
+    Works inside a running Hydra app too (a sweep's report, a user's task function): its Hydra is set
+    aside for the compose and put back.
+    """
+    running = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    finally:
+        if running is not None:
+            GlobalHydra.instance().initialize(running)
+    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, choices
+
+
+def resolve_composed(
+    block: Mapping[str, Any] | DictConfig, choices: Mapping[str, Any], overrides: Sequence[str] = ()
+) -> BlockSpec:
+    """:func:`~zoo.assembly.spec.resolve_block` for a composed config, whose axes came from option
+    files (Hydra's ``choices``, e.g. ``{"norm": "dyt"}``): an error in a part's name names its file.
+
+    An option file is named after the part it selects (``norm/dyt.yaml``: ``name: dyt``), or after a
+    setting of it (``placement/deepnorm_a2.yaml``: ``name: deepnorm``, ``alpha: 1.414``); any other
+    ``name:`` is an error naming the file (unless the overrides set ``block.<axis>.name`` themselves).
+    """
+    raw = to_dict(block)
+    named = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    for axis in AXES:
+        choice, node = choices.get(axis), raw.get(axis)
+        name = node.get("name") if isinstance(node, Mapping) else node
+        if choice is None or f"block.{axis}.name" in named or name is None:
+            continue
+        if name != choice and not str(choice).startswith(f"{name}_"):
+            raise ConfigError(
+                f"block.{axis}.name",
+                name,
+                f"set by {option_file_label(axis, choice)}, which is named after another part: an option file "
+                f"is named after the part it selects ({name}.yaml) or a setting of it ({name}_<setting>.yaml)",
+            )
+    try:
+        return resolve_block(raw)
+    except ConfigError as error:
+        axis = error.field.removeprefix("block.").removesuffix(".name")
+        if error.field == f"block.{axis}.name" and choices.get(axis) is not None:
+            raise ConfigError(
+                error.field, error.value, f"{error.allowed} (set by {option_file_label(axis, choices[axis])})"
+            ) from None
+        raise
+
+
+def option_file(axis: str, choice: str) -> Path | None:
+    """The option file Hydra composes for ``<axis>=<choice>``: zoo's, else the first plugin's that has it."""
+    for entry in search_path():
+        if entry.startswith("pkg://"):
+            try:
+                folder = Path(str(files(entry.removeprefix("pkg://"))))
+            except ModuleNotFoundError:
+                continue
+        else:
+            folder = Path(entry.removeprefix("file://"))
+        path = folder / axis / f"{choice}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
+def option_file_label(axis: str, choice: str) -> str:
+    path = option_file(axis, choice)
+    return f"option file {path}" if path is not None else f"{axis}={choice}"

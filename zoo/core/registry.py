@@ -1,15 +1,34 @@
-"""Name registries: one per axis of the block, the allow-list of what a config may name."""
+"""Name registries: one per axis of the block, the allow-list of what a config may name.
+
+Parts come from zoo itself and from other installed packages: a package lists modules in the
+``zoo.parts`` entry-point group, and those modules register parts with the same decorators. They
+are imported once, the first time any registry is read (:func:`load_plugins`). A plugin that fails
+to import is named in a warning and in every "unknown part" error, and none of its parts stay
+registered. A package's option files (Hydra config groups) are found through the ``zoo.conf``
+entry-point group (:func:`plugin_config_packages`).
+"""
 
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from functools import cache
+from typing import Any, ClassVar, TypeVar
 
 from zoo.core.errors import ConfigError
 
 T = TypeVar("T", bound=type)
+
+#: Entry-point group of modules that register parts (``[project.entry-points."zoo.parts"]``).
+PARTS_GROUP = "zoo.parts"
+#: Entry-point group of packages holding option files, one folder per axis (``norm/dyt.yaml``).
+CONF_GROUP = "zoo.conf"
+#: The origin of zoo's own parts.
+BUILT_IN = "built-in"
 
 
 @dataclass(frozen=True)
@@ -26,6 +45,14 @@ class Part:
     #: Named option settings the contract suite also covers, e.g. ``{"window": {"window": 3}}``
     #: (on every part of the axis that takes those options; tests/combos.py).
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Where it comes from: ``built-in``, the distribution of the plugin that registered it
+    #: (``zoo-dyt``), or else the module that did (``__main__``).
+    origin: str = BUILT_IN
+
+    @property
+    def where(self) -> str:
+        """``module.Class (origin)``: who registered it, for messages."""
+        return f"{self.cls.__module__}.{self.cls.__qualname__} ({self.origin})"
 
 
 class Registry:
@@ -34,12 +61,17 @@ class Registry:
     >>> NORMS = Registry("norm")
     >>> @NORMS.register("rmsnorm", formula="x / rms(x) * g")
     ... class RMSNorm: ...
+
+    Reading a registry (``get``, ``names``, ``parts``, ``in``, ``len``) first loads the plugins.
     """
+
+    _every: ClassVar[weakref.WeakSet[Registry]] = weakref.WeakSet()  # to undo a failed plugin's parts
 
     def __init__(self, axis: str, where: str | None = None) -> None:
         self.axis = axis
         self.where = where or f"block.{axis}.name"  # the config key that names a part, for errors
         self._parts: dict[str, Part] = {}
+        Registry._every.add(self)
 
     def register(
         self,
@@ -61,8 +93,7 @@ class Registry:
         def decorator(cls: T) -> T:
             if name in self._parts:
                 raise ValueError(
-                    f"{self.axis} part {name!r} is already registered "
-                    f"(by {self._parts[name].cls.__qualname__}); pick another name"
+                    f"{self.axis} part {name!r} is already registered by {self._parts[name].where}; pick another name"
                 )
             doc = (cls.__doc__ or "").strip().splitlines()
             self._parts[name] = Part(
@@ -74,6 +105,7 @@ class Registry:
                 reference=reference,
                 defaults=dict(defaults),
                 variants={key: dict(value) for key, value in (variants or {}).items()},
+                origin=_origin(cls),
             )
             return cls
 
@@ -85,24 +117,116 @@ class Registry:
         del self._parts[name]
 
     def get(self, name: str) -> Part:
-        """The part called ``name``; an unknown name raises a ConfigError listing every choice."""
+        """The part called ``name``; an unknown name raises a ConfigError listing every choice (and
+        every plugin that failed to load)."""
+        load_plugins()
         if name not in self._parts:
             close = difflib.get_close_matches(str(name), self._parts, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(self.where, name, f"unknown {self.axis}; {hint}registered: {', '.join(self.names())}")
+            failed = "".join(f"; {failure}" for failure in FAILED_PLUGINS)
+            raise ConfigError(
+                self.where, name, f"unknown {self.axis}; {hint}registered: {', '.join(self._parts)}{failed}"
+            )
         return self._parts[name]
 
     def names(self) -> list[str]:
+        load_plugins()
         return list(self._parts)
 
     def parts(self) -> list[Part]:
+        load_plugins()
         return list(self._parts.values())
 
     def __contains__(self, name: object) -> bool:
+        load_plugins()
         return name in self._parts
 
     def __len__(self) -> int:
+        load_plugins()
         return len(self._parts)
+
+
+# --- Plugins: parts and option files from other packages ------------------------------------------
+
+
+class PluginWarning(UserWarning):
+    """An installed plugin failed to load; its parts are not registered."""
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A ``zoo.parts`` entry point whose module raised on import (or registered a taken name)."""
+
+    package: str
+    entry_point: str  # ``name = module``
+    error: str
+
+    def __str__(self) -> str:
+        return f"plugin {self.package} ({PARTS_GROUP}: {self.entry_point}) failed to load: {self.error}"
+
+
+#: Every plugin that failed to load, with the reason (filled by :func:`load_plugins`).
+FAILED_PLUGINS: list[PluginFailure] = []
+_state: dict[str, Any] = {"loaded": False, "loading": None}  # loading: the package being imported
+
+
+def plugin_entry_points(group: str) -> list[importlib.metadata.EntryPoint]:
+    """The installed entry points of ``group``, each once, ordered by package then name."""
+    unique = {(ep.name, ep.value): ep for ep in importlib.metadata.entry_points(group=group)}
+    return sorted(unique.values(), key=lambda ep: (package_of(ep), ep.name))
+
+
+def package_of(ep: importlib.metadata.EntryPoint) -> str:
+    """The distribution that declares ``ep`` (``zoo-dyt``), or its module's top package."""
+    dist = getattr(ep, "dist", None)
+    return dist.name if dist is not None else ep.value.split(":")[0].split(".")[0]
+
+
+def load_plugins() -> None:
+    """Import every module of the ``zoo.parts`` entry-point group, once per process.
+
+    A module that raises (an import error, a name already taken) does not stop the others: its
+    parts are unregistered, a :class:`PluginWarning` names it, and it joins :data:`FAILED_PLUGINS`.
+    """
+    if _state["loaded"]:
+        return
+    _state["loaded"] = True  # before importing: a plugin reading a registry must not recurse
+    for ep in plugin_entry_points(PARTS_GROUP):
+        before = {registry: set(registry._parts) for registry in Registry._every}
+        _state["loading"] = package_of(ep)
+        try:
+            ep.load()
+        except Exception as error:
+            for registry, names in before.items():  # its parts go (zoo's own, imported meanwhile, stay)
+                for name in set(registry._parts) - names:
+                    if registry._parts[name].origin != BUILT_IN:
+                        del registry._parts[name]
+            failure = PluginFailure(package_of(ep), f"{ep.name} = {ep.value}", f"{type(error).__name__}: {error}")
+            FAILED_PLUGINS.append(failure)
+            warnings.warn(f"{failure}; its parts are not registered", PluginWarning, stacklevel=3)
+        finally:
+            _state["loading"] = None
+
+
+def plugin_config_packages() -> list[tuple[str, str]]:
+    """(package, module) of each ``zoo.conf`` entry point: a package holding option files, laid out
+    as zoo's ``conf/`` (``norm/dyt.yaml``), for Hydra's search path as ``pkg://<module>``."""
+    return [(package_of(ep), ep.value) for ep in plugin_entry_points(CONF_GROUP)]
+
+
+def _origin(cls: type) -> str:
+    module = cls.__module__
+    if module == "zoo" or module.startswith("zoo."):
+        return BUILT_IN
+    if _state["loading"] is not None:
+        return str(_state["loading"])
+    return _distributions().get(module.split(".")[0], module)
+
+
+@cache
+def _distributions() -> dict[str, str]:
+    """Top-level module -> the installed distribution that provides it."""
+    return {top: names[0] for top, names in importlib.metadata.packages_distributions().items()}
 
 
 PLACEMENTS = Registry("placement")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import itertools
 import sys
 from collections.abc import Sequence
@@ -16,7 +17,16 @@ from zoo.assembly.compat import CONTEXTS, check_combination
 from zoo.assembly.compose import compose
 from zoo.assembly.spec import every_option
 from zoo.core.errors import ConfigError
-from zoo.core.registry import AXES
+from zoo.core.registry import (
+    AXES,
+    BUILT_IN,
+    FAILED_PLUGINS,
+    PARTS_GROUP,
+    Part,
+    Registry,
+    package_of,
+    plugin_entry_points,
+)
 
 EPILOG = """examples:
   zoo-parts --check pos=learned block.max_len=512        # valid in a model? (exit 1 and the reason if not)
@@ -60,6 +70,7 @@ def parts_main(argv: Sequence[str] | None = None) -> None:
 
 
 def print_parts() -> None:
+    """Every axis and its parts, with options and needs; a part from a plugin names its package."""
     for axis, registry in AXES.items():
         print(f"{axis}:")
         width = max(len(name) for name in registry.names())
@@ -70,7 +81,18 @@ def print_parts() -> None:
                 f"  {part.name:<{width}}  {part.summary}"
                 + (f"  [{options}]" if options else "")
                 + (f"  (needs {needs})" if needs else "")
+                + (f"  (from {part.origin})" if part.origin != BUILT_IN else "")
             )
+    plugins = plugin_entry_points(PARTS_GROUP)
+    print("\nplugins (entry points zoo.parts): " + (", ".join(map(describe_plugin, plugins)) or "none installed"))
+    for failure in FAILED_PLUGINS:
+        print(f"  {failure}")
+
+
+def describe_plugin(ep: importlib.metadata.EntryPoint) -> str:
+    """``zoo-dyt 0.1.0 (dyt = zoo_dyt)``."""
+    version = ep.dist.version if getattr(ep, "dist", None) is not None else "?"
+    return f"{package_of(ep)} {version} ({ep.name} = {ep.value})"
 
 
 def print_check(overrides: Sequence[str], context: str) -> int:
@@ -136,8 +158,13 @@ def print_param_table(d_model: int, n_heads: int, overrides: Sequence[str] = (),
         print(f"| {' | '.join(combo)} | {report['d_ff']} | {report['block_params']:,} | {reference} |")
 
 
-def parts_markdown() -> str:
-    """The parts catalogue as Markdown (``zoo-parts --markdown > docs/parts.md``)."""
+def parts_markdown(plugins: bool = True) -> str:
+    """The parts catalogue as Markdown (``zoo-parts --markdown > docs/parts.md``); a plugin's part
+    names its package, and ``plugins=False`` leaves them out (zoo's own catalogue)."""
+
+    def listed(registry: Registry) -> list[Part]:
+        return [part for part in registry.parts() if plugins or part.origin == BUILT_IN]
+
     lines = [
         "# Parts catalogue",
         "",
@@ -152,9 +179,10 @@ def parts_markdown() -> str:
             "| name | what | formula | options (default) | reference |",
             "|---|---|---|---|---|",
         ]
-        for part in registry.parts():
+        for part in listed(registry):
             options = ", ".join(f"`{k}={v}`" for k, v in every_option(part).items()) or "-"
-            lines.append(f"| `{part.name}` | {part.summary} | `{part.formula}` | {options} | {part.reference} |")
+            name = f"`{part.name}`" + (f" (from {part.origin})" if part.origin != BUILT_IN else "")
+            lines.append(f"| {name} | {part.summary} | `{part.formula}` | {options} | {part.reference} |")
     lines += [
         "",
         "## Compatibility",
@@ -167,7 +195,7 @@ def parts_markdown() -> str:
         "|---|---|---|",
     ]
     for axis, registry in AXES.items():
-        for part in registry.parts():
+        for part in listed(registry):
             for need, why in getattr(part.cls, "needs", {}).items():
                 lines.append(f"| `{axis}={part.name}` | `{need}` | {why} |")
     lines += ["", "| context | provides |", "|---|---|"]

@@ -1,9 +1,10 @@
 """``zoo-sweep NAME [overrides]``: run the versioned sweep ``sweeps/NAME.yaml``, then print its report.
 
-``zoo-sweep quick`` is ``zoo-train -m +sweeps=quick`` with the repository's ``sweeps/`` folder on
-Hydra's search path. Extra arguments are Hydra overrides (``train.steps=100``, ``seed=0,1,2``,
-``hydra/launcher=joblib``, ``hydra.sweep.dir=...``). The sweep writes ``runs/NAME/`` unless told
-otherwise; running it again resumes (runs whose summary says ``ok`` are skipped).
+``zoo-sweep quick`` is ``zoo-train +sweeps=quick`` (the ``sweeps`` group is on zoo's Hydra search
+path; a sweep file sets ``hydra.mode: MULTIRUN``). Extra arguments are Hydra overrides
+(``train.steps=100``, ``seed=0,1,2``, ``hydra/launcher=joblib``, ``hydra.sweep.dir=...``). The sweep
+writes ``runs/NAME/`` unless told otherwise; running it again resumes (runs whose summary says ``ok``
+are skipped). It exits 1 when a run failed (a diverged run is a result), after writing the report.
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ def describe(name: str) -> str:
 
 
 def sweep_argv(name: str, overrides: Sequence[str]) -> list[str]:
-    """The ``zoo-train`` arguments that run sweep ``name``."""
-    root = str(SWEEPS_DIR.parent).replace("\\", "\\\\").replace("'", "\\'")
-    return [f"hydra.searchpath=['file://{root}']", f"+sweeps={name}", *overrides]
+    """The ``zoo-train`` arguments that run sweep ``name`` (the ``sweeps`` group is on zoo's search path)."""
+    return [f"+sweeps={name}", *overrides]
 
 
 def sweep_main(argv: Sequence[str] | None = None) -> None:

@@ -33,8 +33,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.assembly.compose import CONF_DIR
-from zoo.assembly.spec import resolve_block
+from zoo.assembly.compose import CONF_DIR, resolve_composed
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
 from zoo.lab.records import METRICS, SUMMARY, MetricsLog, config_hash, read_summary, write_json_atomic
@@ -152,7 +151,8 @@ def train(
     """Validate, build and train, filling ``summary`` in; ``out_dir`` None writes nothing (other ranks)."""
     rank, world, local_rank = dist_env()
     train_cfg, device = check_run_config(raw)
-    resolve_block(raw.get("block") or {})  # fail on the block before reading data
+    # Fail on the block before reading data (a part's name naming the option file that set it).
+    resolve_composed(raw.get("block") or {}, summary["choices"], summary["overrides"])
     if world > 1 and multirun:
         raise ConfigError("hydra.mode", "MULTIRUN", "torchrun trains one configuration; launch sweeps without it")
     threads = raw.get("threads") or default_threads(parallel_jobs)

@@ -1,0 +1,223 @@
+"""Parts from other packages: entry points ``zoo.parts`` (modules that register parts) and ``zoo.conf``
+(their option files on Hydra's search path), loaded once, lazily; failures named, never skipped.
+
+Each test installs throwaway plugins into a temporary folder on ``sys.path`` (a ``.dist-info``
+with ``entry_points.txt`` is all ``importlib.metadata`` needs), then undoes them.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import zoo
+from zoo import NORMS, ConfigError, compose
+from zoo.assembly.compose import option_file, search_path
+from zoo.core import registry
+from zoo.core.registry import BUILT_IN, PluginWarning, Registry
+from zoo.lab.cli import parts_main, parts_markdown, print_check
+
+NORM = '''
+import torch
+from torch import nn
+from zoo import NORMS
+
+LOADS = []  # one entry per import of this module
+
+
+@NORMS.register("{name}", formula="tanh(x) * g", reference="-")
+class TanhNorm(nn.Module):
+    """Tanh norm: an element-wise tanh and a gain."""
+
+    def __init__(self, dims, *, gain_init: float = 1.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((dims.d_model,), gain_init))
+
+    def forward(self, x):
+        return torch.tanh(x) * self.weight
+
+
+LOADS.append(1)
+'''
+
+
+class Plugins:
+    """Writes plugin packages (modules, option files, metadata) under ``root``, which is on sys.path."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.modules: list[str] = []
+
+    def add(
+        self,
+        dist: str,
+        modules: dict[str, str],
+        parts: dict[str, str],
+        options: dict[str, str] | None = None,
+        conf: str | None = None,
+    ) -> None:
+        """``modules``: module name -> source; ``parts``: entry-point name -> module (group zoo.parts);
+        ``options``: path under the ``conf`` package -> YAML, the package declared in group zoo.conf."""
+        for module, source in modules.items():
+            path = self.root / Path(*module.split("."))
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "__init__.py").write_text(textwrap.dedent(source))
+            self.modules.append(module)
+        groups = {"zoo.parts": parts}
+        if options:
+            folder = self.root / Path(*conf.split("."))
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "__init__.py").touch()
+            for relative, text in options.items():
+                (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+                (folder / relative).write_text(textwrap.dedent(text))
+            groups["zoo.conf"] = {dist: conf}
+            self.modules.append(conf)
+        info = self.root / f"{dist.replace('-', '_')}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(
+            "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in groups.items())
+        )
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    """Fresh plugin state: nothing loaded yet; afterwards the plugins' parts and modules are gone."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(registry._state, "loaded", False)
+    monkeypatch.setattr(registry, "FAILED_PLUGINS", [])
+    saved = {r: dict(r._parts) for r in Registry._every}
+    made = Plugins(tmp_path)
+    yield made
+    for r, parts in saved.items():
+        r._parts = parts
+    for name in list(sys.modules):
+        if any(name == m or name.startswith(f"{m}.") for m in made.modules):
+            del sys.modules[name]
+
+
+def test_plugin_parts_load_once_on_first_use_with_their_origin(plugins):
+    plugins.add("zoo-tanh", {"zoo_tanh": NORM.format(name="tanhnorm")}, {"tanh": "zoo_tanh"})
+    assert "zoo_tanh" not in sys.modules  # nothing imported before a registry is read
+    assert "tanhnorm" in NORMS
+    module = sys.modules["zoo_tanh"]
+    assert NORMS.names()[-1] == "tanhnorm" and NORMS.names()[0] == "layernorm"  # after the built-ins
+    NORMS.get("tanhnorm"), zoo.available(), len(NORMS)
+    assert module.LOADS == [1] and sys.modules["zoo_tanh"] is module  # loaded once
+    part = NORMS.get("tanhnorm")
+    assert part.origin == "zoo-tanh" and NORMS.get("rmsnorm").origin == BUILT_IN
+    assert "zoo_tanh.TanhNorm (zoo-tanh)" == part.where
+    block = zoo.build_block({"d_model": 16, "n_heads": 4, "placement": "pre", "norm": "tanhnorm", "attn": "mha",
+                             "pos": "none", "mlp": "gelu"})  # fmt: skip
+    assert block.placement.norms[0].weight.shape == (16,)
+
+
+def test_a_plugin_that_fails_to_import_is_named_and_none_of_its_parts_stay(plugins):
+    broken = NORM.format(name="halfnorm") + "\nimport a_module_nobody_installed\n"
+    plugins.add("zoo-broken", {"zoo_broken": broken}, {"broken": "zoo_broken"})
+    plugins.add("zoo-tanh", {"zoo_tanh": NORM.format(name="tanhnorm")}, {"tanh": "zoo_tanh"})
+    with pytest.warns(PluginWarning, match=r"plugin zoo-broken \(zoo.parts: broken = zoo_broken\) failed to load"):
+        names = NORMS.names()
+    assert "tanhnorm" in names and "halfnorm" not in names  # registered before the failing import: undone
+    with pytest.raises(ConfigError) as error:
+        NORMS.get("halfnorm")
+    message = str(error.value)
+    assert "unknown norm" in message and "zoo-broken" in message and "ModuleNotFoundError" in message
+    assert "a_module_nobody_installed" in message
+    assert [f.package for f in registry.FAILED_PLUGINS] == ["zoo-broken"]
+
+
+def test_a_plugin_taking_a_registered_name_names_who_registered_it_first(plugins):
+    plugins.add("zoo-clash", {"zoo_clash": NORM.format(name="rmsnorm")}, {"clash": "zoo_clash"})
+    with pytest.warns(PluginWarning) as caught:
+        assert NORMS.get("rmsnorm").origin == BUILT_IN
+    (warning,) = [w for w in caught if issubclass(w.category, PluginWarning)]
+    assert "norm part 'rmsnorm' is already registered by zoo.parts.norms.RMSNorm (built-in)" in str(warning.message)
+
+
+def test_registering_a_name_twice_names_the_module_that_registered_it_first():
+    names = Registry("norm")
+    names.register("x")(type("X", (), {}))
+    with pytest.raises(ValueError, match=r"'x' is already registered by test_plugins\.X \(test_plugins\)"):
+        names.register("x")(type("Y", (), {}))
+
+
+def test_plugin_option_files_work_like_built_in_ones(plugins, capsys):
+    options = {"norm/tanhnorm.yaml": "# @package block.norm\nname: tanhnorm\ngain_init: 1.0\n"}
+    plugins.add("zoo-tanh", {"zoo_tanh": NORM.format(name="tanhnorm")}, {"tanh": "zoo_tanh"}, options, "zoo_tanh_conf")
+    assert "pkg://zoo_tanh_conf" in search_path()
+    assert option_file("norm", "tanhnorm") == plugins.root / "zoo_tanh_conf/norm/tanhnorm.yaml"
+    cfg = compose(["preset=llama", "norm=tanhnorm", "block.norm.gain_init=0.5", "block.d_model=32"])
+    assert cfg.block.norm == {"name": "tanhnorm", "gain_init": 0.5}
+    assert zoo.build_block(cfg.block).placement.norms[0].weight[0].item() == 0.5
+    assert print_check(["norm=tanhnorm"], "model") == 0
+    assert "valid: placement=pre norm=tanhnorm" in capsys.readouterr().out
+    # A misspelt option: zoo names the part's options (not Hydra's "use +..." advice).
+    assert print_check(["norm=tanhnorm", "block.norm.gian_init=2"], "model") == 1
+    out = capsys.readouterr().out
+    assert "block.norm.gian_init=2: not an option of norm 'tanhnorm'; options: gain_init" in out and "+" not in out
+
+
+def test_zoo_parts_lists_each_part_with_where_it_comes_from(plugins, capsys):
+    plugins.add("zoo-tanh", {"zoo_tanh": NORM.format(name="tanhnorm")}, {"tanh": "zoo_tanh"})
+    parts_main([])
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.strip().startswith("tanhnorm"))
+    assert line.endswith("[gain_init=1.0]  (from zoo-tanh)"), line
+    assert "(from" not in next(line for line in out.splitlines() if line.strip().startswith("rmsnorm"))
+    assert "plugins (entry points zoo.parts): zoo-tanh 0.1 (tanh = zoo_tanh)" in out
+    assert "| `tanhnorm` (from zoo-tanh) |" in parts_markdown()
+    assert "tanhnorm" not in parts_markdown(plugins=False)
+
+
+def test_an_option_file_named_after_another_part_is_reported_naming_the_file(plugins):
+    options = {
+        "norm/mynorm.yaml": "# @package block.norm\nname: rmsnorm\neps: 1.0e-06\n",  # copied, name not changed
+        "norm/tahnnorm.yaml": "# @package block.norm\nname: tahnnorm\n",  # its part is not registered
+        "norm/rmsnorm_loose.yaml": "# @package block.norm\nname: rmsnorm\neps: 1.0e-03\n",  # a setting of rmsnorm
+    }
+    plugins.add("zoo-conf", {"zoo_conf_only": ""}, {}, options, "zoo_conf_only.conf")
+    folder = plugins.root / "zoo_conf_only/conf/norm"
+    with pytest.raises(ConfigError) as error:
+        compose(["norm=mynorm"])
+    assert f"block.norm.name='rmsnorm': set by option file {folder / 'mynorm.yaml'}" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        compose(["norm=tahnnorm"])
+    message = str(error.value)
+    assert "unknown norm" in message and f"(set by option file {folder / 'tahnnorm.yaml'})" in message
+    assert compose(["norm=rmsnorm_loose"]).block.norm.eps == 1e-3
+    assert compose(["norm=mynorm", "block.norm.name=rmsnorm"]).block.norm.name == "rmsnorm"  # said on purpose
+
+
+def test_a_conf_entry_point_that_does_not_import_is_named():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("zoo.assembly.compose.plugin_config_packages", lambda: [("zoo-gone", "zoo_gone.conf")])
+        with pytest.warns(PluginWarning, match="plugin zoo-gone declares option files in 'zoo_gone.conf'"):
+            assert not any("zoo_gone" in entry for entry in search_path())
+
+
+def test_pytest_part_option_selects_exactly_the_combinations_with_that_part():
+    conftest = sys.modules["conftest"]
+    combos = ["pre-rmsnorm-mha-none-gelu", "pre-rmsnorm-mha-none-geglu", "pre-layernorm-gqa+window-none-gelu"]
+    items = [SimpleNamespace(callspec=SimpleNamespace(params={"combo": dict(zip(zoo.AXES, c.split("-"), strict=True))}))
+             for c in combos] + [SimpleNamespace()]  # fmt: skip
+    deselected = []
+    config = SimpleNamespace(
+        getoption=lambda name: ["mlp=gelu", "attn=gqa"],
+        hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)),
+    )
+    kept = list(items)
+    conftest.pytest_collection_modifyitems(config, kept)
+    assert [i.callspec.params["combo"]["attn"] for i in kept] == ["gqa+window"]  # gelu, not geglu; variants in
+    assert len(deselected) == 3
+    with pytest.raises(pytest.UsageError, match="did you mean 'gelu'"):
+        conftest.parse_part("mlp=glue")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert conftest.parse_part("attn=gqa+window") == ("attn", "gqa+window")
