@@ -36,12 +36,14 @@ SMALL = [
 ]
 
 
-def zoo_cli(module: str, *args: str, cwd: Path, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+def zoo_cli(
+    module: str, *args: str, cwd: Path, launcher: list[str] | None = None, returncode: int = 0
+) -> subprocess.CompletedProcess:
     """Run ``python -m <module> args`` (or under ``launcher``) with this checkout first on the path."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     command = [*(launcher or [sys.executable]), "-m", module, *args]
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == returncode, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
 
@@ -51,11 +53,16 @@ def summaries(folder: Path) -> dict[str, dict]:
 
 @pytest.mark.slow
 def test_zoo_sweep_trains_reports_and_survives_a_failing_run(tmp_path):
-    # Three variants; n_heads=5 does not divide d_model=32, so that run fails and the others go on.
+    # Three variants; n_heads=5 does not divide d_model=32, so that run fails and the others go on;
+    # the report is written, then the sweep exits 1 (a failed run is not a result).
     folder = tmp_path / "sweep"
     small = [a for a in SMALL if not a.startswith("block.n_heads")]
     args = ["quick", "pos=none", "mlp=gelu", "seed=0", "block.n_heads=2,4,5", *small, f"hydra.sweep.dir={folder}"]
-    done = zoo_cli("zoo.lab.sweep", *args, cwd=tmp_path)
+    done = zoo_cli("zoo.lab.sweep", *args, cwd=tmp_path, returncode=1)
+    last = done.stderr.rstrip().splitlines()[-2:]
+    assert last[0] == "1 run(s) failed (a diverged run is a result; a failed one is not):", done.stderr[-2000:]
+    assert last[1].startswith("  sweep/") and "block.n_heads=5" in last[1], last
+    assert last[1].endswith(": ConfigError: block.n_heads=5: must divide d_model=32 (head size = d_model / n_heads)")
     runs = summaries(folder)
     status = {r["config"]["block"]["n_heads"]: r["status"] for r in runs.values()}
     assert status == {2: "ok", 4: "ok", 5: "failed"}
@@ -63,6 +70,11 @@ def test_zoo_sweep_trains_reports_and_survives_a_failing_run(tmp_path):
     assert "| # | block.n_heads | seeds | params | val_bpb (mean ± std) |" in done.stdout  # the table ends the sweep
     report = (folder / "report.md").read_text()
     assert "block.n_heads=5: failed: ConfigError: block.n_heads=5: must divide d_model=32" in report
+    # What the sweep file and the command line held fixed, beyond zoo's defaults (threads: runtime only).
+    fixed = next(line for line in report.splitlines() if line.startswith("Fixed in every run"))
+    for setting in ("block.d_model=32", "model.n_layers=2", "task.seq_len=32", "train.steps=4", "train.eval_every=2"):
+        assert setting in fixed.split(": ", 1)[1].split(", "), fixed
+    assert "threads" not in fixed and "pos=" not in fixed and "seed" not in fixed  # defaults, or runtime
     with open(folder / "report.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["status"] for r in rows] == ["ok", "ok", "1 failed"]  # failures last

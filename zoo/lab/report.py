@@ -17,6 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from zoo.lab.fixed import fixed_line
 from zoo.lab.plots import plot_curves, plot_final
 from zoo.lab.records import read_metrics
 from zoo.lab.variants import Report, build_report
@@ -70,6 +71,7 @@ def markdown(report: Report) -> str:
             variant.status,
         ]
         lines.append("| " + " | ".join(row) + " |")
+    lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/fixed.py)
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]
     if problems:
         lines += ["", "Not ok:"] + [f"- {label}: {error}" for label, error in problems]

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.assembly.compose import CONF_DIR, resolve_composed
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
+from zoo.lab.outcome import exit_if_a_run_failed
 from zoo.lab.records import METRICS, SUMMARY, MetricsLog, config_hash, read_summary, write_json_atomic
 from zoo.lab.tasks import build_task
 from zoo.lab.trainer import Trainer, check_run_config
@@ -288,6 +289,7 @@ def main() -> None:
             "hydra.job_logging.root.level=WARNING",
         ]
     _hydra_main()
+    exit_if_a_run_failed()  # after a sweep (zoo-train -m, zoo-sweep): exit 1 when a run failed
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""A sweep's exit status: 1 when a run in its folder failed. A diverged run is a result; a failed
+one (a bad config, a crash) is not, so CI and scripts see it, while the report is still written."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from zoo.lab.records import SUMMARY, read_summary
+
+#: Statuses that are results; any other (``failed``, or ``running`` left by a killed run) is not.
+RESULTS = ("ok", "diverged")
+
+
+def runs_not_done(root: Path) -> list[tuple[Path, str]]:
+    """Every run folder under ``root`` whose summary is not a result, with its error."""
+    found = []
+    for path in sorted(Path(root).rglob(SUMMARY)):
+        summary = read_summary(path.parent) or {}
+        if summary.get("status") not in RESULTS:
+            found.append((path.parent, str(summary.get("error") or summary.get("status"))))
+    return found
+
+
+class SweepStatus(Callback):
+    """Hydra callback: when a sweep ends, note the runs in its folder that failed, for
+    :func:`exit_if_a_run_failed` (called after Hydra returns, so every other callback has run)."""
+
+    failed: ClassVar[list[tuple[Path, str]]] = []
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        SweepStatus.failed = runs_not_done(Path(config.hydra.sweep.dir))
+
+
+def exit_if_a_run_failed() -> None:
+    """Exit 1, listing them, when the sweep that just ended left failed runs."""
+    failed, SweepStatus.failed = SweepStatus.failed, []
+    if failed:
+        lines = "\n".join(f"  {relative(path)}: {error}" for path, error in failed)
+        sys.exit(f"{len(failed)} run(s) failed (a diverged run is a result; a failed one is not):\n{lines}")
+
+
+def relative(path: Path) -> Path:
+    """``path`` relative to the working directory when inside it."""
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
