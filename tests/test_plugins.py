@@ -90,11 +90,13 @@ class Plugins:
 def plugins(tmp_path, monkeypatch):
     """Fresh plugin state: nothing loaded yet; afterwards the plugins' parts and modules are gone."""
     monkeypatch.syspath_prepend(str(tmp_path))
+    registry.plugin_entry_points.cache_clear()
     monkeypatch.setitem(registry._state, "loaded", False)
     monkeypatch.setattr(registry, "FAILED_PLUGINS", [])
     saved = {r: dict(r._parts) for r in Registry._every}
     made = Plugins(tmp_path)
     yield made
+    registry.plugin_entry_points.cache_clear()
     for r, parts in saved.items():
         r._parts = parts
     for name in list(sys.modules):

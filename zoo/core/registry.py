@@ -46,7 +46,7 @@ class Part:
     #: (on every part of the axis that takes those options; tests/combos.py).
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Where it comes from: ``built-in``, the distribution of the plugin that registered it
-    #: (``zoo-dyt``), or else the module that did (``__main__``).
+    #: (``zoo-dyt``), or else the top-level module that did (``__main__``, ``my_parts``).
     origin: str = BUILT_IN
 
     @property
@@ -170,8 +170,10 @@ FAILED_PLUGINS: list[PluginFailure] = []
 _state: dict[str, Any] = {"loaded": False, "loading": None}  # loading: the package being imported
 
 
+@cache
 def plugin_entry_points(group: str) -> list[importlib.metadata.EntryPoint]:
-    """The installed entry points of ``group``, each once, ordered by package then name."""
+    """The installed entry points of ``group``, each once, ordered by package then name (read once
+    per process; ``plugin_entry_points.cache_clear()`` reads them again)."""
     unique = {(ep.name, ep.value): ep for ep in importlib.metadata.entry_points(group=group)}
     return sorted(unique.values(), key=lambda ep: (package_of(ep), ep.name))
 
@@ -215,18 +217,13 @@ def plugin_config_packages() -> list[tuple[str, str]]:
 
 
 def _origin(cls: type) -> str:
+    """``built-in`` for zoo's parts, the plugin's package while one loads, else the top module."""
     module = cls.__module__
     if module == "zoo" or module.startswith("zoo."):
         return BUILT_IN
     if _state["loading"] is not None:
         return str(_state["loading"])
-    return _distributions().get(module.split(".")[0], module)
-
-
-@cache
-def _distributions() -> dict[str, str]:
-    """Top-level module -> the installed distribution that provides it."""
-    return {top: names[0] for top, names in importlib.metadata.packages_distributions().items()}
+    return module.split(".")[0]
 
 
 PLACEMENTS = Registry("placement")
