@@ -92,11 +92,13 @@ def plugins(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     registry.plugin_entry_points.cache_clear()
     monkeypatch.setitem(registry._state, "loaded", False)
-    monkeypatch.setattr(registry, "FAILED_PLUGINS", [])
+    failed = list(registry.FAILED_PLUGINS)
+    registry.FAILED_PLUGINS.clear()
     saved = {r: dict(r._parts) for r in Registry._every}
     made = Plugins(tmp_path)
     yield made
     registry.plugin_entry_points.cache_clear()
+    registry.FAILED_PLUGINS[:] = failed
     for r, parts in saved.items():
         r._parts = parts
     for name in list(sys.modules):
@@ -152,9 +154,10 @@ def test_registering_a_name_twice_names_the_module_that_registered_it_first():
 
 def test_plugin_option_files_work_like_built_in_ones(plugins, capsys):
     options = {"norm/tanhnorm.yaml": "# @package block.norm\nname: tanhnorm\ngain_init: 1.0\n"}
-    plugins.add("zoo-tanh", {"zoo_tanh": NORM.format(name="tanhnorm")}, {"tanh": "zoo_tanh"}, options, "zoo_tanh_conf")
-    assert "pkg://zoo_tanh_conf" in search_path()
-    assert option_file("norm", "tanhnorm") == plugins.root / "zoo_tanh_conf/norm/tanhnorm.yaml"
+    plugins.add("zoo-tanh", {"zoo_tanh": NORM.format(name="tanhnorm")}, {"tanh": "zoo_tanh"}, options, "zoo_tanh.conf")
+    assert "pkg://zoo_tanh.conf" in search_path()  # the first thing read: the parts register as the plugin's
+    assert NORMS.get("tanhnorm").origin == "zoo-tanh"
+    assert option_file("norm", "tanhnorm") == plugins.root / "zoo_tanh/conf/norm/tanhnorm.yaml"
     cfg = compose(["preset=llama", "norm=tanhnorm", "block.norm.gain_init=0.5", "block.d_model=32"])
     assert cfg.block.norm == {"name": "tanhnorm", "gain_init": 0.5}
     assert zoo.build_block(cfg.block).placement.norms[0].weight[0].item() == 0.5

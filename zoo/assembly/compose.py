@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
-from zoo.core.registry import AXES, PluginWarning, plugin_config_packages
+from zoo.core.registry import AXES, PluginWarning, load_plugins, plugin_config_packages
 
 #: The Hydra config tree (``conf/`` in the source tree, ``zoo/conf`` when installed): one group per
 #: axis (placement, norm, attn, pos, mlp), presets, tasks.
@@ -39,6 +39,7 @@ def search_path() -> list[str]:
     A plugin's ``zoo.conf`` entry point that names no importable package is reported in a
     :class:`~zoo.core.registry.PluginWarning` (and left out) rather than skipped silently.
     """
+    load_plugins()  # before importing their option packages, so their parts register as theirs
     root = str(SWEEPS_ROOT).replace("\\", "/")
     entries = ["pkg://zoo.conf", f"file://{root}"]
     for package, module in plugin_config_packages():

@@ -199,8 +199,8 @@ def load_plugins() -> None:
         try:
             ep.load()
         except Exception as error:
-            for registry, names in before.items():  # its parts go (zoo's own, imported meanwhile, stay)
-                for name in set(registry._parts) - names:
+            for registry in list(Registry._every):  # its parts go (zoo's own, imported meanwhile, stay)
+                for name in set(registry._parts) - before.get(registry, set()):
                     if registry._parts[name].origin != BUILT_IN:
                         del registry._parts[name]
             failure = PluginFailure(package_of(ep), f"{ep.name} = {ep.value}", f"{type(error).__name__}: {error}")
