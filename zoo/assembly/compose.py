@@ -79,7 +79,9 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
     return cfg
 
 
-def compose_with_choices(overrides: Sequence[str] = (), config_name: str = "config") -> tuple[DictConfig, dict]:
+def compose_with_choices(
+    overrides: Sequence[str] = (), config_name: str = "config"
+) -> tuple[DictConfig, dict[str, Any]]:
     """The composed config, not validated, and Hydra's group choices (``{"norm": "rmsnorm", ...}``).
 
     Works inside a running Hydra app too (a sweep's report, a user's task function): its Hydra is set
