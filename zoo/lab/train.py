@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,16 @@ from zoo.assembly.compose import CONF_DIR
 from zoo.assembly.spec import resolve_block
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
-from zoo.lab.records import METRICS, SUMMARY, MetricsLog, config_hash, read_summary, write_json_atomic
+from zoo.lab import checkpoint as ckpt
+from zoo.lab.records import (
+    METRICS,
+    SUMMARY,
+    MetricsLog,
+    config_hash,
+    keep_metrics_until,
+    read_summary,
+    write_json_atomic,
+)
 from zoo.lab.tasks import build_task
 from zoo.lab.trainer import Trainer, check_run_config
 from zoo.models.language import build_model
@@ -128,7 +137,7 @@ def run(
             if prior and prior.get("status") == "ok" and prior.get("config_hash") == summary["config_hash"]:
                 log.info("skip %s: already ok (%s)", shown(out_dir), metric_text(prior))
                 return prior
-        train(raw, summary, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun)
+        train(raw, summary, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun, resume=resume)
     except ConfigError as error:
         summary.update(status="failed", error=f"ConfigError: {error}")
     except Exception as error:
@@ -147,9 +156,18 @@ def run(
 
 
 def train(
-    raw: dict[str, Any], summary: dict[str, Any], out_dir: Path | None, *, parallel_jobs: int, multirun: bool
+    raw: dict[str, Any],
+    summary: dict[str, Any],
+    out_dir: Path | None,
+    *,
+    parallel_jobs: int,
+    multirun: bool,
+    resume: bool = True,
 ) -> None:
-    """Validate, build and train, filling ``summary`` in; ``out_dir`` None writes nothing (other ranks)."""
+    """Validate, build and train, filling ``summary`` in; ``out_dir`` None writes nothing (other ranks).
+
+    With ``resume``, a checkpoint in ``out_dir`` (of this config) is continued; without, it is deleted.
+    """
     rank, world, local_rank = dist_env()
     train_cfg, device = check_run_config(raw)
     resolve_block(raw.get("block") or {})  # fail on the block before reading data
@@ -178,8 +196,10 @@ def train(
         world_size=world,
         metric={"name": task.metric, "mode": task.mode(), "value": None},
     )
+    resume_from = find_checkpoint(out_dir, summary["config_hash"], world, resume) if out_dir is not None else None
     if out_dir is not None:
         write_json_atomic(out_dir / SUMMARY, summary)  # status "running": a killed run is re-run on resume
+        (out_dir / ckpt.WEIGHTS).unlink(missing_ok=True)  # weights on disk are always this config's
     if rank == 0:
         choices = ", ".join(f"{k}={v}" for k, v in summary["choices"].items() if v is not None)
         data = summary["data"].get("sha256", "generated")[:12]
@@ -187,9 +207,14 @@ def train(
         log.info(
             "%s: %s parameters, %s, data %s (%s)", shown(out_dir), f"{total:,}", choices or "defaults", task.name, data
         )
-    metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None)
+    if resume_from is not None and out_dir is not None:
+        keep_metrics_until(out_dir, ckpt.read_state(resume_from)["step"])  # the curve continues after it
+    metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None, append=resume_from is not None)
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        shared = [str(resume_from) if resume_from is not None else None]
+        dist.broadcast_object_list(shared, src=0)  # rank 0 found it; every rank loads it
+        resume_from = Path(shared[0]) if shared[0] is not None else None
     try:
         trainer = Trainer(
             model,
@@ -201,8 +226,21 @@ def train(
             progress=raw.get("progress"),
             rank=rank,
             world=world,
+            save_checkpoint=checkpoint_writer(out_dir, summary["config_hash"], world, train_cfg.keep_checkpoints),
         )
+        summary["resumed_from"] = []
+        if resume_from is not None:
+            state = ckpt.load_checkpoint(
+                resume_from, model, trainer.optimizer, config_hash=summary["config_hash"], world_size=world
+            )
+            trainer.restore(state)
+            summary["resumed_from"] = [*state.resumed_from, state.step]
+            if rank == 0:
+                log.info("%s: resumed from %s", shown(out_dir), resume_from.name)
         outcome = trainer.fit()
+        if out_dir is not None and train_cfg.save == "final":
+            meta = {"config_hash": summary["config_hash"], "step": str(outcome.steps)}
+            ckpt.save_weights(model, out_dir / ckpt.WEIGHTS, meta)
         summary.update(outcome.as_dict())
         if world > 1:
             summary["ranks_in_sync"] = ranks_in_sync(model)
@@ -214,6 +252,32 @@ def train(
     summary["metric"]["value"] = outcome.final.get(task.metric) if outcome.status == "ok" else None
     if trainer.eval_errors:
         summary["eval_errors"] = trainer.eval_errors
+
+
+def find_checkpoint(out_dir: Path, config_hash: str, world: int, resume: bool) -> Path | None:
+    """The checkpoint to continue from: the latest in ``out_dir`` (checked against this config and
+    world size: another's is refused), or None. Without ``resume`` the folder's checkpoints are deleted."""
+    ckpt.remove_stale(out_dir)
+    if not resume:
+        ckpt.clear_checkpoints(out_dir)
+        return None
+    latest = ckpt.latest_checkpoint(out_dir)
+    if latest is not None:
+        ckpt.check_checkpoint(latest, config_hash=config_hash, world_size=world)
+    return latest
+
+
+def checkpoint_writer(
+    out_dir: Path | None, config_hash: str, world: int, keep: int
+) -> Callable[[ckpt.TrainState, torch.nn.Module, torch.optim.Optimizer], None] | None:
+    """What the trainer calls with each checkpoint (rank 0 with a run folder), or None."""
+    if out_dir is None:
+        return None
+
+    def write(state: ckpt.TrainState, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        ckpt.save_checkpoint(out_dir, state, model, optimizer, config_hash=config_hash, world_size=world, keep=keep)
+
+    return write
 
 
 def ranks_in_sync(model: torch.nn.Module) -> bool:
