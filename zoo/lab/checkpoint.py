@@ -13,6 +13,9 @@ a kill mid-write leaves either the whole checkpoint or none of it (stale temp fo
 by the next save or resume). Only the last ``keep`` are kept. A checkpoint whose config hash is not
 the run's is refused with an error naming both (:class:`CheckpointMismatch`), never loaded.
 
+Training hands checkpoints to a :class:`CheckpointWriter`, which copies the state to CPU memory and
+writes it in a background thread: the training loop waits only for the copy, not for the disk.
+
 The interface, :func:`save_checkpoint` and :func:`load_checkpoint` (model + optimizer + state), is
 the one place that knows the file layout: a sharded writer replaces :func:`write_model_optimizer`
 and :func:`read_model_optimizer` and keeps the rest.
@@ -24,6 +27,8 @@ import os
 import re
 import shutil
 import tempfile
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,12 +103,13 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def remove_stale(run_dir: Path) -> None:
-    """Delete temp folders left by writes that were killed."""
-    folder = Path(run_dir) / CHECKPOINTS
-    if folder.is_dir():
-        for p in folder.iterdir():
-            if p.name.startswith("."):
-                shutil.rmtree(p, ignore_errors=True)
+    """Delete the temp files and folders left by writes that were killed (``.<name>.<random>.tmp``)."""
+    run_dir = Path(run_dir)
+    for p in [*run_dir.glob(".*.tmp"), *run_dir.glob(f"{CHECKPOINTS}/.*")]:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def clear_checkpoints(run_dir: Path) -> None:
@@ -193,6 +199,71 @@ def save_checkpoint(
     for old in checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def snapshot(value: Any) -> Any:
+    """A copy on the CPU of a (nested) state dict's tensors, taken now: training goes on changing the originals."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, Mapping):
+        return {k: snapshot(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value)
+    return value
+
+
+class _Frozen(nn.Module):
+    """A state dict posing as a module, so a snapshot goes through the same writers as a live model."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self._state = state
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return self._state
+
+
+class _FrozenOptimizer:
+    def __init__(self, state: dict[str, Any]) -> None:
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state
+
+
+class CheckpointWriter:
+    """Writes the checkpoints of one run (rank 0): snapshots the state in the caller's thread, writes it
+    in a background thread, one write at a time. :meth:`close` waits for the last (and re-raises its
+    error); a write that fails is reported at the next call."""
+
+    def __init__(self, run_dir: Path, *, config_hash: str, world_size: int = 1, keep: int = 1) -> None:
+        self.run_dir, self.config_hash, self.world_size, self.keep = Path(run_dir), config_hash, world_size, keep
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def __call__(self, state: TrainState, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.close()
+        frozen = _Frozen(snapshot(model.state_dict())), _FrozenOptimizer(snapshot(optimizer.state_dict()))
+        self._thread = threading.Thread(target=self._write, args=(state, *frozen), daemon=True)
+        self._thread.start()
+
+    def _write(self, state: TrainState, model: nn.Module, optimizer: Any) -> None:
+        try:
+            save_checkpoint(
+                self.run_dir, state, model, optimizer,
+                config_hash=self.config_hash, world_size=self.world_size, keep=self.keep,
+            )  # fmt: skip
+        except BaseException as error:  # noqa: BLE001 (handed to the training thread)
+            self._error = error
+
+    def close(self) -> None:
+        """Wait for the write in flight; raise its error, if any."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def read_state(folder: Path) -> dict[str, Any]:

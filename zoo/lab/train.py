@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +210,11 @@ def train(
     if resume_from is not None and out_dir is not None:
         keep_metrics_until(out_dir, ckpt.read_state(resume_from)["step"])  # the curve continues after it
     metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None, append=resume_from is not None)
+    writer = None
+    if out_dir is not None and train_cfg.checkpoint_every > 0:
+        writer = ckpt.CheckpointWriter(
+            out_dir, config_hash=summary["config_hash"], world_size=world, keep=train_cfg.keep_checkpoints
+        )
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         shared = [str(resume_from) if resume_from is not None else None]
@@ -226,7 +231,7 @@ def train(
             progress=raw.get("progress"),
             rank=rank,
             world=world,
-            save_checkpoint=checkpoint_writer(out_dir, summary["config_hash"], world, train_cfg.keep_checkpoints),
+            save_checkpoint=writer,
         )
         summary["resumed_from"] = []
         if resume_from is not None:
@@ -238,6 +243,8 @@ def train(
             if rank == 0:
                 log.info("%s: resumed from %s", shown(out_dir), resume_from.name)
         outcome = trainer.fit()
+        if writer is not None:
+            writer.close()  # the last checkpoint is on disk before the run says it is done
         if out_dir is not None and train_cfg.save == "final":
             meta = {"config_hash": summary["config_hash"], "step": str(outcome.steps)}
             ckpt.save_weights(model, out_dir / ckpt.WEIGHTS, meta)
@@ -246,6 +253,8 @@ def train(
             summary["ranks_in_sync"] = ranks_in_sync(model)
     finally:
         metrics.close()
+        if writer is not None:
+            writer.close()
         if world > 1:
             dist.destroy_process_group()
     summary.update(trainer.peak_memory())
@@ -265,19 +274,6 @@ def find_checkpoint(out_dir: Path, config_hash: str, world: int, resume: bool) -
     if latest is not None:
         ckpt.check_checkpoint(latest, config_hash=config_hash, world_size=world)
     return latest
-
-
-def checkpoint_writer(
-    out_dir: Path | None, config_hash: str, world: int, keep: int
-) -> Callable[[ckpt.TrainState, torch.nn.Module, torch.optim.Optimizer], None] | None:
-    """What the trainer calls with each checkpoint (rank 0 with a run folder), or None."""
-    if out_dir is None:
-        return None
-
-    def write(state: ckpt.TrainState, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        ckpt.save_checkpoint(out_dir, state, model, optimizer, config_hash=config_hash, world_size=world, keep=keep)
-
-    return write
 
 
 def ranks_in_sync(model: torch.nn.Module) -> bool:
