@@ -48,6 +48,7 @@ from zoo.lab.records import (
     write_json_atomic,
 )
 from zoo.lab.tasks import build_task
+from zoo.lab.trackers import Tracker, check_logger, open_tracker
 from zoo.lab.trainer import Trainer, check_run_config
 from zoo.models.language import build_model
 
@@ -170,6 +171,7 @@ def train(
     """
     rank, world, local_rank = dist_env()
     train_cfg, device = check_run_config(raw)
+    logger = check_logger(raw.get("logger"))  # a tracker that is not installed fails here, before any work
     resolve_block(raw.get("block") or {})  # fail on the block before reading data
     if world > 1 and multirun:
         raise ConfigError("hydra.mode", "MULTIRUN", "torchrun trains one configuration; launch sweeps without it")
@@ -210,6 +212,14 @@ def train(
     if resume_from is not None and out_dir is not None:
         keep_metrics_until(out_dir, ckpt.read_state(resume_from)["step"])  # the curve continues after it
     metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None, append=resume_from is not None)
+    tracker = Tracker()
+    if out_dir is not None:  # rank 0: one tracker run per run folder, beside the sweep's others
+        tracker = open_tracker(logger, out_dir.parent if multirun else out_dir, out_dir.name, summary)
+
+    def record(line: dict[str, Any]) -> None:
+        metrics.write(line)
+        tracker.log(line)
+
     writer = None
     if out_dir is not None and train_cfg.checkpoint_every > 0:
         writer = ckpt.CheckpointWriter(
@@ -227,7 +237,7 @@ def train(
             train_cfg,
             device=device,
             data_seed=seed * 65_537 + rank,
-            log=metrics.write,
+            log=record,
             progress=raw.get("progress"),
             rank=rank,
             world=world,
@@ -253,6 +263,7 @@ def train(
             summary["ranks_in_sync"] = ranks_in_sync(model)
     finally:
         metrics.close()
+        tracker.finish(summary)  # status ok or diverged; running: the run raised
         if writer is not None:
             writer.close()
         if world > 1:
