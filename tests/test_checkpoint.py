@@ -114,3 +114,14 @@ def test_saving_and_checkpointing_keys_do_not_change_what_a_run_is():
 def test_bad_saving_options_are_config_errors(tmp_path, override, message):
     summary = run(tiny(override), tmp_path)
     assert summary["status"] == "failed" and message in summary["error"], summary["error"]
+
+
+def test_the_report_says_which_runs_resumed_from_which_step(tmp_path):
+    from zoo.lab.report import markdown
+    from zoo.lab.variants import build_report
+
+    run(tiny(*RESUMABLE), tmp_path / "sweep" / "whole")
+    interrupt(tmp_path / "sweep" / "whole", tmp_path / "sweep" / "resumed", 6)
+    run(tiny(*RESUMABLE), tmp_path / "sweep" / "resumed")
+    text = markdown(build_report(tmp_path / "sweep"))
+    assert text.endswith("Resumed from a checkpoint:\n- resumed: from step 6\n") and "- whole" not in text
