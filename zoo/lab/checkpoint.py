@@ -134,6 +134,7 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temp file, not the weights
         _fsync(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
@@ -179,6 +180,7 @@ def save_checkpoint(
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(run_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    tmp.chmod(0o755)
     try:
         meta = {"format": FORMAT, "config_hash": config_hash, "world_size": world_size, "step": state.step}
         write_model_optimizer(tmp, model, optimizer, meta)
