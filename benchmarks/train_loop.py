@@ -3,6 +3,7 @@
     python benchmarks/train_loop.py                                  # CPU, d_model 128, 4 layers, T 128
     python benchmarks/train_loop.py --d-model 64 --layers 2 --steps 50 --repeats 3   # a quick check
     python benchmarks/train_loop.py --device cuda --d-model 512 --layers 8 --batch 32 --seq-len 512
+    python benchmarks/train_loop.py --steps 400 --repeats 3          # + checkpoint cost (every 100 steps)
 
 Both sides train the same model (same init) with the same optimizer on the same task's batch
 size and length. The bare side reuses one batch already on the device and never reads the loss
@@ -10,18 +11,27 @@ back; the Trainer draws a fresh batch every step, sets the learning rate, clips 
 the loss, logs every ``train.log_every`` steps and updates its progress bar. Runs alternate
 (bare, loop, bare, loop, ...) so drift in machine load hits both alike; the medians are compared.
 The Trainer's tokens/s excludes its evaluation, as in summary.json. Target: ratio >= 0.90.
+
+Checkpoint cost: the same Trainer writing a training checkpoint every ``--checkpoint-every`` steps
+(default: ``train.checkpoint_every``'s default) into a temp folder, as a run does (snapshot to CPU,
+written by a background thread, fsynced, renamed). Its tokens/s counts the checkpoints' time.
+Target: >= 0.97 of the Trainer without checkpoints (needs --steps above --checkpoint-every).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 from timing import sync
 
 from zoo import build_model, compose
+from zoo.lab.checkpoint import CheckpointWriter
 from zoo.lab.tasks import build_task
 from zoo.lab.trainer import TrainConfig, Trainer, check_run_config, loss_fn, make_optimizer
 
@@ -52,11 +62,18 @@ def bare_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device, s
     return steps * train_cfg.batch_size * task.seq_len / (time.perf_counter() - start)
 
 
-def loop_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device) -> float:
+def loop_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device, folder: Path | None = None) -> float:
+    """The Trainer's tokens/s; with ``folder``, writing checkpoints there every train_cfg.checkpoint_every steps."""
     torch.manual_seed(0)
     model = build_model(cfg)
-    trainer = Trainer(model, task, train_cfg, device=device, data_seed=0, progress=False)
-    return trainer.fit().tokens_per_s
+    writer = CheckpointWriter(folder, config_hash="benchmark") if folder is not None else None
+    trainer = Trainer(model, task, train_cfg, device=device, data_seed=0, progress=False, save_checkpoint=writer)
+    outcome = trainer.fit()
+    if writer is None:
+        return outcome.tokens_per_s
+    waited = time.perf_counter()
+    writer.close()  # a write still in flight when training ends counts too
+    return outcome.tokens / (outcome.train_time_s + time.perf_counter() - waited)
 
 
 def main() -> None:
@@ -70,6 +87,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--checkpoint-every", type=int, default=TrainConfig.checkpoint_every)
     parser.add_argument("overrides", nargs="*", help="extra zoo overrides, e.g. preset=llama")
     args = parser.parse_args()
     if args.threads:
@@ -94,11 +112,14 @@ def main() -> None:
     raw = OmegaConf.to_container(cfg, resolve=True)
     train_cfg, device = check_run_config(raw)
     task = build_task(raw["task"])
-    bare, loop = [], []
-    for _ in range(args.repeats):
-        bare.append(bare_tokens_per_s(raw, task, train_cfg, device, args.steps))
-        loop.append(loop_tokens_per_s(raw, task, train_cfg, device))
-    b, lo = statistics.median(bare), statistics.median(loop)
+    saving = replace(train_cfg, checkpoint_every=args.checkpoint_every)
+    bare, loop, saved = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeats):
+            bare.append(bare_tokens_per_s(raw, task, train_cfg, device, args.steps))
+            loop.append(loop_tokens_per_s(raw, task, replace(train_cfg, checkpoint_every=0), device))
+            saved.append(loop_tokens_per_s(raw, task, saving, device, Path(tmp) / str(i)))
+    b, lo, sv = statistics.median(bare), statistics.median(loop), statistics.median(saved)
     print(
         f"model: d_model={args.d_model} layers={args.layers} T={args.seq_len} batch={args.batch} "
         f"device={args.device} threads={torch.get_num_threads()} {' '.join(args.overrides)}"
@@ -107,7 +128,11 @@ def main() -> None:
     print("|---|---|---|")
     print(f"| bare fwd+bwd+step | {b:,.0f} | {', '.join(f'{x:,.0f}' for x in bare)} |")
     print(f"| zoo Trainer | {lo:,.0f} | {', '.join(f'{x:,.0f}' for x in loop)} |")
+    every = args.checkpoint_every
+    print(f"| zoo Trainer + checkpoints every {every} | {sv:,.0f} | {', '.join(f'{x:,.0f}' for x in saved)} |")
     print(f"ratio Trainer / bare: {lo / b:.3f} (target >= 0.90)")
+    written = args.steps // args.checkpoint_every - (args.steps % args.checkpoint_every == 0)
+    print(f"ratio with checkpoints / without: {sv / lo:.3f} (target >= 0.97; {written} checkpoints per run)")
 
 
 if __name__ == "__main__":

@@ -17,3 +17,13 @@ def test_decode_benchmark_runs_and_measures_the_gqa_cache(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "| speedup of the cache |" in out and "| per-token time 16 / 4 |" in out
     assert "| GQA / MHA cache bytes | 0.5000 | 0.5000 |" in out  # 2 of 4 kv heads, measured
+
+
+def test_train_loop_benchmark_measures_the_checkpoint_cost(monkeypatch, capsys):
+    tiny = "--d-model 16 --heads 4 --layers 1 --seq-len 16 --batch 2 --steps 5 --repeats 1 --checkpoint-every 2"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["train_loop.py", *tiny.split(), "--threads", "1"])
+    runpy.run_path(str(BENCHMARKS / "train_loop.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "| zoo Trainer + checkpoints every 2 |" in out
+    assert "ratio with checkpoints / without: " in out and "(target >= 0.97; 2 checkpoints per run)" in out

@@ -3,7 +3,8 @@
 `zoo-parts` commands run as written (``--params`` at tiny sizes). `zoo-train` and `zoo-sweep`
 commands run as written with tiny sizes added (one grid point per swept key, one training step),
 except on a cluster (SLURM) or a GPU, where they are composed and validated only;
-`python benchmarks/...` scripts answer ``--help``. `pip` and `pytest` lines are what `.ci/run` runs.
+`zoo-generate` and `zoo-eval` run as written on a tiny run trained in place of the folder they
+name. `python benchmarks/...` scripts answer ``--help``. `pip` and `pytest` lines are what `.ci/run` runs.
 """
 
 from __future__ import annotations
@@ -63,10 +64,16 @@ TINY = {
 }
 
 
+def first_value(override: str) -> str:
+    """``key=a,b`` -> ``key=a`` (a sweep's first grid point); a list value ``key=[1,2]`` stays whole."""
+    key, value = override.split("=", 1)
+    return f"{key}={re.split(r',(?![^[]*])', value)[0]}"
+
+
 def run_tiny(program: str, args: list[str], tmp_path: Path) -> None:
     """Run the command in a subprocess at tiny sizes, one grid point per swept key; every run must be ok."""
     module = {"zoo-train": "zoo.lab.train", "zoo-sweep": "zoo.lab.sweep"}[program]
-    first = [a.split("=")[0] + "=" + a.split("=", 1)[1].split(",")[0] if "=" in a else a for a in args]
+    first = [first_value(a) if "=" in a else a for a in args]
     kept = [a for a in first if a.split("=")[0] not in TINY and not a.startswith("hydra.sweep.dir")]
     if program == "zoo-sweep":  # pin every key the sweep file sweeps to one value
         params = yaml.safe_load((ROOT / "sweeps" / f"{args[0]}.yaml").read_text())["hydra"]["sweeper"]["params"]
@@ -104,10 +111,19 @@ def test_doc_command_works(page, command, capsys, tmp_path):
         except SystemExit as exit_:  # --check exits 1 for an invalid combination, by design
             assert exit_.code in (0, 1, None)
         assert capsys.readouterr().out.strip()
+    elif program in ("zoo-generate", "zoo-eval"):
+        from zoo.lab.runs import eval_main, generate_main
+        from zoo.lab.train import run
+
+        tiny = [f"{k}={v}" for k, v in TINY.items()]
+        assert run(zoo.compose(["preset=llama", *tiny]), tmp_path / "run")["status"] == "ok"
+        args = [str(tmp_path / "run"), *args[1:]]  # the documented run folder -> the tiny one
+        (generate_main if program == "zoo-generate" else eval_main)(args)
+        assert capsys.readouterr().out.strip()
     elif program in ("zoo-train", "zoo-sweep"):
         overrides = [a for a in args if a != "-m" and not a.startswith(("hydra.", "hydra/"))]
         # A multirun's first grid point (the others differ only in values the registry checks too).
-        overrides = [a.split("=")[0] + "=" + a.split("=", 1)[1].split(",")[0] if "=" in a else a for a in overrides]
+        overrides = [first_value(a) if "=" in a else a for a in overrides]
         if program == "zoo-sweep":
             assert overrides[0] in sweep_names(), f"no sweep {overrides[0]!r}"
             overrides = sweep_argv(overrides[0], overrides[1:])

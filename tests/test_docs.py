@@ -14,7 +14,7 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", path.read_text(), flags=re.DOTALL | re.MULTILINE)
 
 
-@pytest.mark.parametrize("page", ["inference.md", "composing.md"])
+@pytest.mark.parametrize("page", ["inference.md", "composing.md", "runs.md"])
 def test_doc_examples_run(page):
     blocks = python_blocks(DOCS / page)
     assert blocks, f"{page} has no python example"

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 from matplotlib.image import imread
+from test_checkpoint import interrupt
+from test_train import without_timings
 
 import zoo
 from zoo import build_model, compose
-from zoo.lab.records import read_summary
+from zoo.lab.records import read_metrics, read_summary
 from zoo.lab.sweep import SWEEPS_DIR, sweep_argv, sweep_main, sweep_names
 from zoo.lab.train import run, run_dirname
 
@@ -110,9 +112,11 @@ def test_sweep_resumes_on_submitit_local(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_ddp_two_cpu_processes(tmp_path):
+def test_torchrun_ddp_two_cpu_processes_and_resume(tmp_path):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    zoo_cli("zoo.train", *SMALL, "hydra.run.dir=ddp", cwd=tmp_path, launcher=launcher)
+    # Checkpoints after steps 1, 2 and 3; dropout draws from each rank's own generator.
+    resumable = ["train.checkpoint_every=1", "train.keep_checkpoints=3", "block.dropout=0.1"]
+    zoo_cli("zoo.train", *SMALL, *resumable, "hydra.run.dir=ddp", cwd=tmp_path, launcher=launcher)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp"]  # rank 1 wrote nothing
     summary = read_summary(tmp_path / "ddp")
     assert summary["status"] == "ok" and summary["world_size"] == 2
@@ -120,6 +124,13 @@ def test_torchrun_ddp_two_cpu_processes(tmp_path):
     assert summary["tokens"] == 2 * 4 * 4 * 32  # two ranks' batches per step
     records = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "val"] == [2, 4]
+    # Killed after the checkpoint of step 1 (mid log interval): both ranks resume from it, to the same numbers.
+    interrupt(tmp_path / "ddp", tmp_path / "resumed", at_step=1)
+    zoo_cli("zoo.train", *SMALL, *resumable, "hydra.run.dir=resumed", cwd=tmp_path, launcher=launcher)
+    resumed = read_summary(tmp_path / "resumed")
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == [1] and resumed["ranks_in_sync"] is True
+    assert resumed["final"] == summary["final"]
+    assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "ddp"))
 
 
 def test_zoo_sweep_lists_the_versioned_sweeps(capsys):

@@ -62,7 +62,11 @@ def test_run_writes_metrics_and_summary(tmp_path):
     assert [r["step"] for r in records if r["kind"] == "train"] == [1, 4, 6, 8, 12]
     assert [r["step"] for r in records if r["kind"] == "val"] == [6, 12]
     assert {"loss", "lr", "tokens_per_s", "tokens"} <= set(records[0])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json"]  # no temp files left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "metrics.jsonl",
+        "model.safetensors",
+        "summary.json",
+    ]  # no temp files left
 
 
 def test_training_lowers_the_loss(tmp_path):

@@ -15,6 +15,7 @@ from zoo.assembly.spec import BlockSpec, resolve_block
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIONS, Registry
+from zoo.models.hf import from_hf
 from zoo.models.language import LanguageModel, build_model
 from zoo.models.seq2seq import Seq2SeqModel, build_seq2seq
 from zoo.parts.attention import KVCache
@@ -24,6 +25,15 @@ try:
     __version__ = importlib.metadata.version("zoo")
 except importlib.metadata.PackageNotFoundError:  # imported from a source tree that is not installed
     __version__ = "unknown"
+
+
+def __getattr__(name: str) -> object:
+    """``load_run`` and ``to_hf`` live in the lab (they read run folders), imported when first used."""
+    if name in ("load_run", "to_hf"):
+        from zoo.lab import runs
+
+        return getattr(runs, name)
+    raise AttributeError(f"module 'zoo' has no attribute {name!r}")
 
 
 def available() -> dict[str, list[str]]:
@@ -54,6 +64,9 @@ __all__ = [
     "build_seq2seq",
     "check_combination",
     "compose",
+    "from_hf",
+    "load_run",
     "param_report",
     "resolve_block",
+    "to_hf",
 ]

@@ -17,8 +17,10 @@ from typing import IO, Any
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 
-#: Keys of the run config that change how fast a run goes, not what it computes.
-RUNTIME_KEYS = ("threads", "progress")
+#: Keys of the run config that change how fast a run goes or what it leaves on disk, not what it computes.
+RUNTIME_KEYS = ("threads", "progress", "logger")
+#: The same inside the ``train`` section (saving and checkpointing never change a number).
+RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -74,19 +76,38 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 def config_hash(config: dict[str, Any]) -> str:
     """A short hash of what a run computes: its resolved config less the runtime-only keys."""
     semantic = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
+    if isinstance(semantic.get("train"), dict):
+        semantic["train"] = {k: v for k, v in semantic["train"].items() if k not in RUNTIME_TRAIN_KEYS}
     text = json.dumps(clean(semantic), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def keep_metrics_until(run_dir: Path, step: int) -> None:
+    """Rewrite ``metrics.jsonl`` (atomically) with only its records up to ``step``: a run resumed from
+    the checkpoint after ``step`` continues the curve from there (lines cut short by a kill are dropped)."""
+    kept = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
+    path = run_dir / METRICS
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=run_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class MetricsLog:
     """Appends one JSON object per line to ``metrics.jsonl``, flushed per record.
 
-    Opened with "w": a re-run starts its curve afresh. ``None`` as the path writes nothing
-    (ranks other than 0 under DDP).
+    Opened with "w": a re-run starts its curve afresh; ``append`` continues it (a resumed run,
+    after :func:`keep_metrics_until`). ``None`` as the path writes nothing (ranks other than 0 under DDP).
     """
 
-    def __init__(self, path: Path | None) -> None:
-        self._file: IO[str] | None = open(path, "w") if path is not None else None  # noqa: SIM115
+    def __init__(self, path: Path | None, append: bool = False) -> None:
+        self._file: IO[str] | None = open(path, "a" if append else "w") if path is not None else None  # noqa: SIM115
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:

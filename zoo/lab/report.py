@@ -75,6 +75,11 @@ def markdown(report: Report) -> str:
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]
     if problems:
         lines += ["", "Not ok:"] + [f"- {label}: {error}" for label, error in problems]
+    resumed = [(r.path.relative_to(report.root).as_posix() or ".", r.summary["resumed_from"])
+               for v in report.variants for r in v.runs if r.summary.get("resumed_from")]  # fmt: skip
+    if resumed:
+        lines += ["", "Resumed from a checkpoint:"]
+        lines += [f"- {path}: from step {', '.join(str(s) for s in steps)}" for path, steps in resumed]
     return "\n".join(lines) + "\n"
 
 

@@ -36,9 +36,19 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.assembly.compose import CONF_DIR, resolve_composed
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
+from zoo.lab import checkpoint as ckpt
 from zoo.lab.outcome import exit_if_a_run_failed
-from zoo.lab.records import METRICS, SUMMARY, MetricsLog, config_hash, read_summary, write_json_atomic
+from zoo.lab.records import (
+    METRICS,
+    SUMMARY,
+    MetricsLog,
+    config_hash,
+    keep_metrics_until,
+    read_summary,
+    write_json_atomic,
+)
 from zoo.lab.tasks import build_task
+from zoo.lab.trackers import Tracker, check_logger, open_tracker
 from zoo.lab.trainer import Trainer, check_run_config
 from zoo.models.language import build_model
 
@@ -128,7 +138,7 @@ def run(
             if prior and prior.get("status") == "ok" and prior.get("config_hash") == summary["config_hash"]:
                 log.info("skip %s: already ok (%s)", shown(out_dir), metric_text(prior))
                 return prior
-        train(raw, summary, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun)
+        train(raw, summary, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun, resume=resume)
     except ConfigError as error:
         summary.update(status="failed", error=f"ConfigError: {error}")
     except Exception as error:
@@ -147,11 +157,21 @@ def run(
 
 
 def train(
-    raw: dict[str, Any], summary: dict[str, Any], out_dir: Path | None, *, parallel_jobs: int, multirun: bool
+    raw: dict[str, Any],
+    summary: dict[str, Any],
+    out_dir: Path | None,
+    *,
+    parallel_jobs: int,
+    multirun: bool,
+    resume: bool = True,
 ) -> None:
-    """Validate, build and train, filling ``summary`` in; ``out_dir`` None writes nothing (other ranks)."""
+    """Validate, build and train, filling ``summary`` in; ``out_dir`` None writes nothing (other ranks).
+
+    With ``resume``, a checkpoint in ``out_dir`` (of this config) is continued; without, it is deleted.
+    """
     rank, world, local_rank = dist_env()
     train_cfg, device = check_run_config(raw)
+    logger = check_logger(raw.get("logger"))  # a tracker that is not installed fails here, before any work
     # Fail on the block before reading data (a part's name naming the option file that set it).
     resolve_composed(raw.get("block") or {}, summary["choices"], summary["overrides"])
     if world > 1 and multirun:
@@ -179,8 +199,10 @@ def train(
         world_size=world,
         metric={"name": task.metric, "mode": task.mode(), "value": None},
     )
+    resume_from = find_checkpoint(out_dir, summary["config_hash"], world, resume) if out_dir is not None else None
     if out_dir is not None:
         write_json_atomic(out_dir / SUMMARY, summary)  # status "running": a killed run is re-run on resume
+        (out_dir / ckpt.WEIGHTS).unlink(missing_ok=True)  # weights on disk are always this config's
     if rank == 0:
         choices = ", ".join(f"{k}={v}" for k, v in summary["choices"].items() if v is not None)
         data = summary["data"].get("sha256", "generated")[:12]
@@ -188,9 +210,27 @@ def train(
         log.info(
             "%s: %s parameters, %s, data %s (%s)", shown(out_dir), f"{total:,}", choices or "defaults", task.name, data
         )
-    metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None)
+    if resume_from is not None and out_dir is not None:
+        keep_metrics_until(out_dir, ckpt.read_state(resume_from)["step"])  # the curve continues after it
+    metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None, append=resume_from is not None)
+    tracker = Tracker()
+    if out_dir is not None:  # rank 0: one tracker run per run folder, beside the sweep's others
+        tracker = open_tracker(logger, out_dir.parent if multirun else out_dir, out_dir.name, summary)
+
+    def record(line: dict[str, Any]) -> None:
+        metrics.write(line)
+        tracker.log(line)
+
+    writer = None
+    if out_dir is not None and train_cfg.checkpoint_every > 0:
+        writer = ckpt.CheckpointWriter(
+            out_dir, config_hash=summary["config_hash"], world_size=world, keep=train_cfg.keep_checkpoints
+        )
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        shared = [str(resume_from) if resume_from is not None else None]
+        dist.broadcast_object_list(shared, src=0)  # rank 0 found it; every rank loads it
+        resume_from = Path(shared[0]) if shared[0] is not None else None
     try:
         trainer = Trainer(
             model,
@@ -198,23 +238,54 @@ def train(
             train_cfg,
             device=device,
             data_seed=seed * 65_537 + rank,
-            log=metrics.write,
+            log=record,
             progress=raw.get("progress"),
             rank=rank,
             world=world,
+            save_checkpoint=writer,
         )
+        summary["resumed_from"] = []
+        if resume_from is not None:
+            state = ckpt.load_checkpoint(
+                resume_from, model, trainer.optimizer, config_hash=summary["config_hash"], world_size=world
+            )
+            trainer.restore(state)
+            summary["resumed_from"] = [*state.resumed_from, state.step]
+            if rank == 0:
+                log.info("%s: resumed from %s", shown(out_dir), resume_from.name)
         outcome = trainer.fit()
+        if writer is not None:
+            writer.close()  # the last checkpoint is on disk before the run says it is done
+        if out_dir is not None and train_cfg.save == "final":
+            meta = {"config_hash": summary["config_hash"], "step": str(outcome.steps)}
+            ckpt.save_weights(model, out_dir / ckpt.WEIGHTS, meta)
         summary.update(outcome.as_dict())
         if world > 1:
             summary["ranks_in_sync"] = ranks_in_sync(model)
     finally:
         metrics.close()
+        tracker.finish(summary)  # status ok or diverged; running: the run raised
+        if writer is not None:
+            writer.close()
         if world > 1:
             dist.destroy_process_group()
     summary.update(trainer.peak_memory())
     summary["metric"]["value"] = outcome.final.get(task.metric) if outcome.status == "ok" else None
     if trainer.eval_errors:
         summary["eval_errors"] = trainer.eval_errors
+
+
+def find_checkpoint(out_dir: Path, config_hash: str, world: int, resume: bool) -> Path | None:
+    """The checkpoint to continue from: the latest in ``out_dir`` (checked against this config and
+    world size: another's is refused), or None. Without ``resume`` the folder's checkpoints are deleted."""
+    ckpt.remove_stale(out_dir)
+    if not resume:
+        ckpt.clear_checkpoints(out_dir)
+        return None
+    latest = ckpt.latest_checkpoint(out_dir)
+    if latest is not None:
+        ckpt.check_checkpoint(latest, config_hash=config_hash, world_size=world)
+    return latest
 
 
 def ranks_in_sync(model: torch.nn.Module) -> bool:

@@ -24,12 +24,16 @@ from tqdm import tqdm
 
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
+from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
 from zoo.lab.tasks import IGNORE, Batch, Task
 from zoo.lab.tasks.base import metric_name
 from zoo.models.language import LanguageModel
 
+#: ``train.save``: what a finished run keeps (final weights as model.safetensors, or nothing).
+SAVE = ("final", "none")
+
 #: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form).
-RUN_KEYS = {"block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep"}
+RUN_KEYS = {"block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 8
     diverge_factor: float = 4.0
+    save: str = "final"
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 1
 
     @classmethod
     def from_config(cls, raw: dict[str, Any] | None) -> TrainConfig:
@@ -57,7 +64,7 @@ class TrainConfig:
         for key in raw:
             if key not in names:
                 raise ConfigError(f"train.{key}", raw[key], f"unknown key; allowed: {', '.join(names)}")
-        hints = {"int": int, "float": float}
+        hints = {"int": int, "float": float, "str": str}
         values = {
             f.name: check_type(f"train.{f.name}", raw[f.name], hints[f.type]) for f in fields(cls) if f.name in raw
         }
@@ -65,7 +72,7 @@ class TrainConfig:
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
             if getattr(cfg, name) < 1:
                 raise ConfigError(f"train.{name}", getattr(cfg, name), "must be a positive integer")
-        for name in ("warmup_steps", "eval_every", "weight_decay", "grad_clip"):
+        for name in ("warmup_steps", "eval_every", "weight_decay", "grad_clip", "checkpoint_every"):
             if getattr(cfg, name) < 0:
                 raise ConfigError(f"train.{name}", getattr(cfg, name), "must be >= 0")
         if not cfg.lr > 0 or not math.isfinite(cfg.lr):
@@ -77,6 +84,10 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}", getattr(cfg, name), "must be in [0, 1)")
         if not cfg.diverge_factor > 1:
             raise ConfigError("train.diverge_factor", cfg.diverge_factor, "must be > 1")
+        if cfg.save not in SAVE:
+            raise ConfigError("train.save", cfg.save, " or ".join(SAVE))
+        if cfg.keep_checkpoints < 1:
+            raise ConfigError("train.keep_checkpoints", cfg.keep_checkpoints, "must be a positive integer")
         return cfg
 
     def lr_at(self, step: int) -> float:
@@ -146,6 +157,9 @@ class Trainer:
     every rank built the same model from the same seed, and ``data_seed`` differs by rank.
 
     ``log`` receives every metrics record (rank 0 passes a writer; other ranks a no-op).
+    Every ``cfg.checkpoint_every`` steps the ranks gather a :class:`TrainState` and rank 0 passes it
+    to ``save_checkpoint`` (with ``self.model`` and ``self.optimizer``, what it writes beside it);
+    :meth:`restore` continues from one.
     """
 
     def __init__(
@@ -160,6 +174,7 @@ class Trainer:
         progress: bool | None = None,
         rank: int = 0,
         world: int = 1,
+        save_checkpoint: Callable[[TrainState, nn.Module, torch.optim.Optimizer], None] | None = None,
     ) -> None:
         self.model, self.task, self.cfg, self.device = model.to(device), task, cfg, device
         self.rank, self.world, self.log = rank, world, log
@@ -175,6 +190,27 @@ class Trainer:
             self.train_model = self.model
         self.val_sets = {f: task.val_batches(cfg.batch_size, cfg.eval_batches, f) for f in task.eval_lengths}
         self.eval_errors: dict[str, str] = {}
+        self.save_checkpoint = save_checkpoint
+        self.checkpointing = cfg.checkpoint_every > 0 and (save_checkpoint is not None or world > 1)
+        self.restored: TrainState | None = None
+
+    def restore(self, state: TrainState) -> None:
+        """Continue from ``state`` (model and optimizer already loaded): this rank's generators now;
+        the loop's running values when :meth:`fit` starts, at step ``state.step + 1``."""
+        set_rng_state(state.ranks[self.rank]["rng"], self.generator, self.device)
+        self.restored = state
+
+    def checkpoint(self, step: int, loss_sum: torch.Tensor, loop: dict[str, Any]) -> None:
+        """Gather every rank's generators and running loss; rank 0 hands the state to ``save_checkpoint``."""
+        mine = {"rng": rng_state(self.generator, self.device), "loss_sum": loss_sum.detach().cpu().clone()}
+        ranks = [mine]
+        if self.world > 1:
+            ranks = [None] * self.world
+            dist.all_gather_object(ranks, mine)
+        if self.save_checkpoint is not None:
+            history = self.restored.resumed_from + [self.restored.step] if self.restored else []
+            state = TrainState(step=step, loop=loop, ranks=ranks, resumed_from=history)
+            self.save_checkpoint(state, self.model, self.optimizer)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast on CUDA; nothing on CPU (float32)."""
@@ -193,14 +229,24 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         disable = True if self.rank != 0 or self.progress is False else (None if self.progress is None else False)
-        bar = tqdm(total=cfg.steps, disable=disable, unit="step", dynamic_ncols=True)  # None: off unless a TTY
         loss_sum, n_summed = torch.zeros((), device=self.device), 0
         reference, last_loss, final_val = None, None, {}
-        train_time, status, reason, step = 0.0, "ok", None, 0
+        train_time, status, reason, step, first = 0.0, "ok", None, 0, 1
+        if self.restored is not None:  # continue a checkpointed run where it stopped
+            first, loop = self.restored.step + 1, self.restored.loop
+            loss_sum += self.restored.ranks[self.rank]["loss_sum"].to(self.device)
+            n_summed, reference, last_loss = loop["n_summed"], loop["reference"], loop["last_loss"]
+            final_val, train_time = loop["final_val"], loop["train_time"]
+        bar = tqdm(total=cfg.steps, initial=first - 1, disable=disable, unit="step", dynamic_ncols=True)  # None: TTY
         model.train()
         batches = self.batches()
         started = time.perf_counter()
-        for step in range(1, cfg.steps + 1):
+        for step in range(first, cfg.steps + 1):
+            if self.checkpointing and step > first and (step - 1) % cfg.checkpoint_every == 0:
+                elapsed = train_time + time.perf_counter() - started  # the state after step - 1
+                loop = {"n_summed": n_summed, "reference": reference, "last_loss": last_loss,
+                        "final_val": final_val, "train_time": elapsed}  # fmt: skip
+                self.checkpoint(step - 1, loss_sum, loop)
             lr = cfg.lr_at(step - 1)
             for group in optimizer.param_groups:
                 group["lr"] = lr

@@ -1,0 +1,118 @@
+"""Hugging Face export and import: same logits both ways, for every combination a transformers class expresses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zoo
+from zoo import build_model, compose
+from zoo.core.errors import ConfigError
+
+transformers = pytest.importorskip("transformers")  # installed by .ci/run (the hf extra)
+
+SMALL = ["block.d_model=32", "block.n_heads=4", "model.n_layers=2", "block.max_len=48"]
+EXPORTABLE = {
+    "llama (gqa, rmsnorm, rotary, swiglu, no bias, tied)": ["preset=llama"],
+    "llama mha, bias, untied": ["preset=llama", "attn=mha", "block.bias=true", "model.tie_embeddings=false"],
+    "llama mqa, geglu, rotary base": ["preset=llama", "attn=mqa", "mlp=geglu", "block.pos.base=500.0"],
+    "llama reglu, rmsnorm eps": ["preset=llama", "mlp=reglu", "block.norm.eps=1e-5"],
+    "gpt2 (layernorm, learned, exact gelu)": ["preset=gpt", "pos=learned"],
+    "gpt2 relu2 untied d_ff": ["preset=gpt", "pos=learned", "mlp=relu2", "model.tie_embeddings=false", "block.d_ff=40"],
+    "gpt2 relu, layernorm eps": ["preset=gpt", "pos=learned", "mlp=relu", "block.norm.eps=1e-6"],
+}
+CLASSES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
+
+
+def perturbed(overrides: list[str]) -> zoo.LanguageModel:
+    """A random model whose norm gains and biases are not at their init values (so a swapped one shows)."""
+    torch.manual_seed(0)
+    model = build_model(compose([*overrides, *SMALL])).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+IDS = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("overrides", list(EXPORTABLE.values()), ids=list(EXPORTABLE))
+def test_export_then_import_keeps_the_logits(overrides, tmp_path):
+    model = perturbed(overrides)
+    zoo.to_hf(model, tmp_path)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    expected = "GPT2LMHeadModel" if "preset=gpt" in overrides else "LlamaForCausalLM"
+    assert type(theirs).__name__ == expected
+    back = zoo.from_hf(tmp_path)
+    with torch.no_grad():
+        mine = model(IDS)
+        torch.testing.assert_close(theirs(IDS).logits, mine, rtol=1e-5, atol=1e-5)
+        assert torch.equal(back(IDS), mine)  # the same weights, in the same layout: bit for bit
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_import_of_a_transformers_model_keeps_its_logits(kind):
+    # A randomly initialized transformers model (not one zoo wrote): GQA with 2 kv heads, bias, untied.
+    if kind == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, attention_bias=True, mlp_bias=True, tie_word_embeddings=False, rope_theta=1000.0,
+        )  # fmt: skip
+    else:
+        config = transformers.GPT2Config(
+            vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=48, activation_function="gelu"
+        )
+    torch.manual_seed(0)
+    theirs = getattr(transformers, CLASSES[kind])(config).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model = zoo.from_hf(theirs)
+    ids = IDS % 96
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), theirs(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "part"),
+    [
+        (["preset=llama", "placement=post"], "block.placement='post'", "LlamaForCausalLM, needs pre-norm blocks"),
+        (["preset=llama", "norm=scalenorm"], "block.norm='scalenorm'", "needs RMSNorm"),
+        (["preset=llama", "pos=alibi"], "block.pos='alibi'", "needs rotary positions"),
+        (["preset=llama", "block.pos.rotary_fraction=0.5"], "block.pos.rotary_fraction=0.5", "whole head"),
+        (["preset=llama", "block.attn.qk_norm=rmsnorm"], "block.attn.qk_norm='rmsnorm'", "needs no qk_norm"),
+        (["preset=gpt", "pos=learned", "attn=gqa"], "block.attn='gqa'", "GPT2LMHeadModel, needs multi-head"),
+        (["preset=gpt", "pos=learned", "block.bias=false"], "block.bias=False", "biases everywhere"),
+        (["preset=gpt", "pos=sinusoidal"], "block.pos='sinusoidal'", "needs learned absolute positions"),
+        (["preset=llama", "block.attn.window=8"], "block.attn.window=8", "needs no sliding window"),
+    ],
+)
+def test_a_combination_no_class_expresses_names_its_part(overrides, field, part, tmp_path):
+    with pytest.raises(ConfigError, match="no transformers class has a counterpart") as error:
+        zoo.to_hf(perturbed(overrides), tmp_path)
+    assert str(error.value).startswith(field) and part in str(error.value), str(error.value)
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_mixed_layers_and_tanh_gelu_are_refused(tmp_path):
+    mixed = build_model(compose(["preset=llama", *SMALL, "+model.layers.1.attn=mha"]))
+    with pytest.raises(ConfigError, match=r"model.layers.1.attn='mha': transformers classes repeat one block"):
+        zoo.to_hf(mixed, tmp_path)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64))
+    with pytest.raises(ConfigError, match="activation_function='gelu_new': .*tanh approximation"):
+        zoo.from_hf(gpt2)
+
+
+def test_a_run_folder_exports(tmp_path):
+    from test_train import tiny
+
+    from zoo.lab.train import run
+
+    summary = run(tiny("preset=llama"), tmp_path / "run")
+    zoo.to_hf(tmp_path / "run", tmp_path / "hf")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    model, config = zoo.load_run(tmp_path / "run")
+    assert config == summary["config"]
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(IDS[:, :32]).logits, model(IDS[:, :32]), rtol=1e-5, atol=1e-5)

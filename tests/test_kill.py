@@ -1,0 +1,120 @@
+"""SIGKILL a 2-run sweep at random moments (some while a checkpoint is being written), rerun it until
+it is done: every run ends as the uninterrupted sweep's did, no file is corrupt, no run is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_train import without_timings
+
+import zoo
+from zoo import compose
+from zoo.lab import checkpoint as ckpt
+from zoo.lab.records import read_metrics
+from zoo.lab.train import run
+
+ROOT = Path(zoo.__file__).resolve().parent.parent
+SWEEP = [
+    "-m",
+    "block.d_model=32",
+    "block.n_heads=4",
+    "model.n_layers=1",
+    "task.max_bytes=20000",
+    "task.seq_len=16",
+    "task.val_fraction=0.1",
+    "train.steps=30",
+    "train.batch_size=4",
+    "train.log_every=3",
+    "train.eval_every=10",
+    "train.eval_batches=1",
+    "train.checkpoint_every=3",
+    "train.keep_checkpoints=2",
+    "block.dropout=0.1",
+    "threads=1",
+    "seed=0,1",
+]
+KILLS = 5  # 3 the moment a checkpoint write begins, 2 at random moments
+SAME = ("status", "steps", "tokens", "final", "metric", "config_hash", "parameters", "reason")
+
+
+def start(folder: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "zoo.lab.train", *SWEEP, f"hydra.sweep.dir={folder}"]
+    return subprocess.Popen(command, cwd=folder.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def temp_folders(folder: Path) -> set[Path]:
+    """Checkpoints being written (or left half-written by a kill) in the sweep's runs."""
+    return set(folder.glob(f"*/{ckpt.CHECKPOINTS}/.step_*"))
+
+
+def kill_when(proc: subprocess.Popen, due) -> bool:  # noqa: ANN001
+    """SIGKILL ``proc`` as soon as ``due()``; False when it ended first."""
+    while proc.poll() is None:
+        if due():
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.002)  # a checkpoint write takes milliseconds (fsyncs): this catches it
+    return False
+
+
+def runs_by_seed(folder: Path) -> dict[int, Path]:
+    return {json.loads((p / "summary.json").read_text())["config"]["seed"]: p for p in folder.iterdir() if p.is_dir()}
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_changes_no_result(tmp_path):
+    whole = tmp_path / "whole"  # the uninterrupted runs, trained here
+    for seed in (0, 1):
+        overrides = [a for a in SWEEP if a != "-m" and not a.startswith("seed=")]
+        assert run(compose([*overrides, f"seed={seed}"]), whole / str(seed))["status"] == "ok"
+
+    killed, rng = tmp_path / "killed", random.Random(0)
+    kills, during_writes, attempts = 0, 0, 0
+    while True:
+        attempts += 1
+        assert attempts < 40, f"the sweep never finished ({kills} kills)"
+        proc = start(killed)
+        if kills >= KILLS:  # enough: let it finish
+            assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+            break
+        stale = temp_folders(killed)  # left by earlier kills (the resumed run deletes them)
+        if kills % 2 == 0:  # the moment a checkpoint write begins
+            hit = kill_when(proc, lambda stale=stale: bool(temp_folders(killed) - stale))
+            during_writes += hit and bool(temp_folders(killed) - stale)  # it was still half-written
+        else:  # any moment: imports, training, evaluation, summary or weights writes
+            deadline = time.monotonic() + rng.uniform(0.5, 6.0)
+            hit = kill_when(proc, lambda deadline=deadline: time.monotonic() >= deadline)
+        if not hit:
+            assert proc.returncode == 0, proc.stderr.read()[-3000:]
+            break
+        kills += 1
+    print(f"{kills} kills ({during_writes} mid checkpoint write), {attempts} starts")
+    assert kills >= 5 and during_writes >= 2, (kills, during_writes)
+
+    expected, got = runs_by_seed(whole), runs_by_seed(killed)
+    assert sorted(got) == sorted(expected) and len(got) == 2  # no run lost
+    for name, folder in got.items():
+        a = json.loads((expected[name] / "summary.json").read_text())
+        b = json.loads((folder / "summary.json").read_text())  # parses: not corrupt
+        assert {k: b.get(k) for k in SAME} == {k: a.get(k) for k in SAME}, name
+        assert without_timings(read_metrics(folder)) == without_timings(read_metrics(expected[name]))
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) == len(read_metrics(folder))  # every line whole
+        wa, wb = load_file(expected[name] / ckpt.WEIGHTS), load_file(folder / ckpt.WEIGHTS)
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+        for step in ckpt.checkpoints(folder):  # every checkpoint left loads
+            assert ckpt.read_state(step)["config_hash"] == b["config_hash"]
+            load_file(step / ckpt.WEIGHTS)
+        assert not list(folder.glob(".*.tmp")) and not list(folder.glob(f"{ckpt.CHECKPOINTS}/.*"))

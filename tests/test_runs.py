@@ -1,0 +1,78 @@
+"""Using finished runs: zoo.load_run, zoo-generate and zoo-eval (through their command lines)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_train import tiny
+
+import zoo
+from zoo.core.errors import ConfigError
+from zoo.lab import train as train_module
+from zoo.lab.runs import eval_main, evaluate_run, generate_main
+from zoo.lab.train import run
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A byte-level llama-style run (and the model object it trained) and an mqar run."""
+    root = tmp_path_factory.mktemp("runs")
+    built = []
+
+    def keep(cfg):  # the model the run trains, to compare with what load_run rebuilds
+        built.append(zoo.build_model(cfg))
+        return built[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_module, "build_model", keep)
+        summary = run(tiny("preset=llama", "task.eval_lengths=[1,2]"), root / "bytes")
+    assert summary["status"] == "ok"
+    small = ("task.n_pairs=4", "task.n_queries=4", "task.n_keys=16", "task.n_values=16")
+    mqar = run(tiny(*small, task="mqar"), root / "m")
+    assert mqar["status"] == "ok"
+    return root, built[0].eval(), summary
+
+
+def test_load_run_gives_the_trained_model_and_its_config(trained):
+    root, model, summary = trained
+    loaded, config = zoo.load_run(root / "bytes")
+    assert config == summary["config"] and not loaded.training
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
+
+
+def test_a_checkpoint_loads_and_a_run_without_weights_says_why(tmp_path):
+    run(tiny("train.save=none", "train.checkpoint_every=4"), tmp_path)
+    with pytest.raises(ConfigError, match=r"has no model.safetensors \(status 'ok'; train.save=final keeps it\)"):
+        zoo.load_run(tmp_path)
+    model, _ = zoo.load_run(tmp_path / "checkpoints" / "step_000008")
+    assert model.num_parameters() > 0
+
+
+def test_zoo_eval_reproduces_the_runs_validation_and_goes_longer(trained, capsys):
+    root, _, summary = trained
+    metrics, errors = evaluate_run(root / "bytes")
+    assert metrics == {k: v for k, v in summary["final"].items() if k != "train_loss"} and not errors
+    eval_main([str(root / "bytes"), "--lengths", "1,2,4"])
+    out = capsys.readouterr().out
+    assert "| length | tokens | val_bpb | val_loss |" in out
+    assert f"| 1x | 32 | {summary['final']['val_bpb']:.4f} | {summary['final']['val_loss']:.4f} |" in out
+    assert f"| 2x | 64 | {summary['final']['val_bpb_2x']:.4f} |" in out and "| 4x | 128 |" in out
+    with pytest.raises(SystemExit, match="zoo-eval: --lengths='1,x': multiples of the trained length"):
+        eval_main([str(root / "bytes"), "--lengths", "1,x"])
+
+
+def test_zoo_generate_prints_text_for_bytes_and_ids_otherwise(trained, capsys):
+    root, model, _ = trained
+    generate_main([str(root / "bytes"), "def ", "--max-new-tokens", "12", "--temperature", "0"])
+    text = capsys.readouterr().out.rstrip("\n")
+    greedy = model.generate(torch.tensor([list(b"def ")]), 12, temperature=0.0, use_cache=False)
+    assert text == "def " + bytes(greedy[0].tolist()).decode("utf-8", errors="replace")
+    generate_main([str(root / "bytes"), "x", "--max-new-tokens", "5", "--temperature", "0.8", "--top-k", "5"])
+    assert capsys.readouterr().out.startswith("x")
+    generate_main([str(root / "m"), "1 17 2 18 1", "--max-new-tokens", "3", "--temperature", "0"])
+    ids = capsys.readouterr().out.split()
+    assert len(ids) == 3 and all(0 <= int(i) < 32 for i in ids)
+    with pytest.raises(SystemExit, match="zoo-generate: prompt='1 a': token ids separated by spaces"):
+        generate_main([str(root / "m"), "1 a"])

@@ -1,0 +1,185 @@
+"""Using a finished run: load its model (:func:`load_run`), sample from it (``zoo-generate``),
+re-evaluate it on its task at any length (``zoo-eval``), export it (:func:`to_hf`).
+
+    zoo-generate runs/quick/pos=rotary,mlp=swiglu,seed=0 "def main(" --max-new-tokens 80 --temperature 0.8
+    zoo-eval runs/quick/pos=rotary,mlp=swiglu,seed=0 --lengths 1,2,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from zoo.core.errors import ConfigError
+from zoo.lab import checkpoint as ckpt
+from zoo.lab.records import read_summary
+from zoo.lab.tasks import build_task
+from zoo.lab.trainer import TrainConfig, Trainer
+from zoo.models import hf
+from zoo.models.language import LanguageModel, build_model
+
+#: Tasks whose tokens are bytes: prompts are text, samples are decoded as UTF-8.
+BYTE_TASKS = ("bytes",)
+
+
+class LoadedRun(NamedTuple):
+    """A trained model (in eval mode) and the resolved config that built it (summary.json's)."""
+
+    model: LanguageModel
+    config: dict[str, Any]
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
+    """The trained model of a run folder (its ``model.safetensors``), or of one of its checkpoints
+    (``<run>/checkpoints/step_<N>``), rebuilt from the config in the run's ``summary.json``."""
+    path = Path(path)
+    run_dir = path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
+    weights = path / ckpt.WEIGHTS
+    summary = read_summary(run_dir)
+    if summary is None or "config" not in summary:
+        raise ConfigError("run", str(run_dir), "a run folder with a summary.json (zoo-train writes one)")
+    if not weights.exists():
+        latest = ckpt.latest_checkpoint(run_dir)
+        hint = f"; its latest checkpoint is {latest}" if latest is not None else ""
+        status = summary.get("status")
+        allowed = f"has no {ckpt.WEIGHTS} (status {status!r}; train.save=final keeps it){hint}"
+        raise ConfigError("run", str(path), allowed)
+    model = build_model(summary["config"]).to(device)
+    meta = ckpt.load_weights(model, weights)
+    if meta.get("config_hash") not in (None, summary.get("config_hash")):
+        raise ConfigError(
+            "run", str(path), f"weights of config {meta['config_hash']}, summary.json of {summary.get('config_hash')}"
+        )
+    return LoadedRun(model.eval(), summary["config"])
+
+
+def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path) -> Path:
+    """Write a ``transformers`` checkpoint of a zoo model or a run folder (see :func:`zoo.models.hf.to_hf`)."""
+    model = model_or_run if isinstance(model_or_run, nn.Module) else load_run(model_or_run).model
+    return hf.to_hf(model, out_dir)
+
+
+# -- zoo-generate ---------------------------------------------------------------------------------
+
+
+def encode(prompt: str, config: dict[str, Any]) -> list[int]:
+    if config["task"]["name"] in BYTE_TASKS:
+        return list(prompt.encode("utf-8"))
+    try:
+        return [int(token) for token in prompt.split()]
+    except ValueError:
+        allowed = "token ids separated by spaces (this run's task is not byte-level)"
+        raise ConfigError("prompt", prompt, allowed) from None
+
+
+def decode(ids: Sequence[int], config: dict[str, Any]) -> str:
+    if config["task"]["name"] in BYTE_TASKS:
+        return bytes(ids).decode("utf-8", errors="replace")
+    return " ".join(str(i) for i in ids)
+
+
+def generate_main(argv: Sequence[str] | None = None) -> None:
+    """``zoo-generate DIR PROMPT``: continue PROMPT with the run's model (KV-cached sampling)."""
+    parser = argparse.ArgumentParser(
+        prog="zoo-generate",
+        description="Sample from a trained run: byte-level runs take and print text, others token ids.",
+    )
+    parser.add_argument("run", help="a run folder (or one of its checkpoints/step_<N> folders)")
+    parser.add_argument("prompt", help="text (byte-level runs) or token ids separated by spaces")
+    parser.add_argument("--max-new-tokens", type=int, default=100)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy (argmax)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    parser.add_argument("--seed", type=int, default=0, help="the sampling generator's seed")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    try:
+        model, config = load_run(args.run, args.device)
+        ids = encode(args.prompt, config)
+        if not ids:
+            raise ConfigError("prompt", args.prompt, "at least one token")
+        vocab = model.embed.num_embeddings
+        if max(ids) >= vocab or min(ids) < 0:
+            raise ConfigError("prompt", args.prompt, f"token ids in 0..{vocab - 1}")
+        prompt = torch.tensor([ids], device=args.device)
+        generator = torch.Generator(args.device).manual_seed(args.seed)
+        new = model.generate(
+            prompt, args.max_new_tokens, args.temperature, args.top_k, use_cache=True, generator=generator
+        )
+    except ConfigError as error:
+        sys.exit(f"zoo-generate: {error}")
+    if config["task"]["name"] in BYTE_TASKS:
+        print(args.prompt + decode(new[0].tolist(), config))
+    else:
+        print(decode(new[0].tolist(), config))
+
+
+# -- zoo-eval -------------------------------------------------------------------------------------
+
+
+def parse_lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(x) for x in text.split(",")]
+    except ValueError:
+        allowed = "multiples of the trained length separated by commas, e.g. 1,2,4"
+        raise ConfigError("--lengths", text, allowed) from None
+    return lengths
+
+
+def evaluate_run(
+    path: str | Path, lengths: Sequence[int] | None = None, device: str = "cpu", batches: int | None = None
+) -> tuple[dict[str, float | None], dict[str, str]]:
+    """The run's validation metrics at ``lengths`` (multiples of its trained length; default: the
+    run's own ``task.eval_lengths``), computed as training computes them; and per-length errors."""
+    model, config = load_run(path, device)
+    task_cfg = dict(config["task"])
+    if lengths is not None:
+        task_cfg["eval_lengths"] = list(lengths)
+    task = build_task(task_cfg)
+    train = TrainConfig.from_config(config.get("train"))
+    if batches is not None:
+        train = TrainConfig.from_config({**config["train"], "eval_batches": batches})
+    if config.get("threads"):
+        torch.set_num_threads(config["threads"])
+    trainer = Trainer(model, task, train, device=torch.device(device), data_seed=0)
+    return trainer.evaluate(), trainer.eval_errors
+
+
+def eval_main(argv: Sequence[str] | None = None) -> None:
+    """``zoo-eval DIR [--lengths 1,2,4]``: the run's validation metrics, one row per length."""
+    parser = argparse.ArgumentParser(prog="zoo-eval", description="Re-evaluate a trained run on its task.")
+    parser.add_argument("run", help="a run folder (or one of its checkpoints/step_<N> folders)")
+    parser.add_argument("--lengths", default=None, help="multiples of the trained length, e.g. 1,2,4")
+    parser.add_argument("--batches", type=int, default=None, help="validation batches (default: the run's)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    try:
+        lengths = parse_lengths(args.lengths) if args.lengths else None
+        metrics, errors = evaluate_run(args.run, lengths, args.device, args.batches)
+        config = load_run_config(args.run)
+    except ConfigError as error:
+        sys.exit(f"zoo-eval: {error}")
+    task = build_task(config["task"] if lengths is None else {**config["task"], "eval_lengths": lengths})
+    names = list(task.metrics)
+    print(f"{args.run}: task {task.name}, trained length {task.seq_len}")
+    print("| length | tokens | " + " | ".join(f"val_{n}" for n in names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for factor in task.eval_lengths:
+        suffix = "" if factor == 1 else f"_{factor}x"
+        cells = [metrics.get(f"val_{n}{suffix}") for n in names]
+        shown = ["n/a" if v is None else f"{v:.4f}" for v in cells]
+        print(f"| {factor}x | {factor * task.seq_len} | " + " | ".join(shown) + " |")
+    for factor, error in errors.items():
+        print(f"{factor}: {error}")
+
+
+def load_run_config(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    run_dir = path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
+    summary = read_summary(run_dir) or {}
+    return summary["config"]
