@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 from combos import every_combination, every_pair
-from contract import Subject, run_contract
+from contract import PROPERTIES, Subject, conclude, declared_exceptions, run_contract
 
 
 @every_combination
@@ -23,7 +23,7 @@ def test_block_contract(combo, record_property):
     failures, notes = run_contract(subject)
     for note in notes:
         record_property("note", note)
-    assert not failures, "\n".join(failures)
+    conclude(failures, declared_exceptions(combo), PROPERTIES, record_property)
 
 
 # --- Models, cross-attention and encoder blocks ----------------------------------------------------
@@ -88,27 +88,27 @@ def pair_check(check: Callable[[Built], None]) -> Callable[[Built], None]:
     return check
 
 
-def run_checks(combo: dict[str, str], checks: dict[str, Callable[[Built], None]]) -> None:
+def run_checks(combo: dict[str, str], checks: dict[str, Callable[[Built], None]], record_property) -> None:
     subject = Subject.of(combo)
     if isinstance(subject, str):
         pytest.skip(subject)
-    built, failures = Built(combo), []
+    built, failures = Built(combo), {}
     for name, check in checks.items():
         try:
             check(built)
         except AssertionError as error:
-            failures.append(f"{name}: {error}")
-    assert not failures, "\n".join(failures)
+            failures[name] = str(error)
+    conclude(failures, declared_exceptions(combo), checks, record_property)
 
 
 @every_combination
-def test_model_contract(combo):
-    run_checks(combo, MODEL_CHECKS)
+def test_model_contract(combo, record_property):
+    run_checks(combo, MODEL_CHECKS, record_property)
 
 
 @every_pair
-def test_model_contract_pairwise(combo):
-    run_checks(combo, PAIR_CHECKS)
+def test_model_contract_pairwise(combo, record_property):
+    run_checks(combo, PAIR_CHECKS, record_property)
 
 
 def inputs(batch: int = B, time: int = T) -> torch.Tensor:
@@ -214,3 +214,20 @@ def encoder_block_sees_both_directions_and_ignores_padding(built: Built) -> None
     padded = x.clone()
     padded[:, -2:] = torch.randn_like(padded[:, -2:]) * 5
     close(block(padded, key_mask=key_mask)[:, :-2], y[:, :-2], 1e-12, "outputs")
+
+
+def test_declared_exceptions_name_real_checks():
+    """A part's ``contract_exceptions`` may only name a property or model check that exists (a typo
+    would otherwise excuse nothing, silently)."""
+    from zoo import AXES
+    from zoo.core.options import option_defaults
+
+    known = set(PROPERTIES) | set(MODEL_CHECKS) | set(PAIR_CHECKS)
+    for axis, registry in AXES.items():
+        for part in registry.parts():
+            exceptions = getattr(part.cls, "contract_exceptions", None) or {}
+            if callable(exceptions):
+                exceptions = exceptions(**option_defaults(part))
+            for name, why in exceptions.items():
+                assert name in known, f"{axis} {part.name} declares an exception for {name!r}: not a contract check"
+                assert isinstance(why, str) and why.strip(), f"{axis} {part.name}: {name!r} needs a reason"
