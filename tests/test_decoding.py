@@ -127,3 +127,56 @@ def test_cached_decoding_with_per_sample_positions_equals_the_full_forward():
         )
     real = key_mask[..., None].expand_as(full)
     torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], rtol=1.3e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("top_k", [None, 4])
+def test_sampling_draws_from_softmax_of_the_logits_over_the_temperature(top_k):
+    """Replayed with the same generator, each new token is torch.multinomial over softmax(logits / T)
+    of the full forward (restricted to the top k): the temperature scales the logits, nothing else."""
+    model = make_model(LLAMA)
+    prompt = torch.randint(0, VOCAB, (4, 3))
+    samples = {}
+    for temperature in (0.25, 1.0, 4.0):
+        samples[temperature] = model.generate(
+            prompt, 6, temperature, top_k, generator=torch.Generator().manual_seed(7)
+        )
+        generator, ids = torch.Generator().manual_seed(7), prompt
+        for _ in range(6):
+            logits = model(ids)[:, -1].float() / temperature
+            if top_k is not None:
+                logits[logits < logits.topk(top_k).values[:, -1:]] = float("-inf")
+            token = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+            ids = torch.cat([ids, token], dim=1)
+        assert torch.equal(samples[temperature], ids[:, 3:]), temperature
+    # The same random draws pick other tokens at other temperatures (else this test could not tell).
+    assert not torch.equal(samples[0.25], samples[1.0]) and not torch.equal(samples[1.0], samples[4.0])
+
+
+def test_cache_growth_keeps_the_positions_it_holds():
+    cache = KVCache(max_len=2)
+    positions = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]])
+    for start, end in ((0, 2), (2, 3), (3, 6)):  # grows twice
+        cache.append(*kv(time=end - start), positions=positions[:, start:end])
+    assert cache.capacity >= 6
+    assert torch.equal(cache.positions[:, : cache.length], positions)
+
+
+@pytest.mark.parametrize("max_len", [7, 2], ids=["preallocated", "growing"])
+@pytest.mark.parametrize("pos", ["none", "rotary", "alibi", "learned", "sinusoidal"])
+def test_cached_logits_with_per_sample_positions_equal_the_full_forward_for_every_position(pos, max_len):
+    """Logits, not greedy tokens: a cache that loses (or never keeps) per-sample positions changes
+    ALiBi's distances by a few hundredths, which greedy decoding may not show."""
+    model = make_model({**LLAMA, "pos": pos, "attn": "mha"})
+    ids = torch.randint(0, VOCAB, (2, 7))
+    key_mask = torch.ones(2, 7, dtype=torch.bool)
+    key_mask[0, :3] = False
+    positions = (key_mask.cumsum(-1) - 1).clamp(min=0)
+    full = model(ids, key_mask=key_mask, positions=positions)
+    caches = model.new_caches(max_len)
+    steps = [model(ids[:, :3], key_mask=key_mask[:, :3], positions=positions[:, :3], caches=caches)]
+    for t in range(3, 7):
+        steps.append(
+            model(ids[:, t : t + 1], key_mask=key_mask[:, : t + 1], positions=positions[:, t : t + 1], caches=caches)
+        )
+    real = key_mask[..., None].expand_as(full)
+    torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], rtol=0, atol=1e-10)

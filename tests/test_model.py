@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -122,3 +124,47 @@ def test_absolute_positions_make_order_visible():
         # The last position sees the same tokens in both: only positions can tell the order.
         differs = not torch.allclose(model(ids)[0, -1], model(swapped)[0, -1])
         assert differs == sees_order, pos
+
+
+def seeded_draws(model: torch.nn.Module, seed: int, residual_std: float) -> dict[str, torch.Tensor]:
+    """What the documented init gives each matrix and bias, drawn here from (seed, name, shape) alone:
+    Normal(0, 0.02), residual outputs (attn.out, cross_attn.out, mlp.down) Normal(0, residual_std), zero biases."""
+    from zoo.assembly.init import parameter_seed
+
+    expected = {}
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            expected[name] = torch.zeros_like(p)
+        elif p.ndim >= 2:
+            std = residual_std if name.endswith(("attn.out.weight", "mlp.down.weight")) else 0.02
+            generator = torch.Generator().manual_seed(parameter_seed(seed, name, p.shape))
+            expected[name] = torch.empty(p.shape).normal_(0, std, generator=generator)
+    return expected
+
+
+def test_init_draws_every_weight_from_its_name_with_residual_outputs_scaled_by_depth():
+    model = build_model(compose(["block.d_model=32", "block.n_heads=4", "model.n_layers=3", "preset=gpt",
+                                 "model.tie_embeddings=false"]))  # fmt: skip
+    model.reset_parameters(seed=11)
+    weights = dict(model.named_parameters())
+    expected = seeded_draws(model, 11, residual_std=0.02 / math.sqrt(2 * 3))
+    assert {"embed.weight", "head.weight", "blocks.2.attn.out.weight", "blocks.2.mlp.down.weight"} <= set(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name].detach(), value, rtol=0, atol=0, msg=name)
+
+
+def test_flops_per_token_counts_every_matmul_and_the_lm_head_once():
+    """6 x (block matrices, biases and norms + the LM head's vocab x d_model) + 6 x layers x seq_len x d_model,
+    counted here from the sizes: tied or not, the head's matmul is done once per token."""
+    d, d_ff, layers, vocab, seq = 16, 24, 2, 32, 64
+    block = {"d_model": d, "n_heads": 2, "d_ff": d_ff, "bias": True, "placement": "pre", "norm": "layernorm",
+             "attn": "mha", "pos": "none", "mlp": "gelu"}  # fmt: skip
+    attention = (d * 3 * d + 3 * d) + (d * d + d)
+    mlp = (d * d_ff + d_ff) + (d_ff * d + d)
+    norms = 2 * (2 * d)  # two LayerNorms of weight and bias
+    dense = layers * (attention + mlp + norms) + 2 * d + vocab * d  # + the final norm and the LM head
+    expected = 6 * dense + 6 * layers * seq * d
+    for tied in (True, False):
+        model_section = {"n_layers": layers, "vocab_size": vocab, "tie_embeddings": tied}
+        model = build_model({"block": block, "model": model_section})
+        assert model.flops_per_token(seq) == expected, tied

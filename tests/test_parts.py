@@ -176,12 +176,29 @@ def test_sinusoidal_table_is_the_original_transformers():
     torch.testing.assert_close(table[:9, 1::2], torch.cos(i / 10000 ** (j / D)))
 
 
+def sdpa_kernels_run(module: torch.nn.Module, *args, **kwargs) -> set[str]:
+    """The names of the aten attention kernels a forward and backward of ``module`` ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        module(*args, **kwargs).sum().backward()
+    return {e.name for e in prof.events() if "attention" in e.name}
+
+
+#: SDPA's materializing fallback: scores in memory, what the float mask must keep attention off.
+SDPA_MATH = "aten::_scaled_dot_product_attention_math"
+
+
+@pytest.mark.slow
 def test_every_position_and_window_stays_on_the_fused_sdpa_kernels():
-    """A float mask or bias keeps SDPA off its materializing math backend: with that backend
-    disabled, every position part, with and without a window, still runs forward and backward."""
+    """A float mask or bias keeps SDPA off its materializing math backend: every position part, with
+    and without a window and padding, runs forward and backward on a fused kernel (the profiler names
+    the kernel), and would raise under ``sdpa_kernel(fused)`` if it needed the math one."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+    key_mask = torch.ones(2, 6, dtype=torch.bool)
+    key_mask[0, :2] = False
     for pos in POSITIONS.names():
         for window in (None, 3):
             for attn in ATTENTIONS.names():
@@ -191,8 +208,43 @@ def test_every_position_and_window_stays_on_the_fused_sdpa_kernels():
                     context="model",
                 )  # fmt: skip
                 x = torch.randn(2, 6, D, requires_grad=True)
-                with sdpa_kernel(fused):
-                    built(x).sum().backward()
-                    key_mask = torch.ones(2, 6, dtype=torch.bool)
-                    key_mask[0, :2] = False
-                    built(x, key_mask=key_mask)
+                for mask in (None, key_mask):
+                    with sdpa_kernel(fused):
+                        kernels = sdpa_kernels_run(built, x, key_mask=mask)
+                    where = f"pos={pos} window={window} attn={attn} key_mask={mask is not None}"
+                    assert SDPA_MATH not in kernels, where
+                    assert any("flash_attention" in k or "efficient_attention" in k for k in kernels), (where, kernels)
+    # The check can fail: the math backend, when it runs, shows under that name.
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert SDPA_MATH in sdpa_kernels_run(built, x)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_rotary_follows_the_split_halves_formula(fraction):
+    """Each pair (j, j + r/2) of the first r features turns by +theta = position * base^(-2j/r):
+    (x_j, x_{j+r/2}) -> (x_j cos - x_{j+r/2} sin, x_{j+r/2} cos + x_j sin), for queries and keys alike."""
+    d_head, base = 8, 100.0
+    rotary = Rotary(BlockDims(d_model=2 * d_head, n_heads=2), base=base, rotary_fraction=fraction)
+    r = int(d_head * fraction)
+    q, k = torch.randn(2, 2, 5, d_head, dtype=torch.float64), torch.randn(2, 1, 5, d_head, dtype=torch.float64)
+
+    def by_formula(x, positions):  # positions (b, t)
+        out = x.clone()
+        for j in range(r // 2):
+            theta = positions.double()[:, None, :] * base ** (-2 * j / r)  # (b, 1, t)
+            first, second = x[..., j], x[..., j + r // 2]
+            out[..., j] = first * torch.cos(theta) - second * torch.sin(theta)
+            out[..., j + r // 2] = second * torch.cos(theta) + first * torch.sin(theta)
+        return out
+
+    per_sample = torch.tensor([[0, 0, 0, 1, 2], [3, 4, 5, 6, 7]])
+    for positions in (per_sample, torch.arange(2, 7)):
+        rows = positions.expand(2, 5)
+        q_rot, k_rot = rotary.rotate(q, k, positions)
+        torch.testing.assert_close(q_rot, by_formula(q, rows), rtol=0, atol=1e-12)
+        torch.testing.assert_close(k_rot, by_formula(k, rows), rtol=0, atol=1e-12)
+    # In 2-d: a unit vector along feature 0 at position 1 turns counter-clockwise by theta_0 = 1 radian.
+    e0 = torch.zeros(1, 1, 1, d_head, dtype=torch.float64)
+    e0[..., 0] = 1
+    turned, _ = rotary.rotate(e0, e0, torch.tensor([1]))
+    assert turned[0, 0, 0, r // 2].item() == pytest.approx(math.sin(1.0))

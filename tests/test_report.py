@@ -80,6 +80,23 @@ def test_higher_is_better_metrics_sort_descending(tmp_path):
     assert "(higher is better)" in markdown(report)
 
 
+def test_higher_is_better_ranks_every_output_best_first(tmp_path):
+    """Accuracy over three variants and two seeds: the table, its deltas and report.csv all put the
+    highest mean first and the lowest last, a failed variant after them."""
+    accuracy = {"name": "val_accuracy", "mode": "max"}
+    for seed, values in enumerate([(0.50, 0.90, 0.70), (0.52, 0.94, 0.72)]):
+        for attn, value in zip(("mha", "mqa", "gqa"), values, strict=True):
+            fake_run(tmp_path, [f"attn={attn}", f"seed={seed}"], value=value, metric=accuracy)
+    fake_run(tmp_path, ["attn=broken", "seed=0"], status="failed", metric=accuracy)
+    text = write_report(tmp_path, plots=False)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split(" | ")[1] for row in rows] == ["mqa", "gqa", "mha", "broken"]
+    assert " | 0.9200 ± 0.0283 | best |" in rows[0]
+    assert " | -0.2100 |" in rows[1] and " | -0.4100 |" in rows[2]  # worse is below the best
+    with open(tmp_path / "report.csv") as f:
+        assert [r["attn"] for r in csv.DictReader(f)] == ["mqa", "gqa", "mha", "broken"]
+
+
 def test_files_beside_the_runs(tmp_path, capsys):
     sweep(tmp_path)
     report_main([str(tmp_path)])

@@ -12,11 +12,11 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from zoo import compose
+from zoo import build_model, compose
 from zoo.lab.records import read_metrics, read_summary
 from zoo.lab.tasks import TASKS, build_task
 from zoo.lab.train import run, run_dirname
-from zoo.lab.trainer import TrainConfig
+from zoo.lab.trainer import TrainConfig, make_optimizer
 
 TINY = [
     "block.d_model=32",
@@ -152,6 +152,49 @@ def test_learning_rate_schedule():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warmup
     assert lrs[10] == pytest.approx(1.0) and lrs[60] == pytest.approx(0.55)  # cosine half-way
     assert lrs[-1] == pytest.approx(0.1, abs=1e-3) and all(a >= b for a, b in zip(lrs[9:-1], lrs[10:], strict=True))
+
+
+@pytest.mark.parametrize(("steps", "warmup"), [(110, 10), (7, 3), (5, 0), (4, 4)])
+def test_learning_rate_at_every_step_follows_the_formula(steps, warmup):
+    """Step s (0-based) of W warmup steps: lr (s + 1) / W, then lr_min + (lr - lr_min)(1 + cos(pi p)) / 2
+    with p = (s - W) / (steps - W): the first step after warmup is at the peak, none is above it."""
+    cfg = TrainConfig(steps=steps, lr=2.0, warmup_steps=warmup, min_lr_ratio=0.25)
+    for s in range(steps):
+        if s < warmup:
+            expected = 2.0 * (s + 1) / warmup
+        else:
+            p = (s - warmup) / max(1, steps - warmup)
+            expected = 0.5 + 0.75 * (1 + math.cos(math.pi * p))
+        assert cfg.lr_at(s) == pytest.approx(expected, rel=1e-12), s
+    assert max(cfg.lr_at(s) for s in range(steps)) == pytest.approx(2.0)
+
+
+def test_each_step_trains_at_the_scheduled_rate(tmp_path):
+    """The rate logged for step n (1-based) is lr_at(n - 1), and it is what the optimizer used."""
+    cfg = tiny("train.steps=5", "train.warmup_steps=2", "train.log_every=1", "train.eval_every=0")
+    run(cfg, tmp_path)
+    logged = {r["step"]: r["lr"] for r in read_metrics(tmp_path) if r["kind"] == "train"}
+    schedule = TrainConfig.from_config(cfg["train"])
+    assert logged == {n: pytest.approx(schedule.lr_at(n - 1)) for n in range(1, 6)}
+
+
+def test_weight_decay_shrinks_matrices_never_biases_nor_norm_gains():
+    """With every gradient zero, one AdamW step moves only what decays, by lr * weight_decay."""
+    model = build_model(compose(["preset=gpt", "block.d_model=16", "block.n_heads=2", "model.n_layers=1",
+                                 "model.tie_embeddings=false"]))  # fmt: skip
+    cfg = TrainConfig(lr=0.5, weight_decay=0.1)
+    optimizer = make_optimizer(model, cfg)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    kept = sorted(name for name, p in model.named_parameters() if torch.equal(p, before[name]))
+    norms = {name for name, module in model.named_modules() if "norm" in type(module).__name__.lower()}
+    no_decay = sorted(n for n in before if n.endswith(".bias") or n.rsplit(".", 1)[0] in norms)
+    assert kept == no_decay and any(n.endswith(".bias") for n in kept) and any(".norm" in n for n in kept)
+    for name, p in model.named_parameters():
+        if name not in no_decay:
+            torch.testing.assert_close(p, before[name] * (1 - 0.5 * 0.1), rtol=0, atol=1e-7)
 
 
 def test_run_folder_names_are_path_safe_and_stable():
