@@ -10,6 +10,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
+from zoo.lab.stats import CONFIDENCE, mean_interval
 from zoo.lab.variants import Report, Variant
 
 #: Curves drawn at most: past this, the best ones (the rest stay in the table and final.png).
@@ -56,7 +57,10 @@ def plot_curves(report: Report, path: Path, metrics: dict[Path, list[dict[str, A
     clip_outliers(train_ax)
     more = f" (best {len(shown)} of {len(report.variants)})" if len(report.variants) > len(shown) else ""
     fig.suptitle(f"{report.root.name}: loss curves per variant, mean over seeds{more}")
-    fig.legend(*val_ax.get_legend_handles_labels(), loc="outside right upper", fontsize="small", title="variant")
+    handles, labels = val_ax.get_legend_handles_labels()
+    if handles:  # below the axes: beside them it rose into the title
+        columns = min(len(handles), max(1, 150 // max(len(label) for label in labels)))
+        fig.legend(handles, labels, loc="outside lower center", fontsize="small", ncols=columns, title="variant")
     fig.savefig(path, dpi=110)
 
 
@@ -70,37 +74,156 @@ def clip_outliers(ax: Any) -> None:
         ax.set_ylim(low - pad, high + 3 * pad)
 
 
-def plot_final(report: Report, path: Path) -> None:
-    """The headline metric per variant, mean ± std over seeds, best at the top; not-ok variants listed."""
+#: Verdict colours of the final plot's difference panel.
+VERDICT_COLORS = {"better": "tab:green", "worse": "tab:red", "within noise": "tab:gray", "too few seeds": "silver"}
+
+
+def plot_final(report: Report, path: Path) -> Figure:
+    """Left: the headline metric per variant (mean, 95% interval over seeds, each seed), best at the top,
+    the baseline's mean as a line. Right: each variant minus the baseline with its paired interval and verdict."""
     m = report.metric
     n = len(report.variants)
-    fig = Figure(figsize=(9, 1.6 + 0.34 * n), layout="constrained")
-    ax = fig.subplots()
-    labels, ys, known = [], [], []
+    fig = Figure(figsize=(13, 1.9 + 0.36 * n), layout="constrained")
+    ax, delta_ax = fig.subplots(1, 2, sharey=True, width_ratios=[1.1, 1])
+    labels, ys, known, deltas = [], [], [], [0.0]
+    base = report.variant(report.baseline)
+    base_mean = base.mean_std(m)[0] if base is not None else None
     for i, variant in enumerate(report.variants):
         y = n - 1 - i
-        mean, std = variant.mean_std(m)
-        labels.append(short_label(report, variant))
+        mean, _ = variant.mean_std(m)
+        labels.append(short_label(report, variant) + ("  (baseline)" if variant.key == report.baseline else ""))
         ys.append(y)
         if mean is None:
             ax.annotate(variant.status, (0.01, y), xycoords=("axes fraction", "data"), va="center", color="firebrick")
             continue
-        ax.errorbar(mean, y, xerr=std or 0, fmt="o", color="tab:blue", ecolor="tab:gray", capsize=4, ms=6, zorder=3)
-        ax.annotate(f"{mean:.4f}", (mean, y), xytext=(0, 7), textcoords="offset points", fontsize="small", ha="center")
         seeds = variant.values(m)
+        interval = mean_interval(seeds)
+        low, high = (interval[1], interval[2]) if interval else (mean, mean)
+        ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="tab:blue", ecolor="tab:gray",
+                    capsize=4, ms=6, zorder=3)  # fmt: skip
+        ax.annotate(f"{mean:.4f}", (mean, y), xytext=(0, 7), textcoords="offset points", fontsize="small", ha="center")
         ax.plot(seeds, [y] * len(seeds), "x", color="tab:blue", alpha=0.45, ms=5)
-        known += [*seeds, mean - (std or 0), mean + (std or 0)]
+        known += [*seeds, low, high]
+        c = report.comparisons.get(variant.key)
+        if variant.key == report.baseline:
+            delta_ax.plot(0, y, "D", color="black", ms=5)
+        elif c is not None and c.delta_mean is not None:
+            color = VERDICT_COLORS.get(c.verdict, "tab:gray")
+            lo, hi = (c.low, c.high) if c.low is not None and c.high is not None else (c.delta_mean, c.delta_mean)
+            delta_ax.errorbar(c.delta_mean, y, xerr=[[c.delta_mean - lo], [hi - c.delta_mean]], fmt="o", color=color,
+                              ecolor=color, capsize=4, ms=6, zorder=3)  # fmt: skip
+            tag = c.verdict + ("" if c.paired or c.low is None else ", unpaired")
+            delta_ax.annotate(tag, (c.delta_mean, y), xytext=(0, 7), textcoords="offset points", fontsize="small",
+                              ha="center", color=color)  # fmt: skip
+            deltas += [lo, hi]
+    if base_mean is not None:
+        ax.axvline(base_mean, color="black", ls="--", lw=1, alpha=0.7, label=f"baseline {report.baseline_label}")
+        ax.legend(loc="lower right", fontsize="small")
+    delta_ax.axvline(0, color="black", ls="--", lw=1, alpha=0.7)
     ax.set_yticks(ys, labels, fontsize="small")
     ax.set_ylim(-0.7, n - 0.3)
     better = "lower" if report.mode == "min" else "higher"
-    ax.set_xlabel(f"{m} ({better} is better); dot: mean, bar: ± std, x: each seed")
-    ax.set_title(f"{report.root.name}: final {m} per variant, best at the top")
-    ax.grid(axis="x", alpha=0.3)
+    ax.set_xlabel(f"{m} ({better} is better); dot: mean, bar: {CONFIDENCE:.0%} interval over seeds, x: each seed")
+    ax.set_title(f"final {m} per variant, best at the top")
+    delta_ax.set_xlabel(f"Δ {m}: variant - baseline, paired by seed ({CONFIDENCE:.0%} interval)")
+    how = ", Holm-corrected verdicts" if report.correction == "holm" else ""
+    delta_ax.set_title(f"difference from {report.baseline_label}{how}")
+    for axis in (ax, delta_ax):
+        axis.grid(axis="x", alpha=0.3)
     if known:
         low, high = min(known), max(known)
         pad = 0.08 * ((high - low) or abs(high) * 0.05 or 0.1)
         ax.set_xlim(low - pad, high + pad)
+    low, high = min(deltas), max(deltas)
+    pad = 0.12 * ((high - low) or 0.01)
+    delta_ax.set_xlim(low - pad, high + pad)
+    fig.suptitle(f"{report.root.name}: {m}")
     fig.savefig(path, dpi=110)
+    return fig
+
+
+def numeric(values: list[str]) -> bool:
+    try:
+        [float(v) for v in values]
+    except ValueError:
+        return False
+    return True
+
+
+def axis_values(report: Report, axis: str) -> list[str]:
+    """An axis's values, in numeric order when they are numbers, else in the order first met (baseline first)."""
+    i = report.axes.index(axis)
+    seen = [report.baseline[i]] if report.baseline else []
+    for variant in report.variants:
+        if variant.key[i] not in seen:
+            seen.append(variant.key[i])
+    return sorted(seen, key=float) if numeric(seen) else seen
+
+
+#: Interaction panels drawn at most (one per combination of the axes not on the x axis or the lines).
+MAX_PANELS = 12
+
+
+def interaction_layout(report: Report) -> list[tuple[str, str, dict[str, str]]]:
+    """(x axis, line axis, fixed values of the other axes) per panel: two axes give both arrangements;
+    more put the numeric axis with most values on x, the next axis as lines, one panel per rest."""
+    axes = report.axes
+    if len(axes) == 2:
+        return [(axes[0], axes[1], {}), (axes[1], axes[0], {})]
+    x = max(axes, key=lambda a: (numeric(axis_values(report, a)), len(axis_values(report, a)), -axes.index(a)))
+    line = next(a for a in axes if a != x)
+    rest = [a for a in axes if a not in (x, line)]
+    combos: list[dict[str, str]] = [{}]
+    for axis in rest:
+        combos = [{**c, axis: v} for c in combos for v in axis_values(report, axis)]
+    return [(x, line, c) for c in combos[:MAX_PANELS]]
+
+
+def plot_interactions(report: Report, path: Path) -> Figure:
+    """For sweeps of several axes: the headline metric against one axis, one line per value of another,
+    the 95% interval over seeds as a band; one panel per value of the remaining axes."""
+    m = report.metric
+    layout = interaction_layout(report)
+    columns = min(len(layout), 3)
+    rows = -(-len(layout) // columns)
+    fig = Figure(figsize=(5.2 * columns, 3.9 * rows + 0.6), layout="constrained")
+    grid = fig.subplots(rows, columns, squeeze=False)
+    by_key = {v.key: v for v in report.variants}
+    seeds = max((len(v.values(m)) for v in report.variants), default=0)
+    for n, (x_axis, line_axis, fixed) in enumerate(layout):
+        ax = grid[n // columns][n % columns]
+        xs = axis_values(report, x_axis)
+        positions = [float(v) for v in xs] if numeric(xs) else list(range(len(xs)))
+        lines = axis_values(report, line_axis)
+        for value, color in zip(lines, palette(len(lines)), strict=True):
+            points = []
+            for x, pos in zip(xs, positions, strict=True):
+                setting = {**fixed, x_axis: x, line_axis: value}
+                variant = by_key.get(tuple(setting[a] for a in report.axes))
+                values = variant.values(m) if variant is not None else []
+                if values:
+                    interval = mean_interval(values)
+                    mean = statistics.fmean(values)
+                    points.append((pos, mean, *(interval[1:] if interval else (mean, mean))))
+            if not points:
+                continue
+            px, py, lo, hi = zip(*points, strict=True)
+            ax.plot(px, py, "o-", color=color, lw=1.6, ms=4, label=f"{line_axis}={value}")
+            ax.fill_between(px, lo, hi, color=color, alpha=0.18, lw=0)
+        if not numeric(xs):
+            ax.set_xticks(positions, xs, fontsize="small")
+        ax.set_xlabel(x_axis)
+        ax.set_ylabel(m)
+        ax.grid(alpha=0.3)
+        ax.set_title(", ".join(f"{k}={v}" for k, v in fixed.items()) or f"{m} vs {x_axis}", fontsize="medium")
+        ax.legend(fontsize="small")
+    for n in range(len(layout), rows * columns):
+        grid[n // columns][n % columns].set_visible(False)
+    better = "lower" if report.mode == "min" else "higher"
+    band = f"band: {CONFIDENCE:.0%} interval over {seeds} seeds" if seeds > 1 else "one seed per point: no interval"
+    fig.suptitle(f"{report.root.name}: {m} ({better} is better), mean over seeds; {band}")
+    fig.savefig(path, dpi=110)
+    return fig
 
 
 def short_label(report: Report, variant: Variant) -> str:

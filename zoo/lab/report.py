@@ -1,8 +1,10 @@
-"""``zoo-report DIR``: one row per variant of a sweep, mean ± std over seeds, sorted by the metric.
+"""``zoo-report DIR``: one row per variant of a sweep, each against a baseline with a paired interval and a verdict.
 
 Reads every ``summary.json`` under DIR; writes ``report.md``, ``report.csv`` (one row per
-variant), ``runs.csv`` (one row per run), ``curves.png`` and ``final.png`` beside them, and
-prints the Markdown table. Runs at the end of every sweep (:class:`ReportCallback`).
+variant), ``runs.csv`` (one row per run), ``effects.csv`` (several axes: each axis value against its
+baseline value), ``curves.png``, ``final.png`` and ``interactions.png`` (several axes) beside them,
+and prints the Markdown table. Runs at the end of every sweep (:class:`ReportCallback`). The
+statistics are in :mod:`zoo.lab.stats`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from zoo.core.errors import ConfigError
 from zoo.lab.fixed import fixed_line
-from zoo.lab.plots import plot_curves, plot_final
+from zoo.lab.plots import plot_curves, plot_final, plot_interactions
 from zoo.lab.records import read_metrics
-from zoo.lab.variants import Report, build_report
+from zoo.lab.stats import CONFIDENCE, CORRECTIONS, MIN_PAIRS, TOO_FEW, Comparison
+from zoo.lab.variants import Report, build_report, report_options
 
 log = logging.getLogger("zoo.lab.report")
 
@@ -29,18 +33,53 @@ def fmt(value: float | None, digits: int = 4) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
+def interval_text(c: Comparison | None) -> str:
+    """``-0.0510 [-0.0920, -0.0100]`` (``unpaired`` when Welch's); without an interval, the mean alone."""
+    if c is None or c.delta_mean is None:
+        return ""
+    if c.low is None or c.high is None:
+        return f"{c.delta_mean:+.4f}"
+    return f"{c.delta_mean:+.4f} [{c.low:+.4f}, {c.high:+.4f}]" + ("" if c.paired else " unpaired")
+
+
+def verdict_text(c: Comparison | None) -> str:
+    if c is None:
+        return ""
+    if c.verdict == TOO_FEW:
+        return f"{TOO_FEW} ({c.pairs} pairs)" if c.paired or not (c.n_variant and c.n_baseline) else TOO_FEW
+    return c.verdict
+
+
+def statistics_lines(report: Report) -> list[str]:
+    """What the Δ column is and how its verdicts are reached (and the correction, if any)."""
+    n = sum(1 for c in report.comparisons.values() if c.p_value is not None)
+    lines = [
+        f"Δ: each variant minus the baseline {report.baseline_label}, paired by seed (runs with the same seed "
+        f"share initial weights and data order): mean difference [{CONFIDENCE:.0%} Student t interval]. "
+        f"Verdict: better or worse when the interval excludes 0, within noise when it contains it; "
+        f"unpaired: Welch's interval (seeds that do not pair); under {MIN_PAIRS} pairs: {TOO_FEW}."
+    ]
+    if report.correction == "holm":
+        lines.append(
+            f"Correction: Holm, family-wise over the {n} comparison{'s' if n != 1 else ''} with an interval: "
+            f"a verdict is better or "
+            f"worse when the Holm-adjusted p < {1 - CONFIDENCE:.2f} (the intervals shown are per comparison)."
+        )
+    return lines
+
+
 def markdown(report: Report) -> str:
-    """The variants table, best first, with a line on what was measured and the failures below."""
+    """The variants table, best first, each against the baseline, with what was measured and the failures below."""
     m = report.metric
     better = "lower" if report.mode == "min" else "higher"
-    best = next((v.mean_std(m)[0] for v in report.variants if v.mean_std(m)[0] is not None), None)
     head = [
         "#",
         *report.axes,
         "seeds",
         "params",
         f"{m} (mean ± std)",
-        "vs best",
+        f"Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI]",
+        "verdict",
         *report.extra,
         "tokens/s",
         "wall s",
@@ -49,13 +88,16 @@ def markdown(report: Report) -> str:
     lines = [
         f"{report.root}: {len(report.runs)} runs, {len(report.variants)} variants, sorted by {m} ({better} is better)",
         "",
+        *statistics_lines(report),
+        "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
     for i, variant in enumerate(report.variants, 1):
         mean, std = variant.mean_std(m)
         shown = "" if mean is None else fmt(mean) + (f" ± {std:.4f}" if std is not None else "")
-        delta = "" if mean is None or best is None else ("best" if i == 1 else f"{mean - best:+.4f}")
+        comparison = report.comparisons.get(variant.key)
+        is_base = variant.key == report.baseline
         params = variant.parameters
         rate, wall = variant.mean_of("tokens_per_s"), variant.mean_of("wall_time_s")
         row = [
@@ -64,13 +106,30 @@ def markdown(report: Report) -> str:
             str(len(variant.runs)),
             f"{params:,}" if params is not None else "",
             shown,
-            delta,
+            "baseline" if is_base else interval_text(comparison),
+            "" if is_base else verdict_text(comparison),
             *[fmt(variant.mean_std(k)[0]) for k in report.extra],
             f"{rate:,.0f}" if rate is not None else "",
             f"{wall:.1f}" if wall is not None else "",
             variant.status,
         ]
         lines.append("| " + " | ".join(row) + " |")
+    base = report.variant(report.baseline)
+    if base is None or not base.by_seed(m):
+        lines += ["", f"The baseline {report.baseline_label} has no ok run: nothing to compare with."]
+    if report.effects:
+        lines += [
+            "",
+            "Each axis's values against its baseline value, pooled over the other axes "
+            "(pairs: the same seed and the same values of every other axis):",
+            "",
+            f"| axis | value | vs | Δ {m} [{CONFIDENCE:.0%} CI] | verdict | pairs |",
+            "|---|---|---|---|---|---|",
+        ]
+        for e in report.effects:
+            c = e.comparison
+            cells = [e.axis, e.value, e.baseline, interval_text(c), verdict_text(c), str(c.pairs)]
+            lines.append("| " + " | ".join(cells) + " |")
     lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/fixed.py)
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]
     if problems:
@@ -83,6 +142,19 @@ def markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: report.csv's statistics columns (stable names: other tools read them).
+STAT_COLUMNS = ["delta_mean", "delta_ci_low", "delta_ci_high", "verdict", "baseline", "pairs", "test", "p_value",
+                "p_adjusted"]  # fmt: skip
+
+
+def stat_cells(c: Comparison | None, baseline: str, is_baseline: bool = False) -> list[Any]:
+    if is_baseline:
+        return ["", "", "", "baseline", baseline, "", "", "", ""]
+    if c is None:
+        return [""] * len(STAT_COLUMNS)
+    return [c.delta_mean, c.low, c.high, c.verdict, baseline, c.pairs, c.test, c.p_value, c.p_adjusted]
+
+
 def write_csv(report: Report) -> None:
     m = report.metric
     finals = sorted({k for r in report.runs for k in (r.summary.get("final") or {})})
@@ -90,7 +162,8 @@ def write_csv(report: Report) -> None:
         writer = csv.writer(f)
         writer.writerow(
             [*report.axes, "runs", "ok", "parameters", "metric", f"{m}_mean", f"{m}_std",
-             *[f"{k}_mean" for k in finals if k != m], "tokens_per_s", "wall_time_s", "flops_per_token", "status"]
+             *[f"{k}_mean" for k in finals if k != m], "tokens_per_s", "wall_time_s", "flops_per_token", "status",
+             *STAT_COLUMNS]
         )  # fmt: skip
         for v in report.variants:
             mean, std = v.mean_std(m)
@@ -98,8 +171,15 @@ def write_csv(report: Report) -> None:
             writer.writerow(
                 [*v.key, len(v.runs), len(v.ok), v.parameters, m, mean, std,
                  *[v.mean_std(k)[0] for k in finals if k != m], v.mean_of("tokens_per_s"), v.mean_of("wall_time_s"),
-                 flops, v.status]
+                 flops, v.status,
+                 *stat_cells(report.comparisons.get(v.key), report.baseline_label, v.key == report.baseline)]
             )  # fmt: skip
+    if report.effects:
+        with open(report.root / "effects.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["axis", "value", "metric", *STAT_COLUMNS])
+            for e in report.effects:
+                writer.writerow([e.axis, e.value, m, *stat_cells(e.comparison, f"{e.axis}={e.baseline}")])
     with open(report.root / "runs.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(
@@ -115,16 +195,33 @@ def write_csv(report: Report) -> None:
                 )  # fmt: skip
 
 
-def write_report(root: Path, plots: bool = True) -> str:
-    """Build and write the whole report for the runs under ``root``; returns the Markdown."""
-    report = build_report(Path(root))
+def write_report(
+    root: Path, plots: bool = True, baseline: dict[str, str] | None = None, correction: str | None = None
+) -> str:
+    """Build and write the whole report for the runs under ``root``; returns the Markdown.
+
+    ``baseline`` (``{axis: value}``) and ``correction`` (none, holm) default to the runs' ``report`` section.
+    """
+    report = build_report(Path(root), baseline=baseline, correction=correction)
     text = markdown(report)
+    for stale in ("effects.csv", "interactions.png"):  # from an earlier report of more axes
+        (report.root / stale).unlink(missing_ok=True)
     (report.root / "report.md").write_text(text)
     write_csv(report)
     if plots:
         plot_curves(report, report.root / "curves.png", {r.path: read_metrics(r.path) for r in report.runs})
         plot_final(report, report.root / "final.png")
+        if len(report.axes) >= 2:
+            plot_interactions(report, report.root / "interactions.png")
     return text
+
+
+def written(root: Path, plots: bool) -> list[Path]:
+    """The report's files in ``root`` (those this report wrote)."""
+    names = ["report.md", "report.csv", "runs.csv", "effects.csv"]
+    if plots:
+        names += ["curves.png", "final.png", "interactions.png"]
+    return [root / n for n in names if (root / n).exists()]
 
 
 def report_main(argv: Sequence[str] | None = None) -> None:
@@ -132,13 +229,20 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zoo-report", description=report_main.__doc__)
     parser.add_argument("dir", type=Path, help="a sweep folder (e.g. runs/quick) or any folder of runs")
     parser.add_argument("--no-plots", action="store_true", help="tables only")
+    parser.add_argument(
+        "--baseline",
+        metavar="AXIS=VALUE[,AXIS=VALUE]",
+        help="the variant every other is compared with (default: the runs' report.baseline, else the first "
+        "value of each swept axis)",
+    )
+    parser.add_argument("--correction", choices=CORRECTIONS, help="family-wise correction of the verdicts")
     args = parser.parse_args(argv)
     try:
-        print(write_report(args.dir, plots=not args.no_plots), end="")
-    except FileNotFoundError as error:
+        baseline = report_options({"baseline": args.baseline})[0] if args.baseline else None
+        print(write_report(args.dir, plots=not args.no_plots, baseline=baseline, correction=args.correction), end="")
+    except (FileNotFoundError, ConfigError) as error:
         parser.exit(1, f"zoo-report: {error}\n")
-    print(f"\nwritten: {', '.join(str(args.dir / n) for n in ('report.md', 'report.csv', 'runs.csv'))}", end="")
-    print("" if args.no_plots else f", {args.dir / 'curves.png'}, {args.dir / 'final.png'}")
+    print(f"\nwritten: {', '.join(str(p) for p in written(args.dir, not args.no_plots))}")
 
 
 class ReportCallback(Callback):
@@ -147,11 +251,14 @@ class ReportCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)
         try:
-            text = write_report(root)
+            section = OmegaConf.to_container(config.report, resolve=True) if "report" in config else None
+            baseline, correction = report_options(section)
+            text = write_report(root, baseline=baseline, correction=correction)
         except Exception as error:  # a report problem must not hide the runs' own results
             log.error("report for %s failed: %s: %s", root, type(error).__name__, error)
             return
-        print("\n" + text + f"\nreport: {root / 'report.md'} (and report.csv, runs.csv, curves.png, final.png)")
+        others = ", ".join(p.name for p in written(root, True) if p.name != "report.md")
+        print("\n" + text + f"\nreport: {root / 'report.md'} (and {others})")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from zoo.lab.records import (
 from zoo.lab.tasks import build_task
 from zoo.lab.trackers import Tracker, check_logger, open_tracker
 from zoo.lab.trainer import Trainer, check_run_config
+from zoo.lab.variants import report_options
 from zoo.models.language import build_model
 
 log = logging.getLogger("zoo.lab.train")
@@ -110,6 +111,7 @@ def run(
     parallel_jobs: int = 1,
     resume: bool = True,
     multirun: bool = False,
+    job: int | None = None,
 ) -> dict[str, Any]:
     """Train one configuration; rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``out_dir``.
 
@@ -129,6 +131,8 @@ def run(
         "started": now(),
         "versions": versions(),
     }
+    if job is not None:
+        summary["job"] = job  # Hydra's job number in a sweep: job 0 holds the first value of every swept key
     try:
         raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
         assert isinstance(raw, dict)
@@ -172,6 +176,7 @@ def train(
     rank, world, local_rank = dist_env()
     train_cfg, device = check_run_config(raw)
     logger = check_logger(raw.get("logger"))  # a tracker that is not installed fails here, before any work
+    report_options(raw.get("report"))  # a bad report.baseline or report.correction fails before training
     # Fail on the block before reading data (a part's name naming the option file that set it).
     resolve_composed(raw.get("block") or {}, summary["choices"], summary["overrides"])
     if world > 1 and multirun:
@@ -340,6 +345,7 @@ def hydra_job(cfg: DictConfig) -> str:
         choices=choices,
         parallel_jobs=parallel,
         multirun=multirun,
+        job=hc.job.num if multirun else None,
     )
     if summary["status"] == "failed" and not multirun:
         raise SystemExit(1)  # a single run: fail the command (a sweep carries on)

@@ -33,7 +33,7 @@ from zoo.models.language import LanguageModel
 SAVE = ("final", "none")
 
 #: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form).
-RUN_KEYS = {"block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger"}
+RUN_KEYS = {"block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report"}
 
 
 @dataclass(frozen=True)

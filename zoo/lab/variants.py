@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
 from zoo.lab.records import SUMMARY, read_summary
+from zoo.lab.stats import CORRECTIONS, Comparison, apply_holm, compare
 
 #: Override keys that never define a variant: seeds are averaged over, the sweep file names the folder.
 NOT_AXES = {"seed", "sweeps"}
@@ -94,6 +96,15 @@ class Variant:
                 return int(total)
         return None
 
+    def by_seed(self, metric: str) -> dict[Any, float]:
+        """``{seed: final metric}`` over the ok runs with a finite value (what pairs with another variant)."""
+        out = {}
+        for run in self.ok:
+            value = (run.summary.get("final") or {}).get(metric)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                out[run.seed] = float(value)
+        return out
+
     def errors(self) -> list[str]:
         return [
             f"{r.summary.get('status')}: {r.summary.get('error') or r.summary.get('reason') or 'no summary'}"
@@ -112,13 +123,35 @@ class Report:
     metric: str
     mode: str
     extra: list[str]  # other validation metrics shown beside the headline (e.g. other lengths)
+    baseline: tuple[str, ...] = ()  # the key of the variant every other is compared with
+    correction: str = "none"  # none | holm (family-wise over the comparisons)
+    comparisons: dict[tuple[str, ...], Comparison] = field(default_factory=dict)  # variant key -> vs baseline
+    effects: list[Effect] = field(default_factory=list)  # per axis value, pooled over the other axes
 
     @property
     def runs(self) -> list[Run]:
         return [r for v in self.variants for r in v.runs]
 
-    def label(self, variant: Variant) -> str:
-        return " ".join(f"{a}={v}" for a, v in zip(self.axes, variant.key, strict=True)) or "default"
+    def label(self, variant: Variant | tuple[str, ...]) -> str:
+        key = variant.key if isinstance(variant, Variant) else variant
+        return " ".join(f"{a}={v}" for a, v in zip(self.axes, key, strict=True)) or "default"
+
+    @property
+    def baseline_label(self) -> str:
+        return self.label(self.baseline)
+
+    def variant(self, key: tuple[str, ...]) -> Variant | None:
+        return next((v for v in self.variants if v.key == key), None)
+
+
+@dataclass
+class Effect:
+    """One axis value against the axis's baseline value, paired by seed and the other axes' values."""
+
+    axis: str
+    value: str
+    baseline: str
+    comparison: Comparison
 
 
 def parse_overrides(overrides: Sequence[str]) -> dict[str, str]:
@@ -141,7 +174,99 @@ def collect(root: Path) -> list[Run]:
     return runs
 
 
-def build_report(root: Path) -> Report:
+def report_options(raw: Any) -> tuple[dict[str, str] | None, str]:
+    """The ``report`` section (``baseline``, ``correction``) checked: ``({axis: value} or None, correction)``.
+
+    ``baseline`` is a mapping (``{mlp: gelu}``) or a string ``"mlp=gelu,pos=none"``; null: the first
+    value of each swept axis.
+    """
+    raw = dict(raw or {})
+    for key in raw:
+        if key not in ("baseline", "correction"):
+            raise ConfigError(f"report.{key}", raw[key], "unknown key; allowed: baseline, correction")
+    correction = str(raw.get("correction") or "none")
+    if correction not in CORRECTIONS:
+        raise ConfigError("report.correction", correction, " or ".join(CORRECTIONS))
+    baseline = raw.get("baseline")
+    if baseline is None or baseline == {}:
+        return None, correction
+    if isinstance(baseline, str):
+        items = [item.partition("=") for item in baseline.split(",") if item]
+        if not items or any(not sep or not k or not v for k, sep, v in items):
+            raise ConfigError("report.baseline", baseline, "axis=value pairs (mlp=gelu,pos=none) or a mapping")
+        return {k.strip(): v.strip() for k, _, v in items}, correction
+    if isinstance(baseline, dict):
+        return {str(k): str(v) for k, v in baseline.items()}, correction
+    raise ConfigError("report.baseline", baseline, "a mapping {axis: value}, axis=value pairs, or null")
+
+
+def runs_report_options(runs: Sequence[Run]) -> tuple[dict[str, str] | None, str]:
+    """The ``report`` section the runs were launched with (the most common one)."""
+    seen = Counter(repr((r.summary.get("config") or {}).get("report")) for r in runs if (r.summary.get("config") or {}))
+    if not seen:
+        return None, "none"
+    chosen = seen.most_common(1)[0][0]
+    for r in runs:
+        section = (r.summary.get("config") or {}).get("report")
+        if repr(section) == chosen:
+            return report_options(section)
+    return None, "none"
+
+
+def first_values(runs: Sequence[Run], axes: Sequence[str]) -> dict[str, str]:
+    """Each axis's first value in the sweep: that of the first job Hydra launched (job 0 is the first
+    value of every swept key), else of the earliest run."""
+
+    def launched(run: Run) -> tuple[int, str, str]:
+        job = run.summary.get("job")
+        return (job if isinstance(job, int) else 1 << 30, str(run.summary.get("started") or ""), str(run.path))
+
+    first = min(runs, key=launched)
+    return {a: first.value(a) for a in axes}
+
+
+def choose_baseline(runs: Sequence[Run], axes: Sequence[str], given: dict[str, str] | None) -> tuple[str, ...]:
+    """The baseline variant's key: ``given`` values, the sweep's first value for the axes it leaves out."""
+    values = first_values(runs, axes)
+    for axis, value in (given or {}).items():
+        if axis not in axes:
+            raise ConfigError("report.baseline", f"{axis}={value}", f"a swept axis; axes: {', '.join(axes) or 'none'}")
+        seen = sorted({r.value(axis) for r in runs})
+        if value not in seen:
+            raise ConfigError("report.baseline", f"{axis}={value}", f"one of {axis}'s values: {', '.join(seen)}")
+        values[axis] = value
+    return tuple(values[a] for a in axes)
+
+
+def axis_effects(
+    runs: Sequence[Run], axes: Sequence[str], baseline: tuple[str, ...], metric: str, mode: str
+) -> list[Effect]:
+    """For a sweep of several axes: each axis value against the axis's baseline value, pooled over the
+    other axes (pairs: the same seed and the same values of every other axis)."""
+    effects = []
+    if len(axes) < 2:
+        return effects
+    for i, axis in enumerate(axes):
+        groups: dict[str, dict[Any, float]] = {}
+        for run in runs:
+            value = (run.summary.get("final") or {}).get(metric) if run.status == "ok" else None
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            others = tuple(run.value(a) for j, a in enumerate(axes) if j != i)
+            groups.setdefault(run.value(axis), {})[(run.seed, others)] = float(value)
+        base = groups.get(baseline[i], {})
+        for value in sorted(groups, key=lambda v: [r.value(axis) for r in runs].index(v)):
+            if value != baseline[i]:
+                effects.append(Effect(axis, value, baseline[i], compare(groups[value], base, mode)))
+    return effects
+
+
+def build_report(root: Path, baseline: dict[str, str] | None = None, correction: str | None = None) -> Report:
+    """The runs under ``root`` grouped into variants and compared with the baseline.
+
+    ``baseline`` and ``correction`` default to the runs' own ``report`` section (``report.baseline``,
+    ``report.correction``), and that to the first value of each swept axis and no correction.
+    """
     runs = collect(root)
     if not runs:
         raise FileNotFoundError(f"no {SUMMARY} under {root}: is this a sweep or run folder?")
@@ -174,4 +299,16 @@ def build_report(root: Path) -> Report:
         return (0, mean if mode == "min" else -mean)
 
     variants = sorted(groups.values(), key=order)
-    return Report(root, axes, variants, metric, mode, extra)
+    launched_baseline, launched_correction = runs_report_options(runs)
+    given = baseline if baseline is not None else launched_baseline
+    correction = correction or launched_correction
+    report_options({"correction": correction})
+    base_key = choose_baseline(runs, axes, given)
+    base = groups.get(base_key)
+    base_values = base.by_seed(metric) if base is not None else {}
+    comparisons = {v.key: compare(v.by_seed(metric), base_values, mode) for v in variants if v.key != base_key}
+    effects = axis_effects(runs, axes, base_key, metric, mode)
+    if correction == "holm":
+        apply_holm(list(comparisons.values()), mode)
+        apply_holm([e.comparison for e in effects], mode)
+    return Report(root, axes, variants, metric, mode, extra, base_key, correction, comparisons, effects)
