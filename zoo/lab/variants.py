@@ -215,13 +215,14 @@ def runs_report_options(runs: Sequence[Run]) -> tuple[dict[str, str] | None, str
 
 def first_values(runs: Sequence[Run], axes: Sequence[str]) -> dict[str, str]:
     """Each axis's first value in the sweep: that of the first job Hydra launched (job 0 is the first
-    value of every swept key), else of the earliest run."""
+    value of every swept key), else of the earliest run; among the runs that finished ok, if any did
+    (a baseline without a result compares nothing)."""
 
     def launched(run: Run) -> tuple[int, str, str]:
         job = run.summary.get("job")
         return (job if isinstance(job, int) else 1 << 30, str(run.summary.get("started") or ""), str(run.path))
 
-    first = min(runs, key=launched)
+    first = min([r for r in runs if r.status == "ok"] or runs, key=launched)
     return {a: first.value(a) for a in axes}
 
 
