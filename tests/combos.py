@@ -182,3 +182,44 @@ def scramble(module: torch.nn.Module, std: float = 0.3) -> None:
             if p.ndim >= 2:
                 p.normal_(0, std)
     randomize(module)
+
+
+def covering_combinations() -> list[dict[str, str]]:
+    """A small pairwise covering set: every pair of part names of two axes appears in some combination
+    (greedy covering array, deterministic), then each option variant once, swapped into a row.
+
+    For costly properties (compiling, several processes) where :func:`pairwise_combinations`' one row
+    per pair would take minutes; any two parts that could interact still meet once.
+    """
+    names = {axis: AXES[axis].names() for axis in AXES}
+    axes = list(AXES)
+    uncovered = {(a, x, b, y) for a, b in itertools.combinations(axes, 2) for x in names[a] for y in names[b]}
+    rows: list[dict[str, str]] = []
+    while uncovered:
+        first = min(uncovered)  # seed the row with an uncovered pair, then fill axes greedily
+        row = {first[0]: first[1], first[2]: first[3]}
+        for axis in axes:
+            if axis in row:
+                continue
+            gain = {
+                value: sum((a, row[a], axis, value) in uncovered if axes.index(a) < axes.index(axis)
+                           else (axis, value, a, row[a]) in uncovered for a in row)
+                for value in names[axis]
+            }  # fmt: skip
+            row[axis] = max(names[axis], key=lambda value: gain[value])
+        row = {axis: row[axis] for axis in axes}
+        uncovered -= {(a, row[a], b, row[b]) for a, b in itertools.combinations(axes, 2)}
+        rows.append(row)
+    for axis in axes:
+        labels = {label.partition("+")[2]: label for label in reversed(choices(axis)[len(names[axis]) :])}
+        for i, label in enumerate(labels.values()):  # each variant on the first part that takes it
+            base = label.partition("+")[0]
+            row = next(r for r in rows[i:] + rows[:i] if r[axis] == base)
+            rows.append({**row, axis: label})
+    return rows
+
+
+def every_covering(test: Any) -> Any:
+    """Parametrize ``test`` over :func:`covering_combinations`, ids as in :func:`every_combination`."""
+    combos = covering_combinations()
+    return pytest.mark.parametrize("combo", combos, ids=[combo_id(c) for c in combos])(test)

@@ -248,6 +248,7 @@ def train(
             rank=rank,
             world=world,
             save_checkpoint=writer,
+            compile=raw.get("compile", False),
         )
         summary["resumed_from"] = []
         if resume_from is not None:

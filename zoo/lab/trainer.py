@@ -25,6 +25,7 @@ from tqdm import tqdm
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
 from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
+from zoo.lab.scale import compile_blocks
 from zoo.lab.tasks import IGNORE, Batch, Task
 from zoo.lab.tasks.base import metric_name
 from zoo.models.language import LanguageModel
@@ -33,7 +34,9 @@ from zoo.models.language import LanguageModel
 SAVE = ("final", "none")
 
 #: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form).
-RUN_KEYS = {"block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report"}
+RUN_KEYS = {
+    "block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report", "compile",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ def check_run_config(raw: dict[str, Any]) -> tuple[TrainConfig, torch.device]:
     check_type("seed", raw.get("seed", 0), int)
     check_type("threads", raw.get("threads"), int | None)
     check_type("progress", raw.get("progress"), bool | None)
+    check_type("compile", raw.get("compile", False), bool)
     if raw.get("threads") is not None and raw["threads"] < 1:
         raise ConfigError(
             "threads", raw["threads"], "must be a positive integer (or null: every core this job may use)"
@@ -175,8 +179,11 @@ class Trainer:
         rank: int = 0,
         world: int = 1,
         save_checkpoint: Callable[[TrainState, nn.Module, torch.optim.Optimizer], None] | None = None,
+        compile: bool = False,
     ) -> None:
         self.model, self.task, self.cfg, self.device = model.to(device), task, cfg, device
+        if compile:
+            compile_blocks(self.model)
         self.rank, self.world, self.log = rank, world, log
         self.progress = progress
         self.generator = torch.Generator().manual_seed(data_seed)

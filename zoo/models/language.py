@@ -16,6 +16,7 @@ from zoo.models.base import TokenModel, final_norm_for, init_stack, residual_bra
 from zoo.models.config import block_section, layer_specs, model_options
 from zoo.models.generate import check_generate_args, decode, left_padding_positions
 from zoo.parts.attention import KVCache
+from zoo.parts.positions import LearnedEmbedding
 
 
 class LanguageModel(TokenModel):
@@ -82,6 +83,8 @@ class LanguageModel(TokenModel):
         x = self.embed(ids)  # (b, t, d)
         if self.pos_embed is not None:  # absolute positions continue after the cached ones
             offset = caches[0].length if caches else 0
+            if isinstance(self.pos_embed, LearnedEmbedding):
+                self.pos_embed.check_length(offset + ids.shape[1])  # per-sample positions never pass their slot
             slots = torch.arange(offset, offset + ids.shape[1], device=ids.device)
             x = self.pos_embed(x, slots if positions is None else positions)
         for i, block in enumerate(self.blocks):

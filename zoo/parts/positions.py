@@ -65,7 +65,7 @@ class Rotary(Position):
     Pairing convention: split halves, i.e. feature j pairs with feature j + r/2 (GPT-NeoX,
     Llama in Hugging Face). ``rotary_fraction`` < 1 rotates only the first r = int(d_head * fraction)
     features of each head and passes the rest through (GPT-NeoX's ``rotary_pct``).
-    cos/sin tables are cached per length, device and dtype.
+    cos and sin are computed from the positions in each call (float64 angles, then the model's dtype).
     """
 
     @classmethod
@@ -92,25 +92,18 @@ class Rotary(Position):
         super().__init__()
         self.base = base
         self.rotated = int(dims.d_head * rotary_fraction)
-        inv_freq = base ** (-torch.arange(0, self.rotated, 2, dtype=torch.float64) / self.rotated)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (r/2,)
-        self._table: tuple[int, torch.device, torch.dtype, torch.Tensor] | None = None
 
-    def _cos_sin(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """(length, 2, d_head): cos of each angle, and sin with the first half negated (see _rotate)."""
-        cached = self._table
-        if cached is None or cached[0] < length or cached[1] != device or cached[2] != dtype:
-            length = max(length, 2 * cached[0] if cached else 0)
-            angles = torch.outer(torch.arange(length, dtype=torch.float64), self.inv_freq.double().cpu())
-            signed = torch.cat([-angles.sin(), angles.sin()], dim=-1)  # (t, d): halves share angles
-            table = torch.stack([torch.cat([angles.cos(), angles.cos()], dim=-1), signed], dim=1)
-            cached = (length, device, dtype, table.to(device, dtype))
-            self._table = cached
-        return cached[3]
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos of each angle, and sin with the first half negated (see _rotate): (..., r) each, for
+        positions (...,). Angles in float64 from the positions themselves: no table to grow, so no
+        host sync (``int(positions.max())``) and nothing that breaks a compiled graph."""
+        exponents = torch.arange(0, self.rotated, 2, dtype=torch.float64, device=positions.device) / self.rotated
+        angles = positions.to(torch.float64)[..., None] * self.base**-exponents  # (..., r/2)
+        cos, sin = angles.cos(), angles.sin()
+        return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)  # halves share angles
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        table = self._cos_sin(int(positions.max()) + 1, q.device, q.dtype)[positions]  # (t, 2, d) or (b, t, 2, d)
-        cos, signed_sin = table.unbind(-2)  # (t, d) broadcasts over batch and heads
+        cos, signed_sin = self._cos_sin(positions, q.dtype)  # (t, r) broadcasts over batch and heads, or (b, t, r)
         if positions.ndim == 2:
             cos, signed_sin = rearrange(cos, "b t d -> b 1 t d"), rearrange(signed_sin, "b t d -> b 1 t d")
         return _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
@@ -175,11 +168,15 @@ class LearnedEmbedding(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (b, t, d), positions: (t,) or (b, t) -> (b, t, d)."""
-        last = int(positions.max())
-        if last >= self.weight.shape[0]:
-            raise ValueError(f"position {last} is past the learned table (block.max_len={self.weight.shape[0]})")
+        """x: (b, t, d), positions: (t,) or (b, t) -> (b, t, d). Positions must be below the table's
+        length; the model checks its sequence length against it (:meth:`check_length`) on the host,
+        so no per-call read of the positions."""
         return x + F.embedding(positions, self.weight).to(x.dtype)
+
+    def check_length(self, end: int) -> None:
+        """Raise when positions up to ``end`` (exclusive; a Python int) run past the table."""
+        if end > self.weight.shape[0]:
+            raise ValueError(f"position {end - 1} is past the learned table (block.max_len={self.weight.shape[0]})")
 
 
 @POSITIONS.register(
@@ -212,23 +209,21 @@ class SinusoidalEmbedding(nn.Module):
     def __init__(self, d_model: int, base: float) -> None:
         super().__init__()
         self.d_model, self.base = d_model, base
-        self._table: tuple[int, torch.device, torch.dtype, torch.Tensor] | None = None
+
+    def encode(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """PE at ``positions`` (...,) -> (..., d_model): float64 angles from the positions themselves,
+        so no table to grow (no host sync, nothing that breaks a compiled graph)."""
+        exponents = torch.arange(0, self.d_model, 2, dtype=torch.float64, device=positions.device) / self.d_model
+        angles = positions.to(torch.float64)[..., None] * self.base**-exponents  # (..., d/2)
+        return rearrange([angles.sin(), angles.cos()], "two ... half -> ... (half two)").to(dtype)  # interleaved
 
     def table(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """PE for positions 0..length-1 (at least), (t, d_model), cached per device and dtype."""
-        cached = self._table
-        if cached is None or cached[0] < length or cached[1] != device or cached[2] != dtype:
-            length = max(length, 2 * cached[0] if cached else 0)
-            inv_freq = self.base ** (-torch.arange(0, self.d_model, 2, dtype=torch.float64) / self.d_model)
-            angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)  # (t, d/2)
-            pe = rearrange([angles.sin(), angles.cos()], "two t half -> t (half two)")  # interleave sin, cos
-            cached = (length, device, dtype, pe.to(device, dtype))
-            self._table = cached
-        return cached[3]
+        """PE for positions 0..length-1, (length, d_model)."""
+        return self.encode(torch.arange(length, device=device), dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: (b, t, d), positions: (t,) or (b, t) -> (b, t, d)."""
-        return x + self.table(int(positions.max()) + 1, x.device, x.dtype)[positions]
+        return x + self.encode(positions, x.dtype)
 
 
 @POSITIONS.register(

@@ -1,0 +1,79 @@
+"""torch.compile: every block of a pairwise covering set of the parts compiles as one graph
+(``fullgraph=True``: a graph break, a host sync such as ``int(positions.max())``, is an error) and
+computes what the eager block does, forward and backward; ``compile=true`` trains the same."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from combos import block_config, build, combo_id, context_of, covering_combinations, randomize
+
+from zoo.lab.trainer import check_run_config
+
+COVERING = covering_combinations()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", range(0, len(COVERING), 9), ids=lambda s: f"rows{s}")
+def test_blocks_compile_without_graph_breaks_and_match_eager(start):
+    # aot_eager traces forward and backward the way inductor does (Dynamo, then AOTAutograd) without
+    # generating C++: the capture is what breaks; nine combinations per test keep the workers busy.
+    for combo in COVERING[start : start + 9]:
+        cfg = block_config(combo)
+        context, _ = context_of(cfg)
+        if context is None:
+            continue
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        eager = build(cfg, context).double().train()
+        randomize(eager)
+        compiled = build(cfg, context).double().train()
+        compiled.load_state_dict(eager.state_dict())
+        compiled.compile(fullgraph=True, backend="aot_eager")
+        x = torch.randn(2, 6, 16, dtype=torch.float64)
+        outs = []
+        for module in (eager, compiled):
+            y = module(x)
+            (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
+            outs.append((y, [p.grad for p in module.parameters()]))
+        (y0, g0), (y1, g1) = outs
+        torch.testing.assert_close(y1, y0, rtol=1e-12, atol=1e-12, msg=lambda m, c=combo: f"{combo_id(c)}: {m}")
+        for a, b in zip(g0, g1, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12, msg=lambda m, c=combo: f"{combo_id(c)}: {m}")
+
+
+def test_covering_set_meets_every_pair_of_parts():
+    from itertools import combinations
+
+    from zoo import AXES
+
+    names = {axis: AXES[axis].names() for axis in AXES}
+    met = {(a, r[a].partition("+")[0], b, r[b].partition("+")[0]) for r in COVERING for a, b in combinations(AXES, 2)}
+    for a, b in combinations(AXES, 2):
+        for x in names[a]:
+            for y in names[b]:
+                assert (a, x, b, y) in met, f"{a}={x} never meets {b}={y}"
+    assert len(COVERING) < 60  # far below the product of the axes
+
+
+def test_compile_key_is_a_bool():
+    from zoo import ConfigError
+
+    with pytest.raises(ConfigError, match="compile"):
+        check_run_config({"compile": "yes"})
+
+
+@pytest.mark.slow
+def test_compile_true_trains_as_eager(tmp_path):
+    from test_train import tiny
+
+    from zoo.lab.records import read_metrics
+    from zoo.lab.train import run
+
+    overrides = ["pos=rotary", "norm=rmsnorm", "mlp=swiglu", "train.steps=3", "train.log_every=1", "train.eval_every=0"]
+    eager = run(tiny(*overrides), tmp_path / "eager")
+    compiled = run(tiny(*overrides, "compile=true"), tmp_path / "compiled")
+    assert eager["status"] == compiled["status"] == "ok", compiled["error"]
+    losses = [[r["loss"] for r in read_metrics(tmp_path / d) if r["kind"] == "train"] for d in ("eager", "compiled")]
+    assert len(losses[0]) == 3
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
