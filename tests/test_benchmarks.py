@@ -27,3 +27,21 @@ def test_train_loop_benchmark_measures_the_checkpoint_cost(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "| zoo Trainer + checkpoints every 2 |" in out
     assert "ratio with checkpoints / without: " in out and "(target >= 0.97; 2 checkpoints per run)" in out
+
+
+def test_bookkeeping_benchmark_times_the_report_and_tuning_against_the_sweep(monkeypatch, capsys, tmp_path):
+    from test_report import fake_run
+
+    for seed in range(3):
+        for pos in ("none", "rotary"):
+            fake_run(tmp_path / "sweep", [f"pos={pos}", "mlp=gelu", f"seed={seed}"], value=3.0 - seed / 10,
+                     config={"seed": seed, "train": {"lr": 3e-3}}, started="2026-01-01T00:00:00+00:00",
+                     finished="2026-01-01T00:01:40+00:00")  # fmt: skip
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["bookkeeping.py", str(tmp_path / "sweep"), "--repeats", "1", "--no-process"])
+    runpy.run_path(str(BENCHMARKS / "bookkeeping.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "(6 runs, 2 variants): 100 s from first start to last finish" in out
+    assert "| whole report (write_report, what a sweep runs) |" in out
+    assert "tune.lr: choosing the rate, all 6 runs" in out
+    assert "(target < 5%)" in out and not (tmp_path / "sweep" / "report.md").exists()  # written to a copy

@@ -226,5 +226,40 @@ def plot_interactions(report: Report, path: Path) -> Figure:
     return fig
 
 
+def plot_lr(report: Report, tuning: Report, path: Path) -> Figure:
+    """Learning-rate sensitivity: the tuning runs' validation metric against the rate (log scale), one line
+    per variant of the sweep, the rate each kept circled."""
+    m = tuning.metric
+    chosen = {v.key: v.tuned_lr for v in report.variants}
+    lines: dict[tuple[str, ...], list[tuple[float, float]]] = {}
+    for variant in tuning.variants:
+        run = variant.runs[0]
+        rate = float((run.summary.get("config") or {}).get("train", {}).get("lr"))
+        key = tuple(run.value(a) for a in report.axes)
+        values = variant.values(m)
+        lines.setdefault(key, []).append((rate, statistics.fmean(values) if values else float("nan")))
+    fig = Figure(figsize=(8.5, 4.8), layout="constrained")
+    ax = fig.subplots()
+    for (key, points), color in zip(sorted(lines.items()), palette(len(lines)), strict=True):
+        points.sort()
+        label = report.label(key)
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=color, lw=1.6, ms=4, label=label)
+        best = chosen.get(key)
+        ax.plot([p[0] for p in points if p[0] == best], [p[1] for p in points if p[0] == best], "o", ms=12,
+                mfc="none", mec=color, mew=2)  # fmt: skip
+    ax.set_xscale("log")
+    better = "lower" if tuning.mode == "min" else "higher"
+    ax.set_xlabel("peak learning rate (train.lr)")
+    ax.set_ylabel(f"{m} ({better} is better)")
+    ax.grid(alpha=0.3, which="both")
+    if len(lines) > 6:
+        fig.legend(fontsize="small", loc="outside right upper")
+    else:
+        ax.legend(fontsize="small")
+    ax.set_title(f"{report.root.name}: learning-rate sensitivity (tuning seeds; circled: the rate kept)")
+    fig.savefig(path, dpi=110)
+    return fig
+
+
 def short_label(report: Report, variant: Variant) -> str:
     return report.label(variant)

@@ -21,9 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
 from zoo.lab.fixed import fixed_line
-from zoo.lab.plots import plot_curves, plot_final, plot_interactions
+from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr
 from zoo.lab.records import read_metrics
 from zoo.lab.stats import CONFIDENCE, CORRECTIONS, MIN_PAIRS, TOO_FEW, Comparison
+from zoo.lab.tune import TUNE_DIR
 from zoo.lab.variants import Report, build_report, report_options
 
 log = logging.getLogger("zoo.lab.report")
@@ -68,10 +69,38 @@ def statistics_lines(report: Report) -> list[str]:
     return lines
 
 
+def flops_text(value: float | None) -> str:
+    return "" if value is None else f"{value:.3g}"
+
+
+def fairness_lines(report: Report) -> list[str]:
+    """The budget every run had and the learning-rate tuning, when the sweep used them."""
+    lines = []
+    budgets = {(b["kind"], b["value"]) for v in report.variants if (b := v.budget) is not None}
+    if budgets:
+        shown = ", ".join(f"{value:.3g} {kind}" for kind, value in sorted(budgets))
+        lines.append(
+            f"Budget: {shown} per run (train.budget): each variant's steps are set from its tokens per step and "
+            f"FLOPs per token; the steps and FLOPs columns are what each spent (mean over seeds)."
+        )
+    tuned = [r.summary["tune"] for r in report.runs if (r.summary.get("tune") or {}).get("lr")]
+    if tuned:
+        rates = sorted({float(rate) for t in tuned for rate in t.get("searched", {})})
+        seeds = tuned[0].get("seeds")
+        lines.append(
+            f"Learning rate tuned per variant (tune.lr): each tried at {', '.join(f'{r:g}' for r in rates)} on seed "
+            f"{', '.join(str(s) for s in seeds or [])}, best validation {tuned[0].get('metric')} kept (lr column); "
+            f"the tuning runs and their report are in {TUNE_DIR}/, the sensitivity in lr.png."
+        )
+    return [""] + lines if lines else []
+
+
 def markdown(report: Report) -> str:
     """The variants table, best first, each against the baseline, with what was measured and the failures below."""
     m = report.metric
     better = "lower" if report.mode == "min" else "higher"
+    tuned = any(v.tuned_lr is not None for v in report.variants)
+    budgeted = any(v.budget is not None for v in report.variants)
     head = [
         "#",
         *report.axes,
@@ -81,6 +110,8 @@ def markdown(report: Report) -> str:
         f"Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI]",
         "verdict",
         *report.extra,
+        *(["lr (tuned)"] if tuned else []),
+        *(["steps", "FLOPs"] if budgeted else []),
         "tokens/s",
         "wall s",
         "status",
@@ -89,6 +120,7 @@ def markdown(report: Report) -> str:
         f"{report.root}: {len(report.runs)} runs, {len(report.variants)} variants, sorted by {m} ({better} is better)",
         "",
         *statistics_lines(report),
+        *fairness_lines(report),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -109,6 +141,8 @@ def markdown(report: Report) -> str:
             "baseline" if is_base else interval_text(comparison),
             "" if is_base else verdict_text(comparison),
             *[fmt(variant.mean_std(k)[0]) for k in report.extra],
+            *([f"{variant.tuned_lr:.3g}" if variant.tuned_lr is not None else ""] if tuned else []),
+            *([f"{variant.mean_of('steps') or 0:,.0f}", flops_text(variant.mean_of("flops"))] if budgeted else []),
             f"{rate:,.0f}" if rate is not None else "",
             f"{wall:.1f}" if wall is not None else "",
             variant.status,
@@ -163,7 +197,7 @@ def write_csv(report: Report) -> None:
         writer.writerow(
             [*report.axes, "runs", "ok", "parameters", "metric", f"{m}_mean", f"{m}_std",
              *[f"{k}_mean" for k in finals if k != m], "tokens_per_s", "wall_time_s", "flops_per_token", "status",
-             *STAT_COLUMNS]
+             *STAT_COLUMNS, "lr", "steps", "flops", "budget"]
         )  # fmt: skip
         for v in report.variants:
             mean, std = v.mean_std(m)
@@ -172,7 +206,9 @@ def write_csv(report: Report) -> None:
                 [*v.key, len(v.runs), len(v.ok), v.parameters, m, mean, std,
                  *[v.mean_std(k)[0] for k in finals if k != m], v.mean_of("tokens_per_s"), v.mean_of("wall_time_s"),
                  flops, v.status,
-                 *stat_cells(report.comparisons.get(v.key), report.baseline_label, v.key == report.baseline)]
+                 *stat_cells(report.comparisons.get(v.key), report.baseline_label, v.key == report.baseline),
+                 v.tuned_lr, v.mean_of("steps"), v.mean_of("flops"),
+                 f"{v.budget['value']:g} {v.budget['kind']}" if v.budget else ""]
             )  # fmt: skip
     if report.effects:
         with open(report.root / "effects.csv", "w", newline="") as f:
@@ -204,7 +240,7 @@ def write_report(
     """
     report = build_report(Path(root), baseline=baseline, correction=correction)
     text = markdown(report)
-    for stale in ("effects.csv", "interactions.png"):  # from an earlier report of more axes
+    for stale in ("effects.csv", "interactions.png", "lr.png"):  # from an earlier report of more axes
         (report.root / stale).unlink(missing_ok=True)
     (report.root / "report.md").write_text(text)
     write_csv(report)
@@ -213,6 +249,8 @@ def write_report(
         plot_final(report, report.root / "final.png")
         if len(report.axes) >= 2:
             plot_interactions(report, report.root / "interactions.png")
+        if (report.root / TUNE_DIR).is_dir() and any(v.tuned_lr is not None for v in report.variants):
+            plot_lr(report, build_report(report.root / TUNE_DIR, baseline={}), report.root / "lr.png")
     return text
 
 
@@ -220,7 +258,7 @@ def written(root: Path, plots: bool) -> list[Path]:
     """The report's files in ``root`` (those this report wrote)."""
     names = ["report.md", "report.csv", "runs.csv", "effects.csv"]
     if plots:
-        names += ["curves.png", "final.png", "interactions.png"]
+        names += ["curves.png", "final.png", "interactions.png", "lr.png"]
     return [root / n for n in names if (root / n).exists()]
 
 

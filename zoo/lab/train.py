@@ -50,6 +50,7 @@ from zoo.lab.records import (
 from zoo.lab.tasks import build_task
 from zoo.lab.trackers import Tracker, check_logger, open_tracker
 from zoo.lab.trainer import Trainer, check_run_config
+from zoo.lab.tune import TUNE_DIR, choose_lr, tune_options
 from zoo.lab.variants import report_options
 from zoo.models.language import build_model
 
@@ -112,6 +113,7 @@ def run(
     resume: bool = True,
     multirun: bool = False,
     job: int | None = None,
+    tune_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Train one configuration; rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``out_dir``.
 
@@ -136,6 +138,11 @@ def run(
     try:
         raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
         assert isinstance(raw, dict)
+        if tune_options(raw.get("tune"))[0] is not None:  # tune.lr: this variant's best rate from the tuning runs
+            if tune_dir is None:
+                raise ConfigError("tune.lr", raw["tune"]["lr"], "tunes a sweep: zoo-sweep NAME or zoo-train -m")
+            summary["tune"] = choose_lr(raw, tune_dir)
+            raw = {**raw, "train": {**(raw.get("train") or {}), "lr": summary["tune"]["lr"]}}
         summary.update(config=raw, config_hash=config_hash(raw))
         if writes and resume and world == 1:
             prior = read_summary(out_dir)  # type: ignore[arg-type]
@@ -181,6 +188,7 @@ def train(
     resolve_composed(raw.get("block") or {}, summary["choices"], summary["overrides"])
     if world > 1 and multirun:
         raise ConfigError("hydra.mode", "MULTIRUN", "torchrun trains one configuration; launch sweeps without it")
+    tune_options(raw.get("tune"))
     threads = raw.get("threads") or default_threads(parallel_jobs)
     torch.set_num_threads(threads)
     if device.type == "cuda" and world > 1:
@@ -195,9 +203,13 @@ def train(
     torch.manual_seed(seed)  # the same initial model on every rank
     model = build_model(raw)
     torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
+    flops_per_token = model.flops_per_token(task.seq_len)
+    train_cfg, budget = train_cfg.with_budget(train_cfg.batch_size * task.seq_len * world, flops_per_token)
+    if budget is not None:
+        summary["budget"] = budget  # train.budget set the steps
     summary.update(
         parameters=model.parameter_counts(),
-        flops_per_token=model.flops_per_token(task.seq_len),
+        flops_per_token=flops_per_token,
         data=task.info(),
         device=str(device),
         threads=threads,
@@ -266,6 +278,7 @@ def train(
             meta = {"config_hash": summary["config_hash"], "step": str(outcome.steps)}
             ckpt.save_weights(model, out_dir / ckpt.WEIGHTS, meta)
         summary.update(outcome.as_dict())
+        summary["flops"] = outcome.tokens * flops_per_token  # training FLOPs spent
         if world > 1:
             summary["ranks_in_sync"] = ranks_in_sync(model)
     finally:
@@ -347,6 +360,7 @@ def hydra_job(cfg: DictConfig) -> str:
         parallel_jobs=parallel,
         multirun=multirun,
         job=hc.job.num if multirun else None,
+        tune_dir=Path(hc.sweep.dir) / TUNE_DIR if multirun else None,
     )
     if summary["status"] == "failed" and not multirun:
         raise SystemExit(1)  # a single run: fail the command (a sweep carries on)

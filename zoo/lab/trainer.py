@@ -12,7 +12,7 @@ import math
 import resource
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -36,7 +36,10 @@ SAVE = ("final", "none")
 #: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form).
 RUN_KEYS = {
     "block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report", "compile",
+    "tune",
 }  # fmt: skip
+#: ``train.budget``: what sets a run's steps instead of ``train.steps`` (at most one of them).
+BUDGETS = ("tokens", "flops")
 
 
 @dataclass(frozen=True)
@@ -59,18 +62,33 @@ class TrainConfig:
     save: str = "final"
     checkpoint_every: int = 100
     keep_checkpoints: int = 1
+    budget_tokens: float | None = None  # train.budget.tokens: steps = tokens / tokens per step
+    budget_flops: float | None = None  # train.budget.flops: steps = flops / (flops per token x tokens per step)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any] | None) -> TrainConfig:
         raw = dict(raw or {})
-        names = [f.name for f in fields(cls)]
+        budget = raw.pop("budget", None) or {}
+        names = [f.name for f in fields(cls) if not f.name.startswith("budget_")]
         for key in raw:
             if key not in names:
-                raise ConfigError(f"train.{key}", raw[key], f"unknown key; allowed: {', '.join(names)}")
+                raise ConfigError(f"train.{key}", raw[key], f"unknown key; allowed: {', '.join([*names, 'budget'])}")
         hints = {"int": int, "float": float, "str": str}
         values = {
             f.name: check_type(f"train.{f.name}", raw[f.name], hints[f.type]) for f in fields(cls) if f.name in raw
         }
+        if not isinstance(budget, dict):
+            raise ConfigError("train.budget", budget, "a mapping: {tokens: N} or {flops: F}")
+        for key, value in budget.items():
+            if key not in BUDGETS:
+                raise ConfigError(f"train.budget.{key}", value, f"unknown key; allowed: {', '.join(BUDGETS)}")
+            if value is not None:
+                number = check_type(f"train.budget.{key}", value, int | float)
+                if isinstance(number, bool) or not number > 0 or not math.isfinite(number):
+                    raise ConfigError(f"train.budget.{key}", value, "must be a positive number (or null)")
+                values[f"budget_{key}"] = float(number)
+        if len([k for k in values if k.startswith("budget_")]) > 1:
+            raise ConfigError("train.budget", budget, "one of tokens or flops, not both")
         cfg = cls(**values)
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
             if getattr(cfg, name) < 1:
@@ -92,6 +110,18 @@ class TrainConfig:
         if cfg.keep_checkpoints < 1:
             raise ConfigError("train.keep_checkpoints", cfg.keep_checkpoints, "must be a positive integer")
         return cfg
+
+    def with_budget(self, tokens_per_step: int, flops_per_token: int) -> tuple[TrainConfig, dict[str, Any] | None]:
+        """This config with ``steps`` set from the budget (the most whole steps within it, at least 1),
+        and what the summary records of it; unchanged (and None) without a budget."""
+        if self.budget_tokens is None and self.budget_flops is None:
+            return self, None
+        tokens = self.budget_tokens if self.budget_tokens is not None else self.budget_flops / flops_per_token
+        steps = max(1, int(tokens // tokens_per_step))
+        kind = "tokens" if self.budget_tokens is not None else "flops"
+        info = {"kind": kind, "value": getattr(self, f"budget_{kind}"), "steps": steps,
+                "tokens_per_step": tokens_per_step, "flops_per_token": flops_per_token}  # fmt: skip
+        return replace(self, steps=steps), info
 
     def lr_at(self, step: int) -> float:
         """Learning rate at 0-based ``step``: linear warmup to ``lr``, cosine down to ``lr * min_lr_ratio``."""

@@ -105,6 +105,16 @@ class Variant:
                 out[run.seed] = float(value)
         return out
 
+    @property
+    def tuned_lr(self) -> float | None:
+        """The learning rate ``tune.lr`` chose for this variant (None without tuning)."""
+        return next((r.summary["tune"]["lr"] for r in self.runs if (r.summary.get("tune") or {}).get("lr")), None)
+
+    @property
+    def budget(self) -> dict[str, Any] | None:
+        """What ``train.budget`` set (kind, value, steps), from the first run that has it."""
+        return next((r.summary["budget"] for r in self.runs if r.summary.get("budget")), None)
+
     def errors(self) -> list[str]:
         return [
             f"{r.summary.get('status')}: {r.summary.get('error') or r.summary.get('reason') or 'no summary'}"
@@ -168,6 +178,8 @@ def collect(root: Path) -> list[Run]:
     """Every run under ``root`` that has a summary, in folder order."""
     runs = []
     for path in sorted(root.rglob(SUMMARY)):
+        if path.relative_to(root).parts[0] == "tune" and len(path.relative_to(root).parts) > 2:
+            continue  # tune.lr's runs (zoo/lab/tune.py): a sweep of their own, reported in root/tune
         summary = read_summary(path.parent)
         if summary is not None:
             runs.append(Run(path.parent, summary, parse_overrides(summary.get("overrides") or [])))

@@ -1,0 +1,135 @@
+"""A sweep's bookkeeping against its wall time: the report (statistics, tables, plots) and the
+orchestration of ``tune.lr``, timed on a finished sweep folder (target: under 5% of the sweep).
+
+    python benchmarks/bookkeeping.py runs/quick --repeats 5
+
+The folder's ``summary.json`` and ``metrics.jsonl`` files are copied to a temporary folder first (the
+report writes its files there, not into the sweep). ``tune.lr`` adds, per sweep, the start of one
+process for the tuning sweep (Hydra composing the same sweep), and per run the choice of its rate
+from the tuning runs' summaries: both are timed, the latter on a tuning folder of 3 rates per variant
+made from the sweep's own summaries. Training the tuning runs is training, not bookkeeping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from timing import time_interleaved
+
+from zoo.lab.plots import plot_curves, plot_final, plot_interactions
+from zoo.lab.records import read_metrics, write_json_atomic
+from zoo.lab.report import markdown, write_csv, write_report
+from zoo.lab.tune import TUNE_DIR, choose_lr
+from zoo.lab.variants import build_report, collect
+
+RATES = (1e-3, 3e-3, 1e-2)
+
+
+def copy_sweep(root: Path, to: Path) -> None:
+    for summary in root.rglob("summary.json"):
+        rel = summary.parent.relative_to(root)
+        if rel.parts and rel.parts[0] == TUNE_DIR:
+            continue
+        (to / rel).mkdir(parents=True, exist_ok=True)
+        shutil.copy(summary, to / rel / "summary.json")
+        if (summary.parent / "metrics.jsonl").exists():
+            shutil.copy(summary.parent / "metrics.jsonl", to / rel / "metrics.jsonl")
+
+
+def fake_tuning(root: Path) -> list[dict]:
+    """A tuning folder beside the copied runs: each run's config at 3 rates on seed 0; the configs to tune."""
+    configs = []
+    for i, run in enumerate(collect(root)):
+        config = copy.deepcopy(run.summary.get("config") or {})
+        config["tune"] = {"lr": list(RATES), "seeds": [0]}
+        configs.append(config)
+        if config.get("seed", 0) != 0:
+            continue
+        for rate in RATES:
+            summary = copy.deepcopy(run.summary)
+            summary["config"]["train"]["lr"] = rate
+            summary["metric"]["value"] = (summary["metric"].get("value") or 3.0) + abs(rate - 3e-3)
+            write_json_atomic(root / TUNE_DIR / f"{i}-{rate}" / "summary.json", summary)
+    return configs
+
+
+def sweep_wall(root: Path) -> tuple[float, float]:
+    """(first start to last finish, sum of the runs' wall times) in seconds."""
+    runs = collect(root)
+    starts = [datetime.datetime.fromisoformat(r.summary["started"]) for r in runs if r.summary.get("started")]
+    ends = [datetime.datetime.fromisoformat(r.summary["finished"]) for r in runs if r.summary.get("finished")]
+    span = (max(ends) - min(starts)).total_seconds() if starts and ends else 0.0
+    return span, sum(r.summary.get("wall_time_s") or 0.0 for r in runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", type=Path, nargs="?", default=Path("runs/quick"), help="a finished sweep folder")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-process", action="store_true", help="skip timing the tuning sweep's process start")
+    args = parser.parse_args()
+    span, summed = sweep_wall(args.dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / args.dir.name
+        copy_sweep(args.dir, root)
+        report = build_report(root)
+        metrics = {r.path: read_metrics(r.path) for r in report.runs}
+
+        def plots() -> None:
+            plot_curves(report, root / "curves.png", {r.path: read_metrics(r.path) for r in report.runs})
+            plot_final(report, root / "final.png")
+            if len(report.axes) >= 2:
+                plot_interactions(report, root / "interactions.png")
+
+        def tables() -> None:
+            markdown(report)
+            write_csv(report)
+
+        steps = {
+            "statistics (build_report: read, group, intervals)": lambda: build_report(root),
+            "tables (report.md text, report.csv, runs.csv)": tables,
+            "plots (curves, final, interactions)": plots,
+            "whole report (write_report, what a sweep runs)": lambda: write_report(root),
+        }
+        times = time_interleaved(steps, "cpu", args.repeats)
+        assert metrics  # read once above: the plots read them again each time, as the report does
+        configs = fake_tuning(root)
+        tune_dir = root / TUNE_DIR
+        start = time.perf_counter()
+        for config in configs:
+            choose_lr(config, tune_dir)
+        times[f"tune.lr: choosing the rate, all {len(configs)} runs"] = time.perf_counter() - start
+    sweep = next((r.summary.get("choices", {}).get("sweeps") for r in report.runs), None)
+    if not args.no_process and sweep:
+        command = [sys.executable, "-m", "zoo.lab.train", f"+sweeps={sweep}", "--cfg", "job"]  # start + compose
+        runs = []
+        for _ in range(max(1, min(args.repeats, 3))):
+            start = time.perf_counter()
+            subprocess.run(command, capture_output=True, check=True)
+            runs.append(time.perf_counter() - start)
+        times["tune.lr: starting the tuning sweep's process"] = sorted(runs)[len(runs) // 2]
+    print(f"sweep: {args.dir} ({len(report.runs)} runs, {len(report.variants)} variants): {span:.0f} s from first "
+          f"start to last finish, {summed:.0f} s summed over runs")  # fmt: skip
+    print("| bookkeeping | seconds (median) | % of the sweep's wall time |")
+    print("|---|---|---|")
+    for name, seconds in times.items():
+        print(f"| {name} | {seconds:.3f} | {100 * seconds / max(span, 1e-9):.2f}% |")
+    report_s = times["whole report (write_report, what a sweep runs)"]
+    tune_s = sum(s for name, s in times.items() if name.startswith("tune.lr"))
+    total = report_s + tune_s
+    print(f"report + tune.lr orchestration: {total:.2f} s = {100 * total / max(span, 1e-9):.2f}% of {span:.0f} s "
+          f"(target < 5%)")  # fmt: skip
+    print(json.dumps({"report_s": report_s, "tune_s": tune_s, "sweep_s": span}))
+
+
+if __name__ == "__main__":
+    main()
