@@ -16,14 +16,15 @@ import argparse
 import copy
 import datetime
 import json
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-
-from timing import time_interleaved
 
 from zoo.lab.plots import plot_curves, plot_final, plot_interactions
 from zoo.lab.records import read_metrics, write_json_atomic
@@ -71,18 +72,36 @@ def sweep_wall(root: Path) -> tuple[float, float]:
     return span, sum(r.summary.get("wall_time_s") or 0.0 for r in runs)
 
 
+def measure(steps: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
+    """(median wall s, median CPU s of this process and its children) per step, timed round-robin."""
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            wall, cpu = time.perf_counter(), cpu_seconds()
+            step()
+            samples[name].append((time.perf_counter() - wall, cpu_seconds() - cpu))
+    median = statistics.median
+    return {name: (median(w for w, _ in v), median(c for _, c in v)) for name, v in samples.items()}
+
+
+def cpu_seconds() -> float:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path, nargs="?", default=Path("runs/quick"), help="a finished sweep folder")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-process", action="store_true", help="skip timing the tuning sweep's process start")
+    parser.add_argument("--sweep-cpu-s", type=float, help="the sweep's CPU seconds (user + sys of `/usr/bin/time`): "
+                        "a ratio that does not move with the machine's load")  # fmt: skip
     args = parser.parse_args()
     span, summed = sweep_wall(args.dir)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / args.dir.name
         copy_sweep(args.dir, root)
         report = build_report(root)
-        metrics = {r.path: read_metrics(r.path) for r in report.runs}
 
         def plots() -> None:
             plot_curves(report, root / "curves.png", {r.path: read_metrics(r.path) for r in report.runs})
@@ -94,41 +113,49 @@ def main() -> None:
             markdown(report)
             write_csv(report)
 
-        steps = {
+        configs = fake_tuning(root)
+
+        def choose() -> None:
+            for config in configs:
+                choose_lr(config, root / TUNE_DIR)
+
+        steps: dict[str, Callable[[], object]] = {
             "statistics (build_report: read, group, intervals)": lambda: build_report(root),
             "tables (report.md text, report.csv, runs.csv)": tables,
             "plots (curves, final, interactions)": plots,
             "whole report (write_report, what a sweep runs)": lambda: write_report(root),
+            f"tune.lr: choosing the rate, all {len(configs)} runs": choose,
         }
-        times = time_interleaved(steps, "cpu", args.repeats)
-        assert metrics  # read once above: the plots read them again each time, as the report does
-        configs = fake_tuning(root)
-        tune_dir = root / TUNE_DIR
-        start = time.perf_counter()
-        for config in configs:
-            choose_lr(config, tune_dir)
-        times[f"tune.lr: choosing the rate, all {len(configs)} runs"] = time.perf_counter() - start
-    sweep = next((r.summary.get("choices", {}).get("sweeps") for r in report.runs), None)
-    if not args.no_process and sweep:
-        command = [sys.executable, "-m", "zoo.lab.train", f"+sweeps={sweep}", "--cfg", "job"]  # start + compose
-        runs = []
-        for _ in range(max(1, min(args.repeats, 3))):
-            start = time.perf_counter()
-            subprocess.run(command, capture_output=True, check=True)
-            runs.append(time.perf_counter() - start)
-        times["tune.lr: starting the tuning sweep's process"] = sorted(runs)[len(runs) // 2]
+        sweep = next((r.summary.get("choices", {}).get("sweeps") for r in report.runs), None)
+        if not args.no_process and sweep:
+            command = [sys.executable, "-m", "zoo.lab.train", f"+sweeps={sweep}", "--cfg", "job"]  # start + compose
+            steps["tune.lr: starting the tuning sweep's process"] = lambda: subprocess.run(
+                command, capture_output=True, check=True
+            )
+        times = measure(steps, args.repeats)
     print(f"sweep: {args.dir} ({len(report.runs)} runs, {len(report.variants)} variants): {span:.0f} s from first "
-          f"start to last finish, {summed:.0f} s summed over runs")  # fmt: skip
-    print("| bookkeeping | seconds (median) | % of the sweep's wall time |")
-    print("|---|---|---|")
-    for name, seconds in times.items():
-        print(f"| {name} | {seconds:.3f} | {100 * seconds / max(span, 1e-9):.2f}% |")
-    report_s = times["whole report (write_report, what a sweep runs)"]
-    tune_s = sum(s for name, s in times.items() if name.startswith("tune.lr"))
-    total = report_s + tune_s
-    print(f"report + tune.lr orchestration: {total:.2f} s = {100 * total / max(span, 1e-9):.2f}% of {span:.0f} s "
+          f"start to last finish, {summed:.0f} s summed over runs"
+          + (f", {args.sweep_cpu_s:.0f} CPU s" if args.sweep_cpu_s else ""))  # fmt: skip
+    print("| bookkeeping | wall s (median) | CPU s (median) | % of the sweep's wall time | % of its CPU time |")
+    print("|---|---|---|---|---|")
+    for name, (wall, cpu) in times.items():
+        share = f"{100 * cpu / args.sweep_cpu_s:.2f}%" if args.sweep_cpu_s else ""
+        print(f"| {name} | {wall:.3f} | {cpu:.3f} | {100 * wall / max(span, 1e-9):.2f}% | {share} |")
+    report_s, report_cpu = times["whole report (write_report, what a sweep runs)"]
+    tune_s = sum(w for name, (w, _) in times.items() if name.startswith("tune.lr"))
+    tune_cpu = sum(c for name, (_, c) in times.items() if name.startswith("tune.lr"))
+    print(f"every sweep: the report, {report_s:.2f} s = {100 * report_s / max(span, 1e-9):.2f}% of {span:.0f} s "
           f"(target < 5%)")  # fmt: skip
-    print(json.dumps({"report_s": report_s, "tune_s": tune_s, "sweep_s": span}))
+    # With tune.lr the sweep also trains each variant at each rate (one tune seed): its wall time grows by that
+    # many runs (of this sweep's mean run time; an estimate), and the bookkeeping by the report and the tuning.
+    grow = 1 + len(report.variants) * len(RATES) / max(len(report.runs), 1)
+    tuned = span + (grow - 1) * summed
+    print(f"with tune.lr ({len(RATES)} rates, estimated {tuned:.0f} s): report + tuning orchestration "
+          f"{report_s + tune_s:.2f} s = {100 * (report_s + tune_s) / max(tuned, 1e-9):.2f}% (target < 5%)")  # fmt: skip
+    if args.sweep_cpu_s:
+        print(f"CPU: the report {100 * report_cpu / args.sweep_cpu_s:.2f}% of the sweep's; with tune.lr, report + "
+              f"tuning {100 * (report_cpu + tune_cpu) / (grow * args.sweep_cpu_s):.2f}% (target < 5%)")  # fmt: skip
+    print(json.dumps({"report_s": report_s, "tune_s": tune_s, "sweep_s": span, "tuned_sweep_s": tuned}))
 
 
 if __name__ == "__main__":

@@ -44,4 +44,6 @@ def test_bookkeeping_benchmark_times_the_report_and_tuning_against_the_sweep(mon
     assert "(6 runs, 2 variants): 100 s from first start to last finish" in out
     assert "| whole report (write_report, what a sweep runs) |" in out
     assert "tune.lr: choosing the rate, all 6 runs" in out
+    # 2 variants x 3 rates more runs of 10 s each (fake_run's wall time): 100 + 60 s
+    assert "every sweep: the report," in out and "with tune.lr (3 rates, estimated 160 s)" in out
     assert "(target < 5%)" in out and not (tmp_path / "sweep" / "report.md").exists()  # written to a copy
