@@ -20,6 +20,7 @@ from zoo.models.language import LanguageModel, build_model
 from zoo.models.seq2seq import Seq2SeqModel, build_seq2seq
 from zoo.parts.attention import KVCache
 from zoo.parts.cross_attention import CrossAttention
+from zoo.parts.state import LayerState, MixerState
 
 try:
     __version__ = importlib.metadata.version("zoo")
@@ -52,7 +53,9 @@ __all__ = [
     "CrossAttention",
     "KVCache",
     "LanguageModel",
+    "LayerState",
     "MLPS",
+    "MixerState",
     "NORMS",
     "PLACEMENTS",
     "POSITIONS",
