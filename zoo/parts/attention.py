@@ -163,6 +163,50 @@ def attend(
     return torch.einsum("bhqk,bhkd->bhqd", weights.to(v.dtype), v)
 
 
+def attend_at(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    offset: int,
+    positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+    key_mask: torch.Tensor | None,
+    causal: bool,
+    position: Position,
+    backend: Backend,
+    dropout: float = 0.0,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Self-attention of queries at cache slots ``offset..offset+t_q-1`` to every key so far.
+
+    q: (b, h, t_q, d); k: (b, g, t_k, d); v: (b, g, t_k, d_v). positions / k_positions: per-sample
+    position ids of queries / keys for the position's score bias (default: slots). The mask follows
+    slots (causality, the window) and ``key_mask``; with neither padding, bias, window nor cache,
+    the plain causal case goes to the fused kernel's ``is_causal``. -> (b, h, t_q, d_v).
+    """
+    time = q.shape[-2]
+    slots = torch.arange(offset, offset + time, device=q.device)
+    k_slots = torch.arange(k.shape[-2], device=q.device)
+    bias = position.score_bias(
+        slots if positions is None else positions, k_slots if k_positions is None else k_positions
+    )
+    # One query at the last slot may see every key, so decoding steps need no causal mask.
+    mask = allowed_mask(slots, k_slots, causal and time > 1, key_mask, window)
+    plain_causal = causal and time > 1 and key_mask is None and bias is None and offset == 0 and window is None
+    return attend(
+        q,
+        k,
+        v,
+        None if plain_causal else additive(mask, bias, q.dtype),
+        is_causal=plain_causal,
+        backend=backend,
+        dropout=dropout,
+        softcap=softcap,
+    )
+
+
 @ATTENTIONS.register(
     "mha",
     summary="Multi-head attention: one key/value head per query head (n_kv_heads = n_heads)",
@@ -289,24 +333,19 @@ class Attention(nn.Module):
         if state is not None:
             k, v = state.append(k, v, positions)
             k_positions = None if state.positions is None else state.positions[:, : state.length]
-        k_slots = torch.arange(k.shape[-2], device=x.device)
-
-        bias = self.position.score_bias(
-            slots if positions is None else positions, k_slots if k_positions is None else k_positions
-        )
-        # One query at the last slot may see every key, so decoding steps need no causal mask.
-        mask = allowed_mask(slots, k_slots, self.causal and time > 1, key_mask, self.window)
-        plain_causal = (
-            self.causal and time > 1 and key_mask is None and bias is None and offset == 0 and self.window is None
-        )
-        y = attend(
+        y = attend_at(
             q,
             k,
             v,
-            None if plain_causal else additive(mask, bias, q.dtype),
-            is_causal=plain_causal,
+            offset=offset,
+            positions=positions,
+            k_positions=k_positions,
+            key_mask=key_mask,
+            causal=self.causal,
+            position=self.position,
             backend=self.backend,
             dropout=self.dropout if self.training else 0.0,
+            window=self.window,
             softcap=self.softcap,
         )
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
