@@ -106,3 +106,17 @@ def test_bad_options_name_the_field(attn, field):
     with pytest.raises(ConfigError) as error:
         build_block(cfg)
     assert field in str(error.value), str(error.value)
+
+
+def test_a_sweep_records_a_refused_combination_as_incompatible_not_failed(tmp_path):
+    from omegaconf import OmegaConf
+
+    from zoo import compose
+    from zoo.lab.outcome import runs_not_done
+    from zoo.lab.train import run
+
+    small = ["block.d_model=16", "block.n_heads=4", "model.n_layers=1", "task.max_bytes=20000", "task.seq_len=16"]
+    cfg = compose(["attn=linear", "pos=alibi", *small, "train.steps=2", "train.batch_size=2", "threads=1"])
+    summary = run(OmegaConf.create(cfg), tmp_path / "run")
+    assert summary["status"] == "incompatible" and "pos=alibi" in summary["error"], summary
+    assert runs_not_done(tmp_path) == [], "a refused combination is a result of the grid, not a failure"

@@ -13,7 +13,7 @@ from zoo.assembly.compat import check_combination
 from zoo.assembly.compose import CONF_DIR, compose
 from zoo.assembly.spec import BlockSpec, resolve_block
 from zoo.core.dims import BlockDims
-from zoo.core.errors import ConfigError
+from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIONS, Registry
 from zoo.models.hf import from_hf
 from zoo.models.language import LanguageModel, build_model
@@ -51,6 +51,7 @@ __all__ = [
     "CONF_DIR",
     "ConfigError",
     "CrossAttention",
+    "IncompatibleParts",
     "KVCache",
     "LanguageModel",
     "LayerState",

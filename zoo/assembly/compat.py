@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from zoo.assembly.match import mlp_dims
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
-from zoo.core.errors import ConfigError
+from zoo.core.errors import ConfigError, IncompatibleParts
 
 Context = Literal["block", "model"]
 
@@ -30,7 +30,7 @@ Context = Literal["block", "model"]
 CONTEXTS: dict[str, frozenset[str]] = {"block": frozenset(), "model": frozenset({"embedding"})}
 
 
-def unmet_need(spec: BlockSpec, context: Context = "block") -> ConfigError | None:
+def unmet_need(spec: BlockSpec, context: Context = "block") -> IncompatibleParts | None:
     """The error for the first thing a part of ``spec`` needs that neither the context nor another part
     provides, or that a part conflicts with and another part provides; or None."""
     if context not in CONTEXTS:
@@ -41,12 +41,12 @@ def unmet_need(spec: BlockSpec, context: Context = "block") -> ConfigError | Non
     for axis, choice in spec.choices.items():
         for need, why in getattr(choice.part.cls, "needs", {}).items():
             if need not in provided:
-                return ConfigError(f"block.{axis}.name", choice.part.name, f"needs {need}: {why}")
+                return IncompatibleParts(f"block.{axis}.name", choice.part.name, f"needs {need}: {why}")
     for axis, choice in spec.choices.items():
         for conflict, why in getattr(choice.part.cls, "conflicts", {}).items():
             for other, by in spec.choices.items():
                 if other != axis and conflict in getattr(by.part.cls, "provides", ()):
-                    return ConfigError(
+                    return IncompatibleParts(
                         f"block.{axis}.name",
                         choice.part.name,
                         f"cannot be combined with {other}={by.part.name}, which provides a {conflict}: {why}",
