@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
@@ -153,6 +154,8 @@ class LatentAttention(nn.Module):
             k_positions = None if state.positions is None else state.positions[:, : state.length]
         k_content, v = rearrange(self.kv_up(latent), "b s (h two d) -> two b h s d", h=self.n_heads, two=2)
         k = torch.cat([k_content, rope_key.expand(-1, self.n_heads, -1, -1)], dim=-1)  # (b, h, s, 2d)
+        if self.backend == "sdpa":  # fused kernels want values as wide as keys: zeros, sliced off below
+            v = F.pad(v, (0, self.d_head))
         y = attend_at(
             torch.cat([q_content, q_position], dim=-1),
             k,
@@ -166,4 +169,4 @@ class LatentAttention(nn.Module):
             backend=self.backend,
             dropout=self.dropout if self.training else 0.0,
         )
-        return self.out(rearrange(y, "b h t d -> b t (h d)"))
+        return self.out(rearrange(y[..., : self.d_head], "b h t d -> b t (h d)"))
