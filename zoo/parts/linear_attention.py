@@ -88,7 +88,8 @@ def quadratic(
     weights = decay_weights(log_decay, causal).to(q.dtype) * torch.einsum("bhik,bhjk->bhij", q, k)
     y = torch.einsum("bhij,bhjd->bhid", weights, v)
     total = log_decay.cumsum(-1)
-    end = torch.einsum("bhj,bhjk,bhjd->bhkd", torch.exp(total[..., -1:] - total).to(q.dtype), k, v)
+    to_end = torch.exp(total[..., -1:] - total).to(q.dtype)  # (b, h, t)
+    end = torch.einsum("bhjk,bhjd->bhkd", k * to_end[..., None], v)
     if start is not None:
         y = y + torch.exp(total).to(q.dtype)[..., None] * torch.einsum("bhik,bhkd->bhid", q, start)
         end = end + torch.exp(total[..., -1, None, None]).to(q.dtype) * start
@@ -111,17 +112,19 @@ def chunked(
     diff = rearrange(total, "b h n i -> b h n i 1") - rearrange(total, "b h n j -> b h n 1 j")
     allowed = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
     within = torch.exp(diff.masked_fill(~allowed, float("-inf"))).to(q.dtype)
-    y = torch.einsum("bhnij,bhnjd->bhnid", torch.einsum("bhnik,bhnjk->bhnij", q, k) * within, v)  # within chunks
+    y = ((q @ k.transpose(-1, -2)) * within) @ v  # (b, h, n, c, d_head): within each chunk
     # Each chunk's own contribution to the state at its end, and how much it decays what came before.
-    own = torch.einsum("bhnj,bhnjk,bhnjd->bhnkd", torch.exp(total[..., -1:] - total).to(q.dtype), k, v)
+    to_end = torch.exp(total[..., -1:] - total).to(q.dtype)  # (b, h, n, c)
+    own = (k * to_end[..., None]).transpose(-1, -2) @ v  # (b, h, n, d_key, d_head)
     through = torch.exp(total[..., -1]).to(q.dtype)  # (b, h, n)
     state = q.new_zeros(batch, heads, d_key, v.shape[-1]) if start is None else start
     starts = []
-    for n in range(q.shape[2]):  # t / chunk steps, each a (d_key, d_head) update
+    # t / chunk steps, each a (d_key, d_head) update; unbind, not indexing: its backward is one stack
+    for kept, added in zip(through.unbind(2), own.unbind(2), strict=True):
         starts.append(state)
-        state = through[:, :, n, None, None] * state + own[:, :, n]
+        state = kept[..., None, None] * state + added
     before = torch.stack(starts, dim=2)  # (b, h, n, d_key, d_head): the state entering each chunk
-    y = y + torch.exp(total).to(q.dtype)[..., None] * torch.einsum("bhnik,bhnkd->bhnid", q, before)
+    y = y + (q * torch.exp(total).to(q.dtype)[..., None]) @ before  # what entered each chunk, decayed
     return rearrange(y, "b h n c d -> b h (n c) d")[:, :, :time], state
 
 
