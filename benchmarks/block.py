@@ -3,6 +3,8 @@
     python benchmarks/block.py                      # CPU, float32, batch 8, T 256, d_model 512
     python benchmarks/block.py --memory             # also: peak memory of sdpa vs math at T 4096
     python benchmarks/block.py --parts              # also: alibi and sliding windows beside rotary
+    python benchmarks/block.py --mixers             # also: linear attention vs softmax at T 4096, time and memory
+    python benchmarks/block.py --cache              # also: decoding-state bytes per token, MLA vs MHA and GQA
     python benchmarks/block.py --device cuda --dtype bfloat16 --d-model 2048 --time 2048
 
 Peers come from the ``bench`` extra (``pip install -e ".[bench]"``); a missing peer is skipped.
@@ -220,6 +222,88 @@ def run_memory(args: argparse.Namespace) -> None:
     print(f"\nsdpa / math peak memory: {peaks['sdpa'] / peaks['math']:.2f}")
 
 
+#: Sequence mixers compared by --mixers: softmax attention (fused SDPA) and linear attention's chunked form.
+MIXERS = {
+    "softmax gqa (sdpa)": [],
+    "linear (chunked)": ["attn=linear"],
+    "linear, gated (chunked)": ["attn=linear", "block.attn.decay=gated"],
+}
+
+
+def mixer_peak_child(args: argparse.Namespace) -> None:
+    """One fwd+bwd of the mixer --mixer alone at --time, batch 1: print its peak memory above the model's."""
+    attn = zoo_block("llama", args, *MIXERS[args.mixer]).attn.to(args.device)
+    x = torch.randn(1, args.time, args.d_model, device=args.device, requires_grad=True)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = rss_bytes("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    attn(x).square().mean().backward()
+    peak = torch.cuda.max_memory_allocated() - base if args.device == "cuda" else rss_bytes("VmHWM") - base
+    print(json.dumps({"peak_bytes": peak}))
+
+
+def run_mixers(args: argparse.Namespace) -> None:
+    """Linear attention's chunked form vs softmax attention (fused SDPA), the mixer alone: fwd+bwd time
+    at --mixer-time, and peak memory at a quarter, half and all of it (linear in T: doubling T doubles it)."""
+    device, dtype, time = args.device, getattr(torch, args.dtype), args.mixer_time
+    x = torch.randn(1, time, args.d_model, device=device, dtype=dtype)
+    steps = {name: fwd_bwd(zoo_block("llama", args, *c).attn.to(device, dtype), x) for name, c in MIXERS.items()}
+    seconds = time_interleaved(steps, device, args.mixer_repeats, warmup=1)
+    lengths = [time // 4, time // 2, time]
+    peaks: dict[str, list[int]] = {}
+    for name in MIXERS:
+        for length in lengths:
+            command = [sys.executable, __file__, "--mixer-child", "--mixer", name, "--device", device]
+            command += ["--time", str(length), "--d-model", str(args.d_model), "--n-heads", str(args.n_heads)]
+            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            peaks.setdefault(name, []).append(json.loads(out.strip().splitlines()[-1])["peak_bytes"])
+    softmax = next(iter(MIXERS))
+    print(
+        f"\nsequence mixer alone, forward+backward, batch 1, T {time}, d_model {args.d_model}, {args.n_heads} heads "
+        f"({device} {args.dtype}, {torch.get_num_threads()} threads, median of {args.mixer_repeats}; "
+        f"peak memory float32)\n"
+    )
+    head = " | ".join(f"peak MiB T {n}" for n in lengths)
+    print(f"| mixer | ms | softmax / this | {head} | memory T {time} / T {time // 2} |")
+    print("|---|---:|---:|" + "---:|" * len(lengths) + "---:|")
+    for name in MIXERS:
+        mib = " | ".join(f"{p / 2**20:.0f}" for p in peaks[name])
+        growth = peaks[name][2] / peaks[name][1]
+        print(f"| {name} | {seconds[name] * 1e3:.1f} | {seconds[softmax] / seconds[name]:.2f} | {mib} | {growth:.2f} |")
+
+
+def run_cache(args: argparse.Namespace) -> None:
+    """Bytes of decoding state per token and layer, measured from a 1-layer model after --cache-tokens tokens."""
+    tokens, batch = args.cache_tokens, 1
+    choices = {
+        "mha": ["attn=mha"],
+        "gqa (2 kv heads)": ["attn=gqa"],
+        "mqa": ["attn=mqa"],
+        "mla (kv_rank 4 d_head)": ["attn=mla"],
+        "mla (kv_rank 2 d_head)": ["attn=mla", f"block.attn.kv_rank={2 * args.d_model // args.n_heads}"],
+        "linear (constant)": ["attn=linear"],
+    }
+    measured = {}
+    for name, chosen in choices.items():
+        overrides = ["preset=llama", f"block.d_model={args.d_model}", f"block.n_heads={args.n_heads}", *chosen]
+        overrides += ["model.n_layers=1", "model.vocab_size=256"]
+        model = zoo.build_model(zoo.compose(overrides)).eval()
+        caches = model.new_caches(max_len=tokens)
+        with torch.no_grad():
+            model(torch.randint(0, 256, (batch, tokens)), caches=caches)
+        measured[name] = caches[0].nbytes / (batch * tokens)
+    print(f"\ndecoding state per token and layer after {tokens} tokens, d_model {args.d_model}, {args.n_heads} heads, "
+          "float32\n")  # fmt: skip
+    print("| mixer | bytes / token | / mha | / gqa |\n|---|---:|---:|---:|")
+    for name, size in measured.items():
+        ratio_mha, ratio_gqa = size / measured["mha"], size / measured["gqa (2 kv heads)"]
+        print(f"| {name} | {size:.1f} | {ratio_mha:.3f} | {ratio_gqa:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -233,7 +317,14 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="also measure sdpa vs math peak memory")
     parser.add_argument("--memory-time", type=int, default=4096)
     parser.add_argument("--parts", action="store_true", help="also time alibi and windows beside rotary")
+    parser.add_argument("--mixers", action="store_true", help="also time linear attention against softmax")
+    parser.add_argument("--mixer-time", type=int, default=4096)
+    parser.add_argument("--mixer-repeats", type=int, default=3)
+    parser.add_argument("--cache", action="store_true", help="also measure decoding-state bytes per token")
+    parser.add_argument("--cache-tokens", type=int, default=256)
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mixer-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mixer", default=next(iter(MIXERS)), help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="sdpa", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
@@ -241,12 +332,19 @@ def main() -> None:
     if args.memory_child:
         peak_memory_child(args)
         return
+    if args.mixer_child:
+        mixer_peak_child(args)
+        return
     torch.manual_seed(0)
     run_speed(args)
     if args.parts:
         run_parts(args)
     if args.memory:
         run_memory(args)
+    if args.mixers:
+        run_mixers(args)
+    if args.cache:
+        run_cache(args)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from zoo import AXES, build_block, check_combination, resolve_block
+from zoo import AXES, LayerState, build_block, check_combination, resolve_block
 from zoo.core.options import option_types
-from zoo.parts.attention import KVCache
 
 #: Tiny sizes: 4 query heads so GQA's 2 kv heads sit strictly between MQA and MHA.
 TINY = {"d_model": 16, "n_heads": 4, "d_ff": 24, "bias": True, "dropout": 0.0, "max_len": 8}
@@ -127,7 +126,7 @@ class Embedded(nn.Module):
         self.block = block
 
     def forward(
-        self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: KVCache | None = None
+        self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: LayerState | None = None
     ) -> torch.Tensor:
         offset = cache.length if cache is not None else 0
         positions = torch.arange(offset, offset + x.shape[1], device=x.device)

@@ -19,8 +19,7 @@ import torch
 from combos import block_config, build, context_of, randomize
 from torch import nn
 
-from zoo import resolve_block
-from zoo.parts.attention import KVCache
+from zoo import LayerState, resolve_block
 
 B, T, D = 2, 6, 16
 PADS = (2, 0)  # left padding of each sample: sample 0's queries 0 and 1 see no real key at all
@@ -318,7 +317,7 @@ def bfloat16(s: Subject) -> None:
 @prop("cached decoding equals the full forward")
 def cached_decoding(s: Subject) -> None:
     for backend in s.backends:
-        block, cache, steps = s.block(backend), KVCache(), []
+        block, cache, steps = s.block(backend), LayerState(), []
         for start, length in zip(itertools.accumulate(CHUNKS, initial=0), CHUNKS, strict=False):
             steps.append(block(s.x[:, start : start + length], cache=cache))
         close(torch.cat(steps, dim=1), s.y(backend), 1e-10, f"{backend}: cached decoding {CHUNKS} differs")

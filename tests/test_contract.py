@@ -34,8 +34,7 @@ import torch  # noqa: E402
 from combos import VOCAB, block_config, make_model, randomize  # noqa: E402
 from contract import close  # noqa: E402
 
-from zoo import build_block  # noqa: E402
-from zoo.parts.attention import KVCache  # noqa: E402
+from zoo import LayerState, build_block  # noqa: E402
 
 B, T, D = 2, 6, 16
 S = 5  # source (encoder memory) length
@@ -126,10 +125,12 @@ def prefill_in_chunks_then_cached_decoding_equals_full_forward(built: Built) -> 
         start += size
     assert all(cache.length == ids.shape[1] for cache in caches)
     close(torch.cat(steps, dim=1), model(ids), FLOAT32, "logits")
-    # Keys and values only, n_kv_heads of them: 2 x layers x batch x kv heads x slots x d_head x 8 bytes.
-    attn = model.blocks[0].attn
-    expected = 2 * len(model.blocks) * B * attn.n_kv_heads * caches[0].capacity * attn.d_head * 8
-    assert sum(cache.nbytes for cache in caches) == expected, "the cache holds more than the kv heads"
+    # Only what the mixer says its state holds (softmax attention: a key and a value per kv head and
+    # slot), for every layer and sample, 8 bytes each.
+    attn, held = model.blocks[0].attn, caches[0].mixer
+    size = attn.state_size(held.capacity if hasattr(held, "capacity") else held.length)
+    held_bytes = sum(cache.nbytes for cache in caches)
+    assert held_bytes == len(model.blocks) * B * size * 8, "the state holds more than the mixer says"
 
 
 @pair_check
@@ -179,7 +180,7 @@ def cross_attention_reads_real_memory_never_its_padding_nor_the_future(built: Bu
 def cross_attention_cached_decoding_equals_full_forward(built: Built) -> None:
     block, x = built.cross, inputs()
     memory, memory_mask = memory_inputs()
-    cache = KVCache()
+    cache = LayerState()
     steps = [block(x[:, :3], cache=cache, memory=memory, memory_mask=memory_mask)]
     # Later steps get no memory: its keys and values were computed once, at the first step.
     steps += [block(x[:, t : t + 1], cache=cache, memory_mask=memory_mask) for t in range(3, T)]

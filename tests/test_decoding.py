@@ -6,7 +6,7 @@ import pytest
 import torch
 from combos import VOCAB, make_model
 
-from zoo import ConfigError, KVCache
+from zoo import ConfigError, KVCache, LayerState, MixerState
 
 LLAMA = {"placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rotary", "mlp": "swiglu"}
 
@@ -137,9 +137,7 @@ def test_sampling_draws_from_softmax_of_the_logits_over_the_temperature(top_k):
     prompt = torch.randint(0, VOCAB, (4, 3))
     samples = {}
     for temperature in (0.25, 1.0, 4.0):
-        samples[temperature] = model.generate(
-            prompt, 6, temperature, top_k, generator=torch.Generator().manual_seed(7)
-        )
+        samples[temperature] = model.generate(prompt, 6, temperature, top_k, generator=torch.Generator().manual_seed(7))
         generator, ids = torch.Generator().manual_seed(7), prompt
         for _ in range(6):
             logits = model(ids)[:, -1].float() / temperature
@@ -180,3 +178,35 @@ def test_cached_logits_with_per_sample_positions_equal_the_full_forward_for_ever
         )
     real = key_mask[..., None].expand_as(full)
     torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], rtol=0, atol=1e-10)
+
+
+def test_a_layer_state_holds_the_state_its_mixer_makes_and_reports_it():
+    layer = LayerState(max_len=8)
+    assert layer.length == 0 and layer.nbytes == 0 and layer.mixer is None
+    layer.truncate(0)  # nothing seen: rewinding to 0 is a no-op
+    with pytest.raises(ConfigError, match="length=1"):
+        layer.truncate(1)
+    state = layer.mixer_state(KVCache)
+    assert layer.mixer_state(KVCache) is state, "the state is made once, on first use"
+    state.append(*kv(time=3))
+    assert layer.length == 3 and layer.nbytes == state.nbytes == 2 * 2 * 2 * 8 * 4 * 4
+    layer.cross = kv(time=5)
+    assert layer.nbytes == state.nbytes + 2 * 2 * 2 * 5 * 4 * 4  # memory keys and values count too
+    layer.truncate(1)
+    assert layer.length == 1
+    layer.reset()
+    assert layer.length == 0 and layer.cross is None
+
+    class Other(MixerState):
+        nbytes = 0
+
+    with pytest.raises(TypeError, match="holds a KVCache, not a Other"):
+        layer.mixer_state(Other)
+
+
+def test_the_model_gives_each_block_a_state_and_reads_only_the_interface():
+    model = make_model(LLAMA)
+    caches = model.new_caches(max_len=6)
+    model(torch.randint(0, VOCAB, (2, 4)), caches=caches)
+    assert [type(c.mixer) for c in caches] == [KVCache, KVCache]
+    assert all(c.length == 4 and c.mixer.capacity == 6 for c in caches)

@@ -200,3 +200,101 @@ def test_cross_attention_backends_agree(attn):
     sdpa, math_ = (b(x, memory=memory, memory_mask=memory_mask) for b in blocks)
     torch.testing.assert_close(sdpa, math_, rtol=0, atol=1e-12)
     assert blocks[1].cross_attn.n_kv_heads == (2 if attn == "gqa" else H)
+
+
+# --- Latent attention and linear attention, written out from their weights -------------------------
+
+
+def mixer(attn: dict, pos: str = "none") -> torch.nn.Module:
+    """The attention part of a tiny block, float64, random weights (norm gains away from 1)."""
+    cfg = {**TINY, "placement": "pre", "norm": "layernorm", "pos": pos, "mlp": "gelu", "attn": attn}
+    block = build_block(cfg).double().eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
+    return block.attn
+
+
+def rotate_half_pairs(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """RoPE on the last dim of x (..., t, d): feature j pairs with j + d/2, angle position * base^(-2j/d)."""
+    half = x.shape[-1] // 2
+    angle = positions[:, None].double() * base ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * angle.cos() - second * angle.sin(), second * angle.cos() + first * angle.sin()], -1)
+
+
+def rms(x: torch.Tensor, gain: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    out = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+    return out if gain is None else out * gain
+
+
+@pytest.mark.parametrize("q_rank", [None, 6])
+def test_latent_attention_equals_its_definition_per_head(q_rank):
+    """DeepSeek-V2's equations, head by head, with an explicit -inf triangle and the rotary key shared by heads."""
+    attn = mixer({"name": "mla", "kv_rank": 5, "q_rank": q_rank}, pos="rotary")
+    w = dict(attn.named_parameters())
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    d, t = D // H, x.shape[1]
+    down = x @ w["kv_down.weight"].T + w["kv_down.bias"]
+    latent = rms(down[..., :5], w["kv_norm.weight"], eps=attn.kv_norm.eps)
+    rope_key = rotate_half_pairs(down[..., 5:], torch.arange(t))  # (b, t, d): one key for every head
+    up = latent @ w["kv_up.weight"].T + w["kv_up.bias"]  # per head: d key features, d value features
+    if q_rank is None:
+        queries = x @ w["q.weight"].T + w["q.bias"]
+    else:
+        c_q = rms(x @ w["q_down.weight"].T + w["q_down.bias"], w["q_norm.weight"], eps=attn.q_norm.eps)
+        queries = c_q @ w["q_up.weight"].T + w["q_up.bias"]
+    heads = []
+    for h in range(H):
+        q_h = queries[..., h * 2 * d : (h + 1) * 2 * d]
+        q_h = torch.cat([q_h[..., :d], rotate_half_pairs(q_h[..., d:], torch.arange(t))], -1)
+        k_h = torch.cat([up[..., h * 2 * d : h * 2 * d + d], rope_key], -1)
+        v_h = up[..., h * 2 * d + d : (h + 1) * 2 * d]
+        scores = q_h @ k_h.transpose(-1, -2) / math.sqrt(2 * d)
+        scores = scores + torch.triu(torch.full((t, t), float("-inf"), dtype=x.dtype), diagonal=1)
+        heads.append(torch.softmax(scores, -1) @ v_h)
+    expected = torch.cat(heads, -1) @ w["out.weight"].T + w["out.bias"]
+    torch.testing.assert_close(attn(x), expected, rtol=0, atol=1e-10)
+
+
+def naive_linear(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Linear attention as a double loop over (query, key) pairs: y_i = sum_{j <= i} (prod_{j < r <= i} g_r)
+    (phi(q_i) . phi(k_j)) v_j per head, each head RMS-normalized, then the output projection."""
+    w = dict(attn.named_parameters())
+    batch, t, _ = x.shape
+    d = D // H
+    phi = {"elu": lambda z: F.elu(z) + 1, "relu": F.relu, "identity": lambda z: z}[attn.feature_map]
+    qkv = (x @ w["qkv.weight"].T + w["qkv.bias"]).view(batch, t, H, 3 * d)  # d_key = d_head here
+    q, k, v = phi(qkv[..., :d]), phi(qkv[..., d : 2 * d]), qkv[..., 2 * d :]
+    if attn.decay == "gated":
+        g = torch.sigmoid(x @ w["gate.weight"].T + w["gate.bias"]) ** (1 / 16)  # (b, t, h)
+    elif attn.decay == "fixed":
+        g = (1 - 2.0 ** (-5.0 - torch.arange(H, dtype=x.dtype))).expand(batch, t, H)
+    else:
+        g = torch.ones(batch, t, H, dtype=x.dtype)
+    y = torch.zeros(batch, t, H, d, dtype=x.dtype)
+    for i in range(t):
+        for j in range(i + 1):
+            weight = torch.prod(g[:, j + 1 : i + 1], dim=1)  # (b, h): the decay between j and i
+            y[:, i] += (weight * (q[:, i] * k[:, j]).sum(-1))[..., None] * v[:, j]
+    return rms(y).reshape(batch, t, D) @ w["out.weight"].T + w["out.bias"]
+
+
+@pytest.mark.parametrize(
+    ("feature_map", "decay"), [("elu", "none"), ("relu", "fixed"), ("identity", "gated"), ("elu", "gated")]
+)
+def test_linear_attention_chunked_recurrent_and_quadratic_forms_equal_the_naive_sum(feature_map, decay):
+    from zoo import LayerState
+
+    x = torch.randn(2, 11, D, dtype=torch.float64)
+    options = {"name": "linear", "feature_map": feature_map, "decay": decay, "chunk": 4}
+    reference = mixer({**options, "backend": "math"})  # the full quadratic form
+    chunked = mixer({**options, "backend": "sdpa"})  # chunks of 4 over 11 tokens: a partial last chunk
+    chunked.load_state_dict(reference.state_dict())
+    forms = {"math": reference(x), "sdpa": chunked(x)}
+    state = LayerState()
+    forms["recurrent"] = torch.cat([reference(x[:, i : i + 1], cache=state) for i in range(11)], dim=1)
+    assert state.length == 11 and state.mixer.matrix.shape == (2, H, D // H, D // H)
+    expected = naive_linear(reference, x)
+    for name, y in forms.items():
+        torch.testing.assert_close(y, expected, rtol=0, atol=1e-10, msg=lambda m, name=name: f"{name}: {m}")

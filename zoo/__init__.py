@@ -13,13 +13,14 @@ from zoo.assembly.compat import check_combination
 from zoo.assembly.compose import CONF_DIR, compose
 from zoo.assembly.spec import BlockSpec, resolve_block
 from zoo.core.dims import BlockDims
-from zoo.core.errors import ConfigError
+from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIONS, Registry
 from zoo.models.hf import from_hf
 from zoo.models.language import LanguageModel, build_model
 from zoo.models.seq2seq import Seq2SeqModel, build_seq2seq
 from zoo.parts.attention import KVCache
 from zoo.parts.cross_attention import CrossAttention
+from zoo.parts.state import LayerState, MixerState
 
 try:
     __version__ = importlib.metadata.version("zoo")
@@ -50,9 +51,12 @@ __all__ = [
     "CONF_DIR",
     "ConfigError",
     "CrossAttention",
+    "IncompatibleParts",
     "KVCache",
     "LanguageModel",
+    "LayerState",
     "MLPS",
+    "MixerState",
     "NORMS",
     "PLACEMENTS",
     "POSITIONS",

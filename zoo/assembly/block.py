@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.parts.attention import Attention, KVCache
+from zoo.parts.attention import Attention
 from zoo.parts.cross_attention import CrossAttention
 from zoo.parts.placements import Placement
+from zoo.parts.state import LayerState
 
 
 class Block(nn.Module):
@@ -40,7 +41,7 @@ class Block(nn.Module):
         x: torch.Tensor,
         *,
         key_mask: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: LayerState | None = None,
         positions: torch.Tensor | None = None,
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
@@ -48,7 +49,7 @@ class Block(nn.Module):
         """x: (batch, time, d_model) -> (batch, time, d_model).
 
         key_mask: (batch, keys) bool, True at real tokens, False at padding (keys include cached ones).
-        cache: this layer's KV cache for incremental decoding (written in place).
+        cache: this layer's decoding state for incremental decoding (written in place).
         positions: (batch, time) per-sample position ids (left-padded batches); default: cache slots.
         memory: (batch, source, d_model) encoder output, for a block with cross-attention.
         memory_mask: (batch, source) bool, True at real source tokens.

@@ -4,8 +4,10 @@ The rules live in the parts, not in a table here:
 
 - a part's ``check(dims, **options)`` classmethod rejects its own bad options and sizes
   (``attn.softcap`` without ``backend: math``, an ``attn.window`` as wide as ``block.max_len``, ...);
-- a part class may declare ``needs = {"embedding": "why"}``: what its surroundings must provide, and
-  ``provides = frozenset({...})``: what it provides to the other parts.
+- a part class may declare ``needs = {"embedding": "why"}``: what its surroundings must provide,
+  ``provides = frozenset({...})``: what it provides to the other parts, and
+  ``conflicts = {"score bias": "why"}``: what no other part of its block may provide (a position's
+  ``provides`` follows from the methods it overrides: ``rotation``, ``score bias``).
 
 Surroundings are a *context*: a lone ``block`` provides nothing; a ``model`` provides ``embedding``
 (token embeddings that absolute positions are added to).
@@ -20,7 +22,7 @@ from omegaconf import DictConfig
 
 from zoo.assembly.match import mlp_dims
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
-from zoo.core.errors import ConfigError
+from zoo.core.errors import ConfigError, IncompatibleParts
 
 Context = Literal["block", "model"]
 
@@ -28,9 +30,9 @@ Context = Literal["block", "model"]
 CONTEXTS: dict[str, frozenset[str]] = {"block": frozenset(), "model": frozenset({"embedding"})}
 
 
-def unmet_need(spec: BlockSpec, context: Context = "block") -> ConfigError | None:
+def unmet_need(spec: BlockSpec, context: Context = "block") -> IncompatibleParts | None:
     """The error for the first thing a part of ``spec`` needs that neither the context nor another part
-    provides, or None."""
+    provides, or that a part conflicts with and another part provides; or None."""
     if context not in CONTEXTS:
         raise ConfigError("context", context, f"one of {', '.join(CONTEXTS)}")
     provided = set(CONTEXTS[context])
@@ -39,7 +41,16 @@ def unmet_need(spec: BlockSpec, context: Context = "block") -> ConfigError | Non
     for axis, choice in spec.choices.items():
         for need, why in getattr(choice.part.cls, "needs", {}).items():
             if need not in provided:
-                return ConfigError(f"block.{axis}.name", choice.part.name, f"needs {need}: {why}")
+                return IncompatibleParts(f"block.{axis}.name", choice.part.name, f"needs {need}: {why}")
+    for axis, choice in spec.choices.items():
+        for conflict, why in getattr(choice.part.cls, "conflicts", {}).items():
+            for other, by in spec.choices.items():
+                if other != axis and conflict in getattr(by.part.cls, "provides", ()):
+                    return IncompatibleParts(
+                        f"block.{axis}.name",
+                        choice.part.name,
+                        f"cannot be combined with {other}={by.part.name}, which provides a {conflict}: {why}",
+                    )
     return None
 
 

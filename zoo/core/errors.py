@@ -14,3 +14,9 @@ class ConfigError(ValueError):
     def __init__(self, field: str, value: Any, allowed: str) -> None:
         self.field, self.value, self.allowed = field, value, allowed
         super().__init__(f"{field}={value!r}: {allowed}")
+
+
+class IncompatibleParts(ConfigError):
+    """Parts that are each valid but cannot be combined: one needs what no other part provides, or
+    conflicts with what another provides (zoo.assembly.compat). A sweep over a grid of parts records
+    such a combination as ``incompatible``, with this reason, rather than as a failed run."""

@@ -13,7 +13,8 @@ from omegaconf import DictConfig
 from zoo.lab.records import SUMMARY, read_summary
 
 #: Statuses that are results; any other (``failed``, or ``running`` left by a killed run) is not.
-RESULTS = ("ok", "diverged")
+#: ``incompatible``: a grid's combination of parts the compatibility map refuses, with its reason.
+RESULTS = ("ok", "diverged", "incompatible")
 
 
 def runs_not_done(root: Path) -> list[tuple[Path, str]]:

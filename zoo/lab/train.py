@@ -4,8 +4,9 @@
     zoo-train -m norm=layernorm,rmsnorm attn=mha,gqa,mqa seed=0,1,2
     torchrun --nproc_per_node=2 -m zoo.lab.train train.steps=200      # DDP; rank 0 writes
 
-Each run folder gets ``metrics.jsonl`` and ``summary.json`` (status ``ok``, ``diverged`` or
-``failed``). A failed run is recorded and never stops a sweep; a run whose summary already says
+Each run folder gets ``metrics.jsonl`` and ``summary.json`` (status ``ok``, ``diverged``,
+``incompatible`` (parts the compatibility map refuses to combine, with the reason) or ``failed``).
+A failed run is recorded and never stops a sweep; a run whose summary already says
 ``ok`` for the same config is skipped, so re-running a sweep into its folder resumes it.
 """
 
@@ -34,7 +35,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.assembly.compose import CONF_DIR, resolve_composed
-from zoo.core.errors import ConfigError
+from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.registry import AXES
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.outcome import exit_if_a_run_failed
@@ -150,6 +151,8 @@ def run(
                 log.info("skip %s: already ok (%s)", shown(out_dir), metric_text(prior))
                 return prior
         train(raw, summary, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun, resume=resume)
+    except IncompatibleParts as error:  # a grid's refused combination: recorded with its reason
+        summary.update(status="incompatible", error=f"IncompatibleParts: {error}")
     except ConfigError as error:
         summary.update(status="failed", error=f"ConfigError: {error}")
     except Exception as error:
@@ -331,6 +334,8 @@ def metric_text(summary: dict[str, Any]) -> str:
     """``val_bpb=2.3120, 41,000 tokens/s, 25.1 s`` (or the divergence reason)."""
     if summary.get("status") == "diverged":
         return summary.get("reason") or "diverged"
+    if summary.get("status") == "incompatible":
+        return str(summary.get("error"))
     metric = summary.get("metric") or {}
     value = metric.get("value")
     shown = f"{metric.get('name')}={value:.4f}" if isinstance(value, float) else f"{metric.get('name')}=n/a"
@@ -362,7 +367,7 @@ def hydra_job(cfg: DictConfig) -> str:
         job=hc.job.num if multirun else None,
         tune_dir=Path(hc.sweep.dir) / TUNE_DIR if multirun else None,
     )
-    if summary["status"] == "failed" and not multirun:
+    if summary["status"] in ("failed", "incompatible") and not multirun:
         raise SystemExit(1)  # a single run: fail the command (a sweep carries on)
     return str(summary["status"])
 

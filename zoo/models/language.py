@@ -15,8 +15,8 @@ from zoo.core.errors import ConfigError
 from zoo.models.base import TokenModel, final_norm_for, init_stack, residual_branches
 from zoo.models.config import block_section, layer_specs, model_options
 from zoo.models.generate import check_generate_args, decode, left_padding_positions
-from zoo.parts.attention import KVCache
 from zoo.parts.positions import LearnedEmbedding
+from zoo.parts.state import LayerState
 
 
 class LanguageModel(TokenModel):
@@ -58,13 +58,13 @@ class LanguageModel(TokenModel):
         ids: torch.Tensor,
         *,
         key_mask: torch.Tensor | None = None,
-        caches: list[KVCache] | None = None,
+        caches: list[LayerState] | None = None,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids: (b, t) -> logits (b, t, vocab).
 
         key_mask: (b, t_k) bool, True at real tokens (t_k counts cached tokens too).
-        caches: one KVCache per block (:meth:`new_caches`), written in place.
+        caches: one LayerState per block (:meth:`new_caches`), written in place.
         positions: (b, t) per-sample position ids (left-padded batches); default: cache slots.
         """
         return self.logits(self.hidden_states(ids, key_mask=key_mask, caches=caches, positions=positions))
@@ -74,7 +74,7 @@ class LanguageModel(TokenModel):
         ids: torch.Tensor,
         *,
         key_mask: torch.Tensor | None = None,
-        caches: list[KVCache] | None = None,
+        caches: list[LayerState] | None = None,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids: (b, t) -> the final-normed residual stream (b, t, d_model); arguments as in forward."""
@@ -91,9 +91,10 @@ class LanguageModel(TokenModel):
             x = block(x, key_mask=key_mask, cache=None if caches is None else caches[i], positions=positions)
         return self.final_norm(x)
 
-    def new_caches(self, max_len: int | None = None) -> list[KVCache]:
-        """One empty KVCache per block; ``max_len`` (prompt + new tokens) preallocates them."""
-        return [KVCache(max_len) for _ in self.blocks]
+    def new_caches(self, max_len: int | None = None) -> list[LayerState]:
+        """One empty decoding state per block (each mixer fills in its own kind); ``max_len`` (prompt +
+        new tokens) lets growing states preallocate."""
+        return [LayerState(max_len) for _ in self.blocks]
 
     @torch.no_grad()
     def generate(

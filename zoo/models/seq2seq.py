@@ -28,7 +28,7 @@ from zoo.models.config import (
     section,
 )
 from zoo.models.generate import check_generate_args, decode
-from zoo.parts.attention import KVCache
+from zoo.parts.state import LayerState
 
 
 class Stack(nn.Module):
@@ -44,7 +44,7 @@ class Stack(nn.Module):
         x: torch.Tensor,
         *,
         key_mask: torch.Tensor | None = None,
-        caches: list[KVCache] | None = None,
+        caches: list[LayerState] | None = None,
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -107,7 +107,7 @@ class Seq2SeqModel(TokenModel):
         *,
         memory_mask: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
-        caches: list[KVCache] | None = None,
+        caches: list[LayerState] | None = None,
     ) -> torch.Tensor:
         """tgt_ids: (b, t) -> logits (b, t, vocab), attending to memory (b, s, d_model).
 
@@ -129,9 +129,9 @@ class Seq2SeqModel(TokenModel):
         memory = self.encode(src_ids, src_mask)
         return self.decode(tgt_ids, memory, memory_mask=src_mask, key_mask=tgt_mask)
 
-    def new_caches(self, max_len: int | None = None) -> list[KVCache]:
-        """One empty KVCache per decoder block; each also keeps its layer's memory keys and values."""
-        return [KVCache(max_len) for _ in self.decoder.blocks]
+    def new_caches(self, max_len: int | None = None) -> list[LayerState]:
+        """One empty decoding state per decoder block; each also keeps its layer's memory keys and values."""
+        return [LayerState(max_len) for _ in self.decoder.blocks]
 
     @torch.no_grad()
     def generate(

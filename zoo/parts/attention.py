@@ -1,4 +1,5 @@
-"""Self-attention from projections and tensor ops: MHA, GQA and MQA in one class, and its KV cache.
+"""Self-attention from projections and tensor ops: MHA, GQA and MQA in one class, and its KV cache
+(its decoding state).
 
 Mask convention, everywhere in zoo: a boolean mask is True where attention is *allowed*
 (SDPA's convention; ``nn.MultiheadAttention`` uses the opposite). Key position > query position
@@ -20,12 +21,14 @@ from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
 from zoo.parts.positions import Position
+from zoo.parts.state import GrowingState, LayerState
 
 Backend = Literal["sdpa", "math"]
 
 
-class KVCache:
-    """Keys and values of one attention layer in preallocated buffers, written in place.
+class KVCache(GrowingState):
+    """Softmax attention's decoding state: the keys and values of every token seen, in preallocated
+    buffers written in place.
 
     ``k`` and ``v`` are (batch, n_kv_heads, capacity, d_head); slots ``0..length`` hold keys.
     Only the ``n_kv_heads`` key/value heads are stored, so GQA and MQA shrink the cache by
@@ -34,39 +37,17 @@ class KVCache:
     ``max_len`` is the capacity allocated at the first write (default: that write's length); a write
     past the capacity reallocates to twice the size, so give ``max_len`` when it is known.
     ``positions`` (batch, capacity) holds per-sample position ids when the writer passes them.
-    ``cross`` holds a cross-attention layer's memory keys and values, computed once per source.
+    An attention layer keeps one in its :class:`~zoo.parts.state.LayerState`:
+    ``cache.mixer_state(KVCache)``.
     """
 
-    def __init__(self, max_len: int | None = None) -> None:
-        if max_len is not None and max_len < 1:
-            raise ConfigError("max_len", max_len, "must be a positive integer or None")
-        self.max_len = max_len
-        self.length = 0
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-        self.positions: torch.Tensor | None = None
-        self.cross: tuple[torch.Tensor, torch.Tensor] | None = None
+    @property
+    def k(self) -> torch.Tensor | None:
+        return None if self.buffers is None else self.buffers[0]
 
     @property
-    def capacity(self) -> int:
-        return 0 if self.k is None else self.k.shape[-2]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the key, value (and position) buffers, cross-attention memory included."""
-        tensors = [self.k, self.v, self.positions, *(self.cross or ())]
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-    def reset(self) -> None:
-        """Forget every key (the buffers are kept for reuse)."""
-        self.length = 0
-        self.cross = None
-
-    def truncate(self, length: int) -> None:
-        """Keep only the first ``length`` keys (rewind decoding steps; the buffers stay)."""
-        if not 0 <= length <= self.length:
-            raise ConfigError("length", length, f"must be in 0..{self.length} (the keys held)")
-        self.length = length
+    def v(self) -> torch.Tensor | None:
+        return None if self.buffers is None else self.buffers[1]
 
     def append(
         self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None = None
@@ -75,47 +56,8 @@ class KVCache:
 
         positions: (b, t_new) position ids of the new keys, kept when given (for score biases).
         """
-        start, end = self.length, self.length + k.shape[-2]
-        if self.k is None or (start == 0 and not self._fits(k)):
-            self.positions = None
-            self._allocate(k, max(self.max_len or 0, end))
-        elif not self._fits(k):
-            raise ValueError(
-                f"cache holds keys of shape {tuple(self.k.shape)} ({self.k.dtype}), got {tuple(k.shape)} "
-                f"({k.dtype}); reset() it before decoding another batch"
-            )
-        elif end > self.capacity:
-            self._allocate(k, max(end, 2 * self.capacity))
-        assert self.k is not None and self.v is not None
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        if positions is not None or self.positions is not None:
-            if self.positions is None:  # the keys so far had their slots as positions
-                slots = torch.arange(self.capacity, device=k.device)
-                self.positions = repeat(slots, "t -> b t", b=k.shape[0]).contiguous()  # a copy, not a view
-            new = torch.arange(start, end, device=k.device) if positions is None else positions
-            self.positions[:, start:end] = new
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
-
-    def _fits(self, k: torch.Tensor) -> bool:
-        """Whether new keys ``k`` match the buffers in batch, heads, head size, dtype and device."""
-        assert self.k is not None
-        same_shape = self.k.shape[:2] == k.shape[:2] and self.k.shape[3] == k.shape[3]
-        return same_shape and self.k.dtype == k.dtype and self.k.device == k.device
-
-    def _allocate(self, like: torch.Tensor, capacity: int) -> None:
-        """(Re)allocate buffers of ``capacity`` slots, keeping the keys written so far."""
-        batch, heads, _, d_head = like.shape
-        old = (self.k, self.v, self.positions)
-        self.k = like.new_empty(batch, heads, capacity, d_head)
-        self.v = like.new_empty(batch, heads, capacity, d_head)
-        if old[0] is not None and old[1] is not None and self.length:
-            self.k[:, :, : self.length] = old[0][:, :, : self.length]
-            self.v[:, :, : self.length] = old[1][:, :, : self.length]
-        if old[2] is not None:
-            self.positions = old[2].new_zeros(batch, capacity)
-            self.positions[:, : self.length] = old[2][:, : self.length]
+        keys, values = self.write(k, v, positions=positions)
+        return keys, values
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
@@ -221,6 +163,50 @@ def attend(
     return torch.einsum("bhqk,bhkd->bhqd", weights.to(v.dtype), v)
 
 
+def attend_at(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    offset: int,
+    positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+    key_mask: torch.Tensor | None,
+    causal: bool,
+    position: Position,
+    backend: Backend,
+    dropout: float = 0.0,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Self-attention of queries at cache slots ``offset..offset+t_q-1`` to every key so far.
+
+    q: (b, h, t_q, d); k: (b, g, t_k, d); v: (b, g, t_k, d_v). positions / k_positions: per-sample
+    position ids of queries / keys for the position's score bias (default: slots). The mask follows
+    slots (causality, the window) and ``key_mask``; with neither padding, bias, window nor cache,
+    the plain causal case goes to the fused kernel's ``is_causal``. -> (b, h, t_q, d_v).
+    """
+    time = q.shape[-2]
+    slots = torch.arange(offset, offset + time, device=q.device)
+    k_slots = torch.arange(k.shape[-2], device=q.device)
+    bias = position.score_bias(
+        slots if positions is None else positions, k_slots if k_positions is None else k_positions
+    )
+    # One query at the last slot may see every key, so decoding steps need no causal mask.
+    mask = allowed_mask(slots, k_slots, causal and time > 1, key_mask, window)
+    plain_causal = causal and time > 1 and key_mask is None and bias is None and offset == 0 and window is None
+    return attend(
+        q,
+        k,
+        v,
+        None if plain_causal else additive(mask, bias, q.dtype),
+        is_causal=plain_causal,
+        backend=backend,
+        dropout=dropout,
+        softcap=softcap,
+    )
+
+
 @ATTENTIONS.register(
     "mha",
     summary="Multi-head attention: one key/value head per query head (n_kv_heads = n_heads)",
@@ -310,23 +296,30 @@ class Attention(nn.Module):
             norm, head_dims = NORMS.get(qk_norm), replace(dims, d_model=self.d_head)
             self.q_norm, self.k_norm = norm.cls(head_dims, **norm.defaults), norm.cls(head_dims, **norm.defaults)
 
+    def state_size(self, length: int) -> int:
+        """Numbers one sample's decoding state holds after ``length`` tokens: a key and a value per
+        key/value head."""
+        return 2 * self.n_kv_heads * self.d_head * length
+
     def forward(
         self,
         x: torch.Tensor,
         *,
         key_mask: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: LayerState | None = None,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (b, t, d_model) -> (b, t, d_model).
 
         key_mask: (b, t_k) bool, True at real keys (t_k counts cached keys too).
-        cache: keys and values of earlier positions; the new ones are written into it.
+        cache: this layer's state; its :class:`KVCache` holds the keys and values of earlier positions,
+            and the new ones are written into it.
         positions: (b, t) position ids per sample, for left-padded batches; by default the query at
             cache slot ``s`` has position ``s``. The causal mask always follows slots.
         """
         time = x.shape[1]
-        offset = cache.length if cache is not None else 0
+        state = None if cache is None else cache.mixer_state(KVCache)
+        offset = state.length if state is not None else 0
         slots = torch.arange(offset, offset + time, device=x.device)  # absolute indices of the queries
 
         # One reshape for all heads: per key/value group g, n = r query heads + its key + its value.
@@ -337,27 +330,22 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)  # per head, over d_head
         q, k = self.position.rotate(q, k, slots if positions is None else positions)
         k_positions = positions
-        if cache is not None:
-            k, v = cache.append(k, v, positions)
-            k_positions = None if cache.positions is None else cache.positions[:, : cache.length]
-        k_slots = torch.arange(k.shape[-2], device=x.device)
-
-        bias = self.position.score_bias(
-            slots if positions is None else positions, k_slots if k_positions is None else k_positions
-        )
-        # One query at the last slot may see every key, so decoding steps need no causal mask.
-        mask = allowed_mask(slots, k_slots, self.causal and time > 1, key_mask, self.window)
-        plain_causal = (
-            self.causal and time > 1 and key_mask is None and bias is None and offset == 0 and self.window is None
-        )
-        y = attend(
+        if state is not None:
+            k, v = state.append(k, v, positions)
+            k_positions = None if state.positions is None else state.positions[:, : state.length]
+        y = attend_at(
             q,
             k,
             v,
-            None if plain_causal else additive(mask, bias, q.dtype),
-            is_causal=plain_causal,
+            offset=offset,
+            positions=positions,
+            k_positions=k_positions,
+            key_mask=key_mask,
+            causal=self.causal,
+            position=self.position,
             backend=self.backend,
             dropout=self.dropout if self.training else 0.0,
+            window=self.window,
             softcap=self.softcap,
         )
         return self.out(rearrange(y, "b h t d -> b t (h d)"))

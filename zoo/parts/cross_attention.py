@@ -11,7 +11,8 @@ from einops import rearrange
 from torch import nn
 
 from zoo.core.dims import BlockDims
-from zoo.parts.attention import Backend, KVCache, additive, attend
+from zoo.parts.attention import Backend, additive, attend
+from zoo.parts.state import LayerState
 
 
 class CrossAttention(nn.Module):
@@ -47,7 +48,7 @@ class CrossAttention(nn.Module):
         memory: torch.Tensor | None = None,
         *,
         memory_mask: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: LayerState | None = None,
     ) -> torch.Tensor:
         """x: (b, t, d_model), memory: (b, s, d_model) -> (b, t, d_model).
 

@@ -25,9 +25,21 @@ class Position(nn.Module):
 
     ``needs`` maps what a part requires from its surroundings to why; ``"embedding"`` is provided
     by a model (token embeddings to add positions to), not by a lone block (see zoo.assembly.compat).
+    ``provides`` follows from what a subclass overrides: ``"rotation"`` (``rotate``) and
+    ``"score bias"`` (``score_bias``), so a mixer that cannot honour one can declare the conflict.
     """
 
     needs: ClassVar[dict[str, str]] = {}
+    provides: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        found = set(cls.provides)
+        if cls.rotate is not Position.rotate:
+            found.add("rotation")
+        if cls.score_bias is not Position.score_bias:
+            found.add("score bias")
+        cls.provides = frozenset(found)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: (b, h, t, d), k: (b, g, t, d), positions: (t,) or per sample (b, t) -> q, k at those positions."""

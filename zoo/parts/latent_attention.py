@@ -1,0 +1,172 @@
+"""Multi-head latent attention (DeepSeek-V2): keys and values come from a low-rank latent, so the
+decoding state keeps that latent and one shared rotary key per token instead of every head's keys
+and values."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from zoo.core.dims import BlockDims
+from zoo.core.errors import ConfigError
+from zoo.core.registry import ATTENTIONS, NORMS
+from zoo.parts.attention import Backend, attend_at
+from zoo.parts.positions import Position
+from zoo.parts.state import GrowingState, LayerState
+
+
+class LatentCache(GrowingState):
+    """Latent attention's decoding state: per token, the normalized latent (batch, capacity, kv_rank)
+    and the rotated shared key (batch, 1, capacity, d_head), in preallocated buffers written in place.
+    Every head's keys and values are recomputed from the latent at each step."""
+
+    @property
+    def latent(self) -> torch.Tensor | None:
+        return None if self.buffers is None else self.buffers[0]
+
+    @property
+    def rope_key(self) -> torch.Tensor | None:
+        return None if self.buffers is None else self.buffers[1]
+
+    def append(
+        self, latent: torch.Tensor, rope_key: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write (b, t_new, kv_rank) latents and (b, 1, t_new, d_head) rotary keys; return views of all held."""
+        latents, keys = self.write(latent, rope_key, positions=positions)
+        return latents, keys
+
+
+def norm_over(name: str, dims: BlockDims, width: int) -> nn.Module:
+    """The norm ``name`` over ``width`` features, or Identity for ``none``."""
+    if name == "none":
+        return nn.Identity()
+    norm = NORMS.get(name)
+    return norm.cls(replace(dims, d_model=width), **norm.defaults)
+
+
+@ATTENTIONS.register(
+    "mla",
+    summary="Multi-head latent attention: keys and values from a kv_rank latent; the cache keeps the latent "
+    "and one rotary key",
+    formula="c = norm(W_dkv x); k_h = [W_uk,h c ; rotate(W_kr x)], v_h = W_uv,h c; "
+    "q_h = [W_uq,h c_q ; rotate(W_qr,h c_q)], c_q = norm(W_dq x) or x; softmax(q k^T / sqrt(2 d_head)) v",
+    reference="DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434",
+    variants={"qrank": {"q_rank": 8}},
+)
+class LatentAttention(nn.Module):
+    """Multi-head latent attention: every head's key and value are up-projected from one shared latent
+    of ``kv_rank`` features; the position part acts on a separate shared key of d_head features
+    (decoupled rotary key), so the latent itself carries no position.
+
+    Each head scores with a query of 2 x d_head features, a "content" half matching the key up-projected
+    from the latent and a "position" half matching the shared rotary key (rotated by the ``pos`` axis;
+    with a position part that does not rotate it is an unrotated shared key). Scale 1/sqrt(2 d_head).
+    Score biases (``pos=alibi``) apply as for multi-head attention.
+
+    ``kv_rank``: latent width (default 4 d_head, DeepSeek-V2's 512 for heads of 128). ``q_rank``: queries
+    through a latent of that width too (null: projected directly). ``latent_norm``: the norm on the
+    latents (DeepSeek-V2: RMSNorm), ``none`` or a registered norm. The decoding state
+    (:class:`LatentCache`) holds kv_rank + d_head numbers per token, against 2 x n_heads x d_head
+    for multi-head attention.
+
+    Parameters: ``kv_down`` (d_model -> kv_rank latent, then the d_head rotary key), ``kv_norm``,
+    ``kv_up`` (kv_rank -> per head: d_head key, d_head value), ``q`` (or ``q_down``, ``q_norm``,
+    ``q_up``; per head: d_head content, d_head position features) and ``out``.
+    """
+
+    @classmethod
+    def check(cls, dims: BlockDims, **options: Any) -> None:
+        for name in ("kv_rank", "q_rank"):
+            if options[name] is not None and options[name] < 1:
+                raise ConfigError(f"block.attn.{name}", options[name], "must be a positive integer, or null")
+        if options["latent_norm"] != "none" and options["latent_norm"] not in NORMS:
+            raise ConfigError(
+                "block.attn.latent_norm",
+                options["latent_norm"],
+                f"none or a registered norm: {', '.join(NORMS.names())}",
+            )
+
+    def __init__(
+        self,
+        dims: BlockDims,
+        position: Position,
+        *,
+        kv_rank: int | None = None,
+        q_rank: int | None = None,
+        latent_norm: str = "rmsnorm",
+        backend: Backend = "sdpa",
+    ) -> None:
+        super().__init__()
+        self.n_heads, self.d_head = dims.n_heads, dims.d_head
+        self.kv_rank = 4 * self.d_head if kv_rank is None else kv_rank
+        self.causal, self.dropout, self.backend = dims.causal, dims.dropout, backend
+        self.position = position
+        heads = self.n_heads * 2 * self.d_head  # per head: two d_head halves (content, position / key, value)
+        self.kv_down = nn.Linear(dims.d_model, self.kv_rank + self.d_head, bias=dims.bias)
+        self.kv_norm = norm_over(latent_norm, dims, self.kv_rank)
+        self.kv_up = nn.Linear(self.kv_rank, heads, bias=dims.bias)
+        self.q_rank = q_rank
+        if q_rank is None:
+            self.q = nn.Linear(dims.d_model, heads, bias=dims.bias)
+        else:
+            self.q_down = nn.Linear(dims.d_model, q_rank, bias=dims.bias)
+            self.q_norm = norm_over(latent_norm, dims, q_rank)
+            self.q_up = nn.Linear(q_rank, heads, bias=dims.bias)
+        self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
+
+    def state_size(self, length: int) -> int:
+        """Numbers one sample's decoding state holds after ``length`` tokens: the latent and the shared
+        rotary key."""
+        return (self.kv_rank + self.d_head) * length
+
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (b, t, d_model) -> (b, t, n_heads * 2 d_head)."""
+        if self.q_rank is None:
+            return self.q(x)
+        return self.q_up(self.q_norm(self.q_down(x)))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        key_mask: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x: (b, t, d_model) -> (b, t, d_model); arguments as in :meth:`zoo.parts.attention.Attention.forward`."""
+        state = None if cache is None else cache.mixer_state(LatentCache)
+        offset = 0 if state is None else state.length
+        slots = torch.arange(offset, offset + x.shape[1], device=x.device)
+        latent, rope_key = self.kv_down(x).split([self.kv_rank, self.d_head], dim=-1)
+        latent = self.kv_norm(latent)  # (b, t, kv_rank)
+        q = rearrange(self.queries(x), "b t (h two d) -> two b h t d", h=self.n_heads, two=2)
+        q_content, q_position = q[0], q[1]  # (b, h, t, d) each
+        rope_key = rearrange(rope_key, "b t d -> b 1 t d")  # one key shared by every head
+        q_position, rope_key = self.position.rotate(q_position, rope_key, slots if positions is None else positions)
+        k_positions = positions
+        if state is not None:
+            latent, rope_key = state.append(latent, rope_key, positions)
+            k_positions = None if state.positions is None else state.positions[:, : state.length]
+        k_content, v = rearrange(self.kv_up(latent), "b s (h two d) -> two b h s d", h=self.n_heads, two=2)
+        k = torch.cat([k_content, rope_key.expand(-1, self.n_heads, -1, -1)], dim=-1)  # (b, h, s, 2d)
+        if self.backend == "sdpa":  # fused kernels want values as wide as keys: zeros, sliced off below
+            v = F.pad(v, (0, self.d_head))
+        y = attend_at(
+            torch.cat([q_content, q_position], dim=-1),
+            k,
+            v,
+            offset=offset,
+            positions=positions,
+            k_positions=k_positions,
+            key_mask=key_mask,
+            causal=self.causal,
+            position=self.position,
+            backend=self.backend,
+            dropout=self.dropout if self.training else 0.0,
+        )
+        return self.out(rearrange(y[..., : self.d_head], "b h t d -> b t (h d)"))

@@ -1,0 +1,171 @@
+"""Decoding state: what each layer keeps between calls when a sequence is fed in pieces.
+
+A model hands every block one :class:`LayerState` (``model.new_caches()``). The layer's sequence
+mixer keeps its own kind of :class:`MixerState` in it, made on first use
+(``cache.mixer_state(KVCache)``): keys and values for softmax attention
+(:class:`zoo.parts.attention.KVCache`), a latent and a rotary key for latent attention, a
+constant-size matrix for a linear mixer. A decoder block's cross-attention keeps its memory's keys
+and values beside it (``cross``). The model and ``generate`` only read ``length`` and ``nbytes``
+and call ``reset``/``truncate``, so a new mixer brings its own state without touching them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+from zoo.core.errors import ConfigError
+
+S = TypeVar("S", bound="MixerState")
+
+
+def nbytes(*tensors: torch.Tensor | None) -> int:
+    """Bytes held by the given tensors (None counts 0)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+class MixerState:
+    """One sequence mixer's decoding state. Subclasses keep ``length`` (tokens seen so far) and
+    define ``nbytes``, ``reset`` and, where they can rewind, ``truncate``."""
+
+    def __init__(self, max_len: int | None = None) -> None:
+        if max_len is not None and max_len < 1:
+            raise ConfigError("max_len", max_len, "must be a positive integer or None")
+        self.max_len = max_len
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the state's buffers."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget every token (buffers may be kept for reuse)."""
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first ``length`` tokens (rewind decoding steps)."""
+        if not 0 <= length <= self.length:
+            raise ConfigError("length", length, f"must be in 0..{self.length} (the tokens held)")
+        self.length = length
+
+
+class LayerState:
+    """One layer's decoding state: its sequence mixer's :class:`MixerState` (``mixer``, made by the
+    mixer on its first call) and a cross-attention's memory keys and values (``cross``).
+
+    ``max_len`` (prompt + new tokens) lets growing states preallocate; they grow past it if needed.
+    """
+
+    def __init__(self, max_len: int | None = None) -> None:
+        if max_len is not None and max_len < 1:
+            raise ConfigError("max_len", max_len, "must be a positive integer or None")
+        self.max_len = max_len
+        self.mixer: MixerState | None = None
+        self.cross: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def mixer_state(self, kind: Callable[[int | None], S]) -> S:
+        """The mixer's state, made by ``kind(max_len)`` on first use (``kind``: a MixerState class)."""
+        if self.mixer is None:
+            self.mixer = kind(self.max_len)
+        elif isinstance(kind, type) and not isinstance(self.mixer, kind):
+            raise TypeError(
+                f"this layer state holds a {type(self.mixer).__name__}, not a {kind.__name__}; "
+                "give each layer its own state (model.new_caches())"
+            )
+        return self.mixer  # type: ignore[return-value]
+
+    @property
+    def length(self) -> int:
+        """Tokens the layer has seen (0 before its first call)."""
+        return 0 if self.mixer is None else self.mixer.length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the mixer's state and the cross-attention memory's keys and values."""
+        return (0 if self.mixer is None else self.mixer.nbytes) + nbytes(*(self.cross or ()))
+
+    def reset(self) -> None:
+        """Forget every token and the cross-attention memory (buffers are kept for reuse)."""
+        if self.mixer is not None:
+            self.mixer.reset()
+        self.cross = None
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first ``length`` tokens (a mixer that cannot rewind says so)."""
+        if self.mixer is None:
+            if length:
+                raise ConfigError("length", length, "must be 0: the layer has seen no token")
+            return
+        self.mixer.truncate(length)
+
+
+class GrowingState(MixerState):
+    """Per-token tensors (time on dim -2 of each) in preallocated buffers, written in place.
+
+    The buffers get ``max_len`` slots at the first write (default: that write's length); a write past
+    the capacity reallocates to twice the size. ``positions`` (batch, capacity) holds per-sample
+    position ids when a writer passes them (for score biases); otherwise slot ``s`` is position ``s``.
+    """
+
+    def __init__(self, max_len: int | None = None) -> None:
+        super().__init__(max_len)
+        self.buffers: list[torch.Tensor] | None = None
+        self.positions: torch.Tensor | None = None
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.buffers is None else self.buffers[0].shape[-2]
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(*(self.buffers or ()), self.positions)
+
+    def write(self, *new: torch.Tensor, positions: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Write ``new`` tensors (each (..., t_new, features), batch first) after the held ones; return
+        views of everything held. positions: (b, t_new) position ids of the new tokens, kept when given."""
+        start, end = self.length, self.length + new[0].shape[-2]
+        if self.buffers is None or (start == 0 and not self._fits(new)):
+            self.positions = None
+            self._allocate(new, max(self.max_len or 0, end))
+        elif not self._fits(new):
+            held = ", ".join(f"{tuple(b.shape)} {b.dtype}" for b in self.buffers)
+            got = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in new)
+            raise ValueError(
+                f"{type(self).__name__} holds buffers {held}, got {got}; reset() it before decoding another batch"
+            )
+        elif end > self.capacity:
+            self._allocate(new, max(end, 2 * self.capacity))
+        assert self.buffers is not None
+        for buffer, tensor in zip(self.buffers, new, strict=True):
+            buffer[..., start:end, :] = tensor
+        if positions is not None or self.positions is not None:
+            batch = new[0].shape[0]
+            if self.positions is None:  # the tokens so far had their slots as positions
+                slots = torch.arange(self.capacity, device=new[0].device)
+                self.positions = slots.expand(batch, -1).clone()  # (b, capacity), a copy, not a view
+            ids = torch.arange(start, end, device=new[0].device) if positions is None else positions
+            self.positions[:, start:end] = ids
+        self.length = end
+        return [buffer[..., :end, :] for buffer in self.buffers]
+
+    def _fits(self, new: tuple[torch.Tensor, ...]) -> bool:
+        """Whether ``new`` matches the buffers in every size but time, dtype and device."""
+        assert self.buffers is not None
+        return len(new) == len(self.buffers) and all(
+            b.shape[:-2] == t.shape[:-2] and b.shape[-1] == t.shape[-1] and b.dtype == t.dtype and b.device == t.device
+            for b, t in zip(self.buffers, new, strict=True)
+        )
+
+    def _allocate(self, like: tuple[torch.Tensor, ...], capacity: int) -> None:
+        """(Re)allocate buffers of ``capacity`` slots, keeping the tokens written so far."""
+        old, old_positions = self.buffers, self.positions
+        self.buffers = [t.new_empty(*t.shape[:-2], capacity, t.shape[-1]) for t in like]
+        if old is not None and self.length:
+            for buffer, held in zip(self.buffers, old, strict=True):
+                buffer[..., : self.length, :] = held[..., : self.length, :]
+        if old_positions is not None:
+            self.positions = old_positions.new_zeros(old_positions.shape[0], capacity)
+            self.positions[:, : self.length] = old_positions[:, : self.length]
