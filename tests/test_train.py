@@ -220,3 +220,15 @@ def test_the_adding_a_task_example_in_the_docs_trains(tmp_path):
     finally:
         if "copy" in TASKS:
             TASKS.unregister("copy")
+
+
+def test_the_loss_skips_exactly_the_tasks_ignore_value(monkeypatch):
+    """The loss names the tasks' IGNORE itself rather than relying on cross_entropy's default (-100)."""
+    import zoo.lab.trainer as trainer
+
+    logits = torch.randn(2, 3, 5)
+    targets = torch.tensor([[1, 4, -7], [-7, 0, 2]])
+    kept = targets != -7
+    expected = torch.nn.functional.cross_entropy(logits[kept], targets[kept])
+    monkeypatch.setattr(trainer, "IGNORE", -7)
+    torch.testing.assert_close(trainer.loss_fn(logits, targets), expected)
