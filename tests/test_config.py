@@ -51,9 +51,9 @@ def test_plain_dict_builds_the_same_block_as_the_composed_config():
 @pytest.mark.parametrize(
     ("preset", "expected"),
     [
-        ("gpt", {"placement": "pre", "norm": "layernorm", "attn": "mha", "pos": "none", "mlp": "gelu"}),
+        ("gpt", {"placement": "pre", "norm": "layernorm", "attn": "mha", "pos": "learned", "mlp": "gelu"}),
         ("llama", {"placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rotary", "mlp": "swiglu"}),
-        ("vaswani", {"placement": "post", "norm": "layernorm", "attn": "mha", "pos": "none", "mlp": "relu"}),
+        ("vaswani", {"placement": "post", "norm": "layernorm", "attn": "mha", "pos": "sinusoidal", "mlp": "relu"}),
     ],
 )
 def test_presets_set_every_axis(preset, expected):

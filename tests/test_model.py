@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from zoo import POSITIONS, ConfigError, build_model, compose
+from zoo import POSITIONS, ConfigError, build_block, build_model, compose
 
 
 def tiny_model(*overrides: str):
@@ -29,7 +29,7 @@ def test_parameter_counts_add_up():
     model = tiny_model("preset=gpt")
     counts = model.parameter_counts()
     assert counts["total"] == model.num_parameters() == sum(v for k, v in counts.items() if k != "total")
-    assert counts["embedding"] == 256 * 32  # tied head adds nothing
+    assert counts["embedding"] == 256 * 32 + 1024 * 32  # tokens and GPT-2's learned positions; tied head adds nothing
     assert counts["attention"] == 2 * (32 * 96 + 96 + 32 * 32 + 32)
     assert model.flops_per_token(64) > 6 * (counts["total"] - counts["embedding"])
 
@@ -126,9 +126,10 @@ def test_absolute_positions_make_order_visible():
         assert differs == sees_order, pos
 
 
-def seeded_draws(model: torch.nn.Module, seed: int, residual_std: float) -> dict[str, torch.Tensor]:
-    """What the documented init gives each matrix and bias, drawn here from (seed, name, shape) alone:
-    Normal(0, 0.02), residual outputs (attn.out, cross_attn.out, mlp.down) Normal(0, residual_std), zero biases."""
+def seeded_draws(model: torch.nn.Module, seed: int, residual_std, embed_std: float = 0.02) -> dict[str, torch.Tensor]:
+    """What the documented init gives each matrix and bias, drawn here from (seed, full name, shape) alone:
+    Normal(0, 0.02) (the token embedding: Normal(0, embed_std)), residual outputs (attn.out, cross_attn.out,
+    mlp.down) Normal(0, residual_std) (a number, or a function of the name), zero biases."""
     from zoo.assembly.init import parameter_seed
 
     expected = {}
@@ -136,7 +137,9 @@ def seeded_draws(model: torch.nn.Module, seed: int, residual_std: float) -> dict
         if name.endswith("bias"):
             expected[name] = torch.zeros_like(p)
         elif p.ndim >= 2:
-            std = residual_std if name.endswith(("attn.out.weight", "mlp.down.weight")) else 0.02
+            std = embed_std if name == "embed.weight" else 0.02
+            if name.endswith(("attn.out.weight", "mlp.down.weight")):
+                std = residual_std(name) if callable(residual_std) else residual_std
             generator = torch.Generator().manual_seed(parameter_seed(seed, name, p.shape))
             expected[name] = torch.empty(p.shape).normal_(0, std, generator=generator)
     return expected
@@ -168,3 +171,64 @@ def test_flops_per_token_counts_every_matmul_and_the_lm_head_once():
         model_section = {"n_layers": layers, "vocab_size": vocab, "tie_embeddings": tied}
         model = build_model({"block": block, "model": model_section})
         assert model.flops_per_token(seq) == expected, tied
+
+
+@pytest.mark.parametrize(("preset", "embedding"), [("gpt", "LearnedEmbedding"), ("vaswani", "SinusoidalEmbedding")])
+def test_presets_build_the_model_they_name_with_its_positions(preset, embedding):
+    """GPT-2 adds learned positions (1024 of them), the original Transformer sinusoidal ones: the last
+    token's logits then depend on the order of the tokens before it, which a one-layer causal model
+    without positions cannot see (its attention over the prefix is a set operation)."""
+    model = tiny_model(f"preset={preset}", "model.n_layers=1").double().eval()
+    assert type(model.pos_embed).__name__ == embedding
+    if preset == "gpt":
+        assert model.pos_embed.weight.shape == (1024, 32)
+    ids = torch.randint(0, 256, (1, 6))
+    swapped = ids[:, [1, 0, 2, 3, 4, 5]]
+    assert not torch.allclose(model(ids)[:, -1], model(swapped)[:, -1])
+    order_blind = tiny_model(f"preset={preset}", "pos=none", "model.n_layers=1").double().eval()
+    torch.testing.assert_close(order_blind(ids)[:, -1], order_blind(swapped)[:, -1])
+
+
+@pytest.mark.parametrize("preset", ["gpt", "vaswani"])
+def test_a_lone_block_of_a_preset_says_why_not_and_builds_for_a_model(preset):
+    block = compose([f"preset={preset}", "block.d_model=32", "block.n_heads=4"]).block
+    with pytest.raises(ConfigError, match=r"block.pos.name='\w+': needs embedding: .*context='model'"):
+        build_block(block)
+    assert build_block(block, context="model").attn.position.embedding() is not None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["+model.layers.1.pos=learned"], "model.layers.1.pos='learned'"),
+        (["pos=sinusoidal", "+model.layers.2.pos=rotary"], "model.layers.2.pos='rotary'"),
+        (["pos=learned", "+model.layers.1.pos=sinusoidal"], "model.layers.1.pos='sinusoidal'"),
+        (["pos=learned", "+model.layers.1.max_len=32"], "model.layers.1.pos='learned'"),
+        (["pos=rotary", "+model.layers.0.pos=learned"], "model.layers.1.pos='rotary'"),
+    ],
+)
+def test_per_layer_embedding_positions_are_rejected_naming_the_layer(overrides, field):
+    with pytest.raises(ConfigError) as error:
+        tiny_model("model.n_layers=3", "block.max_len=16", *overrides)
+    assert field in str(error.value) and "set them once with block.pos" in str(error.value), str(error.value)
+
+
+def test_per_layer_positions_inside_attention_still_mix():
+    model = tiny_model("model.n_layers=3", "pos=rotary", "+model.layers.1.pos=alibi", "+model.layers.2.pos=none")
+    assert [type(b.attn.position).__name__ for b in model.blocks] == ["Rotary", "ALiBi", "NoPosition"]
+    assert model.pos_embed is None
+
+
+def test_a_sinusoidal_model_draws_its_token_embedding_at_d_model_to_the_minus_half():
+    """Tokens scaled by sqrt(d_model) in the forward, drawn with std d_model^-0.5: per element about 1, as
+    the table's sin and cos (the original Transformer); everything else as under any other position."""
+    model = build_model(compose(["block.d_model=64", "block.n_heads=4", "model.n_layers=2", "preset=vaswani"]))
+    model.reset_parameters(seed=3)
+    expected = seeded_draws(model, 3, residual_std=0.02 / 2, embed_std=64**-0.5)
+    for name, value in expected.items():
+        torch.testing.assert_close(dict(model.named_parameters())[name].detach(), value, rtol=0, atol=0, msg=name)
+    ids = torch.randint(0, 256, (4, 16))
+    tokens = model.pos_embed(model.embed(ids), torch.zeros(16, dtype=torch.long)) - model.pos_embed.table(
+        1, torch.device("cpu"), torch.float32
+    )[0]
+    assert 0.8 < tokens.std().item() < 1.2

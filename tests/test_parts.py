@@ -250,3 +250,21 @@ def test_rotary_follows_the_split_halves_formula(fraction):
     e0[..., 0] = 1
     turned, _ = rotary.rotate(e0, e0, torch.tensor([1]))
     assert turned[0, 0, 0, r // 2].item() == pytest.approx(math.sin(1.0))
+
+
+@pytest.mark.parametrize(
+    ("norm", "qk_norm"), [("rmsnorm", "rmsnorm"), ("layernorm", "rmsnorm"), ("layernorm", "layernorm")]
+)
+def test_qk_norm_takes_the_block_norms_eps(norm, qk_norm):
+    built = block(norm={"name": norm, "eps": 1e-3}, attn={"name": "mha", "qk_norm": qk_norm})
+    assert built.attn.q_norm.eps == built.attn.k_norm.eps == built.placement.norms[0].eps == 1e-3
+    default = block(attn={"name": "mha", "qk_norm": qk_norm})  # rmsnorm's own default
+    assert default.attn.q_norm.eps == 1e-6
+
+
+def test_sinusoidal_positions_add_the_table_to_tokens_scaled_by_sqrt_d_model():
+    embedding = SinusoidalEmbedding(D, 10000.0)
+    x, positions = torch.randn(2, 5, D, dtype=torch.float64), torch.tensor([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]])
+    table = embedding.table(8, torch.device("cpu"), torch.float64)
+    torch.testing.assert_close(embedding(x, positions), math.sqrt(D) * x + table[positions])
+    assert embedding.token_init_std == D**-0.5

@@ -147,8 +147,10 @@ def test_decoder_block_equals_torch_transformer_decoder_layer(norm_first, placem
     overrides = [f"block.d_model={D}", f"block.n_heads={H}", f"block.d_ff={3 * D}", "block.cross_attention=true"]
     overrides += [f"preset={preset}"] if preset else [f"placement={placement}", "norm=layernorm", "mlp=relu"]
     cfg = compose(overrides)
-    assert cfg.block.placement.name == placement and cfg.block.attn.name == "mha" and cfg.block.pos.name == "none"
-    block = build_block(cfg.block).double().train()
+    # The original Transformer's sinusoidal positions are added at the model's embedding, outside the block.
+    pos = "sinusoidal" if preset else "none"
+    assert cfg.block.placement.name == placement and cfg.block.attn.name == "mha" and cfg.block.pos.name == pos
+    block = build_block(cfg.block, context="model").double().train()
     block.load_state_dict(torch_weights(torch_layer, cross=True))
 
     batch, time, source = 3, 6, 5

@@ -108,3 +108,61 @@ def test_bad_seq2seq_config_names_the_field(overrides, field):
     with pytest.raises(ConfigError) as error:
         build_seq2seq(compose([*SIZES, *overrides]))
     assert field in str(error.value), str(error.value)
+
+
+def test_init_draws_every_weight_from_its_full_name():
+    """Encoder block i and decoder block i do not share a draw; embed and head come from the seeded
+    per-name draw too (not the global generator), each stack's residual outputs scaled by its depth."""
+    import math
+
+    from test_model import seeded_draws
+
+    cfg = compose([*SIZES, "+encoder.n_layers=3", "model.tie_embeddings=false", "preset=llama"])
+    torch.manual_seed(5)
+    torch.randn(100)  # the global generator moves on; the init must not depend on it
+    model = build_seq2seq(cfg)
+    weights = dict(model.named_parameters())
+    for name in ("blocks.0.attn.qkv.weight", "blocks.0.mlp.gate_up.weight"):
+        assert not torch.equal(weights[f"encoder.{name}"], weights[f"decoder.{name}"]), name
+
+    def residual_std(name: str) -> float:
+        return 0.02 / math.sqrt(2 * 3 if name.startswith("encoder.") else 3 * 2)  # 3 encoder, 2 decoder layers
+
+    expected = seeded_draws(model, 5, residual_std)
+    assert {"embed.weight", "head.weight", "decoder.blocks.1.cross_attn.out.weight"} <= set(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name].detach(), value, rtol=0, atol=0, msg=name)
+    model.reset_parameters(seed=6)
+    torch.testing.assert_close(dict(model.named_parameters())["embed.weight"].detach(),
+                               seeded_draws(model, 6, residual_std)["embed.weight"], rtol=0, atol=0)  # fmt: skip
+
+
+def test_vaswani_is_the_original_transformer_with_sinusoidal_positions_on_both_sides():
+    model = tiny_seq2seq("preset=vaswani")
+    assert type(model.encoder.pos_embed).__name__ == type(model.decoder.pos_embed).__name__ == "SinusoidalEmbedding"
+    src, tgt = torch.randint(0, VOCAB, (1, 5)), torch.randint(0, VOCAB, (1, 4))
+    memory = model.encode(src)
+    assert not torch.allclose(model.encode(src[:, [1, 0, 2, 3, 4]])[:, 2:], memory[:, 2:]), "encoder ignores order"
+    learned = tiny_seq2seq("pos=learned", "block.max_len=16")
+    assert learned.encoder.pos_embed.weight is not learned.decoder.pos_embed.weight  # a table each
+    assert learned.parameter_counts()["embedding"] == VOCAB * 16 * 2 + 2 * 16 * 16  # embed, head, two tables
+    logits = model(src, tgt)
+    assert logits.shape == (1, 4, VOCAB)
+
+
+@pytest.mark.parametrize("preset", ["vaswani", "gpt", "llama"])
+@pytest.mark.parametrize("pos", ["none", "rotary", "alibi", "learned", "sinusoidal"])
+def test_check_combination_and_build_seq2seq_give_one_answer(preset, pos):
+    from zoo import check_combination
+
+    cfg = compose([*SIZES, f"preset={preset}", f"pos={pos}", "block.max_len=16"])
+    assert check_combination(cfg) is None
+    model = build_seq2seq(cfg)
+    assert (model.decoder.pos_embed is not None) == (pos in ("learned", "sinusoidal"))
+
+
+def test_per_layer_embedding_positions_in_the_encoder_are_rejected():
+    with pytest.raises(ConfigError, match=r"encoder.layers.1.pos='learned'.*set them once with block.pos"):
+        build_seq2seq(compose([*SIZES, "block.max_len=16", "+encoder.layers.1.pos=learned"]))
+    model = build_seq2seq(compose([*SIZES, "block.max_len=16", "+encoder.block.pos=learned"]))
+    assert model.encoder.pos_embed is not None and model.decoder.pos_embed is None

@@ -14,6 +14,7 @@ from zoo.assembly.block import Block
 from zoo.assembly.compat import Context, unmet_need
 from zoo.assembly.match import attention_difference, count, mlp_dims, reference_mlp_params
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
+from zoo.parts.attention import Attention
 from zoo.parts.cross_attention import CrossAttention
 
 
@@ -30,7 +31,11 @@ def build_block(cfg: Mapping[str, Any] | DictConfig | BlockSpec, *, context: Con
         raise error
     dims = spec.dims
     position = spec["pos"].build(dims)
-    attn = spec["attn"].build(dims, position)
+    attn_cls = spec["attn"].part.cls
+    if issubclass(attn_cls, Attention):  # its qk norms share block.norm's options (eps)
+        attn = attn_cls(dims, position, spec["norm"].options, **spec["attn"].options)
+    else:
+        attn = spec["attn"].build(dims, position)
     mlp = spec["mlp"].build(mlp_dims(spec))  # the matched width under block.mlp.match=params
     cross = None
     if dims.cross_attention:  # same key/value heads and backend as the self-attention

@@ -167,7 +167,8 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (float32) over the positions whose target is not IGNORE."""
-    return F.cross_entropy(rearrange(logits.float(), "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"))
+    flat_logits, flat_targets = rearrange(logits.float(), "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)")
+    return F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE)
 
 
 @dataclass

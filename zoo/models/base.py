@@ -4,7 +4,7 @@ and FLOPs per token."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,7 @@ from torch import nn
 from zoo.assembly.block import Block
 from zoo.assembly.init import seeded_parameters
 from zoo.assembly.spec import BlockSpec
+from zoo.core.errors import ConfigError
 
 #: Parameters whose output is added to the residual stream (scaled down at init by depth).
 RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
@@ -23,21 +24,70 @@ def final_norm_for(spec: BlockSpec) -> nn.Module:
     return spec["norm"].build(spec.dims) if spec["placement"].part.cls.final_norm else nn.Identity()
 
 
-def init_stack(module: nn.Module, n_residual_branches: int, seed: int | None = None) -> None:
+def init_stack(
+    module: nn.Module,
+    n_residual_branches: int | Callable[[str], int],
+    seed: int | None = None,
+    stds: Mapping[str, float] | None = None,
+) -> None:
     """Normal(0, 0.02) weights, zero biases, norm gains untouched; residual-output projections
     (``attn.out``, ``cross_attn.out``, ``mlp.down``) get std 0.02 / sqrt(number of residual branches),
     i.e. 0.02 / sqrt(2 n_layers) for a decoder-only stack (GPT-2), so the stream's variance stays
-    independent of depth.
+    independent of depth. ``n_residual_branches``: that number, or a function of the parameter's name
+    (an encoder-decoder's two stacks have their own depths). ``stds``: the std of named matrices
+    that differ (the token embedding under sinusoidal positions: d_model^-0.5, :func:`token_init_stds`).
 
-    Each draw is seeded from (seed, name, shape) (zoo.assembly.init; seed: the last torch.manual_seed), so
-    variants built after the same seed share the weights of every parameter they have in common.
+    Each draw is seeded from (seed, full parameter name, shape) (zoo.assembly.init; seed: the last
+    torch.manual_seed), so variants built after the same seed share the weights of every parameter
+    they have in common, and no two parameters of one model share a draw.
     """
+    branches = n_residual_branches if callable(n_residual_branches) else lambda name: n_residual_branches
+    stds = stds or {}
     for name, p in seeded_parameters(module, seed):
         if name.endswith("bias"):
             nn.init.zeros_(p)
         elif p.ndim >= 2:
-            scaled = name.endswith(RESIDUAL_OUTPUTS)
-            nn.init.normal_(p, std=0.02 / math.sqrt(n_residual_branches) if scaled else 0.02)
+            if name in stds:
+                std = stds[name]
+            elif name.endswith(RESIDUAL_OUTPUTS):
+                std = 0.02 / math.sqrt(branches(name))
+            else:
+                std = 0.02
+            nn.init.normal_(p, std=std)
+
+
+def token_init_stds(pos_embed: nn.Module | None) -> dict[str, float]:
+    """``{"embed.weight": std}`` when the position embedding scales the token embeddings and asks for
+    its own init std (``token_init_std``: sinusoidal positions), else nothing."""
+    std = getattr(pos_embed, "token_init_std", None)
+    return {} if std is None else {"embed.weight": std}
+
+
+def embeds_positions(spec: BlockSpec) -> bool:
+    """Whether the block's position part is added at the embedding (it needs one: learned, sinusoidal)."""
+    return "embedding" in getattr(spec["pos"].part.cls, "needs", {})
+
+
+def position_embedding(specs: Sequence[BlockSpec], field: str = "model.layers") -> nn.Module | None:
+    """The module that adds the stack's absolute positions to its token embeddings, or None.
+
+    Positions added at the embedding reach every layer, so all layers must agree on them: a layer
+    whose ``pos`` differs from layer 0's when either is an embedding-side position is a ConfigError
+    naming ``{field}.{i}.pos`` (per-layer ``pos`` may only vary among positions applied inside
+    attention: none, rotary, alibi).
+    """
+    first = specs[0]
+    for i, spec in enumerate(specs[1:], 1):
+        embedded = embeds_positions(first) or embeds_positions(spec)
+        same = spec["pos"] == first["pos"] and spec.dims.max_len == first.dims.max_len
+        if embedded and not same:
+            raise ConfigError(
+                f"{field}.{i}.pos",
+                spec["pos"].part.name,
+                f"layer 0 has pos={first['pos'].part.name}; positions added at the token embedding "
+                "(learned, sinusoidal) apply to every layer, so set them once with block.pos, not per layer",
+            )
+    return first["pos"].build(first.dims).embedding()
 
 
 def residual_branches(blocks: Sequence[Block]) -> int:
@@ -46,7 +96,7 @@ def residual_branches(blocks: Sequence[Block]) -> int:
 
 def component_of(name: str) -> str:
     """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention)."""
-    if name.startswith(("embed", "pos_embed", "head")):
+    if name.startswith(("embed", "pos_embed", "head")) or ".pos_embed." in name:
         return "embedding"
     if ".attn." in name or ".cross_attn." in name:
         return "attention"

@@ -12,7 +12,14 @@ from torch import nn
 from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec, to_dict
 from zoo.core.errors import ConfigError
-from zoo.models.base import TokenModel, final_norm_for, init_stack, residual_branches
+from zoo.models.base import (
+    TokenModel,
+    final_norm_for,
+    init_stack,
+    position_embedding,
+    residual_branches,
+    token_init_stds,
+)
 from zoo.models.config import block_section, layer_specs, model_options
 from zoo.models.generate import check_generate_args, decode, left_padding_positions
 from zoo.parts.positions import LearnedEmbedding
@@ -24,7 +31,8 @@ class LanguageModel(TokenModel):
 
     Parameter names: ``embed``, ``pos_embed`` (``pos=learned`` only), ``blocks.{i}.*``, ``final_norm``
     (when the last block's placement needs one), ``head`` (absent when tied to the embedding).
-    Initialization: :func:`init_stack`.
+    Initialization: :func:`init_stack`; under ``pos=sinusoidal`` the token embedding is drawn with std
+    d_model^-0.5 and scaled by sqrt(d_model) in the forward (:class:`zoo.parts.positions.SinusoidalEmbedding`).
     """
 
     def __init__(
@@ -43,7 +51,7 @@ class LanguageModel(TokenModel):
             raise ConfigError("block.d_model", [s.dims.d_model for s in specs], "every layer needs the same d_model")
         d_model = specs[0].dims.d_model
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.pos_embed = specs[0]["pos"].build(specs[0].dims).embedding()  # absolute positions, else None
+        self.pos_embed = position_embedding(specs)  # absolute positions, else None
         self.blocks = nn.ModuleList(build_block(s, context="model") for s in specs)
         self.final_norm = final_norm_for(specs[-1])
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
@@ -51,7 +59,7 @@ class LanguageModel(TokenModel):
 
     def reset_parameters(self, seed: int | None = None) -> None:
         """Re-draw every weight as documented in :func:`init_stack` (seed: default the last torch.manual_seed)."""
-        init_stack(self, residual_branches(self.blocks), seed)
+        init_stack(self, residual_branches(self.blocks), seed, token_init_stds(self.pos_embed))
 
     def forward(
         self,

@@ -17,7 +17,14 @@ from torch import nn
 from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
-from zoo.models.base import TokenModel, final_norm_for, init_stack, residual_branches
+from zoo.models.base import (
+    TokenModel,
+    final_norm_for,
+    init_stack,
+    position_embedding,
+    residual_branches,
+    token_init_stds,
+)
 from zoo.models.config import (
     ENCODER_DEFAULTS,
     block_section,
@@ -32,11 +39,16 @@ from zoo.parts.state import LayerState
 
 
 class Stack(nn.Module):
-    """Blocks in turn, then ``final_norm`` where the last block's placement needs one."""
+    """Absolute positions added to its input (``pos_embed``, when the blocks' ``pos`` is learned or
+    sinusoidal), blocks in turn, then ``final_norm`` where the last block's placement needs one.
 
-    def __init__(self, specs: Sequence[BlockSpec]) -> None:
+    field: where the stack's per-layer overrides sit (``model.layers``, ``encoder.layers``), for errors.
+    """
+
+    def __init__(self, specs: Sequence[BlockSpec], field: str = "model.layers") -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(build_block(s) for s in specs)
+        self.pos_embed = position_embedding(specs, field)
+        self.blocks = nn.ModuleList(build_block(s, context="model") for s in specs)
         self.final_norm = final_norm_for(specs[-1])
 
     def forward(
@@ -48,9 +60,12 @@ class Stack(nn.Module):
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """(b, t, d_model) -> (b, t, d_model); arguments as in :meth:`zoo.Block.forward`."""
+        """(b, t, d_model) token embeddings -> (b, t, d_model); arguments as in :meth:`zoo.Block.forward`."""
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
+        if self.pos_embed is not None:  # absolute positions continue after the cached ones
+            offset = caches[0].length if caches else 0
+            x = self.pos_embed(x, torch.arange(offset, offset + x.shape[1], device=x.device))
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
             x = block(x, key_mask=key_mask, cache=cache, memory=memory, memory_mask=memory_mask)
@@ -60,10 +75,12 @@ class Stack(nn.Module):
 class Seq2SeqModel(TokenModel):
     """Source ids (b, s) and target ids (b, t) -> next-token logits (b, t, vocab).
 
-    Parameter names: ``embed`` (shared by source and target), ``encoder.blocks.{i}``,
+    Parameter names: ``embed`` (shared by source and target), ``encoder.pos_embed`` and
+    ``decoder.pos_embed`` (``pos=learned`` only: a table each), ``encoder.blocks.{i}``,
     ``encoder.final_norm``, ``decoder.blocks.{i}`` (with ``cross_attn``), ``decoder.final_norm``,
-    ``head`` (absent when tied to the embedding). Each stack is initialized by
-    :func:`zoo.models.base.init_stack` with its own depth.
+    ``head`` (absent when tied to the embedding). Initialization: :func:`zoo.models.base.init_stack`
+    over the whole model (every draw seeded by the full parameter name), each stack's residual
+    outputs scaled by its own depth.
     """
 
     def __init__(
@@ -83,18 +100,18 @@ class Seq2SeqModel(TokenModel):
         if any(s.dims.d_model != d_model for s in [*encoder, *decoder]):
             raise ConfigError("block.d_model", d_model, "encoder and decoder need the same d_model")
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.encoder = Stack(encoder)
-        self.decoder = Stack(decoder)
+        self.encoder = Stack(encoder, "encoder.layers")
+        self.decoder = Stack(decoder, "model.layers")
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        """Normal(0, 0.02) embedding and head; each stack as :func:`zoo.models.base.init_stack` says."""
-        nn.init.normal_(self.embed.weight, std=0.02)
-        if self.head is not None:
-            nn.init.normal_(self.head.weight, std=0.02)
-        for stack in (self.encoder, self.decoder):
-            init_stack(stack, residual_branches(stack.blocks))
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """Re-draw every weight as :func:`zoo.models.base.init_stack` says (seed: default the last
+        torch.manual_seed); residual outputs of ``encoder.*`` scale by the encoder's depth, the rest by
+        the decoder's. The token embedding follows the decoder's positions (else the encoder's)."""
+        depths = {"encoder": residual_branches(self.encoder.blocks), "decoder": residual_branches(self.decoder.blocks)}
+        stds = token_init_stds(self.decoder.pos_embed) or token_init_stds(self.encoder.pos_embed)
+        init_stack(self, lambda name: depths.get(name.split(".")[0], depths["decoder"]), seed, stds)
 
     def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """src_ids: (b, s) -> memory (b, s, d_model). src_mask: (b, s) bool, True at real tokens."""

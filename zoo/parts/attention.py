@@ -9,6 +9,7 @@ is blocked in causal attention.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
+from zoo.core.options import option_types
 from zoo.core.registry import ATTENTIONS, NORMS
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState
@@ -234,9 +236,10 @@ class Attention(nn.Module):
     mask, float32 softmax, weights @ v).
 
     Options: ``qk_norm`` (a registered norm applied to each head's queries and keys before the
-    position part; parameters ``q_norm``, ``k_norm``), ``window`` (sliding-window attention: each query
-    sees at most ``window`` keys, itself included; a float mask keeps SDPA on its fused kernels) and
-    ``softcap`` (scores become softcap * tanh(scores / softcap); math backend only).
+    position part; parameters ``q_norm``, ``k_norm``; built with the options of ``block.norm`` it
+    shares, such as ``eps``, passed by the builder as ``norm_options``), ``window`` (sliding-window
+    attention: each query sees at most ``window`` keys, itself included; a float mask keeps SDPA on its
+    fused kernels) and ``softcap`` (scores become softcap * tanh(scores / softcap); math backend only).
     """
 
     @classmethod
@@ -272,6 +275,7 @@ class Attention(nn.Module):
         self,
         dims: BlockDims,
         position: Position,
+        norm_options: Mapping[str, Any] | None = None,
         *,
         n_kv_heads: int | None = None,
         backend: Backend = "sdpa",
@@ -294,7 +298,9 @@ class Attention(nn.Module):
         self.q_norm = self.k_norm = None
         if qk_norm != "none":  # per head: a norm over d_head features
             norm, head_dims = NORMS.get(qk_norm), replace(dims, d_model=self.d_head)
-            self.q_norm, self.k_norm = norm.cls(head_dims, **norm.defaults), norm.cls(head_dims, **norm.defaults)
+            taken = option_types(norm.cls)  # the block norm's options this norm also has (eps)
+            options = {**norm.defaults, **{k: v for k, v in (norm_options or {}).items() if k in taken}}
+            self.q_norm, self.k_norm = norm.cls(head_dims, **options), norm.cls(head_dims, **options)
 
     def state_size(self, length: int) -> int:
         """Numbers one sample's decoding state holds after ``length`` tokens: a key and a value per

@@ -53,7 +53,10 @@ class Position(nn.Module):
         return None
 
     def embedding(self) -> nn.Module | None:
-        """The module a model applies to its token embeddings, ``(x, positions) -> x + pe``, or None."""
+        """The module a model applies to its token embeddings, ``(x, positions) -> x + pe``, or None.
+
+        A module that scales ``x`` first says with which init std the model should draw the token
+        embedding, as its ``token_init_std`` attribute (:class:`SinusoidalEmbedding`)."""
         return None
 
 
@@ -168,7 +171,10 @@ class ALiBi(Position):
         return -rearrange(self.slopes, "h -> h 1 1") * rearrange(distance, "... q k -> ... 1 q k")
 
 
-EMBEDDING_NEED = "adds positions to the token embeddings, which a lone block does not have (use it in a model)"
+EMBEDDING_NEED = (
+    "adds positions to the token embeddings, which a lone block does not have: use it in a model, "
+    "build the block with context='model' (the model adds the positions) or choose pos=none"
+)
 
 
 class LearnedEmbedding(nn.Module):
@@ -216,11 +222,20 @@ class LearnedPosition(Position):
 
 
 class SinusoidalEmbedding(nn.Module):
-    """x + PE[positions], PE(i, 2j) = sin(i / base^(2j/d)), PE(i, 2j+1) = cos(i / base^(2j/d)); no parameters."""
+    """sqrt(d_model) x + PE[positions], PE(i, 2j) = sin(i / base^(2j/d)), PE(i, 2j+1) = cos(i / base^(2j/d)).
+
+    No parameters. As in the original Transformer (Vaswani et al. 2017, section 3.4; fairseq), the token
+    embeddings are multiplied by sqrt(d_model) before the table is added, and a model draws them with
+    std ``token_init_std`` = d_model^-0.5: each token's vector then has norm about sqrt(d_model), the
+    table's rows sqrt(d_model / 2). Without the scale, tokens drawn with std 0.02 (norm 0.02 sqrt(d_model))
+    drown under the positions and the model barely learns.
+    """
 
     def __init__(self, d_model: int, base: float) -> None:
         super().__init__()
         self.d_model, self.base = d_model, base
+        self.scale = math.sqrt(d_model)
+        self.token_init_std = d_model**-0.5
 
     def encode(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """PE at ``positions`` (...,) -> (..., d_model): float64 angles from the positions themselves,
@@ -234,17 +249,18 @@ class SinusoidalEmbedding(nn.Module):
         return self.encode(torch.arange(length, device=device), dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (b, t, d), positions: (t,) or (b, t) -> (b, t, d)."""
-        return x + self.encode(positions, x.dtype)
+        """x: (b, t, d) token embeddings, positions: (t,) or (b, t) -> (b, t, d): sqrt(d) x + PE."""
+        return x * self.scale + self.encode(positions, x.dtype)
 
 
 @POSITIONS.register(
     "sinusoidal",
-    formula="x_i = embed(token_i) + [sin(i / base^(2j/d)), cos(i / base^(2j/d))]_j",
+    formula="x_i = sqrt(d) embed(token_i) + [sin(i / base^(2j/d)), cos(i / base^(2j/d))]_j",
     reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
 )
 class SinusoidalPosition(Position):
-    """Fixed sinusoidal absolute positions added at the embedding (the original Transformer)."""
+    """Fixed sinusoidal absolute positions added at the embedding (the original Transformer), to token
+    embeddings scaled by sqrt(d_model) (see :class:`SinusoidalEmbedding`)."""
 
     needs = {"embedding": EMBEDDING_NEED}
 
