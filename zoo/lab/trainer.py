@@ -12,7 +12,7 @@ import math
 import resource
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from einops import rearrange
 from torch import nn
 from tqdm import tqdm
 
+from zoo.core.auxiliary import aux_weights
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
 from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
@@ -59,6 +60,8 @@ class TrainConfig:
     save: str = "final"
     checkpoint_every: int = 100
     keep_checkpoints: int = 1
+    #: Weights of auxiliary losses by name (zoo.core.auxiliary), over the parts' defaults.
+    aux_weights: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any] | None) -> TrainConfig:
@@ -69,8 +72,14 @@ class TrainConfig:
                 raise ConfigError(f"train.{key}", raw[key], f"unknown key; allowed: {', '.join(names)}")
         hints = {"int": int, "float": float, "str": str}
         values = {
-            f.name: check_type(f"train.{f.name}", raw[f.name], hints[f.type]) for f in fields(cls) if f.name in raw
+            f.name: check_type(f"train.{f.name}", raw[f.name], hints[f.type])
+            for f in fields(cls)
+            if f.name in raw and f.name != "aux_weights"
         }
+        aux = raw.get("aux_weights") or {}
+        if not isinstance(aux, dict):
+            raise ConfigError("train.aux_weights", aux, "a mapping of auxiliary loss name to weight")
+        values["aux_weights"] = {str(k): check_type(f"train.aux_weights.{k}", v, float) for k, v in aux.items()}
         cfg = cls(**values)
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
             if getattr(cfg, name) < 1:
@@ -188,6 +197,8 @@ class Trainer:
         self.progress = progress
         self.generator = torch.Generator().manual_seed(data_seed)
         self.optimizer = make_optimizer(self.model, cfg)
+        self.aux_weights = aux_weights(self.model, cfg.aux_weights)  # the parts' defaults, then train.aux_weights
+        self.aux_sums: dict[str, torch.Tensor] = {}  # each auxiliary loss summed since the last log step
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -210,6 +221,8 @@ class Trainer:
     def checkpoint(self, step: int, loss_sum: torch.Tensor, loop: dict[str, Any]) -> None:
         """Gather every rank's generators and running loss; rank 0 hands the state to ``save_checkpoint``."""
         mine = {"rng": rng_state(self.generator, self.device), "loss_sum": loss_sum.detach().cpu().clone()}
+        if self.aux_sums:
+            mine["aux_sums"] = {name: value.detach().cpu().clone() for name, value in self.aux_sums.items()}
         ranks = [mine]
         if self.world > 1:
             ranks = [None] * self.world
@@ -237,11 +250,14 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         disable = True if self.rank != 0 or self.progress is False else (None if self.progress is None else False)
         loss_sum, n_summed = torch.zeros((), device=self.device), 0
-        reference, last_loss, final_val = None, None, {}
+        self.aux_sums = dict.fromkeys(self.aux_weights, torch.zeros((), device=self.device))
+        reference, last_loss, final_val, last_aux = None, None, {}, {}
         train_time, status, reason, step, first = 0.0, "ok", None, 0, 1
         if self.restored is not None:  # continue a checkpointed run where it stopped
             first, loop = self.restored.step + 1, self.restored.loop
             loss_sum += self.restored.ranks[self.rank]["loss_sum"].to(self.device)
+            for name, value in self.restored.ranks[self.rank].get("aux_sums", {}).items():
+                self.aux_sums[name] = value.to(self.device)
             n_summed, reference, last_loss = loop["n_summed"], loop["reference"], loop["last_loss"]
             final_val, train_time = loop["final_val"], loop["train_time"]
         bar = tqdm(total=cfg.steps, initial=first - 1, disable=disable, unit="step", dynamic_ncols=True)  # None: TTY
@@ -261,7 +277,11 @@ class Trainer:
             with self.autocast():
                 logits = model(batch.inputs)
             loss = loss_fn(logits, batch.targets)
-            loss.backward()
+            total = loss
+            for name, value in self.model.take_aux_losses().items():  # what the parts recorded in this forward
+                total = total + self.aux_weights[name] * value.float()
+                self.aux_sums[name] = self.aux_sums[name] + value.detach().float()
+            total.backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
             optimizer.step()
@@ -280,9 +300,18 @@ class Trainer:
             now = time.perf_counter()
             rate = n_summed * tokens_per_step / max(now - started, 1e-9)
             train_time, started = train_time + now - started, now  # logging below counts as training time
+            aux = {}
+            if self.aux_sums:
+                means = torch.stack(list(self.aux_sums.values())) / n_summed
+                if self.world > 1:
+                    dist.all_reduce(means)
+                    means = means / self.world
+                aux = {f"aux_{name}": value for name, value in zip(self.aux_sums, means.tolist(), strict=True)}
+                self.aux_sums = dict.fromkeys(self.aux_sums, torch.zeros((), device=self.device))
+                last_aux = aux
             self.log(
                 {"kind": "train", "step": step, "tokens": step * tokens_per_step, "loss": last_loss, "lr": lr,
-                 "tokens_per_s": rate}
+                 "tokens_per_s": rate, **aux}
             )  # fmt: skip
             bar.update(n_summed)
             bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
@@ -308,7 +337,7 @@ class Trainer:
             tokens=tokens,
             train_time_s=train_time,
             tokens_per_s=tokens / max(train_time, 1e-9),
-            final={"train_loss": last_loss, **final_val},
+            final={"train_loss": last_loss, **last_aux, **final_val},
             reason=reason,
         )
 

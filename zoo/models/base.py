@@ -13,6 +13,7 @@ from torch import nn
 from zoo.assembly.block import Block
 from zoo.assembly.init import seeded_parameters
 from zoo.assembly.spec import BlockSpec
+from zoo.core.auxiliary import collect_aux
 
 #: Parameters whose output is added to the residual stream (scaled down at init by depth).
 RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
@@ -72,6 +73,11 @@ class TokenModel(nn.Module):
             counts[component_of(name)] += p.numel()
         counts["total"] = sum(counts.values())
         return counts
+
+    def take_aux_losses(self) -> dict[str, torch.Tensor]:
+        """The auxiliary losses the parts recorded in the last training forward (zoo.core.auxiliary):
+        each name's mean over the layers that recorded it. Clears the records."""
+        return collect_aux(self)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """(..., d_model) -> (..., vocab) through the head (the embedding matrix when tied)."""
