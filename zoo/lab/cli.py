@@ -110,7 +110,10 @@ def print_check(overrides: Sequence[str], context: str) -> int:
         return 1
     report = param_report(cfg)
     matched = f", matched to {report['reference_params']:,}" if report["reference_params"] is not None else ""
-    size = f"block: {report['block_params']:,} parameters{matched}, d_ff {report['d_ff']}"
+    active = (
+        f" ({report['active_params']:,} active per token)" if report["active_params"] != report["block_params"] else ""
+    )
+    size = f"block: {report['block_params']:,} parameters{active}{matched}, d_ff {report['d_ff']}"
     print(f"valid: {names} (as a {context}; {size})")
     return 0
 

@@ -68,15 +68,28 @@ def statistics_lines(report: Report) -> list[str]:
     return lines
 
 
+def active_params(variant: Any) -> int | None:
+    """Parameters one token uses (``active_parameters`` in a run's summary; less than the total for a
+    mixture of experts)."""
+    return next((int(r.summary["active_parameters"]) for r in variant.runs if r.summary.get("active_parameters")), None)
+
+
+def sparse(report: Report) -> bool:
+    """Whether some variant uses fewer parameters per token than it holds (the report then shows both)."""
+    return any(active_params(v) not in (None, v.parameters) for v in report.variants)
+
+
 def markdown(report: Report) -> str:
     """The variants table, best first, each against the baseline, with what was measured and the failures below."""
     m = report.metric
+    both = sparse(report)
     better = "lower" if report.mode == "min" else "higher"
     head = [
         "#",
         *report.axes,
         "seeds",
         "params",
+        *(["active params"] if both else []),
         f"{m} (mean ± std)",
         f"Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI]",
         "verdict",
@@ -105,6 +118,7 @@ def markdown(report: Report) -> str:
             *variant.key,
             str(len(variant.runs)),
             f"{params:,}" if params is not None else "",
+            *([f"{active:,}" if (active := active_params(variant)) is not None else ""] if both else []),
             shown,
             "baseline" if is_base else interval_text(comparison),
             "" if is_base else verdict_text(comparison),

@@ -197,6 +197,7 @@ def train(
     torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
     summary.update(
         parameters=model.parameter_counts(),
+        active_parameters=model.num_active_parameters(),
         flops_per_token=model.flops_per_token(task.seq_len),
         data=task.info(),
         device=str(device),
