@@ -27,3 +27,14 @@ def test_train_loop_benchmark_measures_the_checkpoint_cost(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "| zoo Trainer + checkpoints every 2 |" in out
     assert "ratio with checkpoints / without: " in out and "(target >= 0.97; 2 checkpoints per run)" in out
+
+
+def test_block_benchmark_times_moe_against_per_expert_loops_and_dense(monkeypatch, capsys):
+    tiny = "--moe-only --batch 2 --time 8 --d-model 16 --n-heads 4 --experts 4 --top-k 2 --repeats 1 --threads 1"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["block.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "block.py"), run_name="__main__")
+    out = capsys.readouterr().out  # the loops were checked equal to mlp=moe before timing
+    assert "| zoo mlp=moe (grouped) |" in out and "| per-expert loop, every token (dense gates) |" in out
+    assert "speedup over the per-expert loop on every token: " in out and "(target >= 3)" in out
+    assert "moe / dense MLP of equal active parameters: " in out

@@ -136,7 +136,7 @@ class MoE(MLP):
         token_of = torch.div(order, self.top_k, rounding_mode="floor")  # the token of each sorted pair
         counts = torch.bincount(pair_expert, minlength=self.n_experts)
         self.last_counts = counts.detach()
-        grouped = flat[token_of]  # (n k, d), expert 0's tokens first
+        grouped = flat.index_select(0, token_of)  # (n k, d), expert 0's tokens first
         outputs = [expert(part) for expert, part in zip(self.experts, grouped.split(counts.tolist()), strict=True)]
         gate = rearrange(weights, "n k -> (n k)")[order].to(x.dtype)
         y = torch.zeros_like(flat).index_add_(0, token_of, torch.cat(outputs) * gate[:, None])
