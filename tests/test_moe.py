@@ -150,3 +150,23 @@ def test_match_by_total_or_active_parameters(match):
     slope = (8 if match == "params" else 2) * 3 * 64 + 3 * 64  # one more unit per expert (and shared unit)
     assert abs(matched - dense["block_params"]) <= slope / 2
     assert report["active_params"] < report["block_params"]
+
+
+def test_a_moe_run_logs_its_aux_losses_and_routing_and_the_report_plots_it(tmp_path):
+    from test_train import tiny
+
+    from zoo.lab.records import read_metrics
+    from zoo.lab.report import write_report
+    from zoo.lab.train import run
+
+    options = ["mlp=moe", "block.mlp.n_experts=4", "train.steps=4", "train.log_every=2"]
+    summary = run(tiny(*options), tmp_path / "mlp=moe")
+    assert summary["status"] == "ok", summary["error"]
+    assert set(summary["routing"]) == {"blocks.0.mlp", "blocks.1.mlp"}
+    for fractions in summary["routing"].values():
+        assert len(fractions) == 4 and sum(fractions) == pytest.approx(1.0) and min(fractions) >= 0
+    assert summary["active_parameters"] < summary["parameters"]["total"]
+    logged = [r for r in read_metrics(tmp_path / "mlp=moe") if r["kind"] == "train"]
+    assert all(r["aux_balance"] > 0 and r["aux_router_z"] > 0 for r in logged)
+    write_report(tmp_path)
+    assert (tmp_path / "routing.png").stat().st_size > 0

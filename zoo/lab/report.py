@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
 from zoo.lab.fixed import fixed_line
-from zoo.lab.plots import plot_curves, plot_final, plot_interactions
+from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_routing
 from zoo.lab.records import read_metrics
 from zoo.lab.stats import CONFIDENCE, CORRECTIONS, MIN_PAIRS, TOO_FEW, Comparison
 from zoo.lab.variants import Report, build_report, report_options
@@ -227,6 +227,7 @@ def write_report(
         plot_final(report, report.root / "final.png")
         if len(report.axes) >= 2:
             plot_interactions(report, report.root / "interactions.png")
+        plot_routing(report, report.root / "routing.png")  # only when some run routes tokens (mlp=moe)
     return text
 
 

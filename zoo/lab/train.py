@@ -280,6 +280,8 @@ def train(
     summary["metric"]["value"] = outcome.final.get(task.metric) if outcome.status == "ok" else None
     if trainer.eval_errors:
         summary["eval_errors"] = trainer.eval_errors
+    if trainer.routing:
+        summary["routing"] = trainer.routing  # fraction of routed tokens per expert, per routing part
 
 
 def find_checkpoint(out_dir: Path, config_hash: str, world: int, resume: bool) -> Path | None:

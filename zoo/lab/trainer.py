@@ -199,6 +199,8 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, cfg)
         self.aux_weights = aux_weights(self.model, cfg.aux_weights)  # the parts' defaults, then train.aux_weights
         self.aux_sums: dict[str, torch.Tensor] = {}  # each auxiliary loss summed since the last log step
+        #: At the last evaluation, each routing part's fraction of routed tokens per expert (validation, 1x length).
+        self.routing: dict[str, list[float]] = {}
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -346,6 +348,9 @@ class Trainer:
         """Every validation metric, at each evaluated length (batches shared out across ranks)."""
         self.model.eval()
         out: dict[str, float | None] = {}
+        # Parts that route tokens (a mixture of experts) keep the tokens per expert of their last forward.
+        routers = {name: m for name, m in self.model.named_modules() if hasattr(m, "last_counts")}
+        routed = {name: 0.0 for name in routers}
         for factor, batches in self.val_sets.items():
             sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, count, correct
             try:
@@ -353,6 +358,9 @@ class Trainer:
                     batch = batch.to(self.device)
                     with self.autocast():
                         logits = self.model(batch.inputs).float()
+                    if factor == 1:
+                        for name, router in routers.items():
+                            routed[name] = routed[name] + router.last_counts.double()
                     scored = batch.targets != IGNORE
                     logits, targets = logits[scored], batch.targets[scored]  # (n, v), (n,)
                     loss = F.cross_entropy(logits, targets, reduction="sum")
@@ -369,6 +377,11 @@ class Trainer:
             loss_sum, count, correct = sums.tolist()
             for name, value in self.task.compute(loss_sum, int(count), int(correct)).items():
                 out[metric_name(name, factor)] = value
+        for name, counts in routed.items():
+            if isinstance(counts, torch.Tensor):
+                if self.world > 1:
+                    dist.all_reduce(counts)
+                self.routing[name] = (counts / counts.sum()).tolist()
         self.model.train()
         return out
 
