@@ -52,6 +52,7 @@ from zoo.lab.trackers import Tracker, check_logger, open_tracker
 from zoo.lab.trainer import Trainer, check_run_config
 from zoo.lab.variants import report_options
 from zoo.models.language import build_model
+from zoo.models.seq2seq import build_seq2seq
 
 log = logging.getLogger("zoo.lab.train")
 
@@ -193,7 +194,7 @@ def train(
         raise ConfigError("model.vocab_size", vocab, f"at least task {task.name!r}'s vocabulary ({task.vocab_size})")
     seed = raw.get("seed", 0)
     torch.manual_seed(seed)  # the same initial model on every rank
-    model = build_model(raw)
+    model = build_seq2seq(raw) if getattr(task, "seq2seq", False) else build_model(raw)
     torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
     summary.update(
         parameters=model.parameter_counts(),

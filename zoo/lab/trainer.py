@@ -34,9 +34,11 @@ from zoo.models.language import LanguageModel
 #: ``train.save``: what a finished run keeps (final weights as model.safetensors, or nothing).
 SAVE = ("final", "none")
 
-#: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form).
+#: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form);
+#: ``encoder`` an encoder-decoder's encoder section (zoo.build_seq2seq, for seq2seq tasks).
 RUN_KEYS = {
-    "block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report", "compile",
+    "block", "model", "encoder", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report",
+    "compile",
 }  # fmt: skip
 
 
@@ -147,6 +149,15 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (float32) over the positions whose target is not IGNORE."""
     return F.cross_entropy(rearrange(logits.float(), "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"))
+
+
+def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Logits of ``batch``: a language model reads ``inputs``; an encoder-decoder (a batch with a
+    ``source``) reads the source under its mask and ``inputs`` as its teacher-forced target."""
+    source = getattr(batch, "source", None)
+    if source is None:
+        return model(batch.inputs)
+    return model(source, batch.inputs, src_mask=batch.source_mask)
 
 
 @dataclass
@@ -277,7 +288,7 @@ class Trainer:
                 group["lr"] = lr
             batch = next(batches)
             with self.autocast():
-                logits = model(batch.inputs)
+                logits = forward(model, batch)
             loss = loss_fn(logits, batch.targets)
             total = loss
             for name, value in self.model.take_aux_losses().items():  # what the parts recorded in this forward
@@ -351,13 +362,18 @@ class Trainer:
         # Parts that route tokens (a mixture of experts) keep the tokens per expert of their last forward.
         routers = {name: m for name, m in self.model.named_modules() if hasattr(m, "last_counts")}
         routed = {name: 0.0 for name in routers}
+        exact_matches = getattr(self.task, "exact_matches", None)  # greedy decoding scored whole (seq2seq tasks)
         for factor, batches in self.val_sets.items():
-            sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, count, correct
+            # loss sum, count, correct; exact matches and sequences (tasks scored by generation)
+            sums = torch.zeros(5, dtype=torch.float64, device=self.device)
             try:
                 for batch in batches[self.rank :: self.world]:
                     batch = batch.to(self.device)
                     with self.autocast():
-                        logits = self.model(batch.inputs).float()
+                        logits = forward(self.model, batch).float()
+                        if exact_matches is not None:
+                            sums[3] += exact_matches(self.model, batch)
+                            sums[4] += batch.targets.shape[0]
                     if factor == 1:
                         for name, router in routers.items():
                             routed[name] = routed[name] + router.last_counts.double()
@@ -365,7 +381,7 @@ class Trainer:
                     logits, targets = logits[scored], batch.targets[scored]  # (n, v), (n,)
                     loss = F.cross_entropy(logits, targets, reduction="sum")
                     correct = (logits.argmax(-1) == targets).sum()
-                    sums += torch.stack([loss.double(), scored.sum().double(), correct.double()])
+                    sums[:3] += torch.stack([loss.double(), scored.sum().double(), correct.double()])
             except Exception as error:  # a part that cannot run at this length: record, keep training
                 if factor == 1:
                     raise
@@ -374,9 +390,11 @@ class Trainer:
                 continue
             if self.world > 1:
                 dist.all_reduce(sums)
-            loss_sum, count, correct = sums.tolist()
+            loss_sum, count, correct, exact, sequences = sums.tolist()
             for name, value in self.task.compute(loss_sum, int(count), int(correct)).items():
                 out[metric_name(name, factor)] = value
+            if exact_matches is not None:
+                out[metric_name("exact_match", factor)] = exact / max(sequences, 1)
         for name, counts in routed.items():
             if isinstance(counts, torch.Tensor):
                 if self.world > 1:
