@@ -5,6 +5,7 @@
     python benchmarks/block.py --parts              # also: alibi and sliding windows beside rotary
     python benchmarks/block.py --mixers             # also: linear attention vs softmax at T 4096, time and memory
     python benchmarks/block.py --cache              # also: decoding-state bytes per token, MLA vs MHA and GQA
+    python benchmarks/block.py --moe                # also: mlp=moe (8 experts, top-2) vs per-expert loops and dense
     python benchmarks/block.py --device cuda --dtype bfloat16 --d-model 2048 --time 2048
 
 Peers come from the ``bench`` extra (``pip install -e ".[bench]"``); a missing peer is skipped.
@@ -166,6 +167,72 @@ def run_parts(args: argparse.Namespace) -> None:
         print(f"| {name} | {seconds[name] * 1e3:.1f} | {ratio:.2f} | {paths[name]} |")
 
 
+def moe_loops(layer: nn.Module) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Two per-expert loops over ``layer``'s own router and experts, the way one writes a mixture of
+    experts first: every expert on every token, weighted by a gate that is zero where it was not
+    chosen (dense), or every expert on the tokens that chose it, found with a mask (masked)."""
+    from zoo.parts.moe import route
+
+    def gates(flat: torch.Tensor) -> torch.Tensor:
+        logits = flat.float() @ layer.router.weight.float().T
+        weights, chosen, _ = route(logits, layer.top_k, layer.routing)
+        dense = torch.zeros_like(logits).scatter(1, chosen, weights)  # (n, experts), zero where not chosen
+        return dense.to(flat.dtype)
+
+    def dense_loop(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (b t, d)
+        gate = gates(flat)
+        y = torch.zeros_like(flat)
+        for e, expert in enumerate(layer.experts):
+            y = y + gate[:, e : e + 1] * expert(flat)
+        return y.view_as(x)
+
+    def masked_loop(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (b t, d)
+        gate = gates(flat)
+        y = torch.zeros_like(flat)
+        for e, expert in enumerate(layer.experts):
+            tokens = gate[:, e].nonzero().squeeze(-1)
+            y = y.index_add(0, tokens, gate[tokens, e : e + 1] * expert(flat[tokens]))
+        return y.view_as(x)
+
+    return {"per-expert loop, every token (dense gates)": dense_loop, "per-expert loop, masked tokens": masked_loop}
+
+
+def run_moe(args: argparse.Namespace) -> None:
+    """mlp=moe (grouped by expert) against per-expert loops over the same weights, and against the dense
+    SwiGLU MLP with as many active parameters (hidden width top_k x the expert's)."""
+    device, dtype = args.device, getattr(torch, args.dtype)
+    x = torch.randn(args.batch, args.time, args.d_model, device=device, dtype=dtype)
+    options = [f"block.mlp.n_experts={args.experts}", f"block.mlp.top_k={args.top_k}"]
+    layer = zoo_block("llama", args, "mlp=moe", *options).mlp.to(device, dtype)
+    dense = zoo_block("llama", args, "mlp=swiglu", d_ff=args.top_k * layer.hidden).mlp.to(device, dtype)
+    loops = moe_loops(layer)
+    with torch.no_grad():
+        for name, loop in loops.items():  # the same function, or the timing compares nothing
+            error = (loop(x).float() - layer(x).float()).abs().max().item()
+            assert error < (1e-4 if dtype == torch.float32 else 5e-2), f"{name} differs from mlp=moe by {error}"
+    steps = {"zoo mlp=moe (grouped)": fwd_bwd(layer, x)}
+    steps |= {name: fwd_bwd(layer, x, loop) for name, loop in loops.items()}
+    steps[f"dense swiglu, d_ff {dense.hidden} (equal active)"] = fwd_bwd(dense, x)
+    seconds = time_interleaved(steps, device, args.repeats, warmup=2)
+    active = layer.active_parameters()
+    print(
+        f"\nmlp=moe, {args.experts} experts, top-{args.top_k}, swiglu experts of width {layer.hidden}: fwd+bwd, "
+        f"{args.device} {args.dtype}, batch {args.batch}, T {args.time}, d_model {args.d_model}, "
+        f"{torch.get_num_threads()} threads, median of {args.repeats}\n"
+    )
+    print("| MLP | parameters | active | ms | time / zoo mlp=moe |\n|---|---:|---:|---:|---:|")
+    fast = seconds["zoo mlp=moe (grouped)"]
+    for name, step_seconds in seconds.items():
+        total = count(dense) if name.startswith("dense") else count(layer)
+        used = total if name.startswith("dense") else active
+        print(f"| {name} | {total:,} | {used:,} | {step_seconds * 1e3:.1f} | {step_seconds / fast:.2f} |")
+    dense_loop = seconds["per-expert loop, every token (dense gates)"]
+    print(f"\nspeedup over the per-expert loop on every token: {dense_loop / fast:.2f}x (target >= 3)")
+    print(f"moe / dense MLP of equal active parameters: {fast / seconds[next(iter(reversed(seconds)))]:.2f}")
+
+
 def rss_bytes(field: str) -> int:
     """A memory field of /proc/self/status (VmRSS: now, VmHWM: peak since the last reset), in bytes."""
     with open("/proc/self/status") as f:
@@ -322,6 +389,10 @@ def main() -> None:
     parser.add_argument("--mixer-repeats", type=int, default=3)
     parser.add_argument("--cache", action="store_true", help="also measure decoding-state bytes per token")
     parser.add_argument("--cache-tokens", type=int, default=256)
+    parser.add_argument("--moe", action="store_true", help="also time mlp=moe against per-expert loops and dense")
+    parser.add_argument("--moe-only", action="store_true", help="time only mlp=moe (no block peers)")
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mixer-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mixer", default=next(iter(MIXERS)), help=argparse.SUPPRESS)
@@ -336,7 +407,10 @@ def main() -> None:
         mixer_peak_child(args)
         return
     torch.manual_seed(0)
-    run_speed(args)
+    if not args.moe_only:
+        run_speed(args)
+    if args.moe or args.moe_only:
+        run_moe(args)
     if args.parts:
         run_parts(args)
     if args.memory:

@@ -300,3 +300,36 @@ def test_linear_attention_chunked_recurrent_and_quadratic_forms_equal_the_naive_
     expected = naive_linear(reference, x)
     for name, y in forms.items():
         torch.testing.assert_close(y, expected, rtol=0, atol=1e-10, msg=lambda m, name=name: f"{name}: {m}")
+def naive_moe(layer, x: torch.Tensor) -> torch.Tensor:
+    """A mixture of experts one token at a time: its router scores, its top_k experts, their weighted
+    outputs (and the shared expert's) summed. No sorting, no grouping, no batching across tokens."""
+    out = torch.zeros_like(x)
+    for b in range(x.shape[0]):
+        for t in range(x.shape[1]):
+            token = x[b, t]
+            logits = layer.router.weight @ token
+            if layer.routing == "softmax":
+                scores = torch.softmax(logits, -1)
+            else:
+                scores = torch.sigmoid(logits)
+            top = torch.topk(scores, layer.top_k).indices
+            weights = scores[top] / scores[top].sum()
+            for weight, e in zip(weights, top.tolist(), strict=True):
+                out[b, t] += weight * layer.experts[e](token[None])[0]
+            if layer.shared is not None:
+                out[b, t] += layer.shared(token[None])[0]
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"routing": "sigmoid", "n_shared": 2, "expert": "gelu", "top_k": 3}, {"n_experts": 1, "top_k": 1}],
+)
+def test_moe_grouped_path_equals_a_per_token_loop(options):
+    cfg = {**TINY, "placement": "pre", "norm": "layernorm", "attn": "mha", "pos": "none"}
+    layer = build_block({**cfg, "mlp": {"name": "moe", **options}}).mlp.double().eval()
+    x = torch.randn(3, 7, D, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), naive_moe(layer, x), rtol=0, atol=1e-12)
+        layer.router.weight[-1] += 5.0  # skew the router toward the last expert
+        torch.testing.assert_close(layer(x), naive_moe(layer, x), rtol=0, atol=1e-12)

@@ -327,3 +327,17 @@ def test_final_plot_draws_the_paired_intervals_and_the_baseline(tmp_path):
     assert [line.get_xdata()[0] for line in values_ax.get_lines() if "baseline" in line.get_label()] == pytest.approx(
         [base_mean]
     )
+
+
+def test_sparse_variants_show_active_beside_total_parameters(tmp_path):
+    fake_run(tmp_path, ["mlp=swiglu"], value=2.5, active_parameters=1000)
+    fake_run(tmp_path, ["mlp=moe"], value=2.4, parameters={"total": 3000}, active_parameters=1100)
+    lines = markdown(build_report(tmp_path)).splitlines()
+    head = next(line for line in lines if line.startswith("| # |"))
+    moe = next(line for line in lines if "| moe |" in line)
+    dense = next(line for line in lines if "| swiglu |" in line)
+    assert "| params | active params |" in head
+    assert "| 3,000 | 1,100 |" in moe and "| 1,000 | 1,000 |" in dense
+    fake = tmp_path / "dense_only"
+    fake_run(fake, ["mlp=swiglu"], value=2.5, active_parameters=1000)
+    assert "active params" not in markdown(build_report(fake))  # every parameter active: one count

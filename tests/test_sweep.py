@@ -143,9 +143,11 @@ def test_zoo_sweep_lists_the_versioned_sweeps(capsys):
 
 
 def swept_values(key: str, values: str) -> list[str]:
-    """``"mha,gqa"`` -> ``["mha", "gqa"]``; ``glob(*)`` over an axis -> every registered part."""
+    """``"mha,gqa"`` -> ``["mha", "gqa"]``; ``glob(*)`` over an axis -> every registered part
+    (``glob(*,exclude=moe)``: but those)."""
     if values.startswith("glob("):
-        return zoo.AXES[key].names()
+        excluded = values.partition("exclude=")[2].rstrip(")").split(",") if "exclude=" in values else []
+        return [name for name in zoo.AXES[key].names() if name not in excluded]
     return [v.strip() for v in str(values).split(",")]
 
 

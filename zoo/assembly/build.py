@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from zoo.assembly.block import Block
 from zoo.assembly.compat import Context, unmet_need
-from zoo.assembly.match import attention_difference, count, mlp_dims, reference_mlp_params
+from zoo.assembly.match import active_count, attention_difference, count, counter, mlp_dims, reference_mlp_params
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.parts.attention import Attention
 from zoo.parts.cross_attention import CrossAttention
@@ -50,8 +50,9 @@ def param_report(cfg: Mapping[str, Any] | DictConfig | BlockSpec) -> dict[str, i
     """What a sweep report shows about a block config (or a full config's ``block``).
 
     ``d_ff``: the MLP width it builds with; ``block_params``: the block's parameter count (positions a
-    model owns, such as a learned table, are not in it); ``reference_params``: the count it was
-    matched to (None unless ``match: params``).
+    model owns, such as a learned table, are not in it); ``active_params``: those one token uses (less
+    than block_params for a mixture of experts); ``reference_params``: the count it was matched to
+    (total or active, as the match counts; None unless ``match`` is ``params`` or ``active_params``).
     """
     spec = cfg
     if not isinstance(spec, BlockSpec):
@@ -59,8 +60,14 @@ def param_report(cfg: Mapping[str, Any] | DictConfig | BlockSpec) -> dict[str, i
         spec = resolve_block(raw["block"] if "block" in raw else raw)
     with torch.device("meta"):
         block = build_block(spec, context="model")
-    params = count(block)
+    params, active = count(block), active_count(block)
     reference = None
-    if spec.match.match == "params":
-        reference = params - count(block.mlp) + reference_mlp_params(spec) + attention_difference(spec)
-    return {"d_ff": getattr(block.mlp, "hidden", None), "block_params": params, "reference_params": reference}
+    if spec.match.match != "none":
+        matched = counter(spec)
+        reference = matched(block) - matched(block.mlp) + reference_mlp_params(spec) + attention_difference(spec)
+    return {
+        "d_ff": getattr(block.mlp, "hidden", None),
+        "block_params": params,
+        "active_params": active,
+        "reference_params": reference,
+    }

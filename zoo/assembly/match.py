@@ -4,7 +4,10 @@ With ``block.mlp.match: params`` the block's MLP gets the hidden width h for whi
 
     params(this block with MLP width h) = params(reference block)
 
-as nearly as an integer width allows. The reference block is this block with
+as nearly as an integer width allows; with ``match: active_params`` both sides count the
+parameters one token uses (:func:`active_count`: a mixture of experts' router, top_k experts and
+shared expert), so a sparse MLP is matched to a dense one at equal compute per token.
+The reference block is this block with
 ``mlp = block.mlp.match_mlp`` (at ``block.d_ff``, or that MLP's default width) and, when
 ``block.mlp.match_attn`` is set, ``attn = match_attn``. So ``mlp=swiglu`` against ``gelu`` gets about
 2/3 of the width, and ``attn=gqa`` with ``match_attn: mha`` gives its key/value savings to the MLP.
@@ -13,6 +16,7 @@ Counts come from building parts on the meta device (no memory, no tensor work).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -28,10 +32,24 @@ def count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def active_count(module: nn.Module) -> int:
+    """Parameters one token uses: a module with ``active_parameters()`` (a mixture of experts) says
+    how many of its own; every other parameter counts."""
+    if hasattr(module, "active_parameters"):
+        return int(module.active_parameters())
+    own = sum(p.numel() for p in module.parameters(recurse=False))
+    return own + sum(active_count(child) for child in module.children())
+
+
+def counter(spec: BlockSpec) -> Callable[[nn.Module], int]:
+    """How ``spec``'s matching counts a module: every parameter, or under ``active_params`` the active ones."""
+    return active_count if spec.match.match == "active_params" else count
+
+
 def mlp_params(spec: BlockSpec, d_ff: int | None) -> int:
-    """Parameters of the block's MLP at hidden width ``d_ff`` (None: its default)."""
+    """Parameters of the block's MLP at hidden width ``d_ff`` (None: its default), counted as the match counts."""
     with torch.device("meta"):
-        return count(spec["mlp"].build(replace(spec.dims, d_ff=d_ff)))
+        return counter(spec)(spec["mlp"].build(replace(spec.dims, d_ff=d_ff)))
 
 
 def attn_params(spec: BlockSpec, name: str | None = None) -> int:
@@ -53,7 +71,7 @@ def reference_mlp_params(spec: BlockSpec) -> int:
     """Parameters of the reference MLP (``match_mlp`` at block.d_ff or its default width)."""
     reference = resolve_part("mlp", {"name": spec.match.match_mlp}, spec.dims)
     with torch.device("meta"):
-        return count(reference.build(spec.dims))
+        return counter(spec)(reference.build(spec.dims))
 
 
 def attention_difference(spec: BlockSpec) -> int:
@@ -71,7 +89,7 @@ def matched_width(spec: BlockSpec) -> int:
     if width < 1:
         raise ConfigError(
             "block.mlp.match",
-            "params",
+            spec.match.match,
             f"the reference (mlp={spec.match.match_mlp}, attn={spec.match.match_attn}) leaves "
             f"{target} parameters for this MLP, less than its smallest width needs",
         )
@@ -79,7 +97,8 @@ def matched_width(spec: BlockSpec) -> int:
 
 
 def mlp_dims(spec: BlockSpec) -> BlockDims:
-    """The dims the block's MLP is built with: ``spec.dims``, with the matched d_ff under ``match: params``."""
-    if spec.match.match != "params":
+    """The dims the block's MLP is built with: ``spec.dims``, with the matched d_ff under ``match: params``
+    or ``active_params``."""
+    if spec.match.match == "none":
         return spec.dims
     return replace(spec.dims, d_ff=matched_width(spec))

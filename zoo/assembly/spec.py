@@ -18,7 +18,7 @@ from zoo.core.registry import ATTENTIONS, AXES, MLPS, Part
 
 SIZE_FIELDS = {"d_model", "n_heads", "d_ff", "max_len"}
 
-Match = Literal["none", "params"]
+Match = Literal["none", "params", "active_params"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,9 @@ class MatchOptions:
 
     match: ``none`` (the width as configured) or ``params`` (the width that gives the block the
     parameter count of the same block with ``mlp=match_mlp`` at block.d_ff or its default width, and
-    with ``attn=match_attn`` when set: e.g. ``mha`` gives GQA's savings back to the MLP).
+    with ``attn=match_attn`` when set: e.g. ``mha`` gives GQA's savings back to the MLP), or
+    ``active_params`` (the same, counting the parameters one token uses: a mixture of experts' router,
+    top_k experts and shared expert, rather than all its experts).
     """
 
     match: Match = "none"

@@ -110,7 +110,10 @@ def print_check(overrides: Sequence[str], context: str) -> int:
         return 1
     report = param_report(cfg)
     matched = f", matched to {report['reference_params']:,}" if report["reference_params"] is not None else ""
-    size = f"block: {report['block_params']:,} parameters{matched}, d_ff {report['d_ff']}"
+    active = (
+        f" ({report['active_params']:,} active per token)" if report["active_params"] != report["block_params"] else ""
+    )
+    size = f"block: {report['block_params']:,} parameters{active}{matched}, d_ff {report['d_ff']}"
     print(f"valid: {names} (as a {context}; {size})")
     return 0
 
@@ -140,22 +143,24 @@ def parse_grid(overrides: Sequence[str]) -> tuple[dict[str, list[str]], dict[str
 
 
 def print_param_table(d_model: int, n_heads: int, overrides: Sequence[str] = (), max_len: int = 1024) -> None:
-    """Parameters of one block for every combination, the MLP width it builds with, and the count it was
-    matched to under ``block.mlp.match=params``; an invalid combination prints its reason instead."""
+    """Parameters of one block for every combination (all, and those one token uses), the MLP width it
+    builds with, and the count it was matched to under ``block.mlp.match=params`` or ``active_params``;
+    an invalid combination prints its reason instead."""
     names, block = parse_grid(overrides)
-    print(f"| {' | '.join(AXES)} | d_ff | block parameters | matched to |")
-    print("|" + "---|" * len(AXES) + "---:|---:|---:|")
+    print(f"| {' | '.join(AXES)} | d_ff | block parameters | active per token | matched to |")
+    print("|" + "---|" * len(AXES) + "---:|---:|---:|---:|")
     for combo in itertools.product(*names.values()):
         cfg: dict[str, Any] = {"d_model": d_model, "n_heads": n_heads, "max_len": max_len, **block}
         for axis, name in zip(AXES, combo, strict=True):
             cfg[axis] = {**block.get(axis, {}), "name": name}
         reason = check_combination(cfg, "model")
         if reason is not None:
-            print(f"| {' | '.join(combo)} | | invalid: {reason} | |")
+            print(f"| {' | '.join(combo)} | | invalid: {reason} | | |")
             continue
         report = param_report(cfg)
         reference = f"{report['reference_params']:,}" if report["reference_params"] is not None else ""
-        print(f"| {' | '.join(combo)} | {report['d_ff']} | {report['block_params']:,} | {reference} |")
+        counts = f"{report['block_params']:,} | {report['active_params']:,}"
+        print(f"| {' | '.join(combo)} | {report['d_ff']} | {counts} | {reference} |")
 
 
 def parts_markdown(plugins: bool = True) -> str:

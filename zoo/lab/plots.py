@@ -263,3 +263,34 @@ def plot_lr(report: Report, tuning: Report, path: Path) -> Figure:
 
 def short_label(report: Report, variant: Variant) -> str:
     return report.label(variant)
+
+
+def plot_routing(report: Report, path: Path) -> bool:
+    """Routing balance: for each variant whose runs route tokens (a mixture of experts), the fraction of
+    validation tokens each expert received, one bar per layer (mean over seeds), beside the uniform
+    share. Returns False (and writes nothing) when no run recorded routing."""
+    routed = []
+    for variant in report.variants:
+        runs = [r.summary["routing"] for r in variant.runs if r.summary.get("routing")]
+        if runs:
+            layers = {name: [sum(run[name][e] for run in runs) / len(runs) for e in range(len(runs[0][name]))]
+                      for name in runs[0]}  # fmt: skip
+            routed.append((short_label(report, variant), layers, len(runs)))
+    if not routed:
+        return False
+    fig = Figure(figsize=(9, 2.4 * len(routed)), layout="constrained")
+    axes = fig.subplots(len(routed), 1, squeeze=False)[:, 0]
+    for ax, (label, layers, seeds) in zip(axes, routed, strict=True):
+        n_experts = len(next(iter(layers.values())))
+        width = 0.8 / len(layers)
+        for i, (name, fractions) in enumerate(layers.items()):
+            ax.bar([e + (i - (len(layers) - 1) / 2) * width for e in range(n_experts)], fractions, width, label=name)
+        ax.axhline(1 / n_experts, color="black", lw=0.8, ls="--", label="uniform")
+        ax.set_xticks(range(n_experts))
+        ax.set_ylabel("fraction of tokens")
+        ax.set_title(f"{label} ({seeds} seeds)", fontsize="small")
+        ax.legend(fontsize="x-small", ncol=len(layers) + 1)
+    axes[-1].set_xlabel("expert")
+    fig.suptitle(f"{report.root.name}: routing balance on validation tokens")
+    fig.savefig(path, dpi=110)
+    return True

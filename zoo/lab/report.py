@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
 from zoo.lab.fixed import fixed_line
-from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr
+from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_routing
 from zoo.lab.records import read_metrics
 from zoo.lab.stats import CONFIDENCE, CORRECTIONS, MIN_PAIRS, TOO_FEW, Comparison
 from zoo.lab.tune import TUNE_DIR
@@ -93,11 +93,21 @@ def fairness_lines(report: Report) -> list[str]:
             f"the tuning runs and their report are in {TUNE_DIR}/, the sensitivity in lr.png."
         )
     return [""] + lines if lines else []
+def active_params(variant: Any) -> int | None:
+    """Parameters one token uses (``active_parameters`` in a run's summary; less than the total for a
+    mixture of experts)."""
+    return next((int(r.summary["active_parameters"]) for r in variant.runs if r.summary.get("active_parameters")), None)
+
+
+def sparse(report: Report) -> bool:
+    """Whether some variant uses fewer parameters per token than it holds (the report then shows both)."""
+    return any(active_params(v) not in (None, v.parameters) for v in report.variants)
 
 
 def markdown(report: Report) -> str:
     """The variants table, best first, each against the baseline, with what was measured and the failures below."""
     m = report.metric
+    both = sparse(report)
     better = "lower" if report.mode == "min" else "higher"
     tuned = any(v.tuned_lr is not None for v in report.variants)
     budgeted = any(v.budget is not None for v in report.variants)
@@ -106,6 +116,7 @@ def markdown(report: Report) -> str:
         *report.axes,
         "seeds",
         "params",
+        *(["active params"] if both else []),
         f"{m} (mean ± std)",
         f"Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI]",
         "verdict",
@@ -137,6 +148,7 @@ def markdown(report: Report) -> str:
             *variant.key,
             str(len(variant.runs)),
             f"{params:,}" if params is not None else "",
+            *([f"{active:,}" if (active := active_params(variant)) is not None else ""] if both else []),
             shown,
             "baseline" if is_base else interval_text(comparison),
             "" if is_base else verdict_text(comparison),
@@ -251,6 +263,7 @@ def write_report(
             plot_interactions(report, report.root / "interactions.png")
         if (report.root / TUNE_DIR).is_dir() and any(v.tuned_lr is not None for v in report.variants):
             plot_lr(report, build_report(report.root / TUNE_DIR, baseline={}), report.root / "lr.png")
+        plot_routing(report, report.root / "routing.png")  # only when some run routes tokens (mlp=moe)
     return text
 
 

@@ -54,6 +54,7 @@ from zoo.lab.trainer import Trainer, check_run_config
 from zoo.lab.tune import TUNE_DIR, choose_lr, tune_options
 from zoo.lab.variants import report_options
 from zoo.models.language import build_model
+from zoo.models.seq2seq import build_seq2seq
 
 log = logging.getLogger("zoo.lab.train")
 
@@ -204,7 +205,7 @@ def train(
         raise ConfigError("model.vocab_size", vocab, f"at least task {task.name!r}'s vocabulary ({task.vocab_size})")
     seed = raw.get("seed", 0)
     torch.manual_seed(seed)  # the same initial model on every rank
-    model = build_model(raw)
+    model = build_seq2seq(raw) if getattr(task, "seq2seq", False) else build_model(raw)
     torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
     flops_per_token = model.flops_per_token(task.seq_len)
     train_cfg, budget = train_cfg.with_budget(train_cfg.batch_size * task.seq_len * world, flops_per_token)
@@ -212,6 +213,7 @@ def train(
         summary["budget"] = budget  # train.budget set the steps
     summary.update(
         parameters=model.parameter_counts(),
+        active_parameters=model.num_active_parameters(),
         flops_per_token=flops_per_token,
         data=task.info(),
         device=str(device),
@@ -295,6 +297,8 @@ def train(
     summary["metric"]["value"] = outcome.final.get(task.metric) if outcome.status == "ok" else None
     if trainer.eval_errors:
         summary["eval_errors"] = trainer.eval_errors
+    if trainer.routing:
+        summary["routing"] = trainer.routing  # fraction of routed tokens per expert, per routing part
 
 
 def find_checkpoint(out_dir: Path, config_hash: str, world: int, resume: bool) -> Path | None:

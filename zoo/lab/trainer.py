@@ -12,7 +12,7 @@ import math
 import resource
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from einops import rearrange
 from torch import nn
 from tqdm import tqdm
 
+from zoo.core.auxiliary import aux_weights
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
 from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
@@ -33,10 +34,11 @@ from zoo.models.language import LanguageModel
 #: ``train.save``: what a finished run keeps (final weights as model.safetensors, or nothing).
 SAVE = ("final", "none")
 
-#: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form).
+#: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form);
+#: ``encoder`` an encoder-decoder's encoder section (zoo.build_seq2seq, for seq2seq tasks).
 RUN_KEYS = {
-    "block", "model", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report", "compile",
-    "tune",
+    "block", "model", "encoder", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report",
+    "compile", "tune",
 }  # fmt: skip
 #: ``train.budget``: what sets a run's steps instead of ``train.steps`` (at most one of them).
 BUDGETS = ("tokens", "flops")
@@ -64,6 +66,8 @@ class TrainConfig:
     keep_checkpoints: int = 1
     budget_tokens: float | None = None  # train.budget.tokens: steps = tokens / tokens per step
     budget_flops: float | None = None  # train.budget.flops: steps = flops / (flops per token x tokens per step)
+    #: Weights of auxiliary losses by name (zoo.core.auxiliary), over the parts' defaults.
+    aux_weights: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any] | None) -> TrainConfig:
@@ -75,7 +79,9 @@ class TrainConfig:
                 raise ConfigError(f"train.{key}", raw[key], f"unknown key; allowed: {', '.join([*names, 'budget'])}")
         hints = {"int": int, "float": float, "str": str}
         values = {
-            f.name: check_type(f"train.{f.name}", raw[f.name], hints[f.type]) for f in fields(cls) if f.name in raw
+            f.name: check_type(f"train.{f.name}", raw[f.name], hints[f.type])
+            for f in fields(cls)
+            if f.name in raw and f.name != "aux_weights"
         }
         if not isinstance(budget, dict):
             raise ConfigError("train.budget", budget, "a mapping: {tokens: N} or {flops: F}")
@@ -89,6 +95,10 @@ class TrainConfig:
                 values[f"budget_{key}"] = float(number)
         if len([k for k in values if k.startswith("budget_")]) > 1:
             raise ConfigError("train.budget", budget, "one of tokens or flops, not both")
+        aux = raw.get("aux_weights") or {}
+        if not isinstance(aux, dict):
+            raise ConfigError("train.aux_weights", aux, "a mapping of auxiliary loss name to weight")
+        values["aux_weights"] = {str(k): check_type(f"train.aux_weights.{k}", v, float) for k, v in aux.items()}
         cfg = cls(**values)
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
             if getattr(cfg, name) < 1:
@@ -171,6 +181,15 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE)
 
 
+def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Logits of ``batch``: a language model reads ``inputs``; an encoder-decoder (a batch with a
+    ``source``) reads the source under its mask and ``inputs`` as its teacher-forced target."""
+    source = getattr(batch, "source", None)
+    if source is None:
+        return model(batch.inputs)
+    return model(source, batch.inputs, src_mask=batch.source_mask)
+
+
 @dataclass
 class Outcome:
     """What the loop did: ``status`` is ``ok`` or ``diverged``."""
@@ -219,6 +238,10 @@ class Trainer:
         self.progress = progress
         self.generator = torch.Generator().manual_seed(data_seed)
         self.optimizer = make_optimizer(self.model, cfg)
+        self.aux_weights = aux_weights(self.model, cfg.aux_weights)  # the parts' defaults, then train.aux_weights
+        self.aux_sums: dict[str, torch.Tensor] = {}  # each auxiliary loss summed since the last log step
+        #: At the last evaluation, each routing part's fraction of routed tokens per expert (validation, 1x length).
+        self.routing: dict[str, list[float]] = {}
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -241,6 +264,8 @@ class Trainer:
     def checkpoint(self, step: int, loss_sum: torch.Tensor, loop: dict[str, Any]) -> None:
         """Gather every rank's generators and running loss; rank 0 hands the state to ``save_checkpoint``."""
         mine = {"rng": rng_state(self.generator, self.device), "loss_sum": loss_sum.detach().cpu().clone()}
+        if self.aux_sums:
+            mine["aux_sums"] = {name: value.detach().cpu().clone() for name, value in self.aux_sums.items()}
         ranks = [mine]
         if self.world > 1:
             ranks = [None] * self.world
@@ -268,11 +293,14 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         disable = True if self.rank != 0 or self.progress is False else (None if self.progress is None else False)
         loss_sum, n_summed = torch.zeros((), device=self.device), 0
-        reference, last_loss, final_val = None, None, {}
+        self.aux_sums = dict.fromkeys(self.aux_weights, torch.zeros((), device=self.device))
+        reference, last_loss, final_val, last_aux = None, None, {}, {}
         train_time, status, reason, step, first = 0.0, "ok", None, 0, 1
         if self.restored is not None:  # continue a checkpointed run where it stopped
             first, loop = self.restored.step + 1, self.restored.loop
             loss_sum += self.restored.ranks[self.rank]["loss_sum"].to(self.device)
+            for name, value in self.restored.ranks[self.rank].get("aux_sums", {}).items():
+                self.aux_sums[name] = value.to(self.device)
             n_summed, reference, last_loss = loop["n_summed"], loop["reference"], loop["last_loss"]
             final_val, train_time = loop["final_val"], loop["train_time"]
         bar = tqdm(total=cfg.steps, initial=first - 1, disable=disable, unit="step", dynamic_ncols=True)  # None: TTY
@@ -290,9 +318,13 @@ class Trainer:
                 group["lr"] = lr
             batch = next(batches)
             with self.autocast():
-                logits = model(batch.inputs)
+                logits = forward(model, batch)
             loss = loss_fn(logits, batch.targets)
-            loss.backward()
+            total = loss
+            for name, value in self.model.take_aux_losses().items():  # what the parts recorded in this forward
+                total = total + self.aux_weights[name] * value.float()
+                self.aux_sums[name] = self.aux_sums[name] + value.detach().float()
+            total.backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
             optimizer.step()
@@ -311,9 +343,18 @@ class Trainer:
             now = time.perf_counter()
             rate = n_summed * tokens_per_step / max(now - started, 1e-9)
             train_time, started = train_time + now - started, now  # logging below counts as training time
+            aux = {}
+            if self.aux_sums:
+                means = torch.stack(list(self.aux_sums.values())) / n_summed
+                if self.world > 1:
+                    dist.all_reduce(means)
+                    means = means / self.world
+                aux = {f"aux_{name}": value for name, value in zip(self.aux_sums, means.tolist(), strict=True)}
+                self.aux_sums = dict.fromkeys(self.aux_sums, torch.zeros((), device=self.device))
+                last_aux = aux
             self.log(
                 {"kind": "train", "step": step, "tokens": step * tokens_per_step, "loss": last_loss, "lr": lr,
-                 "tokens_per_s": rate}
+                 "tokens_per_s": rate, **aux}
             )  # fmt: skip
             bar.update(n_summed)
             bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
@@ -339,7 +380,7 @@ class Trainer:
             tokens=tokens,
             train_time_s=train_time,
             tokens_per_s=tokens / max(train_time, 1e-9),
-            final={"train_loss": last_loss, **final_val},
+            final={"train_loss": last_loss, **last_aux, **final_val},
             reason=reason,
         )
 
@@ -348,18 +389,29 @@ class Trainer:
         """Every validation metric, at each evaluated length (batches shared out across ranks)."""
         self.model.eval()
         out: dict[str, float | None] = {}
+        # Parts that route tokens (a mixture of experts) keep the tokens per expert of their last forward.
+        routers = {name: m for name, m in self.model.named_modules() if hasattr(m, "last_counts")}
+        routed = {name: 0.0 for name in routers}
+        exact_matches = getattr(self.task, "exact_matches", None)  # greedy decoding scored whole (seq2seq tasks)
         for factor, batches in self.val_sets.items():
-            sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, count, correct
+            # loss sum, count, correct; exact matches and sequences (tasks scored by generation)
+            sums = torch.zeros(5, dtype=torch.float64, device=self.device)
             try:
                 for batch in batches[self.rank :: self.world]:
                     batch = batch.to(self.device)
                     with self.autocast():
-                        logits = self.model(batch.inputs).float()
+                        logits = forward(self.model, batch).float()
+                        if exact_matches is not None:
+                            sums[3] += exact_matches(self.model, batch)
+                            sums[4] += batch.targets.shape[0]
+                    if factor == 1:
+                        for name, router in routers.items():
+                            routed[name] = routed[name] + router.last_counts.double()
                     scored = batch.targets != IGNORE
                     logits, targets = logits[scored], batch.targets[scored]  # (n, v), (n,)
                     loss = F.cross_entropy(logits, targets, reduction="sum")
                     correct = (logits.argmax(-1) == targets).sum()
-                    sums += torch.stack([loss.double(), scored.sum().double(), correct.double()])
+                    sums[:3] += torch.stack([loss.double(), scored.sum().double(), correct.double()])
             except Exception as error:  # a part that cannot run at this length: record, keep training
                 if factor == 1:
                     raise
@@ -368,9 +420,16 @@ class Trainer:
                 continue
             if self.world > 1:
                 dist.all_reduce(sums)
-            loss_sum, count, correct = sums.tolist()
+            loss_sum, count, correct, exact, sequences = sums.tolist()
             for name, value in self.task.compute(loss_sum, int(count), int(correct)).items():
                 out[metric_name(name, factor)] = value
+            if exact_matches is not None:
+                out[metric_name("exact_match", factor)] = exact / max(sequences, 1)
+        for name, counts in routed.items():
+            if isinstance(counts, torch.Tensor):
+                if self.world > 1:
+                    dist.all_reduce(counts)
+                self.routing[name] = (counts / counts.sum()).tolist()
         self.model.train()
         return out
 

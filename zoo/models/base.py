@@ -12,7 +12,9 @@ from torch import nn
 
 from zoo.assembly.block import Block
 from zoo.assembly.init import seeded_parameters
+from zoo.assembly.match import active_count
 from zoo.assembly.spec import BlockSpec
+from zoo.core.auxiliary import collect_aux
 from zoo.core.errors import ConfigError
 
 #: Parameters whose output is added to the residual stream (scaled down at init by depth).
@@ -123,6 +125,16 @@ class TokenModel(nn.Module):
         counts["total"] = sum(counts.values())
         return counts
 
+    def num_active_parameters(self) -> int:
+        """Parameters one token uses (zoo.assembly.match.active_count): the total, less the experts a
+        mixture of experts does not route it to."""
+        return active_count(self)
+
+    def take_aux_losses(self) -> dict[str, torch.Tensor]:
+        """The auxiliary losses the parts recorded in the last training forward (zoo.core.auxiliary):
+        each name's mean over the layers that recorded it. Clears the records."""
+        return collect_aux(self)
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """(..., d_model) -> (..., vocab) through the head (the embedding matrix when tied)."""
         return F.linear(h, self.embed.weight if self.head is None else self.head.weight)
@@ -130,10 +142,12 @@ class TokenModel(nn.Module):
     def training_flops(self, seq_len: int, attention_layers: int) -> int:
         """Training FLOPs (forward + backward) per token at context ``seq_len``.
 
-        6 x the non-embedding parameters (each weight: one multiply-add forward, two backward), the LM
-        head's matmul included even when tied, plus attention scores and weighted values:
+        6 x the non-embedding parameters one token uses (each weight: one multiply-add forward, two
+        backward; a mixture of experts counts its router, top_k and shared experts), the LM head's
+        matmul included even when tied, plus attention scores and weighted values:
         6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask).
         """
         counts = self.parameter_counts()
-        dense = counts["total"] - counts["embedding"] + self.embed.weight.numel()  # the LM head matmul counts
+        active = self.num_active_parameters() - counts["embedding"]
+        dense = active + self.embed.weight.numel()  # the LM head matmul counts
         return 6 * dense + 6 * attention_layers * seq_len * self.embed.embedding_dim

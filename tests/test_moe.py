@@ -1,0 +1,172 @@
+"""mlp=moe: gradients once routed, bfloat16 where the routing agrees, the auxiliary losses computed
+independently, option errors, and matching by total or active parameters. (The fast path against a
+per-token loop is in test_reference.py; the contract suite covers every combination.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from combos import TINY
+
+from zoo import ConfigError, build_block, check_combination, param_report
+from zoo.core.auxiliary import collect_aux
+from zoo.parts.moe import MoE
+
+D = TINY["d_model"]
+
+
+def moe(**options) -> MoE:
+    cfg = {
+        **TINY,
+        "placement": "pre",
+        "norm": "rmsnorm",
+        "attn": "mha",
+        "pos": "none",
+        "mlp": {"name": "moe", **options},
+    }
+    return build_block(cfg).mlp.double()
+
+
+@pytest.mark.parametrize("options", [{}, {"routing": "sigmoid", "n_shared": 1, "expert": "gelu"}])
+def test_every_expert_the_router_and_the_shared_expert_get_gradients_once_routed_to(options):
+    layer = moe(n_experts=4, **options)
+    x = torch.randn(4, 16, D, dtype=torch.float64, requires_grad=True)
+    (layer(x) * torch.randn_like(x)).sum().backward()
+    assert bool((layer.last_counts > 0).all()), "the batch should reach every expert"
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_an_expert_no_token_reaches_gets_no_gradient_and_changes_nothing():
+    layer = moe(n_experts=4, top_k=1)
+    with torch.no_grad():
+        layer.router.weight.zero_()
+        layer.router.weight[0] = 1.0  # a router that prefers expert 0 for inputs with a positive sum
+    x = torch.rand(2, 5, D, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    assert layer.last_counts.tolist() == [10, 0, 0, 0]
+    torch.testing.assert_close(y, layer.experts[0](x))  # top_k = 1: the weight renormalizes to 1
+    y.sum().backward()
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in layer.experts[1].parameters())
+
+
+def test_bfloat16_is_close_wherever_the_routing_is_the_same():
+    layer = moe().float()
+    x = torch.randn(8, 16, D)
+    reference = layer(x)
+    chosen32 = layer.router(x).topk(2).indices.sort(-1).values
+    low = layer.bfloat16()(x.bfloat16()).float()
+    chosen16 = layer.router(x.bfloat16()).float().topk(2).indices.sort(-1).values
+    same = (chosen32 == chosen16).all(-1)
+    assert same.float().mean() > 0.8
+    error = (low - reference)[same].norm() / reference[same].norm()
+    assert error < 0.02, f"bfloat16 relative error {error:.3f} where the routing agrees"
+
+
+@pytest.mark.parametrize("routing", ["softmax", "sigmoid"])
+def test_aux_losses_equal_the_switch_balance_and_the_z_loss(routing):
+    layer = moe(n_experts=4, routing=routing).train()
+    x = torch.randn(3, 7, D, dtype=torch.float64)
+    layer(x)
+    aux = collect_aux(layer)
+    logits = x.reshape(-1, D) @ layer.router.weight.T
+    scores = logits.softmax(-1) if routing == "softmax" else logits.sigmoid()
+    probs = scores / scores.sum(-1, keepdim=True)
+    top = scores.topk(2).indices
+    fraction = torch.stack([(top == e).sum() for e in range(4)]).double() / top.numel()
+    torch.testing.assert_close(aux["balance"], 4 * (fraction * probs.mean(0)).sum())
+    torch.testing.assert_close(aux["router_z"], torch.logsumexp(logits, -1).square().mean())
+    with torch.no_grad():  # a uniform router: perfectly balanced probabilities give balance = 1
+        layer.router.weight.zero_()
+    layer(x)
+    torch.testing.assert_close(collect_aux(layer)["balance"], torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_the_balance_loss_trains_the_router_toward_balance():
+    layer = moe(n_experts=4).train()
+    with torch.no_grad():
+        layer.router.weight[0] += 3 * torch.ones(D)  # most tokens prefer expert 0
+    x = torch.rand(4, 16, D, dtype=torch.float64)
+    optimizer = torch.optim.SGD(layer.router.parameters(), lr=0.5)
+    first = None
+    for _ in range(20):
+        layer(x)
+        balance = collect_aux(layer)["balance"]
+        first = balance.item() if first is None else first
+        optimizer.zero_grad()
+        balance.backward()
+        optimizer.step()
+    layer(x)
+    assert collect_aux(layer)["balance"].item() < first
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"top_k": 9}, "block.mlp.top_k=9: must be in 1..n_experts=8"),
+        ({"n_experts": 0}, "block.mlp.n_experts=0: must be a positive integer"),
+        ({"expert": "moe"}, "block.mlp.expert='moe': a registered dense MLP: gelu"),
+        ({"n_shared": -1}, "block.mlp.n_shared=-1: must be >= 0"),
+        ({"routing": "relu"}, "block.mlp.routing='relu': must be one of 'softmax', 'sigmoid'"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_field(options, message):
+    cfg = {
+        **TINY,
+        "placement": "pre",
+        "norm": "rmsnorm",
+        "attn": "mha",
+        "pos": "none",
+        "mlp": {"name": "moe", **options},
+    }
+    assert message in check_combination(cfg)
+    with pytest.raises(ConfigError, match="block.mlp"):
+        build_block(cfg)
+
+
+BASE = {"d_model": 64, "n_heads": 8, "placement": "pre", "norm": "rmsnorm", "attn": "mha", "pos": "rotary"}
+
+
+@pytest.mark.parametrize("match", ["params", "active_params"])
+def test_match_by_total_or_active_parameters(match):
+    cfg = {**BASE, "mlp": {"name": "moe", "n_shared": 1, "match": match, "match_mlp": "swiglu"}}
+    report = param_report(cfg)
+    dense = param_report({**BASE, "mlp": "swiglu"})
+    assert dense["active_params"] == dense["block_params"]  # a dense block: every parameter is active
+    assert report["reference_params"] == dense["block_params"]
+    block = build_block(cfg)
+    layer = block.mlp
+    per_expert = sum(p.numel() for p in layer.experts[0].parameters())
+    shared = sum(p.numel() for p in layer.shared.parameters())
+    active = (
+        report["block_params"]
+        - sum(p.numel() for p in layer.parameters())
+        + layer.router.weight.numel()
+        + 2 * per_expert
+    )
+    assert report["active_params"] == active + shared
+    matched = report["block_params"] if match == "params" else report["active_params"]
+    slope = (8 if match == "params" else 2) * 3 * 64 + 3 * 64  # one more unit per expert (and shared unit)
+    assert abs(matched - dense["block_params"]) <= slope / 2
+    assert report["active_params"] < report["block_params"]
+
+
+def test_a_moe_run_logs_its_aux_losses_and_routing_and_the_report_plots_it(tmp_path):
+    from test_train import tiny
+
+    from zoo.lab.records import read_metrics
+    from zoo.lab.report import write_report
+    from zoo.lab.train import run
+
+    options = ["mlp=moe", "block.mlp.n_experts=4", "train.steps=4", "train.log_every=2"]
+    summary = run(tiny(*options), tmp_path / "mlp=moe")
+    assert summary["status"] == "ok", summary["error"]
+    assert set(summary["routing"]) == {"blocks.0.mlp", "blocks.1.mlp"}
+    for fractions in summary["routing"].values():
+        assert len(fractions) == 4 and sum(fractions) == pytest.approx(1.0) and min(fractions) >= 0
+    assert summary["active_parameters"] < summary["parameters"]["total"]
+    logged = [r for r in read_metrics(tmp_path / "mlp=moe") if r["kind"] == "train"]
+    assert all(r["aux_balance"] > 0 and r["aux_router_z"] > 0 for r in logged)
+    write_report(tmp_path)
+    assert (tmp_path / "routing.png").stat().st_size > 0

@@ -1,0 +1,150 @@
+"""A sparse mixture-of-experts MLP: a router sends each token to its top-k experts, each expert a
+registered MLP (SwiGLU by default), plus optional always-on shared experts.
+
+Dropless: every token reaches its top-k experts, whatever the others do, so a token's output
+depends on that token alone (causal, batch-independent). Grouped: the (token, expert) pairs are
+sorted by expert and each expert runs once, as one call on its contiguous slice of tokens; the
+results are scattered back with one index_add. There is no loop over tokens.
+
+The load-balancing loss (Switch Transformer) and the router z-loss (ST-MoE) are recorded as the
+auxiliary losses ``balance`` and ``router_z`` (zoo.core.auxiliary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from zoo.core.auxiliary import record_aux
+from zoo.core.dims import BlockDims
+from zoo.core.errors import ConfigError
+from zoo.core.registry import MLPS
+from zoo.parts.mlps import MLP
+
+Routing = Literal["softmax", "sigmoid"]
+
+
+def route(logits: torch.Tensor, top_k: int, routing: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Router logits (n, experts) -> (gate weights (n, k), chosen experts (n, k), router probabilities
+    (n, experts)).
+
+    softmax (Mixtral): the top-k of softmax(logits), renormalized to sum to 1.
+    sigmoid (DeepSeek-V3): the top-k of sigmoid(logits), normalized to sum to 1; the probabilities
+    the balance loss reads are the sigmoid scores normalized over every expert.
+    """
+    if routing == "softmax":
+        probs = logits.softmax(-1)
+        weights, chosen = probs.topk(top_k, dim=-1)
+    else:
+        scores = logits.sigmoid()
+        weights, chosen = scores.topk(top_k, dim=-1)
+        probs = scores / scores.sum(-1, keepdim=True)
+    return weights / weights.sum(-1, keepdim=True), chosen, probs
+
+
+@MLPS.register(
+    "moe",
+    formula="sum over the top_k experts e of router(x): w_e(x) * expert_e(x) [+ shared(x)]",
+    reference=(
+        "Shazeer et al. 2017, arXiv:1701.06538; Fedus et al. 2021, Switch Transformers, arXiv:2101.03961; "
+        "Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088; Dai et al. 2024, DeepSeekMoE, arXiv:2401.06066"
+    ),
+    variants={"deepseek": {"routing": "sigmoid", "n_shared": 1, "n_experts": 4}},
+)
+class MoE(MLP):
+    """Sparse mixture of experts: each token goes to its top_k of n_experts expert MLPs (dropless).
+
+    Each expert is the registered MLP ``expert`` at hidden width d_ff (default: that MLP's default),
+    so under ``block.mlp.match`` the matched width is each expert's. ``n_shared`` > 0 adds a shared
+    expert every token goes through, of width n_shared x d_ff (DeepSeekMoE's shared experts, fused).
+    Parameters: ``router`` (no bias), ``experts.{i}.*`` (the expert MLP's own), ``shared.*``.
+    """
+
+    aux_losses = {"balance": 0.01, "router_z": 0.001}
+    contract_exceptions = {
+        **dict.fromkeys(
+            (
+                "gradients reach the input and every parameter",
+                "cross attention gradients reach memory and every parameter",
+            ),
+            "sparse by design: an expert that no token of the batch is routed to gets no gradient "
+            "(tests/test_moe.py checks that every expert, the router and the shared expert get one once routed to)",
+        ),
+        "bfloat16 close to float32": (
+            "top-k routing is discontinuous: a token whose k-th and next router scores lie within bfloat16 rounding "
+            "goes to another expert, and its output changes entirely (tests/test_moe.py checks bfloat16 is close "
+            "wherever the routing is the same)"
+        ),
+    }
+
+    def __init__(
+        self,
+        dims: BlockDims,
+        *,
+        n_experts: int = 8,
+        top_k: int = 2,
+        expert: str = "swiglu",
+        n_shared: int = 0,
+        routing: Routing = "softmax",
+    ) -> None:
+        expert_cls = MLPS.get(expert).cls
+        super().__init__(replace(dims, d_ff=dims.d_ff or expert_cls.default_width(dims.d_model)))
+        self.n_experts, self.top_k, self.routing = n_experts, top_k, routing
+        expert_dims = replace(dims, d_ff=self.hidden)
+        self.router = nn.Linear(dims.d_model, n_experts, bias=False)
+        self.experts = nn.ModuleList(expert_cls(expert_dims) for _ in range(n_experts))
+        self.shared = expert_cls(replace(dims, d_ff=n_shared * self.hidden)) if n_shared else None
+        #: Tokens each expert received in the last forward (n_experts,), for routing statistics.
+        self.last_counts: torch.Tensor | None = None
+
+    @classmethod
+    def check(cls, dims: BlockDims, *, n_experts: int, top_k: int, expert: str, n_shared: int, routing: str) -> None:
+        if n_experts < 1:
+            raise ConfigError("block.mlp.n_experts", n_experts, "must be a positive integer")
+        if not 1 <= top_k <= n_experts:
+            raise ConfigError("block.mlp.top_k", top_k, f"must be in 1..n_experts={n_experts}")
+        if n_shared < 0:
+            raise ConfigError("block.mlp.n_shared", n_shared, "must be >= 0 (0: no shared expert)")
+        experts = [name for name in MLPS.names() if not issubclass(MLPS.get(name).cls, MoE)]
+        if expert not in experts:
+            raise ConfigError("block.mlp.expert", expert, f"a registered dense MLP: {', '.join(experts)}")
+
+    def active_parameters(self) -> int:
+        """Parameters one token uses: the router, top_k experts and the shared expert."""
+        count = self.router.weight.numel() + self.top_k * sum(p.numel() for p in self.experts[0].parameters())
+        return count + (sum(p.numel() for p in self.shared.parameters()) if self.shared is not None else 0)
+
+    def extra_repr(self) -> str:
+        shared = f", shared={self.shared.hidden}" if self.shared is not None else ""
+        return f"experts={self.n_experts}, top_k={self.top_k}, hidden={self.hidden}, routing={self.routing}{shared}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = rearrange(x, "... d -> (...) d")  # (n tokens, d)
+        # The router in at least float32 (bf16 logits would flip near-tied choices).
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        logits = F.linear(flat.to(dtype), self.router.weight.to(dtype))  # (n, experts)
+        weights, chosen, probs = route(logits, self.top_k, self.routing)  # (n, k), (n, k), (n, experts)
+
+        # Group: sort the n * k (token, expert) pairs by expert; expert e gets one contiguous slice.
+        pair_expert = rearrange(chosen, "n k -> (n k)")
+        order = pair_expert.argsort(stable=True)
+        token_of = torch.div(order, self.top_k, rounding_mode="floor")  # the token of each sorted pair
+        counts = torch.bincount(pair_expert, minlength=self.n_experts)
+        self.last_counts = counts.detach()
+        grouped = flat.index_select(0, token_of)  # (n k, d), expert 0's tokens first
+        outputs = [expert(part) for expert, part in zip(self.experts, grouped.split(counts.tolist()), strict=True)]
+        gate = rearrange(weights, "n k -> (n k)")[order].to(x.dtype)
+        y = torch.zeros_like(flat).index_add_(0, token_of, torch.cat(outputs) * gate[:, None])
+        if self.shared is not None:
+            y = y + self.shared(flat)
+
+        if self.training and torch.is_grad_enabled():
+            fraction = counts.to(dtype) / pair_expert.numel()  # f_e: share of routed pairs
+            record_aux(self, "balance", self.n_experts * (fraction * probs.mean(0)).sum())
+            record_aux(self, "router_z", torch.logsumexp(logits, -1).square().mean())
+        return y.view_as(x)
