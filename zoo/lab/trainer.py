@@ -59,6 +59,7 @@ class TrainConfig:
     save: str = "final"
     checkpoint_every: int = 100
     keep_checkpoints: int = 1
+    activation_checkpointing: bool = False
 
     @classmethod
     def from_config(cls, raw: dict[str, Any] | None) -> TrainConfig:
@@ -67,7 +68,7 @@ class TrainConfig:
         for key in raw:
             if key not in names:
                 raise ConfigError(f"train.{key}", raw[key], f"unknown key; allowed: {', '.join(names)}")
-        hints = {"int": int, "float": float, "str": str}
+        hints = {"int": int, "float": float, "str": str, "bool": bool}
         values = {
             f.name: check_type(f"train.{f.name}", raw[f.name], hints[f.type]) for f in fields(cls) if f.name in raw
         }
@@ -182,6 +183,7 @@ class Trainer:
         compile: bool = False,
     ) -> None:
         self.model, self.task, self.cfg, self.device = model.to(device), task, cfg, device
+        self.model.checkpoint_blocks = cfg.activation_checkpointing
         if compile:
             compile_blocks(self.model)
         self.rank, self.world, self.log = rank, world, log

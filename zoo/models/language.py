@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec, to_dict
@@ -47,6 +48,9 @@ class LanguageModel(TokenModel):
         self.blocks = nn.ModuleList(build_block(s, context="model") for s in specs)
         self.final_norm = final_norm_for(specs[-1])
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
+        #: Activation checkpointing (train.activation_checkpointing): each block's activations are
+        #: recomputed in backward (torch.utils.checkpoint) instead of kept.
+        self.checkpoint_blocks = False
         self.reset_parameters()
 
     def reset_parameters(self, seed: int | None = None) -> None:
@@ -88,7 +92,11 @@ class LanguageModel(TokenModel):
             slots = torch.arange(offset, offset + ids.shape[1], device=ids.device)
             x = self.pos_embed(x, slots if positions is None else positions)
         for i, block in enumerate(self.blocks):
-            x = block(x, key_mask=key_mask, cache=None if caches is None else caches[i], positions=positions)
+            cache = None if caches is None else caches[i]
+            if self.checkpoint_blocks and torch.is_grad_enabled():  # keep only each block's input for backward
+                x = checkpoint(block, x, key_mask=key_mask, cache=cache, positions=positions, use_reentrant=False)
+            else:
+                x = block(x, key_mask=key_mask, cache=cache, positions=positions)
         return self.final_norm(x)
 
     def new_caches(self, max_len: int | None = None) -> list[KVCache]:
