@@ -13,6 +13,18 @@ from torch.utils.checkpoint import checkpoint
 from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec, to_dict
 from zoo.core.errors import ConfigError
+from zoo.core.tp import (
+    Chain,
+    ColwiseParallel,
+    Plan,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    Replicate,
+    RowwiseParallel,
+    SequenceParallel,
+    Shard,
+    prefixed,
+)
 from zoo.models.base import TokenModel, final_norm_for, init_stack, residual_branches
 from zoo.models.config import block_section, layer_specs, model_options
 from zoo.models.generate import check_generate_args, decode, left_padding_positions
@@ -98,6 +110,35 @@ class LanguageModel(TokenModel):
             else:
                 x = block(x, key_mask=key_mask, cache=cache, positions=positions)
         return self.final_norm(x)
+
+    def tp_plan(self, sequence_parallel: bool = True) -> Plan:
+        """The model's tensor-parallel plan (``parallelize_module`` over the ``tp`` mesh dimension).
+
+        The embedding (and an untied head) split by vocabulary rows; learned positions replicated;
+        each block by its parts' plans. With ``sequence_parallel`` the residual stream between the
+        branches is split on the sequence (norms and dropout on each rank's tokens): cut at the first
+        block, gathered whole after the final norm for the head. Without it (cached generation, one
+        token per step) every rank holds the whole stream.
+        """
+        plan: Plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
+        if self.pos_embed is not None:
+            plan.update(prefixed("pos_embed", self.pos_embed.tp_plan(sequence_parallel)))
+        for i, block in enumerate(self.blocks):
+            plan.update(prefixed(f"blocks.{i}", block.tp_plan(sequence_parallel)))
+        final = {} if isinstance(self.final_norm, nn.Identity) else self.final_norm.tp_plan(sequence_parallel)
+        if sequence_parallel:
+            plan["blocks.0"] = PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+            )
+            gather = PrepareModuleOutput(
+                output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True
+            )
+            norm = SequenceParallel(use_local_output=False)
+            final = {"": Chain(norm, gather) if final else gather}
+        plan.update(prefixed("final_norm", final))
+        if self.head is not None:
+            plan["head"] = ColwiseParallel()  # its weight only: logits() reads it directly
+        return plan
 
     def new_caches(self, max_len: int | None = None) -> list[KVCache]:
         """One empty KVCache per block; ``max_len`` (prompt + new tokens) preallocates them."""
