@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from zoo.core.tp import Plan, prefixed
 from zoo.parts.attention import Attention
 from zoo.parts.cross_attention import CrossAttention
 from zoo.parts.placements import Placement
@@ -35,6 +36,16 @@ class Block(nn.Module):
         self.cross_attn = cross_attn
         self.mlp = mlp
         self.d_model = d_model
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """The block's tensor-parallel plan: its placement's (the norms), its attention's and its MLP's,
+        each declared by the part (zoo.core.tp). Cross-attention has none."""
+        if self.cross_attn is not None:
+            raise ValueError("blocks with cross-attention have no tensor-parallel plan")
+        plan: Plan = {}
+        for name in ("placement", "attn", "mlp"):
+            plan.update(prefixed(name, getattr(self, name).tp_plan(sequence_parallel)))
+        return plan
 
     def forward(
         self,

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from zoo.assembly.match import mlp_dims
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError, IncompatibleParts
+from zoo.core.tp import has_plan
 
 Context = Literal["block", "model"]
 
@@ -71,4 +72,31 @@ def check_combination(cfg: Mapping[str, Any] | DictConfig, context: Context | No
         mlp_dims(spec)
     except ConfigError as error:
         return str(error)
+    return None
+
+
+def tp_refusal(spec: BlockSpec, tp: int) -> ConfigError | None:
+    """Under ``parallel.tp`` > 1: the error for the first part of ``spec`` that has no tensor-parallel
+    plan of its own (zoo.core.tp.has_plan), or whose sizes do not split between ``tp`` ranks
+    (its ``check_tp``); None if every part shards. No tensor work."""
+    if tp == 1:
+        return None
+    if spec.dims.cross_attention:
+        return ConfigError("block.cross_attention", True, f"has no tensor-parallel plan; use parallel.tp=1 (got {tp})")
+    for axis, choice in spec.choices.items():
+        cls = choice.part.cls
+        if not has_plan(cls):
+            return ConfigError(
+                f"block.{axis}.name",
+                choice.part.name,
+                f"has no tensor-parallel plan (a tp_plan in its class, docs/scale.md), so it cannot run under "
+                f"parallel.tp={tp}; use parallel.tp=1 (parallel.dp_shard shards it with FSDP2)",
+            )
+        check = getattr(cls, "check_tp", None)
+        if check is not None:
+            dims = mlp_dims(spec) if axis == "mlp" else spec.dims
+            try:
+                check(dims, tp, **choice.options)
+            except ConfigError as error:
+                return error
     return None

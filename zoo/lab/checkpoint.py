@@ -17,8 +17,12 @@ Training hands checkpoints to a :class:`CheckpointWriter`, which copies the stat
 writes it in a background thread: the training loop waits only for the copy, not for the disk.
 
 The interface, :func:`save_checkpoint` and :func:`load_checkpoint` (model + optimizer + state), is
-the one place that knows the file layout: a sharded writer replaces :func:`write_model_optimizer`
-and :func:`read_model_optimizer` and keeps the rest.
+the one place that knows the file layout.
+
+Sharded runs (FSDP2, tensor parallel: ``parallel.*``) write ``dcp/`` instead of the safetensors and
+optimizer files: torch.distributed.checkpoint, every rank its shards, collectively
+(:func:`save_sharded_checkpoint`). Such a checkpoint loads at any world size and layout, one process
+included (DCP reshards on load); only the per-rank random generators then start afresh.
 """
 
 from __future__ import annotations
@@ -125,11 +129,13 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
-    """``model``'s state dict as safetensors at ``path``, written via a temp file and a rename."""
+def save_weights(
+    model: nn.Module, path: Path, metadata: dict[str, str] | None = None, state: dict[str, torch.Tensor] | None = None
+) -> None:
+    """``model``'s state dict (or ``state``) as safetensors at ``path``, written via a temp file and a rename."""
     from safetensors.torch import save_file
 
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in (state or model.state_dict()).items()}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -159,7 +165,13 @@ def write_model_optimizer(folder: Path, model: nn.Module, optimizer: torch.optim
     torch.save(optimizer.state_dict(), folder / "optimizer.pt")
 
 
+DCP = "dcp"
+
+
 def read_model_optimizer(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    if (folder / DCP).is_dir():
+        read_sharded(folder / DCP, model, optimizer)
+        return
     load_weights(model, folder / WEIGHTS)
     device = next(model.parameters()).device
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=device, weights_only=True))
@@ -283,7 +295,7 @@ def check_checkpoint(folder: Path, *, config_hash: str, world_size: int) -> Trai
             f"written by config {meta.get('config_hash')}, this run's config is {config_hash}; "
             f"delete {Path(folder).parent} to start over, or run into another folder",
         )
-    if meta.get("world_size") != world_size:
+    if meta.get("world_size") != world_size and not meta.get("sharded"):  # DCP reshards; safetensors do not
         raise CheckpointMismatch(
             "checkpoint",
             str(folder),
@@ -299,3 +311,89 @@ def load_checkpoint(
     state = check_checkpoint(folder, config_hash=config_hash, world_size=world_size)
     read_model_optimizer(Path(folder), model, optimizer)
     return state
+
+
+# -- sharded runs: torch.distributed.checkpoint ---------------------------------------------------
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Model and optimizer state keyed by parameter names, as DTensor shards under FSDP2 / TP (plain
+    tensors in one process): what DCP writes and reads."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+
+
+def read_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load a DCP checkpoint into ``model`` and ``optimizer``, whatever world size and layout wrote it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    state = sharded_state(model, optimizer)
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+
+
+def save_sharded_checkpoint(
+    run_dir: Path,
+    state: TrainState,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    config_hash: str,
+    world_size: int,
+    keep: int = 1,
+) -> Path:
+    """Every rank, collectively: write its shards of the state after ``state.step`` with DCP into a temp
+    folder that rank 0 then renames to ``checkpoints/step_<N>`` (with ``state.pt``); the last ``keep`` stay.
+    ``run_dir`` must be the same shared folder on every rank."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    rank = dist.get_rank()
+    final = step_dir(run_dir, state.step)
+    tmp = final.with_name(f".{final.name}.dcp.tmp")  # the same name on every rank
+    if rank == 0:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(run_dir)
+        tmp.mkdir(mode=0o755)
+    dist.barrier()
+    dcp.save(sharded_state(model, optimizer), checkpoint_id=str(tmp / DCP))
+    if rank == 0:
+        meta = {"format": FORMAT, "config_hash": config_hash, "world_size": world_size, "step": state.step}
+        torch.save({**meta, "sharded": True, "state": state.__dict__}, tmp / "state.pt")
+        for p in [*tmp.iterdir(), *(tmp / DCP).iterdir()]:
+            _fsync(p)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync(final.parent)
+        for old in checkpoints(run_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+class ShardedCheckpointWriter:
+    """:class:`CheckpointWriter`'s counterpart for sharded runs: called on every rank, writes at once."""
+
+    def __init__(self, run_dir: Path, *, config_hash: str, world_size: int, keep: int = 1) -> None:
+        self.run_dir, self.config_hash, self.world_size, self.keep = Path(run_dir), config_hash, world_size, keep
+
+    def __call__(self, state: TrainState, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        save_sharded_checkpoint(
+            self.run_dir, state, model, optimizer,
+            config_hash=self.config_hash, world_size=self.world_size, keep=self.keep,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Nothing in flight: sharded checkpoints are written synchronously."""
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on the CPU (gathered from the shards: every rank must call it;
+    ranks other than 0 get an empty dict), in the one-process layout that :func:`save_weights` writes."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

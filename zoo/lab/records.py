@@ -19,9 +19,9 @@ METRICS = "metrics.jsonl"
 
 #: Keys of the run config that change how fast a run goes or what it leaves on disk (or how the report reads
 #: it), not what it computes.
-RUNTIME_KEYS = ("threads", "progress", "logger", "report", "tune")
+RUNTIME_KEYS = ("threads", "progress", "logger", "report", "tune", "compile", "parallel")
 #: The same inside the ``train`` section (saving and checkpointing never change a number).
-RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints")
+RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints", "activation_checkpointing")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -48,11 +48,13 @@ from zoo.lab.records import (
     read_summary,
     write_json_atomic,
 )
+from zoo.lab.scale import Parallel
 from zoo.lab.tasks import build_task
 from zoo.lab.trackers import Tracker, check_logger, open_tracker
 from zoo.lab.trainer import Trainer, check_run_config
 from zoo.lab.tune import TUNE_DIR, choose_lr, tune_options
 from zoo.lab.variants import report_options
+from zoo.models.config import block_section, layer_specs, model_options
 from zoo.models.language import build_model
 from zoo.models.seq2seq import build_seq2seq
 
@@ -193,6 +195,10 @@ def train(
     if world > 1 and multirun:
         raise ConfigError("hydra.mode", "MULTIRUN", "torchrun trains one configuration; launch sweeps without it")
     tune_options(raw.get("tune"))
+    parallel = Parallel.from_config(raw.get("parallel"), world)  # the mesh's keys against the world size
+    options = model_options(raw)
+    specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
+    parallel.check_model(specs, options["vocab_size"])  # parts' plans and divisibility, before any tensor work
     threads = raw.get("threads") or default_threads(parallel_jobs)
     torch.set_num_threads(threads)
     if device.type == "cuda" and world > 1:
@@ -200,9 +206,17 @@ def train(
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     task = build_task(raw.get("task"))
-    vocab = (raw.get("model") or {}).get("vocab_size", 256)
+    vocab = options["vocab_size"]
     if task.vocab_size > vocab:
         raise ConfigError("model.vocab_size", vocab, f"at least task {task.name!r}'s vocabulary ({task.vocab_size})")
+    parallel.check_model(specs, vocab, [task.seq_len * f for f in task.eval_lengths])  # sequence parallel
+    if parallel.sharded and train_cfg.eval_batches % parallel.dp:
+        raise ConfigError(
+            "train.eval_batches",
+            train_cfg.eval_batches,
+            f"must be a multiple of the data-parallel ways {parallel.dp} under FSDP2 or tensor parallelism "
+            "(every rank runs as many forwards)",
+        )
     seed = raw.get("seed", 0)
     torch.manual_seed(seed)  # the same initial model on every rank
     model = build_seq2seq(raw) if getattr(task, "seq2seq", False) else build_model(raw)
@@ -243,29 +257,39 @@ def train(
         metrics.write(line)
         tracker.log(line)
 
-    writer = None
+    writer: Any = None
     if out_dir is not None and train_cfg.checkpoint_every > 0:
         writer = ckpt.CheckpointWriter(
             out_dir, config_hash=summary["config_hash"], world_size=world, keep=train_cfg.keep_checkpoints
         )
+    mesh = None
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        shared = [str(resume_from) if resume_from is not None else None]
+        shared = [str(resume_from) if resume_from is not None else None, str(out_dir) if out_dir else None]
         dist.broadcast_object_list(shared, src=0)  # rank 0 found it; every rank loads it
         resume_from = Path(shared[0]) if shared[0] is not None else None
+        if parallel.sharded:
+            mesh = parallel.mesh(device.type)
+            if shared[1] is not None and train_cfg.checkpoint_every > 0:  # every rank writes its shards there
+                writer = ckpt.ShardedCheckpointWriter(
+                    Path(shared[1]), config_hash=summary["config_hash"], world_size=world,
+                    keep=train_cfg.keep_checkpoints,
+                )  # fmt: skip
     try:
         trainer = Trainer(
             model,
             task,
             train_cfg,
             device=device,
-            data_seed=seed * 65_537 + rank,
+            data_seed=seed * 65_537 + parallel.dp_rank(rank),  # tensor-parallel ranks share their batches
             log=record,
             progress=raw.get("progress"),
             rank=rank,
             world=world,
             save_checkpoint=writer,
             compile=raw.get("compile", False),
+            parallel=parallel,
+            mesh=mesh,
         )
         summary["resumed_from"] = []
         if resume_from is not None:
@@ -279,13 +303,15 @@ def train(
         outcome = trainer.fit()
         if writer is not None:
             writer.close()  # the last checkpoint is on disk before the run says it is done
+        whole = ckpt.full_state_dict(model) if parallel.sharded and train_cfg.save == "final" else None  # every rank
         if out_dir is not None and train_cfg.save == "final":
             meta = {"config_hash": summary["config_hash"], "step": str(outcome.steps)}
-            ckpt.save_weights(model, out_dir / ckpt.WEIGHTS, meta)
+            ckpt.save_weights(model, out_dir / ckpt.WEIGHTS, meta, state=whole)  # one-process layout
         summary.update(outcome.as_dict())
         summary["flops"] = outcome.tokens * flops_per_token  # training FLOPs spent
-        if world > 1:
+        if world > 1 and not parallel.sharded:
             summary["ranks_in_sync"] = ranks_in_sync(model)
+        summary["parallel"] = {"dp_replicate": parallel.dp_replicate, "dp_shard": parallel.dp_shard, "tp": parallel.tp}
     finally:
         metrics.close()
         tracker.finish(summary)  # status ok or diverged; running: the run raised

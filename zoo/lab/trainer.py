@@ -26,7 +26,7 @@ from zoo.core.auxiliary import aux_weights
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
 from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
-from zoo.lab.scale import compile_blocks
+from zoo.lab.scale import Parallel, compile_blocks, parallelize
 from zoo.lab.tasks import IGNORE, Batch, Task
 from zoo.lab.tasks.base import metric_name
 from zoo.models.language import LanguageModel
@@ -38,7 +38,7 @@ SAVE = ("final", "none")
 #: ``encoder`` an encoder-decoder's encoder section (zoo.build_seq2seq, for seq2seq tasks).
 RUN_KEYS = {
     "block", "model", "encoder", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report",
-    "compile", "tune",
+    "compile", "tune", "parallel",
 }  # fmt: skip
 #: ``train.budget``: what sets a run's steps instead of ``train.steps`` (at most one of them).
 BUDGETS = ("tokens", "flops")
@@ -64,6 +64,7 @@ class TrainConfig:
     save: str = "final"
     checkpoint_every: int = 100
     keep_checkpoints: int = 1
+    activation_checkpointing: bool = False
     budget_tokens: float | None = None  # train.budget.tokens: steps = tokens / tokens per step
     budget_flops: float | None = None  # train.budget.flops: steps = flops / (flops per token x tokens per step)
     #: Weights of auxiliary losses by name (zoo.core.auxiliary), over the parts' defaults.
@@ -77,7 +78,7 @@ class TrainConfig:
         for key in raw:
             if key not in names:
                 raise ConfigError(f"train.{key}", raw[key], f"unknown key; allowed: {', '.join([*names, 'budget'])}")
-        hints = {"int": int, "float": float, "str": str}
+        hints = {"int": int, "float": float, "str": str, "bool": bool}
         values = {
             f.name: check_type(f"train.{f.name}", raw[f.name], hints[f.type])
             for f in fields(cls)
@@ -230,11 +231,19 @@ class Trainer:
         world: int = 1,
         save_checkpoint: Callable[[TrainState, nn.Module, torch.optim.Optimizer], None] | None = None,
         compile: bool = False,
+        parallel: Parallel | None = None,
+        mesh: Any = None,
     ) -> None:
         self.model, self.task, self.cfg, self.device = model.to(device), task, cfg, device
-        if compile:
+        self.model.checkpoint_blocks = cfg.activation_checkpointing
+        self.parallel = parallel or Parallel(dp_replicate=world)
+        self.sharded = self.parallel.sharded
+        if self.sharded:  # tensor parallel plans, compile, FSDP2 (zoo.lab.scale)
+            parallelize(self.model, self.parallel, mesh, compile=compile, mixed_precision=device.type == "cuda")
+        elif compile:
             compile_blocks(self.model)
         self.rank, self.world, self.log = rank, world, log
+        self.dp_rank, self.dp = self.parallel.dp_rank(rank), self.parallel.dp  # tp ranks share their batches
         self.progress = progress
         self.generator = torch.Generator().manual_seed(data_seed)
         self.optimizer = make_optimizer(self.model, cfg)
@@ -242,7 +251,7 @@ class Trainer:
         self.aux_sums: dict[str, torch.Tensor] = {}  # each auxiliary loss summed since the last log step
         #: At the last evaluation, each routing part's fraction of routed tokens per expert (validation, 1x length).
         self.routing: dict[str, list[float]] = {}
-        if world > 1:
+        if world > 1 and not self.sharded:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [device.index] if device.type == "cuda" else None
@@ -258,7 +267,8 @@ class Trainer:
     def restore(self, state: TrainState) -> None:
         """Continue from ``state`` (model and optimizer already loaded): this rank's generators now;
         the loop's running values when :meth:`fit` starts, at step ``state.step + 1``."""
-        set_rng_state(state.ranks[self.rank]["rng"], self.generator, self.device)
+        if len(state.ranks) == self.world:  # a sharded checkpoint read at another world size: fresh generators
+            set_rng_state(state.ranks[self.rank]["rng"], self.generator, self.device)
         self.restored = state
 
     def checkpoint(self, step: int, loss_sum: torch.Tensor, loop: dict[str, Any]) -> None:
@@ -288,7 +298,7 @@ class Trainer:
     def fit(self) -> Outcome:
         cfg, model, optimizer = self.cfg, self.train_model, self.optimizer
         params = list(self.model.parameters())
-        tokens_per_step = cfg.batch_size * self.task.seq_len * self.world
+        tokens_per_step = cfg.batch_size * self.task.seq_len * self.dp
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         disable = True if self.rank != 0 or self.progress is False else (None if self.progress is None else False)
@@ -298,9 +308,10 @@ class Trainer:
         train_time, status, reason, step, first = 0.0, "ok", None, 0, 1
         if self.restored is not None:  # continue a checkpointed run where it stopped
             first, loop = self.restored.step + 1, self.restored.loop
-            loss_sum += self.restored.ranks[self.rank]["loss_sum"].to(self.device)
-            for name, value in self.restored.ranks[self.rank].get("aux_sums", {}).items():
-                self.aux_sums[name] = value.to(self.device)
+            if len(self.restored.ranks) == self.world:
+                loss_sum += self.restored.ranks[self.rank]["loss_sum"].to(self.device)
+                for name, value in self.restored.ranks[self.rank].get("aux_sums", {}).items():
+                    self.aux_sums[name] = value.to(self.device)
             n_summed, reference, last_loss = loop["n_summed"], loop["reference"], loop["last_loss"]
             final_val, train_time = loop["final_val"], loop["train_time"]
         bar = tqdm(total=cfg.steps, initial=first - 1, disable=disable, unit="step", dynamic_ncols=True)  # None: TTY
@@ -397,7 +408,7 @@ class Trainer:
             # loss sum, count, correct; exact matches and sequences (tasks scored by generation)
             sums = torch.zeros(5, dtype=torch.float64, device=self.device)
             try:
-                for batch in batches[self.rank :: self.world]:
+                for batch in batches[self.dp_rank :: self.dp]:
                     batch = batch.to(self.device)
                     with self.autocast():
                         logits = forward(self.model, batch).float()
@@ -420,6 +431,7 @@ class Trainer:
                 continue
             if self.world > 1:
                 dist.all_reduce(sums)
+                sums /= self.world // self.dp  # each batch was scored by its tp ranks alike
             loss_sum, count, correct, exact, sequences = sums.tolist()
             for name, value in self.task.compute(loss_sum, int(count), int(correct)).items():
                 out[metric_name(name, factor)] = value

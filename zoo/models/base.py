@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
 
 from zoo.assembly.block import Block
 from zoo.assembly.init import seeded_parameters
@@ -136,8 +137,16 @@ class TokenModel(nn.Module):
         return collect_aux(self)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """(..., d_model) -> (..., vocab) through the head (the embedding matrix when tied)."""
-        return F.linear(h, self.embed.weight if self.head is None else self.head.weight)
+        """(..., d_model) -> (..., vocab) through the head (the embedding matrix when tied).
+
+        Under tensor parallelism the matrix is a DTensor split by vocabulary rows: each rank computes
+        its slice of the logits from the whole ``h`` (the same on every rank), then they are gathered.
+        """
+        weight = self.embed.weight if self.head is None else self.head.weight
+        if isinstance(weight, DTensor):
+            h = DTensor.from_local(h, weight.device_mesh, [Replicate()], run_check=False)
+            return F.linear(h, weight).full_tensor()
+        return F.linear(h, weight)
 
     def training_flops(self, seq_len: int, attention_layers: int) -> int:
         """Training FLOPs (forward + backward) per token at context ``seq_len``.

@@ -8,10 +8,23 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec, to_dict
 from zoo.core.errors import ConfigError
+from zoo.core.tp import (
+    Chain,
+    ColwiseParallel,
+    Plan,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    Replicate,
+    RowwiseParallel,
+    SequenceParallel,
+    Shard,
+    prefixed,
+)
 from zoo.models.base import (
     TokenModel,
     final_norm_for,
@@ -55,6 +68,9 @@ class LanguageModel(TokenModel):
         self.blocks = nn.ModuleList(build_block(s, context="model") for s in specs)
         self.final_norm = final_norm_for(specs[-1])
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
+        #: Activation checkpointing (train.activation_checkpointing): each block's activations are
+        #: recomputed in backward (torch.utils.checkpoint) instead of kept.
+        self.checkpoint_blocks = False
         self.reset_parameters()
 
     def reset_parameters(self, seed: int | None = None) -> None:
@@ -96,8 +112,41 @@ class LanguageModel(TokenModel):
             slots = torch.arange(offset, offset + ids.shape[1], device=ids.device)
             x = self.pos_embed(x, slots if positions is None else positions)
         for i, block in enumerate(self.blocks):
-            x = block(x, key_mask=key_mask, cache=None if caches is None else caches[i], positions=positions)
+            cache = None if caches is None else caches[i]
+            if self.checkpoint_blocks and torch.is_grad_enabled():  # keep only each block's input for backward
+                x = checkpoint(block, x, key_mask=key_mask, cache=cache, positions=positions, use_reentrant=False)
+            else:
+                x = block(x, key_mask=key_mask, cache=cache, positions=positions)
         return self.final_norm(x)
+
+    def tp_plan(self, sequence_parallel: bool = True) -> Plan:
+        """The model's tensor-parallel plan (``parallelize_module`` over the ``tp`` mesh dimension).
+
+        The embedding (and an untied head) split by vocabulary rows; learned positions replicated;
+        each block by its parts' plans. With ``sequence_parallel`` the residual stream between the
+        branches is split on the sequence (norms and dropout on each rank's tokens): cut at the first
+        block, gathered whole after the final norm for the head. Without it (cached generation, one
+        token per step) every rank holds the whole stream.
+        """
+        plan: Plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
+        if self.pos_embed is not None:
+            plan.update(prefixed("pos_embed", self.pos_embed.tp_plan(sequence_parallel)))
+        for i, block in enumerate(self.blocks):
+            plan.update(prefixed(f"blocks.{i}", block.tp_plan(sequence_parallel)))
+        final = {} if isinstance(self.final_norm, nn.Identity) else self.final_norm.tp_plan(sequence_parallel)
+        if sequence_parallel:
+            plan["blocks.0"] = PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+            )
+            gather = PrepareModuleOutput(
+                output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True
+            )
+            norm = SequenceParallel(use_local_output=False)
+            final = {"": Chain(norm, gather) if final else gather}
+        plan.update(prefixed("final_norm", final))
+        if self.head is not None:
+            plan["head"] = ColwiseParallel()  # its weight only: logits() reads it directly
+        return plan
 
     def new_caches(self, max_len: int | None = None) -> list[LayerState]:
         """One empty decoding state per block (each mixer fills in its own kind); ``max_len`` (prompt +

@@ -22,6 +22,7 @@ from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.options import option_types
 from zoo.core.registry import ATTENTIONS, NORMS
+from zoo.core.tp import ColwiseParallel, Plan, gather_sequence, has_plan, heads_norm, prefixed, row_output
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState
 
@@ -271,6 +272,37 @@ class Attention(nn.Module):
                 "block.attn.softcap", softcap, "needs block.attn.backend=math (SDPA has no hook to cap the scores)"
             )
 
+    @classmethod
+    def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:
+        kv = dims.n_heads if options["n_kv_heads"] is None else options["n_kv_heads"]
+        if dims.n_heads % tp or kv % tp:
+            raise ConfigError(
+                "parallel.tp",
+                tp,
+                f"must divide block.n_heads={dims.n_heads} and the key/value heads (block.attn.n_kv_heads={kv}): "
+                "each rank holds whole groups of query heads with the key/value head they read",
+            )
+        qk_norm = options["qk_norm"]
+        if qk_norm != "none" and not has_plan(NORMS.get(qk_norm).cls):
+            raise ConfigError(
+                "block.attn.qk_norm", qk_norm, f"has no tensor-parallel plan, so it cannot run under parallel.tp={tp}"
+            )
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """Column-wise ``qkv`` (whole key/value groups per rank: the grouped layout), row-wise ``out``;
+        per-head q/k norms sharded on heads; the position part's own plan. Under sequence parallelism
+        the input is gathered from the sequence shards and the output reduce-scattered back to them."""
+        plan: Plan = {
+            "qkv": ColwiseParallel(),
+            "out": row_output(sequence_parallel),
+            **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
+        }
+        if sequence_parallel:
+            plan[""] = gather_sequence()
+        if self.q_norm is not None:
+            plan["q_norm"] = plan["k_norm"] = heads_norm()
+        return plan
+
     def __init__(
         self,
         dims: BlockDims,
@@ -329,7 +361,9 @@ class Attention(nn.Module):
         slots = torch.arange(offset, offset + time, device=x.device)  # absolute indices of the queries
 
         # One reshape for all heads: per key/value group g, n = r query heads + its key + its value.
-        heads = rearrange(self.qkv(x), "b t (g n d) -> b g n t d", g=self.n_kv_heads, d=self.d_head)
+        # g is n_kv_heads, or this rank's share of them under tensor parallelism (whole groups).
+        group = self.n_heads // self.n_kv_heads + 2
+        heads = rearrange(self.qkv(x), "b t (g n d) -> b g n t d", n=group, d=self.d_head)
         q = rearrange(heads[:, :, :-2], "b g r t d -> b (g r) t d")  # query head g * r + i
         k, v = heads[:, :, -2], heads[:, :, -1]  # (b, g, t, d) each
         if self.q_norm is not None and self.k_norm is not None:

@@ -15,7 +15,9 @@ from einops import rearrange
 from torch import nn
 
 from zoo.core.dims import BlockDims, dropout
+from zoo.core.errors import ConfigError
 from zoo.core.registry import MLPS
+from zoo.core.tp import Plan, column_branch
 
 
 def glu_width(d_model: int, multiple_of: int = 8) -> int:
@@ -30,6 +32,13 @@ class MLP(nn.Module):
     @staticmethod
     def default_width(d_model: int) -> int:
         return 4 * d_model
+
+    @classmethod
+    def check_tp(cls, dims: BlockDims, tp: int, **options: object) -> None:
+        """Under tensor parallelism the hidden width must split evenly between the ``tp`` ranks."""
+        hidden = dims.d_ff or cls.default_width(dims.d_model)
+        if hidden % tp:
+            raise ConfigError("parallel.tp", tp, f"must divide the MLP's hidden width {hidden} (block.d_ff)")
 
     def __init__(self, dims: BlockDims) -> None:
         super().__init__()
@@ -52,6 +61,10 @@ class PlainMLP(MLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.drop(self.activation(self.up(x))))
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """``up`` column-wise (each rank a slice of the hidden units), ``down`` row-wise."""
+        return column_branch(sequence_parallel, ("up",), "down")
 
 
 def fuse_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -87,6 +100,10 @@ class GatedMLP(MLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = rearrange(self.gate_up(x), "... (f two) -> two ... f", two=2)  # (b, t, 2f) -> 2 x (b, t, f)
         return self.down(self.drop(self.activation(gate) * up))
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """``gate_up`` column-wise (interleaved rows: each rank matching gate and up units), ``down`` row-wise."""
+        return column_branch(sequence_parallel, ("gate_up",), "down")
 
 
 @MLPS.register(

@@ -11,6 +11,7 @@ from torch import nn
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import NORMS
+from zoo.core.tp import norm_plan
 
 
 class HasEps:
@@ -30,6 +31,8 @@ class HasEps:
 class LayerNorm(HasEps, nn.LayerNorm):
     """LayerNorm: centre and scale each vector, learned gain (and bias when block.bias)."""
 
+    tp_plan = norm_plan  # sequence parallel under parallel.tp > 1
+
     def __init__(self, dims: BlockDims, *, eps: float = 1e-5) -> None:
         super().__init__(dims.d_model, eps=eps, bias=dims.bias)
 
@@ -41,6 +44,8 @@ class LayerNorm(HasEps, nn.LayerNorm):
 )
 class RMSNorm(HasEps, nn.Module):
     """RMSNorm: scale each vector by its root mean square, learned gain, no centring."""
+
+    tp_plan = norm_plan  # sequence parallel under parallel.tp > 1
 
     def __init__(self, dims: BlockDims, *, eps: float = 1e-6) -> None:
         super().__init__()
@@ -64,6 +69,8 @@ class ScaleNorm(HasEps, nn.Module):
 
     Parameter: ``scale`` (shape (1,), initialized to sqrt(d_model)).
     """
+
+    tp_plan = norm_plan  # sequence parallel under parallel.tp > 1
 
     def __init__(self, dims: BlockDims, *, eps: float = 1e-5) -> None:
         super().__init__()

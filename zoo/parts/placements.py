@@ -10,6 +10,7 @@ from torch import nn
 
 from zoo.core.dims import BlockDims, dropout
 from zoo.core.registry import PLACEMENTS
+from zoo.core.tp import Plan, prefixed
 
 Branch = Callable[[torch.Tensor], torch.Tensor]
 
@@ -36,6 +37,16 @@ class Placement(nn.Module):
     # Subclasses define forward(x, branches: Sequence[Branch]) -> x.
 
 
+def norms_plan(self: Placement, sequence_parallel: bool) -> Plan:
+    """A placement's tensor-parallel plan: its norms, each by its own plan (the residual additions and
+    dropout run on whatever shard of the stream a rank holds)."""
+    plan: Plan = {}
+    for group in ("norms", "out_norms"):
+        for i, norm in enumerate(getattr(self, group, ())):
+            plan.update(prefixed(f"{group}.{i}", norm.tp_plan(sequence_parallel)))
+    return plan
+
+
 @PLACEMENTS.register(
     "pre",
     formula="x = x + f(norm(x)) for each branch f",
@@ -43,6 +54,8 @@ class Placement(nn.Module):
 )
 class PreNorm(Placement):
     """Pre-norm: normalize the branch input; the residual stream itself is never normalized."""
+
+    tp_plan = norms_plan
 
     final_norm = True
 
@@ -59,6 +72,8 @@ class PreNorm(Placement):
 )
 class PostNorm(Placement):
     """Post-norm: add the branch to the residual, then normalize the sum (the original Transformer)."""
+
+    tp_plan = norms_plan
 
     final_norm = False
 
@@ -78,6 +93,8 @@ class SandwichNorm(Placement):
 
     Parameters: ``norms.i`` (inputs, as in ``pre``) and ``out_norms.i`` (outputs).
     """
+
+    tp_plan = norms_plan
 
     final_norm = True
 
@@ -101,6 +118,8 @@ class Parallel(Placement):
 
     Parameter: ``norms.0`` (the one shared norm).
     """
+
+    tp_plan = norms_plan
 
     final_norm = True
 

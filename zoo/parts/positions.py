@@ -18,6 +18,7 @@ from torch import nn
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import POSITIONS
+from zoo.core.tp import LocalHeads, Plan, Replicated, no_plan
 
 
 class Position(nn.Module):
@@ -64,6 +65,8 @@ class Position(nn.Module):
 class NoPosition(Position):
     """No positional information: order comes only from the causal mask."""
 
+    tp_plan = no_plan
+
     def __init__(self, dims: BlockDims) -> None:
         super().__init__()
 
@@ -82,6 +85,8 @@ class Rotary(Position):
     features of each head and passes the rest through (GPT-NeoX's ``rotary_pct``).
     cos and sin are computed from the positions in each call (float64 angles, then the model's dtype).
     """
+
+    tp_plan = no_plan  # no parameters; every rank rotates its own heads the same way
 
     @classmethod
     def check(cls, dims: BlockDims, **options: Any) -> None:
@@ -161,6 +166,10 @@ class ALiBi(Position):
     Passed to SDPA as a float mask, so attention stays on the fused kernels. Buffer: ``slopes`` (h,).
     """
 
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """Each rank keeps the slopes of its own query heads."""
+        return {"": LocalHeads("slopes")}
+
     def __init__(self, dims: BlockDims) -> None:
         super().__init__()
         self.register_buffer("slopes", torch.tensor(alibi_slopes(dims.n_heads)), persistent=False)
@@ -179,6 +188,10 @@ EMBEDDING_NEED = (
 
 class LearnedEmbedding(nn.Module):
     """x + weight[positions]; ``weight`` is (max_len, d_model)."""
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """The table, replicated: every rank adds it to the whole sequence before the blocks."""
+        return {"": Replicated()}
 
     def __init__(self, max_len: int, d_model: int) -> None:
         super().__init__()
@@ -205,6 +218,8 @@ class LearnedEmbedding(nn.Module):
 class LearnedPosition(Position):
     """Learned absolute positions added at the embedding; the model owns the table, pos_embed.weight."""
 
+    tp_plan = no_plan  # nothing in the block; the model's embedding has its plan
+
     needs = {"embedding": EMBEDDING_NEED}
 
     @classmethod
@@ -230,6 +245,8 @@ class SinusoidalEmbedding(nn.Module):
     table's rows sqrt(d_model / 2). Without the scale, tokens drawn with std 0.02 (norm 0.02 sqrt(d_model))
     drown under the positions and the model barely learns.
     """
+
+    tp_plan = no_plan
 
     def __init__(self, d_model: int, base: float) -> None:
         super().__init__()
@@ -261,6 +278,8 @@ class SinusoidalEmbedding(nn.Module):
 class SinusoidalPosition(Position):
     """Fixed sinusoidal absolute positions added at the embedding (the original Transformer), to token
     embeddings scaled by sqrt(d_model) (see :class:`SinusoidalEmbedding`)."""
+
+    tp_plan = no_plan  # nothing in the block; the model's embedding has its plan
 
     needs = {"embedding": EMBEDDING_NEED}
 

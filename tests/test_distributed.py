@@ -1,0 +1,94 @@
+"""Several gloo processes on CPU (tests/dist_checks.py): tensor parallel, FSDP2, HSDP and FSDP2 x TP
+against one process, compile and activation checkpointing under FSDP2, cached generation under TP,
+and a checkpoint written by 2 processes loaded by 1 and by 4.
+
+The checks are grouped into one launch per world size (each launch starts and imports torch once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dist_checks import TRAIN_COMBO, launch, tiny_model
+from test_train import BYTES, TINY, tiny
+
+from zoo.lab import checkpoint as ckpt
+from zoo.lab.records import read_metrics
+from zoo.lab.train import run
+from zoo.lab.trainer import TrainConfig, make_optimizer
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_and_four_processes_match_one_and_a_checkpoint_reshards(tmp_path):
+    """One test (one launch per world size; under xdist a shared fixture would launch per worker)."""
+    folder = tmp_path / "dcp"
+    folder.mkdir()
+    launch(
+        2,
+        [
+            ("tp", (2,)),  # the pairwise covering set, forward and backward, TP=2 vs one process
+            ("train", {"dp_shard": 2}),  # FSDP2, 3 optimizer steps
+            ("train", {"tp": 2}),  # TP with sequence parallelism
+            ("train", {"dp_shard": 2, "compile": True}),  # compile on (aot_eager) = off
+            ("train", {"dp_shard": 2, "ac": True}),  # activation checkpointing on = off
+            ("train", {"tp": 2, "ac": True, "norm": "layernorm", "placement": "sandwich", "pos": "alibi"}),
+            ("generate", (2,)),  # cached generation, each rank its heads' cache
+            ("dcp_save", (str(folder),)),  # written by FSDP2 over 2 processes
+        ],
+        tmp_path,
+    )
+    check_one_process_loads(folder)
+    launch(
+        4,
+        [
+            ("train", {"dp_shard": 2, "tp": 2}),  # FSDP2 x TP, 2 x 2
+            ("train", {"dp_replicate": 2, "dp_shard": 2}),  # HSDP
+            ("dcp_load", (str(folder), 2)),  # resharded onto FSDP2 x TP
+        ],
+        tmp_path,
+    )
+
+
+def check_one_process_loads(folder: Path) -> None:
+    model = tiny_model(TRAIN_COMBO)
+    optimizer = make_optimizer(model, TrainConfig())
+    latest = ckpt.latest_checkpoint(folder)
+    ckpt.check_checkpoint(latest, config_hash="h", world_size=1)  # DCP: another world size is fine
+    ckpt.read_model_optimizer(latest, model, optimizer)
+    expected = torch.load(folder / "expected.pt", weights_only=True)
+    assert model.state_dict().keys() == expected.keys()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+    assert {int(s["step"]) for s in optimizer.state.values()} == {1}
+
+
+def test_torchrun_tp_run_trains_as_one_process(tmp_path):
+    """zoo.lab.train under torchrun with parallel.tp=2: the same batches as one process (tp ranks share
+    them), so the same losses; sharded checkpoints through DCP; final weights in the one-process layout."""
+    overrides = ["norm=rmsnorm", "pos=rotary", "mlp=swiglu", "train.steps=4", "train.log_every=1",
+                 "train.eval_every=0", "train.checkpoint_every=2"]  # fmt: skip
+    one = run(tiny(*overrides), tmp_path / "one")
+    assert one["status"] == "ok", one["error"]
+    args = ["task=bytes", *TINY, *BYTES, *overrides, "parallel.tp=2"]  # what tiny() composes, as a command line
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "zoo.lab.train", *args,
+               f"hydra.run.dir={tmp_path / 'tp'}"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    summary = json.loads((tmp_path / "tp" / "summary.json").read_text())
+    assert done.returncode == 0 and summary["status"] == "ok", (summary.get("error"), done.stderr[-2000:])
+    assert summary["parallel"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
+    losses = [[r["loss"] for r in read_metrics(tmp_path / d) if r["kind"] == "train"] for d in ("one", "tp")]
+    assert len(losses[0]) == 4 and losses[1] == pytest.approx(losses[0], rel=1e-4)
+    assert (ckpt.latest_checkpoint(tmp_path / "tp") / ckpt.DCP).is_dir()
+    from safetensors.torch import load_file
+
+    from zoo.models.language import build_model
+
+    model = build_model(tiny(*overrides))
+    model.load_state_dict(load_file(tmp_path / "tp" / ckpt.WEIGHTS))  # loads as one process's model

@@ -1,0 +1,152 @@
+"""One process: activation checkpointing and the ``parallel`` keys' validation (the multi-process
+checks are in test_distributed.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_train import tiny
+
+from zoo.lab.records import read_metrics
+from zoo.lab.train import run
+
+
+def losses(run_dir) -> list[float]:
+    return [r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"]
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_keeps_the_loss_trajectory(tmp_path):
+    # Dropout on: the recomputed forward must draw the same masks (checkpoint restores the RNG state).
+    overrides = ["block.dropout=0.1", "train.steps=6", "train.log_every=1", "train.eval_every=0"]
+    plain = run(tiny(*overrides), tmp_path / "plain")
+    checkpointed = run(tiny(*overrides, "train.activation_checkpointing=true"), tmp_path / "ac")
+    assert plain["status"] == checkpointed["status"] == "ok", checkpointed["error"]
+    assert len(losses(tmp_path / "plain")) == 6
+    assert losses(tmp_path / "ac") == pytest.approx(losses(tmp_path / "plain"), rel=1e-6, abs=1e-7)
+    assert checkpointed["config_hash"] == plain["config_hash"]  # the same experiment, run differently
+
+
+def test_activation_checkpointing_recomputes_each_block():
+    from zoo import compose
+    from zoo.models.language import build_model
+
+    model = build_model(compose(["block.d_model=16", "block.n_heads=4", "model.n_layers=2"]))
+    calls = []
+    for block in model.blocks:
+        block.register_forward_pre_hook(lambda *args: calls.append(1))
+    ids = torch.randint(0, 256, (2, 8))
+    model(ids).sum().backward()
+    assert len(calls) == 2
+    calls.clear()
+    model.checkpoint_blocks = True
+    model(ids).sum().backward()
+    assert len(calls) == 4  # each block's forward again in backward
+    calls.clear()
+    with torch.no_grad():
+        model(ids)
+    assert len(calls) == 2  # no recomputation without gradients
+
+
+def test_parallel_keys_are_checked_against_the_world_size():
+    from zoo import ConfigError
+    from zoo.lab.scale import Parallel
+
+    assert Parallel.from_config(None, 4) == Parallel(dp_replicate=4)  # DDP over every process
+    assert Parallel.from_config({"dp_shard": 2, "tp": 2}, 8) == Parallel(dp_replicate=2, dp_shard=2, tp=2)
+    with pytest.raises(ConfigError, match=r"parallel.dp_shard x parallel.tp = 3 must divide the world size 4"):
+        Parallel.from_config({"tp": 3}, 4)
+    with pytest.raises(
+        ConfigError, match=r"dp_replicate x parallel.dp_shard x parallel.tp = 2 must equal the world size 4"
+    ):
+        Parallel.from_config({"dp_replicate": 1, "dp_shard": 2}, 4)
+    with pytest.raises(ConfigError, match=r"parallel.pp=2: unknown key"):
+        Parallel.from_config({"pp": 2}, 2)
+    with pytest.raises(ConfigError, match=r"parallel.tp=0: must be a positive integer"):
+        Parallel.from_config({"tp": 0}, 2)
+
+
+def specs(*overrides: str):
+    from zoo import compose
+    from zoo.models.config import block_section, layer_specs, model_options
+
+    raw = compose(["block.d_model=64", "block.n_heads=16", *overrides])
+    options = model_options(raw)
+    return layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "tp", "message"),
+    [
+        ((), 3, r"parallel.tp=3: must divide block.n_heads=16 and the key/value heads"),
+        (
+            ("attn=mqa",),
+            2,
+            r"parallel.tp=2: must divide block.n_heads=16 and the key/value heads \(block.attn.n_kv_heads=1\)",
+        ),
+        (("block.d_ff=36",), 8, r"parallel.tp=8: must divide the MLP's hidden width 36"),
+        (("model.vocab_size=100",), 8, r"parallel.tp=8: must divide model.vocab_size=100"),
+        (("+model.layers.1.attn=mqa",), 2, r"n_kv_heads=1\): .* \(layer 1\)"),
+    ],
+)
+def test_tensor_parallel_rules_name_the_key_and_the_rule(overrides, tp, message):
+    from zoo import ConfigError, compose
+    from zoo.lab.scale import Parallel
+
+    vocab = compose(list(overrides))["model"]["vocab_size"] if any("vocab" in o for o in overrides) else 256
+    with pytest.raises(ConfigError, match=message):
+        Parallel(tp=tp).check_model(specs(*overrides), vocab)
+    Parallel(tp=1).check_model(specs(*overrides), vocab)  # no rule without tensor parallelism
+
+
+def test_sequence_lengths_must_split_between_tp_ranks():
+    from zoo import ConfigError
+    from zoo.lab.scale import Parallel
+
+    with pytest.raises(ConfigError, match=r"parallel.tp=4: must divide the sequence length 30"):
+        Parallel(tp=4).check_model(specs(), 256, [32, 30])
+
+
+def test_every_built_in_part_has_a_plan_and_a_part_without_one_is_refused_by_name():
+    from combos import block_config
+    from torch import nn
+
+    from zoo import AXES, MLPS, resolve_block
+    from zoo.assembly.compat import tp_refusal
+    from zoo.core.tp import has_plan
+    from zoo.parts.mlps import SwiGLU
+
+    for axis, registry in AXES.items():
+        for part in registry.parts():
+            if part.origin == "built-in":
+                assert has_plan(part.cls), f"{axis}={part.name}"
+
+    @MLPS.register("mixture")
+    class Mixture(SwiGLU):  # its own forward: SwiGLU's plan does not fit it
+        def forward(self, x):
+            return super().forward(x)
+
+    class Plain(nn.Module):
+        pass
+
+    try:
+        assert not has_plan(Mixture) and not has_plan(Plain)
+        spec = resolve_block(
+            block_config({"placement": "pre", "norm": "rmsnorm", "attn": "mha", "pos": "none", "mlp": "mixture"})
+        )
+        error = tp_refusal(spec, 2)
+        assert error is not None and error.field == "block.mlp.name" and error.value == "mixture"
+        assert "has no tensor-parallel plan" in str(error) and "parallel.tp=2" in str(error)
+        assert tp_refusal(spec, 1) is None
+    finally:
+        MLPS.unregister("mixture")
+
+
+def test_a_mesh_that_does_not_fit_fails_the_run_before_any_tensor_work(tmp_path):
+    summary = run(tiny("parallel.tp=2"), tmp_path)
+    assert summary["status"] == "failed"
+    assert (
+        "parallel.dp_replicate x parallel.dp_shard x parallel.tp" in summary["error"]
+        or "world size 1" in summary["error"]
+    )
+    assert "parameters" not in summary  # no model was built

@@ -1,0 +1,155 @@
+"""Tensor-parallel plans: how a part shards over the ``tp`` mesh dimension (docs/scale.md).
+
+A part that can run under ``parallel.tp > 1`` declares, in its own class body:
+
+- ``tp_plan(self, sequence_parallel: bool) -> Plan``: its sub-modules' names (relative to the part;
+  ``""`` is the part itself) -> a DTensor :class:`ParallelStyle` (``ColwiseParallel``,
+  ``RowwiseParallel``, ``SequenceParallel``, ...), applied by ``parallelize_module``;
+- optionally ``check_tp(cls, dims, tp, **options)``: its divisibility rules, raising a ConfigError
+  that names ``parallel.tp`` (before any tensor work).
+
+A part without a plan of its own (:func:`has_plan`: inherited plans count only where the class also
+inherits ``forward`` and ``__init__`` from the class that declared it) is refused under ``tp > 1`` by
+the compatibility map (zoo.assembly.compat), naming it.
+
+Inside a block the residual stream is a local tensor, sharded on the sequence (dim 1) under
+sequence parallelism and whole otherwise; every part returns local tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+__all__ = [
+    "Chain", "ColwiseParallel", "LocalHeads", "Plan", "PrepareModuleInput", "PrepareModuleOutput", "Replicate",
+    "Replicated", "RowwiseParallel", "SequenceParallel", "Shard", "column_branch", "gather_sequence", "has_plan",
+    "heads_norm", "no_plan", "norm_plan", "prefixed", "row_output",
+]  # fmt: skip
+
+#: A part's plan: sub-module name relative to the part ("" = the part itself) -> style.
+Plan = dict[str, ParallelStyle]
+
+
+def has_plan(cls: type) -> bool:
+    """Whether ``cls`` declares a tensor-parallel plan for itself: ``tp_plan`` is defined in it, or in a
+    base class from which it also takes ``forward`` and ``__init__`` (a subclass that only swaps an
+    activation keeps its base's plan; one with its own forward must declare its own)."""
+    mro = cls.__mro__
+
+    def owner(attr: str) -> int:
+        return next((i for i, k in enumerate(mro) if attr in k.__dict__), len(mro))
+
+    plan = owner("tp_plan")
+    return plan < len(mro) and plan <= owner("forward") and plan <= owner("__init__")
+
+
+def prefixed(prefix: str, plan: Plan) -> Plan:
+    """``plan`` with each name under ``prefix`` (``""`` becomes ``prefix`` itself)."""
+    return {f"{prefix}.{name}" if name else prefix: style for name, style in plan.items()}
+
+
+class Replicated(ParallelStyle):
+    """Parameters replicated on the tp mesh (DTensor ``Replicate``), tensor inputs taken as the same on
+    every rank, outputs local: a module that every tp rank runs whole (a norm without sequence
+    parallelism, learned position embeddings). Gradients of its parameters are then whole on every
+    rank, as the optimizer over a DTensor model expects."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def replicate(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for p_name, p in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(
+                    p_name, nn.Parameter(DTensor.from_local(p, mesh, [Replicate()], run_check=False))
+                )
+
+        def inputs(mod: nn.Module, args: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
+            return tuple(
+                DTensor.from_local(a, mesh, [Replicate()], run_check=False)
+                if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
+                else a
+                for a in args
+            )
+
+        def outputs(mod: nn.Module, out: Any, mesh: DeviceMesh) -> Any:
+            return out.to_local() if isinstance(out, DTensor) else out
+
+        return distribute_module(module, device_mesh, replicate, inputs, outputs)
+
+
+class LocalHeads(ParallelStyle):
+    """Per-head buffers (non-persistent, e.g. ALiBi's slopes) cut to this rank's heads: rank r of a
+    tp mesh of size n keeps heads r * h/n .. (r + 1) * h/n - 1, as the query projection's shard does."""
+
+    def __init__(self, *buffers: str) -> None:
+        super().__init__()
+        self.buffers = buffers
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name in self.buffers:
+            whole = getattr(module, name)
+            local = distribute_tensor(whole, device_mesh, [Shard(0)]).to_local()
+            module.register_buffer(name, local, persistent=False)
+        return module
+
+
+def norm_plan(self: nn.Module, sequence_parallel: bool) -> Plan:
+    """A norm over the feature axis: sequence parallel (each rank normalizes its tokens; parameters
+    replicated), or run whole on every rank."""
+    return {"": SequenceParallel(use_local_output=True) if sequence_parallel else Replicated()}
+
+
+def heads_norm() -> ParallelStyle:
+    """A norm over d_head applied to (b, heads, t, d_head) local heads: sharded on the heads axis."""
+    return SequenceParallel(sequence_dim=1, use_local_output=True)
+
+
+def gather_sequence() -> ParallelStyle:
+    """A branch (attention, MLP) under sequence parallelism: its input, sharded on the sequence, is
+    gathered whole before its column-wise projections."""
+    return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
+
+
+def row_output(sequence_parallel: bool) -> ParallelStyle:
+    """A branch's last projection: row-wise, its partial sums reduce-scattered to sequence shards
+    under sequence parallelism, else all-reduced."""
+    return RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
+
+
+def column_branch(sequence_parallel: bool, columns: tuple[str, ...], rows: str) -> Plan:
+    """The usual branch: ``columns`` column-wise, ``rows`` row-wise, the input gathered under sequence
+    parallelism."""
+    plan: Plan = {name: ColwiseParallel() for name in columns}
+    plan[rows] = row_output(sequence_parallel)
+    if sequence_parallel:
+        plan[""] = gather_sequence()
+    return plan
+
+
+def no_plan(self: nn.Module, sequence_parallel: bool) -> Plan:
+    """Nothing to shard: no parameters, and the same computation on every rank's tensors."""
+    return {}
+
+
+class Chain(ParallelStyle):
+    """Several styles on one module, applied in order (their output hooks run in that order too)."""
+
+    def __init__(self, *styles: ParallelStyle) -> None:
+        super().__init__()
+        self.styles = styles
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for style in self.styles:
+            module = style._apply(module, device_mesh)
+        return module
