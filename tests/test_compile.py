@@ -8,6 +8,7 @@ import pytest
 import torch
 from combos import block_config, build, combo_id, context_of, covering_combinations, randomize
 
+from zoo.lab.scale import compile_block
 from zoo.lab.trainer import check_run_config
 
 COVERING = covering_combinations()
@@ -29,7 +30,7 @@ def test_blocks_compile_without_graph_breaks_and_match_eager(start):
         randomize(eager)
         compiled = build(cfg, context).double().train()
         compiled.load_state_dict(eager.state_dict())
-        compiled.compile(fullgraph=True, backend="aot_eager")
+        compile_block(compiled, backend="aot_eager")
         x = torch.randn(2, 6, 16, dtype=torch.float64)
         outs = []
         for module in (eager, compiled):

@@ -94,7 +94,7 @@ def test_sigkill_at_random_moments_changes_no_result(tmp_path):
             hit = kill_when(proc, lambda stale=stale: bool(temp_folders(killed) - stale))
             during_writes += hit and bool(temp_folders(killed) - stale)  # it was still half-written
         else:  # any moment: imports, training, evaluation, summary or weights writes
-            deadline = time.monotonic() + rng.uniform(0.5, 6.0)
+            deadline = time.monotonic() + rng.uniform(0.5, 3.0)  # well before a fresh sweep ends
             hit = kill_when(proc, lambda deadline=deadline: time.monotonic() >= deadline)
         if not hit:
             assert proc.returncode == 0, proc.stderr.read()[-3000:]

@@ -34,9 +34,9 @@ from torch.distributed.tensor.parallel import (
 )
 
 __all__ = [
-    "Chain", "ColwiseParallel", "LocalHeads", "Plan", "PrepareModuleInput", "PrepareModuleOutput", "Replicate",
-    "Replicated", "RowwiseParallel", "SequenceParallel", "Shard", "column_branch", "gather_sequence", "has_plan",
-    "heads_norm", "no_plan", "norm_plan", "prefixed", "row_output",
+    "Chain", "ColwiseParallel", "LocalHeads", "PartialGradient", "Plan", "PrepareModuleInput", "PrepareModuleOutput",
+    "Replicate", "Replicated", "RowwiseParallel", "SequenceParallel", "Shard", "column_branch", "gather_sequence",
+    "has_plan", "heads_norm", "no_plan", "norm_plan", "prefixed", "row_output",
 ]  # fmt: skip
 
 #: A part's plan: sub-module name relative to the part ("" = the part itself) -> style.
@@ -152,4 +152,37 @@ class Chain(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         for style in self.styles:
             module = style._apply(module, device_mesh)
+        return module
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """Identity forward; backward: the gradient of the last ``width`` features summed over ``group``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, width: int, group: Any) -> torch.Tensor:
+        ctx.width, ctx.group = width, group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        from torch.distributed import _functional_collectives as funcol
+
+        head, tail = grad.split([grad.shape[-1] - ctx.width, ctx.width], dim=-1)
+        tail = funcol.all_reduce(tail.contiguous(), "sum", ctx.group)
+        return torch.cat([head, tail], dim=-1), None, None
+
+
+class PartialGradient(ParallelStyle):
+    """For a module run whole on every rank (after :class:`Replicated`) whose last ``width`` output
+    features are then read by this rank's heads only, such as latent attention's rotary key shared by
+    every head: each rank's gradient of those features is a partial sum, so the backward pass
+    all-reduces it over the tp mesh (identity forward), making every gradient upstream whole."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        group = device_mesh.get_group()
+        module.register_forward_hook(lambda mod, args, out: _SumOverRanks.apply(out, self.width, group))
         return module

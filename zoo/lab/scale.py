@@ -117,11 +117,20 @@ class Parallel:
         return init_device_mesh(device_type, (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=MESH_DIMS)
 
 
+def compile_block(block: nn.Module, backend: str = "inductor") -> None:
+    """Compile ``block`` in place (``nn.Module.compile``) as one graph: a graph break is an error.
+
+    Integers read from tensors (MoE's tokens per expert) are captured as symbolic sizes rather than
+    breaking the graph (Dynamo's ``capture_scalar_outputs``, set for the process)."""
+    torch._dynamo.config.capture_scalar_outputs = True
+    block.compile(fullgraph=True, backend=backend)
+
+
 def compile_blocks(model: nn.Module, backend: str = "inductor") -> None:
-    """Compile each of ``model.blocks`` in place (``nn.Module.compile``, one graph per block, no
-    breaks allowed); parameter names and the state dict are unchanged."""
+    """Compile each of ``model.blocks`` in place (:func:`compile_block`); parameter names and the
+    state dict are unchanged."""
     for block in model.blocks:  # type: ignore[union-attr]
-        block.compile(fullgraph=True, backend=backend)
+        compile_block(block, backend)
 
 
 def parallelize(

@@ -15,6 +15,16 @@ from torch import nn
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
+from zoo.core.tp import (
+    Chain,
+    ColwiseParallel,
+    PartialGradient,
+    Plan,
+    Replicated,
+    gather_sequence,
+    prefixed,
+    row_output,
+)
 from zoo.parts.attention import Backend, attend_at
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState
@@ -91,6 +101,36 @@ class LatentAttention(nn.Module):
                 f"none or a registered norm: {', '.join(NORMS.names())}",
             )
 
+    @classmethod
+    def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:
+        if dims.n_heads % tp:
+            raise ConfigError(
+                "parallel.tp", tp, f"must divide block.n_heads={dims.n_heads}: each rank up-projects whole heads"
+            )
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """The down-projections and latent norms run whole on every rank (the latent is shared by every
+        head; the shared rotary key's gradient, summed over this rank's heads, is all-reduced); the
+        per-head up-projections column-wise, ``out`` row-wise; the position part's own plan.
+        Under sequence parallelism the input is gathered from the sequence shards and the output
+        reduce-scattered back to them."""
+        plan: Plan = {
+            "kv_down": Chain(Replicated(), PartialGradient(self.d_head)),
+            "kv_up": ColwiseParallel(),
+            "out": row_output(sequence_parallel),
+            **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
+        }
+        if self.q_rank is None:
+            plan["q"] = ColwiseParallel()
+        else:
+            plan.update({"q_down": Replicated(), "q_up": ColwiseParallel()})
+        for name in ("kv_norm", "q_norm"):
+            if any(True for _ in getattr(self, name, nn.Identity()).parameters()):
+                plan[name] = Replicated()
+        if sequence_parallel:
+            plan[""] = gather_sequence()
+        return plan
+
     def __init__(
         self,
         dims: BlockDims,
@@ -144,7 +184,7 @@ class LatentAttention(nn.Module):
         slots = torch.arange(offset, offset + x.shape[1], device=x.device)
         latent, rope_key = self.kv_down(x).split([self.kv_rank, self.d_head], dim=-1)
         latent = self.kv_norm(latent)  # (b, t, kv_rank)
-        q = rearrange(self.queries(x), "b t (h two d) -> two b h t d", h=self.n_heads, two=2)
+        q = rearrange(self.queries(x), "b t (h two d) -> two b h t d", d=self.d_head, two=2)  # h: this rank's heads
         q_content, q_position = q[0], q[1]  # (b, h, t, d) each
         rope_key = rearrange(rope_key, "b t d -> b 1 t d")  # one key shared by every head
         q_position, rope_key = self.position.rotate(q_position, rope_key, slots if positions is None else positions)
@@ -152,8 +192,8 @@ class LatentAttention(nn.Module):
         if state is not None:
             latent, rope_key = state.append(latent, rope_key, positions)
             k_positions = None if state.positions is None else state.positions[:, : state.length]
-        k_content, v = rearrange(self.kv_up(latent), "b s (h two d) -> two b h s d", h=self.n_heads, two=2)
-        k = torch.cat([k_content, rope_key.expand(-1, self.n_heads, -1, -1)], dim=-1)  # (b, h, s, 2d)
+        k_content, v = rearrange(self.kv_up(latent), "b s (h two d) -> two b h s d", d=self.d_head, two=2)
+        k = torch.cat([k_content, rope_key.expand(-1, k_content.shape[1], -1, -1)], dim=-1)  # (b, h, s, 2d)
         if self.backend == "sdpa":  # fused kernels want values as wide as keys: zeros, sliced off below
             v = F.pad(v, (0, self.d_head))
         y = attend_at(

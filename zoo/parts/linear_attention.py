@@ -12,12 +12,13 @@ from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
+from einops import rearrange, repeat
 from torch import nn
 
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS
+from zoo.core.tp import Chain, ColwiseParallel, LocalHeads, Plan, gather_sequence, prefixed, row_output
 from zoo.parts.attention import Backend
 from zoo.parts.positions import Position
 from zoo.parts.state import LayerState, MixerState, nbytes
@@ -141,9 +142,11 @@ def recurrent(
     return torch.stack(ys, dim=2), state
 
 
-def retnet_decay(n_heads: int) -> torch.Tensor:
-    """RetNet's fixed per-head log decay, log(1 - 2^(-5 - h)) for head h (h = 0..n_heads-1)."""
-    return torch.log1p(-(2.0 ** (-5.0 - torch.arange(n_heads, dtype=torch.float64))))
+def retnet_decay(heads: int | torch.Tensor) -> torch.Tensor:
+    """RetNet's fixed per-head log decay, log(1 - 2^(-5 - h)) (float64) for each head index h in
+    ``heads`` (an int n: heads 0..n-1)."""
+    h = torch.arange(heads) if isinstance(heads, int) else heads
+    return torch.log1p(-(2.0 ** (-5.0 - h.double())))
 
 
 @ATTENTIONS.register(
@@ -190,6 +193,27 @@ class LinearAttention(nn.Module):
         if options["chunk"] < 1:
             raise ConfigError("block.attn.chunk", options["chunk"], "must be a positive integer")
 
+    @classmethod
+    def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:
+        if dims.n_heads % tp:
+            raise ConfigError(
+                "parallel.tp", tp, f"must divide block.n_heads={dims.n_heads}: each rank holds whole heads"
+            )
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """Column-wise ``qkv`` and ``gate`` (heads in turn: each rank whole heads, their fixed decays
+        with them), row-wise ``out``; the position part's own plan. Under sequence parallelism the input
+        is gathered from the sequence shards and the output reduce-scattered back to them."""
+        plan: Plan = {
+            "qkv": ColwiseParallel(),
+            "out": row_output(sequence_parallel),
+            **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
+        }
+        if self.gate is not None:
+            plan["gate"] = ColwiseParallel()
+        plan[""] = Chain(gather_sequence(), LocalHeads("heads")) if sequence_parallel else LocalHeads("heads")
+        return plan
+
     def __init__(
         self,
         dims: BlockDims,
@@ -215,6 +239,8 @@ class LinearAttention(nn.Module):
         self.qkv = nn.Linear(dims.d_model, self.n_heads * (2 * self.d_key + self.d_head), bias=dims.bias)
         self.gate = nn.Linear(dims.d_model, self.n_heads, bias=dims.bias) if decay == "gated" else None
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
+        self.heads: torch.Tensor  # (h,) the indices of the heads this module computes (a tp rank: its own)
+        self.register_buffer("heads", torch.arange(self.n_heads), persistent=False)
 
     def state_size(self, length: int) -> int:
         """Numbers one sample's decoding state holds after any number of tokens: a (d_key, d_head) matrix per head."""
@@ -224,11 +250,10 @@ class LinearAttention(nn.Module):
         """x: (b, t, d_model) -> log g (b, h, t), <= 0."""
         if self.gate is not None:
             return rearrange(F.logsigmoid(self.gate(x)), "b t h -> b h t") / GATE_TEMPERATURE
-        shape = (x.shape[0], self.n_heads, x.shape[1])
         if self.decay == "fixed":
-            fixed = retnet_decay(self.n_heads).to(x.device, torch.promote_types(x.dtype, torch.float32))
-            return rearrange(fixed, "h -> 1 h 1").expand(shape)
-        return x.new_zeros(shape)
+            fixed = retnet_decay(self.heads).to(torch.promote_types(x.dtype, torch.float32))
+            return repeat(fixed, "h -> b h t", b=x.shape[0], t=x.shape[1])
+        return x.new_zeros(x.shape[0], len(self.heads), x.shape[1])
 
     def forward(
         self,
@@ -250,7 +275,7 @@ class LinearAttention(nn.Module):
         if state is not None and not self.causal:
             raise ValueError("a non-causal linear attention has no decoding state (every token sees the whole input)")
         offset = 0 if state is None else state.length
-        q, k, v = rearrange(self.qkv(x), "b t (h n) -> b h t n", h=self.n_heads).split(
+        q, k, v = rearrange(self.qkv(x), "b t (h n) -> b h t n", n=2 * self.d_key + self.d_head).split(
             [self.d_key, self.d_key, self.d_head], dim=-1
         )
         q, k = feature(q, self.feature_map), feature(k, self.feature_map)

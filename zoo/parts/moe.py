@@ -24,6 +24,7 @@ from zoo.core.auxiliary import record_aux
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import MLPS
+from zoo.core.tp import Chain, Plan, PrepareModuleOutput, Replicate, Replicated, Shard, gather_sequence, prefixed
 from zoo.parts.mlps import MLP
 
 Routing = Literal["softmax", "sigmoid"]
@@ -45,6 +46,14 @@ def route(logits: torch.Tensor, top_k: int, routing: str) -> tuple[torch.Tensor,
         weights, chosen = scores.topk(top_k, dim=-1)
         probs = scores / scores.sum(-1, keepdim=True)
     return weights / weights.sum(-1, keepdim=True), chosen, probs
+
+
+class Router(nn.Linear):
+    """The router's linear map, computed in at least float32 (bf16 logits would flip near-tied choices)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        return F.linear(x.to(dtype), self.weight.to(dtype))
 
 
 @MLPS.register(
@@ -96,7 +105,7 @@ class MoE(MLP):
         super().__init__(replace(dims, d_ff=dims.d_ff or expert_cls.default_width(dims.d_model)))
         self.n_experts, self.top_k, self.routing = n_experts, top_k, routing
         expert_dims = replace(dims, d_ff=self.hidden)
-        self.router = nn.Linear(dims.d_model, n_experts, bias=False)
+        self.router = Router(dims.d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(expert_cls(expert_dims) for _ in range(n_experts))
         self.shared = expert_cls(replace(dims, d_ff=n_shared * self.hidden)) if n_shared else None
         #: Tokens each expert received in the last forward (n_experts,), for routing statistics.
@@ -114,6 +123,32 @@ class MoE(MLP):
         if expert not in experts:
             raise ConfigError("block.mlp.expert", expert, f"a registered dense MLP: {', '.join(experts)}")
 
+    @classmethod
+    def check_tp(cls, dims: BlockDims, tp: int, *, expert: str, n_shared: int, **options: object) -> None:
+        """Each expert's (and the shared expert's) hidden width must split evenly between the ``tp`` ranks."""
+        expert_cls = MLPS.get(expert).cls
+        hidden = dims.d_ff or expert_cls.default_width(dims.d_model)
+        for width, where in ((hidden, "each expert's hidden width"), (n_shared * hidden, "the shared expert's")):
+            if width % tp:
+                raise ConfigError("parallel.tp", tp, f"must divide {where} {width} (block.d_ff, block.mlp.n_shared)")
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """The router runs whole on every rank (every rank routes the same tokens the same way); each
+        expert and the shared expert shard as their MLP does (hidden units split, outputs all-reduced).
+        Under sequence parallelism the input is gathered whole and the output cut back to this rank's
+        tokens."""
+        plan: Plan = {"router": Replicated()}
+        for i, expert in enumerate(self.experts):
+            plan.update(prefixed(f"experts.{i}", expert.tp_plan(False)))
+        if self.shared is not None:
+            plan.update(prefixed("shared", self.shared.tp_plan(False)))
+        if sequence_parallel:
+            keep_mine = PrepareModuleOutput(
+                output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True
+            )
+            plan[""] = Chain(gather_sequence(), keep_mine)
+        return plan
+
     def active_parameters(self) -> int:
         """Parameters one token uses: the router, top_k experts and the shared expert."""
         count = self.router.weight.numel() + self.top_k * sum(p.numel() for p in self.experts[0].parameters())
@@ -125,16 +160,18 @@ class MoE(MLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = rearrange(x, "... d -> (...) d")  # (n tokens, d)
-        # The router in at least float32 (bf16 logits would flip near-tied choices).
-        dtype = torch.promote_types(x.dtype, torch.float32)
-        logits = F.linear(flat.to(dtype), self.router.weight.to(dtype))  # (n, experts)
+        logits = self.router(flat)  # (n, experts), at least float32
+        dtype = logits.dtype
         weights, chosen, probs = route(logits, self.top_k, self.routing)  # (n, k), (n, k), (n, experts)
 
         # Group: sort the n * k (token, expert) pairs by expert; expert e gets one contiguous slice.
         pair_expert = rearrange(chosen, "n k -> (n k)")
         order = pair_expert.argsort(stable=True)
         token_of = torch.div(order, self.top_k, rounding_mode="floor")  # the token of each sorted pair
-        counts = torch.bincount(pair_expert, minlength=self.n_experts)
+        # Tokens per expert (bincount's output length would depend on the data, which torch.compile cannot capture)
+        counts = torch.zeros(self.n_experts, dtype=torch.long, device=x.device).index_add_(
+            0, pair_expert, torch.ones_like(pair_expert)
+        )
         self.last_counts = counts.detach()
         grouped = flat.index_select(0, token_of)  # (n k, d), expert 0's tokens first
         outputs = [expert(part) for expert, part in zip(self.experts, grouped.split(counts.tolist()), strict=True)]
