@@ -64,6 +64,7 @@ def test_generate_greedy_equals_argmax_of_the_full_forward():
         ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(new, ids[:, 5:])
     assert torch.equal(model.generate(prompt, 6, use_cache=False), new)
+    assert torch.equal(model.generate(prompt, 1), ids[:, 5:6])  # one step: the prompt's forward alone
     assert model.generate(prompt, 0).shape == (2, 0)
 
 

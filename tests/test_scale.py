@@ -54,8 +54,10 @@ def test_parallel_keys_are_checked_against_the_world_size():
 
     assert Parallel.from_config(None, 4) == Parallel(dp_replicate=4)  # DDP over every process
     assert Parallel.from_config({"dp_shard": 2, "tp": 2}, 8) == Parallel(dp_replicate=2, dp_shard=2, tp=2)
-    with pytest.raises(ConfigError, match=r"parallel.dp_shard x parallel.tp = 3 must divide the world size 4"):
+    with pytest.raises(ConfigError, match=r"parallel.tp=3: .* = 3 must divide the world size 4"):
         Parallel.from_config({"tp": 3}, 4)
+    with pytest.raises(ConfigError, match=r"parallel.dp_shard=3: .* = 6 must divide the world size 8"):
+        Parallel.from_config({"dp_shard": 3, "tp": 2}, 8)
     with pytest.raises(
         ConfigError, match=r"dp_replicate x parallel.dp_shard x parallel.tp = 2 must equal the world size 4"
     ):
@@ -150,3 +152,50 @@ def test_a_mesh_that_does_not_fit_fails_the_run_before_any_tensor_work(tmp_path)
         or "world size 1" in summary["error"]
     )
     assert "parameters" not in summary  # no model was built
+
+
+def doc_launches() -> list[tuple[int, list[str]]]:
+    """(world size, zoo.train overrides) of each torchrun command in a bash block of docs/scale.md."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "scale.md").read_text()
+    found = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE):
+        words = shlex.split(block.replace("\\\n", " "))
+        if "torchrun" not in words:
+            continue
+        options = dict(w.removeprefix("--").split("=", 1) for w in words if w.startswith("--") and "=" in w)
+        world = int(options.get("nnodes", 1)) * int(options["nproc_per_node"])
+        found.append((world, words[words.index("zoo.train") + 1 :]))
+    return found
+
+
+@pytest.mark.parametrize(("world", "overrides"), doc_launches(), ids=lambda v: str(v) if isinstance(v, int) else "")
+def test_the_cluster_commands_in_the_docs_fit_their_mesh(world, overrides):
+    """docs/scale.md's commands compose as written and pass every check a run makes before any tensor
+    work at their world size (the mesh, the parts' plans, divisibility); only device=cuda is swapped
+    for cpu, as this machine has no GPU."""
+    from omegaconf import OmegaConf
+
+    from zoo import check_combination, compose
+    from zoo.lab.scale import Parallel
+    from zoo.lab.trainer import check_run_config
+    from zoo.models.config import block_section, layer_specs, model_options
+
+    composed = compose(overrides)
+    assert check_combination(composed) is None
+    raw = OmegaConf.to_container(composed, resolve=True)
+    raw["device"] = "cpu"
+    train_cfg, _ = check_run_config(raw)
+    parallel = Parallel.from_config(raw["parallel"], world)
+    assert parallel.world == world and parallel.tp > 1 and parallel.dp_shard > 1
+    options = model_options(raw)
+    specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
+    parallel.check_model(specs, options["vocab_size"], [raw["task"]["seq_len"]])
+    assert train_cfg.eval_batches % parallel.dp == 0
+
+
+def test_doc_launches_are_found():
+    assert sorted(world for world, _ in doc_launches()) == [8, 16]

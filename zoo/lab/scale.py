@@ -54,9 +54,10 @@ class Parallel:
         inner = values["dp_shard"] * values["tp"]
         if values["dp_replicate"] is None:
             if world % inner:
+                key = "tp" if world % values["tp"] else "dp_shard"  # the key that cannot fit, named with its value
                 raise ConfigError(
-                    "parallel.dp_shard",
-                    values["dp_shard"],
+                    f"parallel.{key}",
+                    values[key],
                     f"parallel.dp_shard x parallel.tp = {inner} must divide the world size {world} "
                     "(torchrun --nproc_per_node x --nnodes)",
                 )
