@@ -152,13 +152,13 @@ def measure(args: argparse.Namespace, layout: str) -> float:
         return float(Path(out).read_text())
 
 
-def hf_rate(args: argparse.Namespace) -> float:
-    """Tokens/s of Hugging Face's LlamaForCausalLM with the same shapes, one process."""
+def hf_rate(args: argparse.Namespace, hidden: int) -> float:
+    """Tokens/s of Hugging Face's LlamaForCausalLM with the same shapes (MLP width ``hidden``), one process."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.d_model, num_hidden_layers=args.layers,
                          num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                         intermediate_size=config_hidden(args), max_position_embeddings=args.seq_len,
+                         intermediate_size=hidden, max_position_embeddings=args.seq_len,
                          attn_implementation="sdpa")  # fmt: skip
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(args.device)
@@ -184,12 +184,6 @@ def hf_rate(args: argparse.Namespace) -> float:
         step()
     sync(args.device)
     return args.steps * args.batch * args.seq_len / (time.perf_counter() - start)
-
-
-def config_hidden(args: argparse.Namespace) -> int:
-    from zoo import build_model
-
-    return build_model(config(args)).blocks[0].mlp.hidden
 
 
 def peak_flops(args: argparse.Namespace) -> float | None:
@@ -237,7 +231,9 @@ def main() -> None:
             parallel_of("tp", args.world).check_model(specs, args.vocab, [args.seq_len])
         except ConfigError as error:
             parser.error(str(error))
-    flops_per_token = build_model(config(args)).flops_per_token(args.seq_len)
+    with torch.device("meta"):  # sizes only: no weights allocated
+        model = build_model(config(args))
+    flops_per_token, hidden = model.flops_per_token(args.seq_len), model.blocks[0].mlp.hidden
     print(f"model: preset=llama d_model={args.d_model} layers={args.layers} heads={args.heads}/{args.kv_heads} "
           f"vocab={args.vocab} T={args.seq_len} global batch={args.batch} device={args.device} "
           f"threads={args.threads} world={args.world} compile={args.compile}")  # fmt: skip
@@ -246,7 +242,7 @@ def main() -> None:
         rates["hf llama"] = []
     for round_ in range(args.repeats):
         for name in rates:
-            rate = hf_rate(args) if name == "hf llama" else measure(args, name)
+            rate = hf_rate(args, hidden) if name == "hf llama" else measure(args, name)
             rates[name].append(rate)
             print(f"  round {round_ + 1}/{args.repeats} {name}: {rate:,.0f} tokens/s", flush=True)
     peak = peak_flops(args)
@@ -261,6 +257,8 @@ def main() -> None:
         processes = 1 if name in ("one", "hf llama") else args.world
         ratio = rate / medians[first]
         print(f"| {name} | {processes} | {rate:,.0f} | {flops / 1e12:.4f} | {mfu} | {ratio:.2f} | {ddp} |")
+    print(f"\nmedians of {args.repeats} round(s) of {args.steps} timed steps; each round's values: the lines above"
+          + ("" if peak else "; MFU needs --peak-flops (peaks are known for GPUs only)"))  # fmt: skip
 
 
 if __name__ == "__main__":

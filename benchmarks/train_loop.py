@@ -138,7 +138,7 @@ def main() -> None:
     written = args.steps // args.checkpoint_every - (args.steps % args.checkpoint_every == 0)
     print(
         f"ratio with checkpoints / without: {sv / lo:.3f} of medians, {paired_saved:.3f} median per round "
-        f"(target >= 0.97; {written} checkpoints per run)"
+        f"(target >= 0.97; {written} checkpoint{'s' if written != 1 else ''} per run)"
     )
 
 

@@ -33,14 +33,23 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from zoo.core.errors import ConfigError
+
 __all__ = [
     "Chain", "ColwiseParallel", "LocalHeads", "PartialGradient", "Plan", "PrepareModuleInput", "PrepareModuleOutput",
     "Replicate", "Replicated", "RowwiseParallel", "SequenceParallel", "Shard", "column_branch", "gather_sequence",
-    "has_plan", "heads_norm", "no_plan", "norm_plan", "prefixed", "row_output",
+    "has_plan", "heads_norm", "no_plan", "require_whole_heads", "norm_plan", "prefixed", "row_output",
 ]  # fmt: skip
 
 #: A part's plan: sub-module name relative to the part ("" = the part itself) -> style.
 Plan = dict[str, ParallelStyle]
+
+
+def require_whole_heads(n_heads: int, tp: int) -> None:
+    """A part whose plan gives each rank whole heads: ``tp`` must divide ``n_heads`` (a ConfigError
+    naming ``parallel.tp`` otherwise, before any tensor work)."""
+    if n_heads % tp:
+        raise ConfigError("parallel.tp", tp, f"must divide block.n_heads={n_heads}: each rank holds whole heads")
 
 
 def has_plan(cls: type) -> bool:

@@ -23,6 +23,7 @@ from zoo.core.tp import (
     Replicated,
     gather_sequence,
     prefixed,
+    require_whole_heads,
     row_output,
 )
 from zoo.parts.attention import Backend, attend_at
@@ -103,10 +104,7 @@ class LatentAttention(nn.Module):
 
     @classmethod
     def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:
-        if dims.n_heads % tp:
-            raise ConfigError(
-                "parallel.tp", tp, f"must divide block.n_heads={dims.n_heads}: each rank up-projects whole heads"
-            )
+        require_whole_heads(dims.n_heads, tp)
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
         """The down-projections and latent norms run whole on every rank (the latent is shared by every
@@ -125,7 +123,7 @@ class LatentAttention(nn.Module):
         else:
             plan.update({"q_down": Replicated(), "q_up": ColwiseParallel()})
         for name in ("kv_norm", "q_norm"):
-            if any(True for _ in getattr(self, name, nn.Identity()).parameters()):
+            if not isinstance(getattr(self, name, nn.Identity()), nn.Identity):  # latent_norm: none is Identity
                 plan[name] = Replicated()
         if sequence_parallel:
             plan[""] = gather_sequence()

@@ -18,7 +18,16 @@ from torch import nn
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS
-from zoo.core.tp import Chain, ColwiseParallel, LocalHeads, Plan, gather_sequence, prefixed, row_output
+from zoo.core.tp import (
+    Chain,
+    ColwiseParallel,
+    LocalHeads,
+    Plan,
+    gather_sequence,
+    prefixed,
+    require_whole_heads,
+    row_output,
+)
 from zoo.parts.attention import Backend
 from zoo.parts.positions import Position
 from zoo.parts.state import LayerState, MixerState, nbytes
@@ -195,10 +204,7 @@ class LinearAttention(nn.Module):
 
     @classmethod
     def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:
-        if dims.n_heads % tp:
-            raise ConfigError(
-                "parallel.tp", tp, f"must divide block.n_heads={dims.n_heads}: each rank holds whole heads"
-            )
+        require_whole_heads(dims.n_heads, tp)
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
         """Column-wise ``qkv`` and ``gate`` (heads in turn: each rank whole heads, their fixed decays

@@ -127,10 +127,10 @@ class MoE(MLP):
     def check_tp(cls, dims: BlockDims, tp: int, *, expert: str, n_shared: int, **options: object) -> None:
         """Each expert's (and the shared expert's) hidden width must split evenly between the ``tp`` ranks."""
         expert_cls = MLPS.get(expert).cls
-        hidden = dims.d_ff or expert_cls.default_width(dims.d_model)
-        for width, where in ((hidden, "each expert's hidden width"), (n_shared * hidden, "the shared expert's")):
-            if width % tp:
-                raise ConfigError("parallel.tp", tp, f"must divide {where} {width} (block.d_ff, block.mlp.n_shared)")
+        expert_cls.check_tp(dims, tp)
+        if n_shared:
+            hidden = dims.d_ff or expert_cls.default_width(dims.d_model)
+            expert_cls.check_tp(replace(dims, d_ff=n_shared * hidden), tp)
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
         """The router runs whole on every rank (every rank routes the same tokens the same way); each
