@@ -1,4 +1,5 @@
-"""Decoding speed and KV-cache memory: zoo with and without its cache, and Hugging Face Llama.
+"""Decoding speed and KV-cache memory: zoo with and without its cache, its compiled static-shape
+step (zoo.StaticDecoder), and Hugging Face Llama.
 
     python benchmarks/decode.py                              # 4 layers, d_model 512, 8 heads, 512 + 256 tokens
     python benchmarks/decode.py --prompt 64 --new 16 --contexts 16 128 --steps 8   # a quick check
@@ -8,6 +9,9 @@ The zoo model is the llama preset (RMSNorm, rotary, SwiGLU, no biases) with ``--
 key/value heads; the peer is ``transformers.LlamaForCausalLM`` of the same sizes, built offline
 from a LlamaConfig with zoo's weights copied in, so both do the same arithmetic and must
 generate the same greedy tokens. Prints a Markdown table with each measurement and its target.
+
+At batch 1 a step reads every weight and the cache once, so its floor is those bytes over the
+memory bandwidth, measured here by summing a tensor far larger than the caches.
 """
 
 from __future__ import annotations
@@ -104,6 +108,79 @@ def per_token_seconds(model: zoo.LanguageModel, context: int, args: argparse.Nam
 
 
 @torch.no_grad()
+def static_per_token_seconds(
+    model: zoo.LanguageModel, contexts: list[int], args: argparse.Namespace
+) -> dict[int, tuple[float, float]]:
+    """Per context: seconds per step of the growing cache (eager) and of StaticDecoder's compiled
+    step, timed round-robin (the static cache holds max(contexts) + steps slots at every context)."""
+    decoder = zoo.StaticDecoder(model, max(contexts) + args.steps, compile=not args.no_compile)
+    out = {}
+    for context in contexts:
+        steps = decoding_steps(model, decoder, context, args)
+        seconds = time_interleaved(steps, args.device, args.repeats)
+        out[context] = (seconds["eager"] / args.steps, seconds["static"] / args.steps)
+    return out
+
+
+def decoding_steps(
+    model: zoo.LanguageModel, decoder: zoo.StaticDecoder, context: int, args: argparse.Namespace
+) -> dict[str, Callable[[], None]]:
+    """``args.steps`` decoding steps after ``context`` cached tokens, through the growing cache
+    (``eager``) and the decoder's static step (``static``); each run first rewinds to the context."""
+    prompt = torch.randint(0, args.vocab, (args.batch, context), device=args.device)
+    token = prompt[:, -1:]
+    decoder.generate(prompt, 2)  # prefill; compiles the step on the first call
+    positions = [torch.full((args.batch, 1), context + i, device=args.device) for i in range(args.steps)]
+    caches = model.new_caches(context + args.steps)
+    model(prompt, caches=caches)
+
+    def static() -> None:
+        for cache in decoder.caches:
+            cache.truncate(context)
+        for i in range(args.steps):
+            decoder.step(token, positions[i], None)
+
+    def eager() -> None:
+        for cache in caches:
+            cache.truncate(context)
+        for _ in range(args.steps):
+            model(token, caches=caches)
+
+    return {"eager": eager, "static": static}
+
+
+@torch.no_grad()
+def matvec_seconds(model: zoo.LanguageModel, args: argparse.Namespace) -> float:
+    """Seconds for one product of every weight matrix but the embedding with a batch-1 vector: what a
+    step costs on this device's matrix-vector kernels, with no other op and no Python around them."""
+    weights = [m.weight for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    weights += [model.embed.weight] if model.head is None else []  # a tied head reads the embedding
+    vectors = [torch.randn(args.batch, w.shape[1], device=args.device, dtype=w.dtype) for w in weights]
+
+    def products() -> None:
+        for w, x in zip(weights, vectors, strict=True):
+            torch.nn.functional.linear(x, w)
+
+    return time_interleaved({"products": products}, args.device, args.repeats)["products"]
+
+
+def read_bandwidth(device: str, megabytes: int = 1024) -> float:
+    """Bytes per second read by summing a float32 tensor of ``megabytes`` (median of 5)."""
+    x = torch.ones(megabytes * 2**20 // 4, device=device)
+    seconds = time_interleaved({"sum": x.sum}, device, 5)["sum"]
+    return x.numel() * 4 / seconds
+
+
+def bytes_per_step(model: zoo.LanguageModel, context: int, args: argparse.Namespace) -> int:
+    """Bytes a decoding step must read at batch ``args.batch``: every weight but the embedding table
+    (one row of it) and the state of ``context`` cached tokens."""
+    weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if not name.startswith("embed"))
+    element = next(model.parameters()).element_size()
+    state = sum(block.attn.state_size(context) for block in model.blocks) * args.batch * element
+    return weights + model.embed.weight[0].numel() * element + state
+
+
+@torch.no_grad()
 def cache_bytes(model: zoo.LanguageModel, args: argparse.Namespace) -> int:
     caches = model.new_caches(args.prompt + args.new)
     model(torch.randint(0, args.vocab, (args.batch, args.prompt), device=args.device), caches=caches)
@@ -130,6 +207,7 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face peer")
+    parser.add_argument("--no-compile", action="store_true", help="time the static step uncompiled")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -171,6 +249,19 @@ def main() -> None:
     row(f"zoo per-token time, context {short}", f"{t_short * 1e3:.2f} ms")
     row(f"zoo per-token time, context {long}", f"{t_long * 1e3:.2f} ms")
     row(f"per-token time {long} / {short}", f"{t_long / t_short:.2f}", "<= 2")
+
+    bandwidth = read_bandwidth(args.device)
+    row("measured read bandwidth", f"{bandwidth / 1e9:.1f} GB/s")
+    kind = "eager static step" if args.no_compile else "compiled static step"
+    products = matvec_seconds(model, args)
+    row("matrix-vector products alone (every weight once)", f"{products * 1e3:.2f} ms")
+    for context, (eager, static) in static_per_token_seconds(model, [short, long], args).items():
+        floor = bytes_per_step(model, context, args) / bandwidth
+        row(f"floor per token, context {context} (bytes read / bandwidth)", f"{floor * 1e3:.2f} ms")
+        row(f"growing cache (eager), context {context}", f"{eager * 1e3:.2f} ms ({eager / floor:.2f}x floor)")
+        row(f"{kind}, context {context}", f"{static * 1e3:.2f} ms ({static / floor:.2f}x floor)", "<= 1.5x (GPU)")
+        row(f"{kind} / growing cache, context {context}", f"{static / eager:.2f}", "< 1")
+        row(f"{kind} / matrix-vector products alone, context {context}", f"{static / products:.2f}")
 
     mha = cache_bytes(zoo_model(args, args.n_heads), args)
     gqa = cache_bytes(zoo_model(args, 2), args)

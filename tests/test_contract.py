@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from combos import VOCAB, block_config, make_model, randomize  # noqa: E402
 from contract import close  # noqa: E402
 
-from zoo import LayerState, build_block  # noqa: E402
+from zoo import LayerState, StaticDecoder, build_block  # noqa: E402
 
 B, T, D = 2, 6, 16
 S = 5  # source (encoder memory) length
@@ -133,6 +133,25 @@ def prefill_in_chunks_then_cached_decoding_equals_full_forward(built: Built) -> 
     assert held_bytes == len(model.blocks) * B * size * 8, "the state holds more than the mixer says"
 
 
+@model_check
+def static_cache_steps_equal_full_forward(built: Built) -> None:
+    """StaticDecoder's step (uncompiled: the same graph compile sees) over a preallocated cache of
+    max_len slots, written at a device-side cursor, gives the full forward's logits at every step."""
+    model = built.model
+    ids = torch.randint(0, VOCAB, (B, 8))  # fills every slot: 8 = the tiny models' block.max_len
+    decoder = StaticDecoder(model, max_len=8, compile=False)
+    logits = [model.logits(model.hidden_states(ids[:, :3], caches=decoder.caches, positions=slots(3, 0)))]
+    for t in range(3, ids.shape[1]):
+        logits.append(decoder.step(ids[:, t : t + 1], slots(1, t), None)[:, None])
+    assert all(cache.length == ids.shape[1] for cache in decoder.caches)
+    close(torch.cat(logits, dim=1), model(ids), FLOAT32, "logits")
+
+
+def slots(time: int, start: int) -> torch.Tensor:
+    """Position ids (B, time) of tokens start..start + time - 1."""
+    return torch.arange(start, start + time).expand(B, time)
+
+
 @pair_check
 def left_padded_batch_equals_each_prompt_alone(built: Built) -> None:
     model = built.model
@@ -151,6 +170,8 @@ def left_padded_batch_equals_each_prompt_alone(built: Built) -> None:
     alone = torch.cat([model.generate(prompt, new) for prompt in prompts])
     assert torch.equal(batched, alone)
     assert torch.equal(model.generate(ids, new, key_mask=key_mask, use_cache=False), alone)
+    static = StaticDecoder(model, max_len=width + new, compile=False)
+    assert torch.equal(static.generate(ids, new, key_mask=key_mask), alone)
 
 
 def memory_inputs(batch: int = B) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ from zoo.core.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIO
 from zoo.models.hf import from_hf
 from zoo.models.language import LanguageModel, build_model
 from zoo.models.seq2seq import Seq2SeqModel, build_seq2seq
+from zoo.models.static import StaticDecoder
 from zoo.parts.attention import KVCache
 from zoo.parts.cross_attention import CrossAttention
 from zoo.parts.state import LayerState, MixerState
@@ -62,6 +63,7 @@ __all__ = [
     "POSITIONS",
     "Registry",
     "Seq2SeqModel",
+    "StaticDecoder",
     "available",
     "build_block",
     "build_model",

@@ -106,9 +106,12 @@ class LanguageModel(TokenModel):
             raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
         x = self.embed(ids)  # (b, t, d)
         if self.pos_embed is not None:  # absolute positions continue after the cached ones
-            offset = caches[0].length if caches else 0
-            if isinstance(self.pos_embed, LearnedEmbedding):
+            static = bool(caches) and caches[0].static  # a static cache's length is on the device: not read here
+            offset = caches[0].length if caches and not static else 0
+            if isinstance(self.pos_embed, LearnedEmbedding) and not static:  # static: checked against max_len
                 self.pos_embed.check_length(offset + ids.shape[1])  # per-sample positions never pass their slot
+            if positions is None and static:
+                raise ValueError("a static cache needs the tokens' positions (StaticDecoder passes them)")
             slots = torch.arange(offset, offset + ids.shape[1], device=ids.device)
             x = self.pos_embed(x, slots if positions is None else positions)
         for i, block in enumerate(self.blocks):
@@ -148,10 +151,11 @@ class LanguageModel(TokenModel):
             plan["head"] = ColwiseParallel()  # its weight only: logits() reads it directly
         return plan
 
-    def new_caches(self, max_len: int | None = None) -> list[LayerState]:
+    def new_caches(self, max_len: int | None = None, static: bool = False) -> list[LayerState]:
         """One empty decoding state per block (each mixer fills in its own kind); ``max_len`` (prompt +
-        new tokens) lets growing states preallocate."""
-        return [LayerState(max_len) for _ in self.blocks]
+        new tokens) lets growing states preallocate. ``static``: fixed shapes for compiled decoding
+        (:class:`zoo.StaticDecoder`)."""
+        return [LayerState(max_len, static) for _ in self.blocks]
 
     @torch.no_grad()
     def generate(

@@ -95,7 +95,7 @@ def allowed_mask(
     window - 1 keys before it).
     """
     mask = None
-    if causal and not (len(q_positions) == 1 and int(q_positions[0]) >= int(k_positions[-1])):
+    if causal:
         mask = rearrange(k_positions, "k -> 1 1 1 k") <= rearrange(q_positions, "q -> 1 1 q 1")
     if window is not None:
         near = (rearrange(q_positions, "q -> 1 1 q 1") - rearrange(k_positions, "k -> 1 1 1 k")).abs() < window
@@ -171,7 +171,7 @@ def attend_at(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    offset: int,
+    slots: torch.Tensor,
     positions: torch.Tensor | None,
     k_positions: torch.Tensor | None,
     key_mask: torch.Tensor | None,
@@ -181,23 +181,26 @@ def attend_at(
     dropout: float = 0.0,
     window: int | None = None,
     softcap: float | None = None,
+    preallocated: bool = False,
 ) -> torch.Tensor:
-    """Self-attention of queries at cache slots ``offset..offset+t_q-1`` to every key so far.
+    """Self-attention of queries at cache slots ``slots`` (t_q,) to the keys at slots 0..t_k-1.
 
     q: (b, h, t_q, d); k: (b, g, t_k, d); v: (b, g, t_k, d_v). positions / k_positions: per-sample
     position ids of queries / keys for the position's score bias (default: slots). The mask follows
-    slots (causality, the window) and ``key_mask``; with neither padding, bias, window nor cache,
-    the plain causal case goes to the fused kernel's ``is_causal``. -> (b, h, t_q, d_v).
+    slots (causality, the window) and ``key_mask``; with neither padding, bias, window nor cached
+    keys, the plain causal case goes to the fused kernel's ``is_causal``. ``preallocated``: the keys
+    include empty slots after the last query (a static cache), which the causal mask must hide.
+    -> (b, h, t_q, d_v).
     """
     time = q.shape[-2]
-    slots = torch.arange(offset, offset + time, device=q.device)
     k_slots = torch.arange(k.shape[-2], device=q.device)
     bias = position.score_bias(
         slots if positions is None else positions, k_slots if k_positions is None else k_positions
     )
-    # One query at the last slot may see every key, so decoding steps need no causal mask.
-    mask = allowed_mask(slots, k_slots, causal and time > 1, key_mask, window)
-    plain_causal = causal and time > 1 and key_mask is None and bias is None and offset == 0 and window is None
+    # One query at the last slot of a growing cache may see every key: decoding steps need no causal mask.
+    needs_causal = causal and (time > 1 or preallocated)
+    mask = allowed_mask(slots, k_slots, needs_causal, key_mask, window)
+    plain_causal = causal and time > 1 and k.shape[-2] == time and key_mask is None and bias is None and window is None
     return attend(
         q,
         k,
@@ -357,8 +360,8 @@ class Attention(nn.Module):
         """
         time = x.shape[1]
         state = None if cache is None else cache.mixer_state(KVCache)
-        offset = state.length if state is not None else 0
-        slots = torch.arange(offset, offset + time, device=x.device)  # absolute indices of the queries
+        # absolute indices of the queries (t,)
+        slots = torch.arange(time, device=x.device) if state is None else state.slots(time, x.device)
 
         # One reshape for all heads: per key/value group g, n = r query heads + its key + its value.
         # g is n_kv_heads, or this rank's share of them under tensor parallelism (whole groups).
@@ -372,12 +375,13 @@ class Attention(nn.Module):
         k_positions = positions
         if state is not None:
             k, v = state.append(k, v, positions)
-            k_positions = None if state.positions is None else state.positions[:, : state.length]
+            k_positions = state.key_positions()
         y = attend_at(
             q,
             k,
             v,
-            offset=offset,
+            slots=slots,
+            preallocated=state is not None and state.static,
             positions=positions,
             k_positions=k_positions,
             key_mask=key_mask,

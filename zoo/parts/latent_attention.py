@@ -178,8 +178,8 @@ class LatentAttention(nn.Module):
     ) -> torch.Tensor:
         """x: (b, t, d_model) -> (b, t, d_model); arguments as in :meth:`zoo.parts.attention.Attention.forward`."""
         state = None if cache is None else cache.mixer_state(LatentCache)
-        offset = 0 if state is None else state.length
-        slots = torch.arange(offset, offset + x.shape[1], device=x.device)
+        time = x.shape[1]
+        slots = torch.arange(time, device=x.device) if state is None else state.slots(time, x.device)  # (t,)
         latent, rope_key = self.kv_down(x).split([self.kv_rank, self.d_head], dim=-1)
         latent = self.kv_norm(latent)  # (b, t, kv_rank)
         q = rearrange(self.queries(x), "b t (h two d) -> two b h t d", d=self.d_head, two=2)  # h: this rank's heads
@@ -189,7 +189,7 @@ class LatentAttention(nn.Module):
         k_positions = positions
         if state is not None:
             latent, rope_key = state.append(latent, rope_key, positions)
-            k_positions = None if state.positions is None else state.positions[:, : state.length]
+            k_positions = state.key_positions()
         k_content, v = rearrange(self.kv_up(latent), "b s (h two d) -> two b h s d", d=self.d_head, two=2)
         k = torch.cat([k_content, rope_key.expand(-1, k_content.shape[1], -1, -1)], dim=-1)  # (b, h, s, 2d)
         if self.backend == "sdpa":  # fused kernels want values as wide as keys: zeros, sliced off below
@@ -198,7 +198,8 @@ class LatentAttention(nn.Module):
             torch.cat([q_content, q_position], dim=-1),
             k,
             v,
-            offset=offset,
+            slots=slots,
+            preallocated=state is not None and state.static,
             positions=positions,
             k_positions=k_positions,
             key_mask=key_mask,

@@ -30,7 +30,7 @@ from zoo.core.tp import (
 )
 from zoo.parts.attention import Backend
 from zoo.parts.positions import Position
-from zoo.parts.state import LayerState, MixerState, nbytes
+from zoo.parts.state import LayerState, MixerState, mark_static, nbytes
 
 FeatureMap = Literal["elu", "relu", "identity"]
 Decay = Literal["none", "fixed", "gated"]
@@ -47,6 +47,8 @@ class RecurrentState(MixerState):
     ``matrix`` (batch, n_heads, d_key, d_head), whatever the number of tokens read. It keeps no
     per-token history, so it cannot rewind (``truncate`` only to the present)."""
 
+    supports_static = True
+
     def __init__(self, max_len: int | None = None) -> None:
         super().__init__(max_len)
         self.matrix: torch.Tensor | None = None
@@ -55,9 +57,22 @@ class RecurrentState(MixerState):
     def nbytes(self) -> int:
         return nbytes(self.matrix)
 
+    def update(self, matrix: torch.Tensor, time: int) -> None:
+        """Hold ``matrix`` as the state after ``time`` more tokens (static: copied into the held one)."""
+        if self.static and self.matrix is not None and self.matrix.shape == matrix.shape:
+            self.matrix.copy_(matrix)
+        else:
+            self.matrix = matrix.clone() if self.static else matrix
+            if self.static:
+                mark_static(self.matrix)
+        self.advance(time)
+
     def reset(self) -> None:
         super().reset()
-        self.matrix = None
+        if self.static and self.matrix is not None:
+            self.matrix.zero_()  # the empty state, at the same address
+        else:
+            self.matrix = None
 
     def truncate(self, length: int) -> None:
         if length != self.length:
@@ -280,16 +295,15 @@ class LinearAttention(nn.Module):
         state = None if cache is None else cache.mixer_state(RecurrentState)
         if state is not None and not self.causal:
             raise ValueError("a non-causal linear attention has no decoding state (every token sees the whole input)")
-        offset = 0 if state is None else state.length
         q, k, v = rearrange(self.qkv(x), "b t (h n) -> b h t n", n=2 * self.d_key + self.d_head).split(
             [self.d_key, self.d_key, self.d_head], dim=-1
         )
         q, k = feature(q, self.feature_map), feature(k, self.feature_map)
-        slots = torch.arange(offset, offset + time, device=x.device)
+        slots = torch.arange(time, device=x.device) if state is None else state.slots(time, x.device)
         q, k = self.position.rotate(q, k, slots if positions is None else positions)
         log_decay = self.log_decay(x).to(torch.promote_types(x.dtype, torch.float32))  # summed: at least float32
         if key_mask is not None:  # padding: no key, no decay
-            real = rearrange(key_mask[:, -time:].bool(), "b t -> b 1 t")
+            real = rearrange(key_mask.index_select(1, slots).bool(), "b t -> b 1 t")  # the new tokens' columns
             k = k * real[..., None]
             log_decay = log_decay * real
         start = None if state is None else state.matrix
@@ -300,6 +314,6 @@ class LinearAttention(nn.Module):
         else:
             y, end = chunked(q, k, v, log_decay, start, self.chunk)
         if state is not None:
-            state.matrix, state.length = end, offset + time
+            state.update(end, time)
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + NORM_EPS)  # per head, no gain
         return self.out(rearrange(y, "b h t d -> b t (h d)"))

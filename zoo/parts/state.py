@@ -7,6 +7,11 @@ mixer keeps its own kind of :class:`MixerState` in it, made on first use
 constant-size matrix for a linear mixer. A decoder block's cross-attention keeps its memory's keys
 and values beside it (``cross``). The model and ``generate`` only read ``length`` and ``nbytes``
 and call ``reset``/``truncate``, so a new mixer brings its own state without touching them.
+
+Static states (``model.new_caches(max_len, static=True)``, used by :class:`zoo.StaticDecoder`) keep
+their length as a device tensor (``cursor``) and their buffers at ``max_len`` slots from the first
+write: a decoding step then has the same shapes and reads no Python number that changes, so one
+compiled graph (or CUDA graph) serves every step.
 """
 
 from __future__ import annotations
@@ -27,14 +32,46 @@ def nbytes(*tensors: torch.Tensor | None) -> int:
 
 
 class MixerState:
-    """One sequence mixer's decoding state. Subclasses keep ``length`` (tokens seen so far) and
-    define ``nbytes``, ``reset`` and, where they can rewind, ``truncate``."""
+    """One sequence mixer's decoding state. Subclasses define ``nbytes``, ``reset`` and, where they
+    can rewind, ``truncate``; mixers read the slots of new tokens from :meth:`slots` and count them
+    with :meth:`advance`.
+
+    ``static`` (set by :class:`LayerState` for subclasses with ``supports_static``): the length lives
+    in ``cursor``, a 0-d long tensor on the tokens' device, so that decoding steps neither read nor
+    change a Python number; ``length`` then costs a host sync (read it between steps, not in them).
+    """
+
+    #: Whether the state can run static (:class:`GrowingState` and recurrent states can).
+    supports_static = False
 
     def __init__(self, max_len: int | None = None) -> None:
         if max_len is not None and max_len < 1:
             raise ConfigError("max_len", max_len, "must be a positive integer or None")
         self.max_len = max_len
-        self.length = 0
+        self.static = False
+        self.cursor: torch.Tensor | None = None  # static: the length, made on the first slots() call
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """Tokens seen so far."""
+        return int(self.cursor) if self.cursor is not None else self._length
+
+    def slots(self, time: int, device: torch.device) -> torch.Tensor:
+        """Slot indices (time,) of the next ``time`` tokens: ``length .. length + time - 1``."""
+        if self.static:
+            if self.cursor is None:
+                self.cursor = torch.zeros((), dtype=torch.long, device=device)
+                mark_static(self.cursor)
+            return self.cursor + torch.arange(time, device=device)
+        return torch.arange(self._length, self._length + time, device=device)
+
+    def advance(self, time: int) -> None:
+        """Count ``time`` more tokens as seen (in place on ``cursor`` when static)."""
+        if self.cursor is not None:
+            self.cursor.add_(time)
+        else:
+            self._length += time
 
     @property
     def nbytes(self) -> int:
@@ -43,13 +80,25 @@ class MixerState:
 
     def reset(self) -> None:
         """Forget every token (buffers may be kept for reuse)."""
-        self.length = 0
+        self._set_length(0)
 
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` tokens (rewind decoding steps)."""
         if not 0 <= length <= self.length:
             raise ConfigError("length", length, f"must be in 0..{self.length} (the tokens held)")
-        self.length = length
+        self._set_length(length)
+
+    def _set_length(self, length: int) -> None:
+        if self.cursor is not None:
+            self.cursor.fill_(length)
+        else:
+            self._length = length
+
+
+def mark_static(tensor: torch.Tensor) -> None:
+    """Tell torch.compile that ``tensor`` keeps its address across calls (CUDA graphs then read it in
+    place instead of copying it in, and may write it)."""
+    torch._dynamo.mark_static_address(tensor)
 
 
 class LayerState:
@@ -57,19 +106,28 @@ class LayerState:
     mixer on its first call) and a cross-attention's memory keys and values (``cross``).
 
     ``max_len`` (prompt + new tokens) lets growing states preallocate; they grow past it if needed.
+    ``static``: the mixer's state is static (see :class:`MixerState`): ``max_len`` slots, never more.
     """
 
-    def __init__(self, max_len: int | None = None) -> None:
+    def __init__(self, max_len: int | None = None, static: bool = False) -> None:
         if max_len is not None and max_len < 1:
             raise ConfigError("max_len", max_len, "must be a positive integer or None")
+        if static and max_len is None:
+            raise ConfigError("max_len", max_len, "a static state needs its capacity: prompt + new tokens")
         self.max_len = max_len
+        self.static = static
         self.mixer: MixerState | None = None
         self.cross: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def mixer_state(self, kind: Callable[[int | None], S]) -> S:
         """The mixer's state, made by ``kind(max_len)`` on first use (``kind``: a MixerState class)."""
         if self.mixer is None:
-            self.mixer = kind(self.max_len)
+            state = kind(self.max_len)
+            if self.static:
+                if not state.supports_static:
+                    raise ValueError(f"{type(state).__name__} cannot run static (its supports_static is False)")
+                state.static = True
+            self.mixer = state
         elif isinstance(kind, type) and not isinstance(self.mixer, kind):
             raise TypeError(
                 f"this layer state holds a {type(self.mixer).__name__}, not a {kind.__name__}; "
@@ -108,7 +166,13 @@ class GrowingState(MixerState):
     The buffers get ``max_len`` slots at the first write (default: that write's length); a write past
     the capacity reallocates to twice the size. ``positions`` (batch, capacity) holds per-sample
     position ids when a writer passes them (for score biases); otherwise slot ``s`` is position ``s``.
+
+    Static: zeroed buffers of ``max_len`` slots from the first write, written at the cursor by
+    ``index_copy_``; writes return the whole buffers (empty slots after the present are zeros, which
+    the causal mask hides), and writing past ``max_len`` is an index error.
     """
+
+    supports_static = True
 
     def __init__(self, max_len: int | None = None) -> None:
         super().__init__(max_len)
@@ -126,16 +190,14 @@ class GrowingState(MixerState):
     def write(self, *new: torch.Tensor, positions: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Write ``new`` tensors (each (..., t_new, features), batch first) after the held ones; return
         views of everything held. positions: (b, t_new) position ids of the new tokens, kept when given."""
+        if self.static:
+            return self._write_static(new, positions)
         start, end = self.length, self.length + new[0].shape[-2]
         if self.buffers is None or (start == 0 and not self._fits(new)):
             self.positions = None
             self._allocate(new, max(self.max_len or 0, end))
         elif not self._fits(new):
-            held = ", ".join(f"{tuple(b.shape)} {b.dtype}" for b in self.buffers)
-            got = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in new)
-            raise ValueError(
-                f"{type(self).__name__} holds buffers {held}, got {got}; reset() it before decoding another batch"
-            )
+            self._fits_or_raise(new)
         elif end > self.capacity:
             self._allocate(new, max(end, 2 * self.capacity))
         assert self.buffers is not None
@@ -148,8 +210,46 @@ class GrowingState(MixerState):
                 self.positions = slots.expand(batch, -1).clone()  # (b, capacity), a copy, not a view
             ids = torch.arange(start, end, device=new[0].device) if positions is None else positions
             self.positions[:, start:end] = ids
-        self.length = end
+        self._length = end
         return [buffer[..., :end, :] for buffer in self.buffers]
+
+    def key_positions(self) -> torch.Tensor | None:
+        """Per-sample position ids (b, keys) of the keys :meth:`write` returned, or None (slots)."""
+        if self.positions is None or self.static:
+            return self.positions
+        return self.positions[:, : self.length]
+
+    def _write_static(self, new: tuple[torch.Tensor, ...], positions: torch.Tensor | None) -> list[torch.Tensor]:
+        """Write at the cursor into fixed buffers of ``max_len`` slots; return the whole buffers."""
+        assert self.max_len is not None, "LayerState(static=True) requires max_len"
+        if self.buffers is None or not self._fits(new):
+            if self.buffers is not None and self.length:
+                self._fits_or_raise(new)
+            self.buffers = [t.new_zeros(*t.shape[:-2], self.max_len, t.shape[-1]) for t in new]
+            self.positions = None
+            for buffer in self.buffers:
+                mark_static(buffer)
+        slots = self.slots(new[0].shape[-2], new[0].device)  # (t_new,)
+        for buffer, tensor in zip(self.buffers, new, strict=True):
+            buffer.index_copy_(-2, slots, tensor)
+        if positions is not None and self.positions is None:  # the tokens so far had their slots as positions
+            self.positions = torch.arange(self.max_len, device=slots.device).expand(positions.shape[0], -1).clone()
+            mark_static(self.positions)
+        if self.positions is not None:
+            ids = slots.expand(new[0].shape[0], -1) if positions is None else positions
+            self.positions.index_copy_(1, slots, ids)
+        self.advance(new[0].shape[-2])
+        return list(self.buffers)
+
+    def _fits_or_raise(self, new: tuple[torch.Tensor, ...]) -> None:
+        """Raise unless ``new`` matches the buffers (another batch needs a reset() first)."""
+        assert self.buffers is not None
+        if not self._fits(new):
+            held = ", ".join(f"{tuple(b.shape)} {b.dtype}" for b in self.buffers)
+            got = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in new)
+            raise ValueError(
+                f"{type(self).__name__} holds buffers {held}, got {got}; reset() it before decoding another batch"
+            )
 
     def _fits(self, new: tuple[torch.Tensor, ...]) -> bool:
         """Whether ``new`` matches the buffers in every size but time, dtype and device."""
