@@ -155,7 +155,8 @@ def test_a_mesh_that_does_not_fit_fails_the_run_before_any_tensor_work(tmp_path)
 
 
 def doc_launches() -> list[tuple[int, list[str]]]:
-    """(world size, zoo.train overrides) of each torchrun command in a bash block of docs/scale.md."""
+    """(world size, zoo.train overrides) of each torchrun command in a bash block of docs/scale.md,
+    and of each run of each ``zoo-sweep`` command there (one per value of the swept axes)."""
     import re
     import shlex
     from pathlib import Path
@@ -164,12 +165,34 @@ def doc_launches() -> list[tuple[int, list[str]]]:
     found = []
     for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE):
         words = shlex.split(block.replace("\\\n", " "))
-        if "torchrun" not in words:
-            continue
-        options = dict(w.removeprefix("--").split("=", 1) for w in words if w.startswith("--") and "=" in w)
-        world = int(options.get("nnodes", 1)) * int(options["nproc_per_node"])
-        found.append((world, words[words.index("zoo.train") + 1 :]))
+        if "torchrun" in words:
+            options = dict(w.removeprefix("--").split("=", 1) for w in words if w.startswith("--") and "=" in w)
+            world = int(options.get("nnodes", 1)) * int(options["nproc_per_node"])
+            found.append((world, words[words.index("zoo.train") + 1 :]))
+        elif words and words[0] == "zoo-sweep":
+            found += sweep_launches(words[1], words[2:])
     return found
+
+
+def sweep_launches(name: str, words: list[str]) -> list[tuple[int, list[str]]]:
+    """One (world size, overrides) per value of each axis ``sweeps/<name>.yaml`` sweeps."""
+    import yaml
+
+    from zoo import AXES
+    from zoo.lab.sweep import SWEEPS_DIR
+
+    launcher = dict(w.removeprefix("hydra.launcher.").split("=", 1) for w in words if w.startswith("hydra.launcher."))
+    world = int(launcher.get("nodes", 1)) * int(launcher["tasks_per_node"])
+    fixed = [f"+sweeps={name}", *(w for w in words if not w.startswith("hydra"))]
+    params = yaml.safe_load((SWEEPS_DIR / f"{name}.yaml").read_text())["hydra"]["sweeper"]["params"]
+    runs = []
+    for axis, values in params.items():
+        if axis not in AXES:
+            continue
+        excluded = values.partition("exclude=")[2].rstrip(")").split(",") if "exclude=" in values else []
+        names = AXES[axis].names() if values.startswith("glob(") else values.split(",")
+        runs += [(world, [*fixed, f"{axis}={v}"]) for v in names if v not in excluded]
+    return runs
 
 
 @pytest.mark.parametrize(("world", "overrides"), doc_launches(), ids=lambda v: str(v) if isinstance(v, int) else "")
@@ -198,4 +221,7 @@ def test_the_cluster_commands_in_the_docs_fit_their_mesh(world, overrides):
 
 
 def test_doc_launches_are_found():
-    assert sorted(world for world, _ in doc_launches()) == [8, 16]
+    from zoo import MLPS
+
+    worlds = [world for world, _ in doc_launches()]
+    assert sorted(worlds) == [8] * len(MLPS.names()) + [16]  # one node, each MLP but moe swept at 8; two nodes

@@ -112,6 +112,22 @@ def test_sweep_resumes_on_submitit_local(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_sweep_on_submitit_trains_each_run_on_several_processes(tmp_path):
+    # tasks_per_node=2: each run is one submitit job of two processes (two GPUs of a SLURM node, or
+    # two gloo processes here), which find each other through submitit's job environment.
+    fixed = [*SMALL, "mlp=gelu", "seed=0", "parallel.dp_shard=2", "hydra.launcher.tasks_per_node=2"]
+    zoo_cli("zoo.lab.sweep", "quick", *fixed, "pos=none,rotary", "hydra.sweep.dir=sweep",
+            "hydra/launcher=submitit_local", cwd=tmp_path)  # fmt: skip
+    runs = summaries(tmp_path / "sweep")
+    for summary in runs.values():
+        assert summary["status"] == "ok" and summary["world_size"] == 2, summary.get("error")
+        assert summary["parallel"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 1}  # FSDP2 over the two tasks
+        assert summary["tokens"] == 2 * 4 * 4 * 32  # both ranks' batches per step
+        assert (Path(summary["run_dir"]) / "model.safetensors").exists()  # gathered from the shards
+    assert len(runs) == 2 and (tmp_path / "sweep" / "report.md").exists()
+
+
+@pytest.mark.slow
 def test_torchrun_ddp_two_cpu_processes_and_resume(tmp_path):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     # Checkpoints after steps 1, 2 and 3; dropout draws from each rank's own generator.

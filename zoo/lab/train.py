@@ -74,9 +74,25 @@ OmegaConf.register_new_resolver("zoo_dirname", run_dirname, replace=True)
 
 
 def dist_env() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) without it."""
+    """(rank, world size, local rank) from torchrun's environment, or from the tasks of a submitit
+    job (a sweep on ``hydra/launcher=submitit_slurm`` with ``hydra.launcher.tasks_per_node`` > 1: one
+    process per task, each running the run); (0, 1, 0) for one process."""
+    if "WORLD_SIZE" not in os.environ and submitit_tasks() > 1:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        # RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (the job's first node), MASTER_PORT (from the job id)
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # cuda:LOCAL_RANK is chosen below
     env = os.environ
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
+
+
+def submitit_tasks() -> int:
+    """Processes in this submitit job (1 outside one)."""
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return 1
+    import submitit
+
+    return submitit.JobEnvironment().num_tasks
 
 
 def default_threads(parallel_jobs: int = 1) -> int:
@@ -192,8 +208,13 @@ def train(
     report_options(raw.get("report"))  # a bad report.baseline or report.correction fails before training
     # Fail on the block before reading data (a part's name naming the option file that set it).
     resolve_composed(raw.get("block") or {}, summary["choices"], summary["overrides"])
-    if world > 1 and multirun:
-        raise ConfigError("hydra.mode", "MULTIRUN", "torchrun trains one configuration; launch sweeps without it")
+    if world > 1 and multirun and submitit_tasks() == 1:
+        raise ConfigError(
+            "hydra.mode",
+            "MULTIRUN",
+            "torchrun trains one configuration; launch sweeps without it (or on submitit with "
+            "hydra.launcher.tasks_per_node: one process per task for each run)",
+        )
     tune_options(raw.get("tune"))
     parallel = Parallel.from_config(raw.get("parallel"), world)  # the mesh's keys against the world size
     options = model_options(raw)
