@@ -57,6 +57,10 @@ class MixerState:
         """Tokens seen so far."""
         return int(self.cursor) if self.cursor is not None else self._length
 
+    @length.setter
+    def length(self, value: int) -> None:
+        self._set_length(value)
+
     def slots(self, time: int, device: torch.device) -> torch.Tensor:
         """Slot indices (time,) of the next ``time`` tokens: ``length .. length + time - 1``."""
         if self.static:
