@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -123,11 +124,11 @@ def plot_final(report: Report, path: Path) -> Figure:
     ax.set_yticks(ys, labels, fontsize="small")
     ax.set_ylim(-0.7, n - 0.3)
     better = "lower" if report.mode == "min" else "higher"
-    ax.set_xlabel(f"{m} ({better} is better); dot: mean, bar: {CONFIDENCE:.0%} interval over seeds, x: each seed")
+    ax.set_xlabel(f"{m} ({better} is better)\ndot: mean, bar: {CONFIDENCE:.0%} interval over seeds, x: each seed")
     ax.set_title(f"final {m} per variant, best at the top")
-    delta_ax.set_xlabel(f"Δ {m}: variant - baseline, paired by seed ({CONFIDENCE:.0%} interval)")
+    delta_ax.set_xlabel(f"Δ {m}: variant - baseline\npaired by seed ({CONFIDENCE:.0%} interval)")
     how = ", Holm-corrected verdicts" if report.correction == "holm" else ""
-    delta_ax.set_title(f"difference from {report.baseline_label}{how}")
+    delta_ax.set_title(textwrap.fill(f"difference from {report.baseline_label}{how}", 44))  # long labels wrap
     for axis in (ax, delta_ax):
         axis.grid(axis="x", alpha=0.3)
     if known:
