@@ -172,8 +172,9 @@ class GrowingState(MixerState):
     position ids when a writer passes them (for score biases); otherwise slot ``s`` is position ``s``.
 
     Static: zeroed buffers of ``max_len`` slots from the first write, written at the cursor by
-    ``index_copy_``; writes return the whole buffers (empty slots after the present are zeros, which
-    the causal mask hides), and writing past ``max_len`` is an index error.
+    ``index_copy_``; writes return the whole buffers (the slots after the present hold zeros, or an
+    earlier request's keys after a reset, and the causal mask hides them), and writing past
+    ``max_len`` is an index error.
     """
 
     supports_static = True
