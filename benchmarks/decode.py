@@ -91,23 +91,6 @@ def hf_llama(model: zoo.LanguageModel, args: argparse.Namespace) -> torch.nn.Mod
 
 
 @torch.no_grad()
-def per_token_seconds(model: zoo.LanguageModel, context: int, args: argparse.Namespace) -> float:
-    """Seconds per cached decoding step with ``context`` tokens already in the cache (median of repeats)."""
-    prompt = torch.randint(0, args.vocab, (args.batch, context), device=args.device)
-    token = prompt[:, -1:]
-    caches = model.new_caches(context + args.steps)
-
-    def run() -> None:
-        for cache in caches:
-            cache.truncate(context)  # drop the previous run's steps; the prompt stays cached
-        for _ in range(args.steps):
-            model(token, caches=caches)
-
-    model(prompt, caches=caches)
-    return time_interleaved({"steps": run}, args.device, args.repeats)["steps"] / args.steps
-
-
-@torch.no_grad()
 def static_per_token_seconds(
     model: zoo.LanguageModel, contexts: list[int], args: argparse.Namespace
 ) -> dict[int, tuple[float, float]]:
@@ -245,9 +228,8 @@ def main() -> None:
         row("same greedy tokens as HF (same weights)", "yes" if same else "no", "yes")
 
     short, long = args.contexts
-    t_short, t_long = per_token_seconds(model, short, args), per_token_seconds(model, long, args)
-    row(f"zoo per-token time, context {short}", f"{t_short * 1e3:.2f} ms")
-    row(f"zoo per-token time, context {long}", f"{t_long * 1e3:.2f} ms")
+    per_token = static_per_token_seconds(model, [short, long], args)  # growing cache and static step, per context
+    (t_short, _), (t_long, _) = per_token[short], per_token[long]
     row(f"per-token time {long} / {short}", f"{t_long / t_short:.2f}", "<= 2")
 
     bandwidth = read_bandwidth(args.device)
@@ -255,7 +237,7 @@ def main() -> None:
     kind = "eager static step" if args.no_compile else "compiled static step"
     products = matvec_seconds(model, args)
     row("matrix-vector products alone (every weight once)", f"{products * 1e3:.2f} ms")
-    for context, (eager, static) in static_per_token_seconds(model, [short, long], args).items():
+    for context, (eager, static) in per_token.items():
         floor = bytes_per_step(model, context, args) / bandwidth
         row(f"floor per token, context {context} (bytes read / bandwidth)", f"{floor * 1e3:.2f} ms")
         row(f"growing cache (eager), context {context}", f"{eager * 1e3:.2f} ms ({eager / floor:.2f}x floor)")

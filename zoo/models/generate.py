@@ -41,6 +41,21 @@ def left_padding_positions(key_mask: torch.Tensor, ids: torch.Tensor) -> torch.T
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def padded_prompt(
+    ids: torch.Tensor, key_mask: torch.Tensor | None, width: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A left-padded prompt's per-sample positions (b, t) and the key mask (b, width) of the prompt
+    followed by ``width - t`` generated tokens, which are real; (None, None) when no token is padding."""
+    if key_mask is None:
+        return None, None
+    positions = left_padding_positions(key_mask, ids)  # validates the mask
+    if bool(key_mask.all()):
+        return None, None  # no padding: the fast path with no mask at all
+    full = torch.ones(ids.shape[0], width, dtype=torch.bool, device=ids.device)
+    full[:, : ids.shape[1]] = key_mask
+    return positions, full
+
+
 def sample(
     logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None = None
 ) -> torch.Tensor:

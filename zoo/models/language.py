@@ -34,7 +34,7 @@ from zoo.models.base import (
     token_init_stds,
 )
 from zoo.models.config import block_section, layer_specs, model_options
-from zoo.models.generate import check_generate_args, decode, left_padding_positions
+from zoo.models.generate import check_generate_args, decode, padded_prompt
 from zoo.parts.positions import LearnedEmbedding
 from zoo.parts.state import LayerState
 
@@ -180,15 +180,9 @@ class LanguageModel(TokenModel):
         check_generate_args(prompt_ids, max_new_tokens, temperature, top_k)
         batch, time = prompt_ids.shape
         total = time + max_new_tokens
-        positions = None
-        if key_mask is not None:
-            positions = left_padding_positions(key_mask, prompt_ids)
-            if bool(key_mask.all()):
-                key_mask = positions = None  # no padding: the fast path with no mask at all
-        full_mask = full_positions = None
-        if key_mask is not None and positions is not None:
-            full_mask = torch.ones(batch, total, dtype=torch.bool, device=prompt_ids.device)
-            full_mask[:, :time] = key_mask  # (b, prompt + new): generated tokens are real
+        positions, full_mask = padded_prompt(prompt_ids, key_mask, total)  # (b, t), (b, prompt + new)
+        full_positions = None
+        if positions is not None:
             steps = torch.arange(1, max_new_tokens + 1, device=prompt_ids.device)
             full_positions = torch.cat([positions, positions[:, -1:] + steps], dim=1)
 
@@ -197,7 +191,8 @@ class LanguageModel(TokenModel):
 
             def next_logits(token: torch.Tensor | None, step: int) -> torch.Tensor:
                 if token is None:  # prefill: the whole prompt at once
-                    h = self.hidden_states(prompt_ids, key_mask=key_mask, caches=caches, positions=positions)
+                    prompt_mask = None if full_mask is None else full_mask[:, :time]
+                    h = self.hidden_states(prompt_ids, key_mask=prompt_mask, caches=caches, positions=positions)
                 else:  # one token against the cache
                     end = time + step
                     h = self.hidden_states(

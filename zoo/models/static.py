@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from zoo.core.errors import ConfigError
-from zoo.models.generate import check_generate_args, decode, left_padding_positions
+from zoo.models.generate import check_generate_args, decode, padded_prompt
 from zoo.models.language import LanguageModel
 from zoo.parts.positions import LearnedEmbedding
 
@@ -89,14 +89,10 @@ class StaticDecoder:
                 f"must be <= {self.max_len - time}: the prompt's {time} tokens and the new ones "
                 f"must fit max_len={self.max_len}",
             )
-        device = prompt_ids.device
-        positions = torch.arange(time, device=device).expand(batch, time)  # (b, t)
-        full_mask = None  # (b, max_len): True at real tokens; generated tokens and empty slots count as real
-        if key_mask is not None:
-            positions = left_padding_positions(key_mask, prompt_ids)
-            if not bool(key_mask.all()):
-                full_mask = torch.ones(batch, self.max_len, dtype=torch.bool, device=device)
-                full_mask[:, :time] = key_mask
+        # (b, t) and (b, max_len): generated tokens and empty slots count as real (the causal mask hides the latter)
+        positions, full_mask = padded_prompt(prompt_ids, key_mask, self.max_len)
+        if positions is None:
+            positions = torch.arange(time, device=prompt_ids.device).expand(batch, time)
         for cache in self.caches:
             cache.reset()
         hidden = self.model.hidden_states(prompt_ids, key_mask=full_mask, caches=self.caches, positions=positions)

@@ -24,7 +24,7 @@ from zoo.core.options import option_types
 from zoo.core.registry import ATTENTIONS, NORMS
 from zoo.core.tp import ColwiseParallel, Plan, gather_sequence, has_plan, heads_norm, prefixed, row_output
 from zoo.parts.positions import Position
-from zoo.parts.state import GrowingState, LayerState
+from zoo.parts.state import GrowingState, LayerState, query_slots
 
 Backend = Literal["sdpa", "math"]
 
@@ -360,8 +360,7 @@ class Attention(nn.Module):
         """
         time = x.shape[1]
         state = None if cache is None else cache.mixer_state(KVCache)
-        # absolute indices of the queries (t,)
-        slots = torch.arange(time, device=x.device) if state is None else state.slots(time, x.device)
+        slots = query_slots(state, time, x.device)  # absolute indices of the queries (t,)
 
         # One reshape for all heads: per key/value group g, n = r query heads + its key + its value.
         # g is n_kv_heads, or this rank's share of them under tensor parallelism (whole groups).

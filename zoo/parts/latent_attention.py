@@ -28,7 +28,7 @@ from zoo.core.tp import (
 )
 from zoo.parts.attention import Backend, attend_at
 from zoo.parts.positions import Position
-from zoo.parts.state import GrowingState, LayerState
+from zoo.parts.state import GrowingState, LayerState, query_slots
 
 
 class LatentCache(GrowingState):
@@ -179,7 +179,7 @@ class LatentAttention(nn.Module):
         """x: (b, t, d_model) -> (b, t, d_model); arguments as in :meth:`zoo.parts.attention.Attention.forward`."""
         state = None if cache is None else cache.mixer_state(LatentCache)
         time = x.shape[1]
-        slots = torch.arange(time, device=x.device) if state is None else state.slots(time, x.device)  # (t,)
+        slots = query_slots(state, time, x.device)  # (t,)
         latent, rope_key = self.kv_down(x).split([self.kv_rank, self.d_head], dim=-1)
         latent = self.kv_norm(latent)  # (b, t, kv_rank)
         q = rearrange(self.queries(x), "b t (h two d) -> two b h t d", d=self.d_head, two=2)  # h: this rank's heads

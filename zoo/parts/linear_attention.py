@@ -30,7 +30,7 @@ from zoo.core.tp import (
 )
 from zoo.parts.attention import Backend
 from zoo.parts.positions import Position
-from zoo.parts.state import LayerState, MixerState, mark_static, nbytes
+from zoo.parts.state import LayerState, MixerState, mark_static, nbytes, query_slots
 
 FeatureMap = Literal["elu", "relu", "identity"]
 Decay = Literal["none", "fixed", "gated"]
@@ -299,7 +299,7 @@ class LinearAttention(nn.Module):
             [self.d_key, self.d_key, self.d_head], dim=-1
         )
         q, k = feature(q, self.feature_map), feature(k, self.feature_map)
-        slots = torch.arange(time, device=x.device) if state is None else state.slots(time, x.device)
+        slots = query_slots(state, time, x.device)  # (t,)
         q, k = self.position.rotate(q, k, slots if positions is None else positions)
         log_decay = self.log_decay(x).to(torch.promote_types(x.dtype, torch.float32))  # summed: at least float32
         if key_mask is not None:  # padding: no key, no decay

@@ -99,6 +99,11 @@ class MixerState:
             self._length = length
 
 
+def query_slots(state: MixerState | None, time: int, device: torch.device) -> torch.Tensor:
+    """Slot indices (time,) of a call's tokens: after those ``state`` holds, or 0..time-1 without one."""
+    return torch.arange(time, device=device) if state is None else state.slots(time, device)
+
+
 def mark_static(tensor: torch.Tensor) -> None:
     """Tell torch.compile that ``tensor`` keeps its address across calls (CUDA graphs then read it in
     place instead of copying it in, and may write it)."""
