@@ -28,15 +28,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from zoo.testing.combos import has_part
+
     wanted = [parse_part(item) for item in config.getoption("part")]
     if not wanted:
         return
     keep, drop = [], []
     for item in items:
         combo = getattr(item, "callspec", None) and item.callspec.params.get("combo")
-        matches = isinstance(combo, dict) and all(
-            combo.get(axis) == name or str(combo.get(axis)).partition("+")[0] == name for axis, name in wanted
-        )
+        matches = isinstance(combo, dict) and all(has_part(combo, part) for part in wanted)
         (keep if matches else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -44,17 +44,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def parse_part(option: str) -> tuple[str, str]:
-    """``norm=dyt`` -> ("norm", "dyt"), checked against the registry."""
-    from zoo import AXES, ConfigError
+    """``norm=dyt`` -> ("norm", "dyt"), checked against the registry (zoo.testing.combos.parse_part)."""
+    from zoo import ConfigError
+    from zoo.testing.combos import parse_part as parse
 
-    axis, sep, name = option.partition("=")
-    if not sep or axis not in AXES:
-        raise pytest.UsageError(f"--part {option}: write AXIS=NAME with AXIS one of {', '.join(AXES)}")
     try:
-        AXES[axis].get(name.partition("+")[0])
+        return parse(option)
     except ConfigError as error:
         raise pytest.UsageError(f"--part {option}: {error}") from None
-    return axis, name
 
 
 @pytest.fixture(autouse=True)

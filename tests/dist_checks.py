@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from combos import VOCAB, block_config, combo_id, context_of, covering_combinations, scramble
 
 from zoo import LanguageModel, resolve_block
 from zoo.assembly.compat import tp_refusal
 from zoo.lab.scale import Parallel, parallelize
 from zoo.parts.attention import KVCache
+from zoo.testing.combos import VOCAB, block_config, combo_id, context_of, covering_combinations, scramble
 
 
 def free_port() -> int:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from combos import TINY, block_config, context_of
-from contract import Subject
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -13,6 +11,8 @@ import zoo
 from zoo import POSITIONS, ConfigError, build_block, build_model, check_combination, compose
 from zoo.lab.cli import parts_main
 from zoo.parts.positions import Position
+from zoo.testing.combos import TINY, block_config, context_of
+from zoo.testing.contract import Subject
 
 
 def cfg(**axes):

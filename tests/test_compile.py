@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from combos import block_config, build, combo_id, context_of, covering_combinations, randomize
 
 from zoo.lab.scale import compile_block
 from zoo.lab.trainer import check_run_config
+from zoo.testing.combos import block_config, build, combo_id, context_of, covering_combinations, randomize
 
 COVERING = covering_combinations()
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from combos import TINY
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -16,6 +15,7 @@ from zoo import AXES, ConfigError, Registry, build_block, compose, resolve_block
 from zoo.assembly.compose import option_file
 from zoo.assembly.spec import every_option
 from zoo.core.registry import BUILT_IN
+from zoo.testing.combos import TINY
 
 
 def cfg(**changes):

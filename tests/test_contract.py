@@ -1,4 +1,4 @@
-"""The block contract (tests/contract.py), checked for every combination of registered parts.
+"""The block contract (zoo/testing/contract.py), checked for every combination of registered parts.
 
 One test per combination: its blocks are built once and every property runs against them; a
 failure names each property that failed. Invalid combinations are skipped with the reason
@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from combos import every_combination, every_pair
-from contract import PROPERTIES, Subject, conclude, declared_exceptions, run_contract
+
+from zoo.testing.combos import every_combination, every_pair
+from zoo.testing.contract import PROPERTIES, Subject, conclude, declared_exceptions, run_contract
 
 
 @every_combination
@@ -23,7 +24,7 @@ def test_block_contract(combo, record_property):
     failures, notes = run_contract(subject)
     for note in notes:
         record_property("note", note)
-    conclude(failures, declared_exceptions(combo), PROPERTIES, record_property)
+    conclude(failures, declared_exceptions(combo), PROPERTIES, record_property, combo)
 
 
 # --- Models, cross-attention and encoder blocks ----------------------------------------------------
@@ -31,10 +32,10 @@ def test_block_contract(combo, record_property):
 # every check runs on them, and a failure names each check that failed.
 
 import torch  # noqa: E402
-from combos import VOCAB, block_config, make_model, randomize  # noqa: E402
-from contract import close  # noqa: E402
 
 from zoo import LayerState, StaticDecoder, build_block  # noqa: E402
+from zoo.testing.combos import VOCAB, block_config, make_model, randomize  # noqa: E402
+from zoo.testing.contract import close  # noqa: E402
 
 B, T, D = 2, 6, 16
 S = 5  # source (encoder memory) length
@@ -97,7 +98,7 @@ def run_checks(combo: dict[str, str], checks: dict[str, Callable[[Built], None]]
             check(built)
         except AssertionError as error:
             failures[name] = str(error)
-    conclude(failures, declared_exceptions(combo), checks, record_property)
+    conclude(failures, declared_exceptions(combo), checks, record_property, combo)
 
 
 @every_combination
@@ -240,16 +241,16 @@ def encoder_block_sees_both_directions_and_ignores_padding(built: Built) -> None
 
 def test_declared_exceptions_name_real_checks():
     """A part's ``contract_exceptions`` may only name a property or model check that exists (a typo
-    would otherwise excuse nothing, silently)."""
+    would otherwise excuse nothing, silently), each with a reason, limited (``only_with``) to axes
+    that exist."""
     from zoo import AXES
     from zoo.core.options import option_defaults
+    from zoo.testing.contract import exception_entry, part_exceptions
 
     known = set(PROPERTIES) | set(MODEL_CHECKS) | set(PAIR_CHECKS)
     for axis, registry in AXES.items():
         for part in registry.parts():
-            exceptions = getattr(part.cls, "contract_exceptions", None) or {}
-            if callable(exceptions):
-                exceptions = exceptions(**option_defaults(part))
-            for name, why in exceptions.items():
+            for name, value in part_exceptions(part.cls, option_defaults(part)).items():
                 assert name in known, f"{axis} {part.name} declares an exception for {name!r}: not a contract check"
-                assert isinstance(why, str) and why.strip(), f"{axis} {part.name}: {name!r} needs a reason"
+                why, _ = exception_entry(value)  # raises ValueError on a malformed entry
+                assert why.strip(), f"{axis} {part.name}: {name!r} needs a reason"

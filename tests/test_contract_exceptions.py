@@ -1,6 +1,7 @@
-"""Declared contract exceptions (tests/contract.py): a part may declare, in its class, a property that
-cannot hold by design and why; the suite then reports it (xfail with the reason, and the run's
-summary) instead of failing, and every failure no part declared still fails."""
+"""Declared contract exceptions (zoo/testing/contract.py): a part may declare, in its class, a property
+that cannot hold by design and why, for every combination or only for those with given other parts;
+the suite then reports it (xfail with the reason, and the run's summary) instead of failing, and every
+failure no part declared still fails."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ from typing import Literal
 
 import pytest
 import torch
-from contract import PROPERTIES, Subject, conclude, declared_exceptions, run_contract, settle
 
 from zoo import MLPS
 from zoo.parts.mlps import GeluMLP
+from zoo.testing.contract import (
+    PROPERTIES,
+    Subject,
+    conclude,
+    declared_exceptions,
+    exception_entry,
+    run_contract,
+    settle,
+)
 
 ROUND_TRIP, EVAL, BACKENDS = "state_dict round trip", "dropout only in train()", "sdpa and math agree"
 
@@ -21,7 +30,7 @@ class Reseeded(GeluMLP):
     reloaded copy computes another function (the round trip breaks, and so do eval() equal to the
     dropout-free block and the two backends agreeing: each is a fresh build loaded with its weights)."""
 
-    def __init__(self, dims, *, declare: Literal["both", "round_trip", "none"] = "both") -> None:  # noqa: ANN001
+    def __init__(self, dims, *, declare: Literal["both", "round_trip", "limited", "none"] = "both") -> None:  # noqa: ANN001
         super().__init__(dims)
         self.register_buffer("offset", torch.randn(dims.d_model), persistent=False)
 
@@ -31,6 +40,7 @@ class Reseeded(GeluMLP):
         return {
             "both": dict.fromkeys((ROUND_TRIP, EVAL, BACKENDS), reason),
             "round_trip": {ROUND_TRIP: reason},
+            "limited": {ROUND_TRIP: {"why": reason, "only_with": {"attn": "gqa", "pos": ["none", "alibi"]}}},
             "none": {},
         }[declare]
 
@@ -44,7 +54,7 @@ WHY = "mlp reseeded: its offset is redrawn at construction"
 
 @pytest.fixture
 def reseeded():
-    MLPS.register("reseeded", variants={"one": {"declare": "round_trip"}})(Reseeded)
+    MLPS.register("reseeded", variants={"one": {"declare": "round_trip"}, "limited": {"declare": "limited"}})(Reseeded)
     yield
     MLPS.unregister("reseeded")
 
@@ -85,3 +95,33 @@ def test_a_declared_exception_that_holds_is_still_reported():
     recorded.clear()
     conclude({}, {ROUND_TRIP: "mlp x: why"}, ["shape kept"], lambda key, value: recorded.append((key, value)))
     assert recorded == []  # not among the checks that ran
+
+
+def test_an_exception_limited_to_other_parts_applies_only_with_them(reseeded):
+    limited = {**COMBO, "mlp": "reseeded+limited"}
+    assert declared_exceptions(limited) == {}  # attn mha: not gqa
+    assert declared_exceptions({**limited, "attn": "gqa"}) == {ROUND_TRIP: WHY}
+    assert declared_exceptions({**limited, "attn": "gqa+window", "pos": "alibi"}) == {ROUND_TRIP: WHY}  # variants in
+    assert declared_exceptions({**limited, "attn": "gqa", "pos": "rotary"}) == {}  # every axis named must match
+    # Where it does not apply, the failure it would excuse fails.
+    subject = Subject.of(limited)
+    failures, _ = run_contract(subject)
+    line = r"(?m)^pre-rmsnorm-mha-none-reseeded\+limited: state_dict round trip: a fresh build"
+    with pytest.raises(AssertionError, match=line):
+        conclude(failures, declared_exceptions(limited), PROPERTIES, lambda key, value: None, limited)
+
+
+@pytest.mark.parametrize(
+    "value, wrong",
+    [
+        ({"reason": "x"}, "give the reason"),
+        ({"why": "x", "only_with": {}}, "non-empty mapping"),
+        ({"why": "x", "only_with": {"nrom": "rmsnorm"}}, "'nrom'"),
+        ({"why": "x", "only_with": {"norm": 3}}, "part name"),
+        (3, "give the reason"),
+    ],
+)
+def test_a_malformed_exception_is_refused_naming_what_is_wrong(value, wrong):
+    with pytest.raises(ValueError, match=wrong):
+        exception_entry(value)
+    assert exception_entry({"why": "w", "only_with": {"norm": "rmsnorm"}}) == ("w", {"norm": ["rmsnorm"]})

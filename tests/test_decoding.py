@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from combos import VOCAB, make_model
 
 from zoo import ConfigError, KVCache, LayerState, MixerState
+from zoo.testing.combos import VOCAB, make_model
 
 LLAMA = {"placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rotary", "mlp": "swiglu"}
 

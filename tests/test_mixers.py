@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from combos import TINY, VOCAB, make_model
 
 from zoo import ConfigError, LayerState, build_block, check_combination
 from zoo.parts.latent_attention import LatentCache
 from zoo.parts.linear_attention import RecurrentState
 from zoo.parts.positions import Position
+from zoo.testing.combos import TINY, VOCAB, make_model
 
 LLAMA = {"placement": "pre", "norm": "rmsnorm", "pos": "rotary", "mlp": "swiglu"}
 D, H = TINY["d_model"], TINY["n_heads"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from combos import TINY
 
 from zoo import ConfigError, build_block, check_combination, param_report
 from zoo.core.auxiliary import collect_aux
 from zoo.parts.moe import MoE
+from zoo.testing.combos import TINY
 
 D = TINY["d_model"]
 

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from combos import TINY
 
 from zoo import ATTENTIONS, POSITIONS, build_block, check_combination
 from zoo.core.dims import BlockDims
@@ -16,6 +15,7 @@ from zoo.parts.attention import allowed_mask
 from zoo.parts.norms import RMSNorm, ScaleNorm
 from zoo.parts.placements import Parallel, SandwichNorm
 from zoo.parts.positions import Rotary, SinusoidalEmbedding, alibi_slopes
+from zoo.testing.combos import TINY
 
 D, H = TINY["d_model"], TINY["n_heads"]
 DIMS = BlockDims(d_model=D, n_heads=H)

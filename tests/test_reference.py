@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from combos import TINY
 
 from zoo import build_block, compose
 from zoo.parts.attention import fuse_qkv
+from zoo.testing.combos import TINY
 
 D, H = TINY["d_model"], TINY["n_heads"]
 

@@ -110,13 +110,13 @@ def test_sequence_lengths_must_split_between_tp_ranks():
 
 
 def test_every_built_in_part_has_a_plan_and_a_part_without_one_is_refused_by_name():
-    from combos import block_config
     from torch import nn
 
     from zoo import AXES, MLPS, resolve_block
     from zoo.assembly.compat import tp_refusal
     from zoo.core.tp import has_plan
     from zoo.parts.mlps import SwiGLU
+    from zoo.testing.combos import block_config
 
     for axis, registry in AXES.items():
         for part in registry.parts():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from combos import VOCAB, scramble
 
 from zoo import ConfigError, Seq2SeqModel, build_seq2seq, compose
+from zoo.testing.combos import VOCAB, scramble
 
 SIZES = ["block.d_model=16", "block.n_heads=4", f"model.vocab_size={VOCAB}", "model.n_layers=2"]
 

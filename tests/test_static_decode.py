@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from combos import VOCAB, combo_id, covering_combinations, make_model
 
 import zoo
 from zoo import ConfigError, LayerState, MixerState, StaticDecoder
+from zoo.testing.combos import VOCAB, combo_id, covering_combinations, make_model
 
 
 def every_part_once() -> list[dict[str, str]]:

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from combos import choices
 
 import zoo
+from zoo.testing.combos import choices
 
 ROOT = Path(zoo.__file__).resolve().parent.parent
 TUTORIAL = ROOT / "docs" / "adding-a-part.md"

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from combos import TINY
 
 from zoo import build_block
 from zoo.core.dims import BlockDims
 from zoo.parts.positions import Rotary
+from zoo.testing.combos import TINY
 
 
 def silenced_block(placement: str) -> torch.nn.Module:

@@ -1,5 +1,5 @@
-"""The contract suite's grid, at tiny sizes, generated from the registry at collection time (so a
-newly registered part is covered at once):
+"""The contract suite's grid, at tiny sizes, generated from the registry when asked (so a newly
+registered part, built in or from a plugin, is covered at once):
 
 - every combination of part names (the product of the axes), and
 - every option *variant* paired with every choice of every other axis. A variant is an option
@@ -7,6 +7,10 @@ newly registered part is covered at once):
   of its axis that takes those options and shows as ``name+variant`` (``gqa+window``). Each variant
   choice is crossed one axis at a time with every choice of the other axes (the rest at their first
   part): all pairs, not the full product, which would multiply the grid's cost by 2.4.
+
+Also: the smaller covering sets (:func:`covering_combinations`, every pair of parts of two axes at least
+once), the selection of the combinations that contain given parts (:func:`select`), and deterministic
+shards (:func:`shard`). pytest is imported only by the helpers that parametrize or skip a test.
 """
 
 from __future__ import annotations
@@ -14,12 +18,16 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-import pytest
 import torch
 from torch import nn
 
-from zoo import AXES, LayerState, build_block, check_combination, resolve_block
+from zoo.assembly.build import build_block
+from zoo.assembly.compat import check_combination
+from zoo.assembly.spec import resolve_block
+from zoo.core.errors import ConfigError
 from zoo.core.options import option_types
+from zoo.core.registry import AXES
+from zoo.parts.state import LayerState
 
 #: Tiny sizes: 4 query heads so GQA's 2 kv heads sit strictly between MQA and MHA.
 TINY = {"d_model": 16, "n_heads": 4, "d_ff": 24, "bias": True, "dropout": 0.0, "max_len": 8}
@@ -75,20 +83,26 @@ def pairwise_combinations() -> list[dict[str, str]]:
     return list(combos.values())
 
 
-def every_pair(test: Any) -> Any:
-    """Parametrize ``test`` over :func:`pairwise_combinations`, ids as in :func:`every_combination`."""
-    combos = pairwise_combinations()
+def parametrize(test: Any, combos: list[dict[str, str]]) -> Any:
+    """``test`` parametrized over ``combos`` as ``combo``, with ids like ``pre-rmsnorm-gqa-rotary-swiglu``."""
+    import pytest
+
     return pytest.mark.parametrize("combo", combos, ids=[combo_id(c) for c in combos])(test)
 
 
+def every_pair(test: Any) -> Any:
+    """Parametrize ``test`` over :func:`pairwise_combinations`, ids as in :func:`every_combination`."""
+    return parametrize(test, pairwise_combinations())
+
+
 def combo_id(combo: dict[str, str]) -> str:
+    """``pre-rmsnorm-gqa-rotary-swiglu``: the labels in axis order."""
     return "-".join(combo.values())
 
 
 def every_combination(test: Any) -> Any:
     """Parametrize ``test`` over every combination, with ids like ``pre-rmsnorm-gqa-rotary-swiglu``."""
-    combos = combinations()
-    return pytest.mark.parametrize("combo", combos, ids=[combo_id(c) for c in combos])(test)
+    return parametrize(test, combinations())
 
 
 def node(axis: str, label: str) -> dict[str, Any]:
@@ -147,6 +161,8 @@ def make_block(combo: dict[str, str], dtype: torch.dtype = torch.float64, **over
     cfg = block_config(combo, **overrides)
     context, reason = context_of(cfg)
     if context is None:
+        import pytest
+
         pytest.skip(reason)
     block = build(cfg, context).to(dtype)
     randomize(block)
@@ -167,7 +183,7 @@ VOCAB = 32
 
 def make_model(combo: dict[str, str], dtype: torch.dtype = torch.float64, n_layers: int = 2, **overrides: Any):
     """A tiny LanguageModel of ``combo`` with weights large enough that greedy tokens vary."""
-    from zoo import LanguageModel, resolve_block
+    from zoo.models.language import LanguageModel
 
     model = LanguageModel(resolve_block(block_config(combo, **overrides)), VOCAB, n_layers).to(dtype)
     scramble(model)
@@ -183,14 +199,17 @@ def scramble(module: torch.nn.Module, std: float = 0.3) -> None:
     randomize(module)
 
 
-def covering_combinations() -> list[dict[str, str]]:
+def covering_combinations(fixed: dict[str, str] | None = None) -> list[dict[str, str]]:
     """A small pairwise covering set: every pair of part names of two axes appears in some combination
     (greedy covering array, deterministic), then each option variant once, swapped into a row.
 
     For costly properties (compiling, several processes) where :func:`pairwise_combinations`' one row
-    per pair would take minutes; any two parts that could interact still meet once.
+    per pair would take minutes; any two parts that could interact still meet once. ``fixed``
+    (``{"norm": "dyt"}``) holds an axis at one label: every pair of the other axes' parts then meets
+    that part, and only its own variants are swapped in (none when the label is a variant).
     """
-    names = {axis: AXES[axis].names() for axis in AXES}
+    fixed = fixed or {}
+    names = {axis: [fixed[axis]] if axis in fixed else AXES[axis].names() for axis in AXES}
     axes = list(AXES)
     uncovered = {(a, x, b, y) for a, b in itertools.combinations(axes, 2) for x in names[a] for y in names[b]}
     rows: list[dict[str, str]] = []
@@ -210,7 +229,10 @@ def covering_combinations() -> list[dict[str, str]]:
         uncovered -= {(a, row[a], b, row[b]) for a, b in itertools.combinations(axes, 2)}
         rows.append(row)
     for axis in axes:
-        labels = {label.partition("+")[2]: label for label in reversed(choices(axis)[len(names[axis]) :])}
+        variant_labels = choices(axis)[len(AXES[axis].names()) :]
+        if axis in fixed:
+            variant_labels = [label for label in variant_labels if label.partition("+")[0] == fixed[axis]]
+        labels = {label.partition("+")[2]: label for label in reversed(variant_labels)}
         for i, label in enumerate(labels.values()):  # each variant on the first part that takes it
             base = label.partition("+")[0]
             row = next(r for r in rows[i:] + rows[:i] if r[axis] == base)
@@ -218,7 +240,71 @@ def covering_combinations() -> list[dict[str, str]]:
     return rows
 
 
+Part = tuple[str, str]  # (axis, name or name+variant)
+
+
+def parse_part(option: str) -> Part:
+    """``norm=dyt`` -> ("norm", "dyt"), checked against the registry (a ConfigError names what exists)."""
+    axis, sep, name = option.partition("=")
+    if not sep or axis not in AXES:
+        raise ConfigError("part", option, f"AXIS=NAME with AXIS one of {', '.join(AXES)}")
+    base, _, variant = name.partition("+")
+    AXES[axis].get(base)  # an unknown name: "unknown norm; registered: ..." (and did you mean)
+    if variant and name not in choices(axis):
+        taken = [label for label in choices(axis) if label.startswith(f"{base}+")]
+        raise ConfigError("part", option, f"a variant {base} takes: {', '.join(taken) or 'none'}")
+    return axis, name
+
+
+def has_part(combo: dict[str, str], part: Part) -> bool:
+    """Whether ``combo`` holds ``part``: its name, or one of its variants when the name has none."""
+    axis, name = part
+    label = str(combo.get(axis))
+    return label == name or ("+" not in name and label.partition("+")[0] == name)
+
+
+def select(coverage: str = "full", parts: list[Part] | None = None) -> list[dict[str, str]]:
+    """The combinations the contract runs for ``parts`` (every combination when none is named).
+
+    ``full``: every combination (:func:`combinations`) that holds any of the parts. ``pairwise``:
+    :func:`covering_combinations`, or with parts named, the union of one covering set per part, that
+    part held fixed (so each pair of the other axes' parts meets it once).
+    """
+    if coverage not in ("full", "pairwise"):
+            raise ConfigError("coverage", coverage, "full or pairwise")
+    if coverage == "full":
+        every = combinations()
+        return [c for c in every if any(has_part(c, p) for p in parts)] if parts else every
+    if not parts:
+        return covering_combinations()
+    rows: dict[str, dict[str, str]] = {}
+    for axis, name in parts:
+        labels = [name] if "+" in name else [name] + [c for c in choices(axis) if c.startswith(f"{name}+")]
+        for label in labels:
+            for row in covering_combinations({axis: label}):
+                rows.setdefault(combo_id(row), row)
+    return list(rows.values())
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``2/4`` -> (2, 4): shard 2 of 4, numbered from 1."""
+    index, sep, count = text.partition("/")
+    if not (sep and index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise ConfigError("shard", text, "I/N with 1 <= I <= N, e.g. 1/4")
+    return int(index), int(count)
+
+
+def shard(items: list[Any], index: int, count: int) -> list[Any]:
+    """Shard ``index`` of ``count`` (from 1): every ``count``-th item from the ``index``-th, in order.
+
+    Deterministic, disjoint, their union is ``items``, and sizes differ by at most one; interleaving
+    spreads the costly parts (those of one axis sit next to each other in the product) over every shard.
+    """
+    if not 1 <= index <= count:
+        raise ValueError(f"shard {index}/{count}: need 1 <= index <= count")
+    return items[index - 1 :: count]
+
+
 def every_covering(test: Any) -> Any:
     """Parametrize ``test`` over :func:`covering_combinations`, ids as in :func:`every_combination`."""
-    combos = covering_combinations()
-    return pytest.mark.parametrize("combo", combos, ids=[combo_id(c) for c in combos])(test)
+    return parametrize(test, covering_combinations())

@@ -2,30 +2,32 @@
 
 Each property is a function of a :class:`Subject` (one combination; its blocks and the outputs
 several properties read are built or computed once) registered with ``@prop``.
-:func:`run_contract` runs them all and returns one message per failing property, named, so one
-broken property never hides another. Equality of two paths is tested in float64, where a real
-difference cannot hide in rounding.
+:func:`run_contract` runs them all and returns one message per failing property, named, with the
+values that failed, so one broken property never hides another. Equality of two paths is tested in
+float64, where a real difference cannot hide in rounding.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 import torch
-from combos import block_config, build, context_of, randomize
 from torch import nn
 
-from zoo import LayerState, resolve_block
+from zoo.assembly.spec import resolve_block
+from zoo.core.registry import AXES
+from zoo.parts.state import LayerState
+from zoo.testing.combos import block_config, build, combo_id, context_of, has_part, randomize
 
 B, T, D = 2, 6, 16
 PADS = (2, 0)  # left padding of each sample: sample 0's queries 0 and 1 see no real key at all
 CHUNKS = (3, 2, 1)  # cached decoding: a 3-token prompt, a 2-token chunk, then a single token
 BACKENDS = ("sdpa", "math")
 DROPOUT = 0.5
+HUGE = 1e4  # "finite on huge inputs": the inputs' scale (standard normal inputs times this), in float32
 
 #: bfloat16 keeps 8 mantissa bits (~0.4% per rounding); a block compounds a few dozen roundings.
 BF16_RELATIVE_ERROR = 0.05
@@ -49,12 +51,48 @@ def prop(name: str, grad: bool = False) -> Callable[[Property], Property]:
     return register
 
 
+def exception_entry(value: Any) -> tuple[str, dict[str, list[str]]]:
+    """One declared exception's value -> (reason, ``only_with``: axis -> labels, empty for every combination).
+
+    A value is the reason (``"why"``), or ``{"why": "...", "only_with": {"mlp": "moe"}}``: the exception
+    applies only to the combinations that hold, on every axis named, one of its labels (a name, which
+    takes in its variants, or ``name+variant``; a list for several). Raises ValueError naming what is wrong.
+    """
+    if isinstance(value, str):
+        return value, {}
+    if not isinstance(value, Mapping) or set(value) - {"why", "only_with"} or not isinstance(value.get("why"), str):
+        raise ValueError(f"{value!r}: give the reason, or {{'why': reason, 'only_with': {{axis: part(s)}}}}")
+    only_with = value.get("only_with") or {}
+    if not isinstance(only_with, Mapping) or not only_with:
+        raise ValueError(f"only_with={only_with!r}: a non-empty mapping of axis -> part name(s)")
+    limits: dict[str, list[str]] = {}
+    for axis, labels in only_with.items():
+        labels = [labels] if isinstance(labels, str) else labels
+        if axis not in AXES or not isinstance(labels, list | tuple) or not all(isinstance(x, str) for x in labels):
+            raise ValueError(f"only_with {axis!r}: {labels!r}: an axis ({', '.join(AXES)}) and part name(s)")
+        limits[axis] = list(labels)
+    return value["why"], limits
+
+
+def applies(combo: dict[str, str], only_with: dict[str, list[str]]) -> bool:
+    """Whether a declared exception limited to ``only_with`` applies to ``combo``."""
+    return all(any(has_part(combo, (axis, label)) for label in labels) for axis, labels in only_with.items())
+
+
+def part_exceptions(cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """A part class's ``contract_exceptions`` for its ``options``: {} when it declares none."""
+    exceptions = getattr(cls, "contract_exceptions", None) or {}
+    return exceptions(**options) if callable(exceptions) else exceptions
+
+
 def declared_exceptions(combo: dict[str, str]) -> dict[str, str]:
     """The contract properties (or model checks) the parts of ``combo`` declare cannot hold, each with
     the part and its reason: ``{"samples do not see each other": "mlp moe: ..."}``.
 
     A part declares them in its class as ``contract_exceptions = {"property": "why"}``, or as a
-    classmethod ``contract_exceptions(cls, **options)`` returning that dict for its options.
+    classmethod ``contract_exceptions(cls, **options)`` returning that dict for its options; a value
+    ``{"why": ..., "only_with": {"mlp": "moe"}}`` limits one to the combinations with those parts
+    (:func:`exception_entry`).
     """
     try:
         spec = resolve_block(block_config(combo))
@@ -62,10 +100,10 @@ def declared_exceptions(combo: dict[str, str]) -> dict[str, str]:
         return {}
     declared: dict[str, str] = {}
     for axis, choice in spec.choices.items():
-        exceptions = getattr(choice.part.cls, "contract_exceptions", None) or {}
-        if callable(exceptions):
-            exceptions = exceptions(**choice.options)
-        for name, why in exceptions.items():
+        for name, value in part_exceptions(choice.part.cls, choice.options).items():
+            why, only_with = exception_entry(value)
+            if not applies(combo, only_with):
+                continue
             label = f"{axis} {choice.part.name}: {why}"
             declared[name] = f"{declared[name]}; {label}" if name in declared else label
     return declared
@@ -86,16 +124,25 @@ def settle(
 
 
 def conclude(
-    failures: dict[str, str], declared: dict[str, str], ran: Iterable[str], record: Callable[[str, str], None]
+    failures: dict[str, str],
+    declared: dict[str, str],
+    ran: Iterable[str],
+    record: Callable[[str, str], None],
+    combo: dict[str, str] | None = None,
 ) -> None:
-    """End a contract test: fail on any undeclared failure; else xfail, with the parts' reasons,
-    when a declared exception failed. Every declared exception that applied is recorded
-    (``record("declared", ...)``, summarized at the end of the run by conftest.py), so none passes
-    unseen."""
+    """End a contract test: fail on any undeclared failure, one line per failing check, each naming
+    ``combo``; else xfail, with the parts' reasons, when a declared exception failed. Every declared
+    exception that applied is recorded (``record("declared", ...)``, summarized at the end of the
+    run), so none passes unseen."""
+    import pytest
+
     unexpected, excused, held = settle(failures, declared, ran)
     for message in excused + held:
         record("declared", message)
-    assert not unexpected, "\n".join(unexpected + [f"(as declared) {message}" for message in excused])
+    where = f"{combo_id(combo)}: " if combo else ""
+    lines = unexpected + [f"(as declared) {message}" for message in excused]
+    if unexpected:
+        raise AssertionError("\n".join(where + line for line in lines))
     if excused:
         pytest.xfail("; ".join(excused))
 
@@ -204,33 +251,69 @@ def with_backend(cfg: dict[str, Any], backend: str) -> dict[str, Any]:
 
 
 def run_contract(subject: Subject) -> tuple[dict[str, str], list[str]]:
-    """Run every property: (failures by property name, notes), each note starting with the property's name."""
+    """Run every property: (failures by property name, notes), each note starting with the property's
+    name; a failure's message is one line naming the values that failed."""
     failures, notes = {}, []
     for name, check in PROPERTIES.items():
         try:
             with torch.enable_grad() if name in NEEDS_GRAD else torch.no_grad():
                 note = check(subject)
+        except AssertionError as error:
+            failures[name] = one_line(str(error) or "failed (the assertion gave no message)")
         except Exception as error:  # noqa: BLE001  (every property reports, whatever it raised)
-            failures[name] = f"{type(error).__name__}: {error}"
+            failures[name] = one_line(f"{type(error).__name__}: {error}")
         else:
             if note:
                 notes.append(f"{name}: {note}")
     return failures, notes
 
 
+def one_line(message: str) -> str:
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+def where(index: tuple[int, ...], names: tuple[str, ...] = ("sample", "position", "feature")) -> str:
+    """``(0, 3, 5)`` -> ``sample 0, position 3, feature 5`` (the last names for fewer dimensions)."""
+    names = names[len(names) - len(index) :] if len(index) <= len(names) else tuple(f"dim {i}" for i in index)
+    return ", ".join(f"{name} {i}" for name, i in zip(names, index, strict=True))
+
+
+def first(mask: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in mask.nonzero()[0])
+
+
 def close(actual: torch.Tensor, expected: torch.Tensor, atol: float, what: str) -> None:
-    """assert |actual - expected| <= atol everywhere (torch.testing.assert_close's report only on
-    failure: it costs milliseconds, and the contract compares tens of thousands of times)."""
-    same_kind = actual.shape == expected.shape and actual.dtype == expected.dtype
-    if not same_kind or not bool((actual - expected).abs().max() <= atol):
-        torch.testing.assert_close(actual, expected, rtol=0, atol=atol, msg=lambda m: f"{what}\n{m}")
+    """assert |actual - expected| <= atol everywhere, else one line: what, the largest difference, where
+    the first one past ``atol`` is, and how many there are (computed only on failure)."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        raise AssertionError(f"{what}: shape {tuple(actual.shape)} {actual.dtype}, expected "
+                             f"{tuple(expected.shape)} {expected.dtype}")  # fmt: skip
+    difference = (actual - expected).abs()
+    if bool(difference.max() <= atol):
+        return
+    bad = ~(difference <= atol)  # NaN counts as a difference
+    index = first(bad)
+    raise AssertionError(
+        f"{what}: max |difference| {difference.max().item():.3g} > {atol:g} allowed; {int(bad.sum())} of "
+        f"{bad.numel()} values differ, first at {where(index)} ({actual[index].item():.6g} vs "
+        f"{expected[index].item():.6g})"
+    )
+
+
+def check_finite(y: torch.Tensor, what: str) -> None:
+    """assert every value of ``y`` is finite, else: how many are not, and the first one and where."""
+    bad = ~torch.isfinite(y)
+    if bool(bad.any()):
+        index = first(bad)
+        raise AssertionError(f"{what}: {int(bad.sum())} of {y.numel()} outputs are not finite, first "
+                             f"{y[index].item()} at {where(index)}")  # fmt: skip
 
 
 @prop("shape kept")
 def shape_kept(s: Subject) -> None:
     for x in (s.x[:, :1], s.x):
         y = s.block()(x) if x.shape[1] == 1 else s.y()
-        assert y.shape == x.shape, f"T={x.shape[1]}: {tuple(x.shape)} -> {tuple(y.shape)}"
+        assert y.shape == x.shape, f"T={x.shape[1]}: input {tuple(x.shape)} -> output {tuple(y.shape)}"
 
 
 @prop("future tokens do not change the past")
@@ -238,7 +321,8 @@ def future_tokens(s: Subject) -> None:
     for backend in s.backends:
         y = s.causal(backend)["y"]
         for t in range(T - 1):
-            close(y[T + t, : t + 1], y[0, : t + 1], 1e-12, f"{backend}: changing tokens after {t} changed the past")
+            close(y[T + t, : t + 1], y[0, : t + 1], 1e-12,
+                  f"{backend}: changing the tokens after position {t} changed outputs 0..{t}")  # fmt: skip
 
 
 @prop("the Jacobian is zero on future inputs")
@@ -246,8 +330,12 @@ def jacobian(s: Subject) -> None:
     for backend in s.backends:
         grad = s.causal(backend)["dx"]
         for t in range(T):
-            assert torch.all(grad[t, t + 1 :] == 0), f"{backend}: output {t} depends on a later input"
-            assert grad[t, : t + 1].abs().sum() > 0, f"{backend}: output {t} ignores its own past"
+            later = grad[t, t + 1 :].abs()
+            if bool((later != 0).any()):
+                position = t + 1 + int((later.sum(-1) != 0).nonzero()[0])
+                raise AssertionError(f"{backend}: output {t} depends on later input {position}: "
+                                     f"|d output/d input| sums to {later.sum().item():.3g}")  # fmt: skip
+            assert grad[t, : t + 1].abs().sum() > 0, f"{backend}: output {t} ignores its own past (zero Jacobian)"
 
 
 @prop("gradients reach the input and every parameter")
@@ -255,12 +343,11 @@ def gradients(s: Subject) -> None:
     # The causality backward: a random projection of every output position (dropout is 0, so
     # train() and eval() compute the same function).
     result = s.causal(s.backends[0])
-    dx = result["dx"]
-    assert torch.isfinite(dx).all() and dx.abs().sum() > 0, "the input gets no (finite) gradient"
-    for name, grad in result["dparams"].items():
-        assert grad is not None, f"{name} gets no gradient"
-        assert torch.isfinite(grad).all(), f"{name} has a non-finite gradient"
-        assert grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+    for name, grad in [("the input", result["dx"]), *result["dparams"].items()]:
+        assert grad is not None, f"{name} gets no gradient (not used in the forward)"
+        bad = int((~torch.isfinite(grad)).sum())
+        assert bad == 0, f"{name}: {bad} of {grad.numel()} gradient values are not finite"
+        assert grad.abs().sum() > 0, f"{name} has an all-zero gradient ({grad.numel()} values)"
 
 
 @prop("samples do not see each other")
@@ -275,8 +362,8 @@ def batch_independence(s: Subject) -> None:
 def backends_agree(s: Subject) -> str | None:
     if len(s.backends) < 2:
         return f"not applicable: only {s.backends[0]} is valid"
-    close(s.y("sdpa"), s.y("math"), 1e-10, "without a key mask")
-    close(s.y("sdpa", masked=True), s.y("math", masked=True), 1e-10, "with left padding")
+    close(s.y("sdpa"), s.y("math"), 1e-10, "sdpa vs math, without a key mask")
+    close(s.y("sdpa", masked=True), s.y("math", masked=True), 1e-10, f"sdpa vs math, with left padding {PADS}")
     return None
 
 
@@ -284,24 +371,24 @@ def backends_agree(s: Subject) -> str | None:
 def state_dict_round_trip(s: Subject) -> None:
     # A fresh build (with dropout, inactive in eval(): the next property's block) loaded with the
     # state_dict computes the same function to the last bit.
-    close(s.reloaded()(s.x), s.y(), 0, "reloaded block differs")
+    close(s.reloaded()(s.x), s.y(), 0, "a fresh build loaded with the state_dict differs")
 
 
 @prop("dropout only in train()")
 def dropout(s: Subject) -> None:
     block = s.reloaded()
     # eval(): equal to the dropout-free block to the last bit, so also deterministic.
-    close(block(s.x), s.y(), 0, "eval() output differs from the dropout-free block")
+    close(block(s.x), s.y(), 0, f"eval() at dropout {DROPOUT} differs from the dropout-free block")
     block.train()
     try:
-        assert not torch.allclose(block(s.x), s.y()), "dropout is not active in train()"
+        assert not torch.allclose(block(s.x), s.y()), f"train() at dropout {DROPOUT} equals eval(): dropout inactive"
     finally:
         block.eval()
 
 
 @prop("finite on huge inputs")
 def huge_inputs(s: Subject) -> None:
-    assert torch.isfinite(s.float32()(s.x.float() * 1e4)).all()
+    check_finite(s.float32()(s.x.float() * HUGE), f"float32 inputs at scale {HUGE:g}")
 
 
 @prop("bfloat16 close to float32")
@@ -309,9 +396,9 @@ def bfloat16(s: Subject) -> None:
     block, x = s.float32(consume=True), s.x.float()
     reference = block(x)
     low = block.bfloat16()(x.bfloat16()).float()
-    assert torch.isfinite(low).all(), "non-finite bfloat16 output"
+    check_finite(low, "bfloat16")
     error = (low - reference).norm() / reference.norm()
-    assert error < BF16_RELATIVE_ERROR, f"bfloat16 relative error {error:.3f}"
+    assert error < BF16_RELATIVE_ERROR, f"bfloat16 relative error {error:.3f} >= {BF16_RELATIVE_ERROR} allowed"
 
 
 @prop("cached decoding equals the full forward")
@@ -320,16 +407,16 @@ def cached_decoding(s: Subject) -> None:
         block, cache, steps = s.block(backend), LayerState(), []
         for start, length in zip(itertools.accumulate(CHUNKS, initial=0), CHUNKS, strict=False):
             steps.append(block(s.x[:, start : start + length], cache=cache))
-        close(torch.cat(steps, dim=1), s.y(backend), 1e-10, f"{backend}: cached decoding {CHUNKS} differs")
+        close(torch.cat(steps, dim=1), s.y(backend), 1e-10, f"{backend}: cached decoding in chunks {CHUNKS}")
 
 
 @prop("padding never changes real positions and stays finite")
 def padding(s: Subject) -> None:
     y = s.y(masked=True)
-    assert torch.isfinite(y).all(), "non-finite output under padding"
+    check_finite(y, f"left padding {PADS}")
     changed = s.x.clone()
     for i, pad in enumerate(PADS):
         changed[i, :pad] = torch.randn_like(changed[i, :pad]) * 5
     y_changed = s.block()(changed, key_mask=s.key_mask)
     for i, pad in enumerate(PADS):
-        close(y_changed[i, pad:], y[i, pad:], 1e-12, f"sample {i}: padding changed real positions")
+        close(y_changed[i, pad:], y[i, pad:], 1e-12, f"sample {i}: changing its {pad} padded positions")
