@@ -271,7 +271,7 @@ def select(coverage: str = "full", parts: list[Part] | None = None) -> list[dict
     part held fixed (so each pair of the other axes' parts meets it once).
     """
     if coverage not in ("full", "pairwise"):
-            raise ConfigError("coverage", coverage, "full or pairwise")
+        raise ConfigError("coverage", coverage, "full or pairwise")
     if coverage == "full":
         every = combinations()
         return [c for c in every if any(has_part(c, p) for p in parts)] if parts else every
