@@ -4,7 +4,8 @@
 commands run as written with tiny sizes added (one grid point per swept key, one training step),
 except on a cluster (SLURM) or a GPU, where they are composed and validated only;
 `zoo-generate` and `zoo-eval` run as written on a tiny run trained in place of the folder they
-name. `python benchmarks/...` scripts answer ``--help``. `pip` and `pytest` lines are what `.ci/run` runs.
+name. `zoo-contract` runs on a slice of what it names. `python benchmarks/...` scripts answer
+``--help``. `pip` and `pytest` lines are what `.ci/run` runs.
 """
 
 from __future__ import annotations
@@ -98,6 +99,19 @@ def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str])
     assert statuses and set(statuses) == {"ok"}, statuses
 
 
+def run_contract_slice(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``zoo-contract`` command as written, on a slice: its pairwise set's first of 16 shards, with the
+    example plugin's part (``norm=dyt``, not installed here) standing in as rmsnorm; it must pass."""
+    from zoo.testing.cli import main, parser
+
+    parsed = parser().parse_args(args)  # exits 2 on an option zoo-contract does not take
+    parts = ["norm=rmsnorm" if part == "norm=dyt" else part for part in parsed.parts]
+    with pytest.raises(SystemExit) as done:
+        main([*parts, "--coverage", "pairwise", "--shard", "1/16"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "contract (" in out, out[-2000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[f"{p}: {c[:60]}" for p, c in COMMANDS])
 def test_doc_command_works(page, command, capsys, tmp_path):
@@ -132,6 +146,8 @@ def test_doc_command_works(page, command, capsys, tmp_path):
         assert zoo.check_combination(composed) is None
         if "submitit_slurm" not in command and "device=cuda" not in command:
             run_tiny(program, args, tmp_path, task_keys=set(composed.task))
+    elif program == "zoo-contract":
+        run_contract_slice(args, capsys)
     else:  # python benchmarks/<script>.py
         script = ROOT / words[1]
         done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)

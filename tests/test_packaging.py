@@ -58,7 +58,7 @@ def build_wheels(tmp: Path) -> list[Path]:
     source = tmp / "source"
     for name in ("zoo", "conf", "sweeps"):
         shutil.copytree(ROOT / name, source / "zoo" / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "pytest_zoo.py"):
         shutil.copy(ROOT / name, source / "zoo" / name)
     shutil.copytree(PLUGIN, source / "zoo-dyt", ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
     isolation = ["--no-build-isolation"] if builds_wheels_here() else []  # else pip fetches setuptools
@@ -76,10 +76,42 @@ def make_venv(path: Path, wheels: list[Path]) -> Path:
                          text=True, check=True).stdout.strip()  # fmt: skip
     borrowed = [p for p in [*site.getsitepackages(), site.getusersitepackages()] if Path(p).is_dir()]
     (Path(own) / "borrowed-site-packages.pth").write_text("".join(f"{p}\n" for p in borrowed))
-    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", "--no-deps"]
-    done = subprocess.run([*install, "--ignore-installed", *map(str, wheels)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    install(path, wheels, "--ignore-installed")
     return path / "bin"
+
+
+def install(venv: Path, wheels: list[Path], *flags: str) -> None:
+    """pip install the wheels into ``venv``, offline, without their dependencies."""
+    command = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-index"]
+    done = subprocess.run([*command, "--no-deps", *flags, *map(str, wheels)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+#: Forward passes that break the contract, and the start of the failure line zoo-contract must print.
+BROKEN = {
+    # averages over the time axis: every position sees the future
+    "return (x - x.mean(dim=1, keepdim=True)) * self.weight": r"future tokens do not change the past: ",
+    # NaN wherever the input is large
+    "return torch.where(x.abs() > 1e3, torch.nan, torch.tanh(self.alpha * x) * self.weight)": (
+        r"finite on huge inputs: float32 inputs at scale 1e4: \d+ of \d+ outputs are not finite"
+    ),
+}
+
+
+def plugin_copy(tmp: Path, forward: str) -> Path:
+    """The example plugin's wheel, its norm's forward pass replaced by ``forward``."""
+    source = tmp / "broken" / str(len(list((tmp / "broken").glob("*"))) if (tmp / "broken").exists() else 0)
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    module = source / "zoo_dyt" / "__init__.py"
+    text = module.read_text()
+    body = text[text.index("        y = torch.tanh(self.alpha * x) * self.weight") :]
+    module.write_text(text.replace(body, f"        {forward}\n"))
+    isolation = ["--no-build-isolation"] if builds_wheels_here() else []
+    out = tmp / "broken-dist" / source.name
+    command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(out), str(source)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return next(out.glob("*.whl"))
 
 
 @pytest.mark.slow
@@ -116,6 +148,8 @@ def test_the_wheel_and_a_plugin_work_from_an_empty_folder(tmp_path):
     typo = run("zoo-parts", "--check", "norm=dyt", "block.norm.alhpa_init=2", returncode=1)
     assert "invalid: block.norm.alhpa_init=2: not an option of norm 'dyt'; options: alpha_init" in typo
 
+    pytest_ = ["python", "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"]
+
     # One run with the plugin's part, then the quick sweep, both at tiny sizes.
     run("zoo-train", "norm=dyt", *TINY, "hydra.run.dir=one")
     summary = json.loads((empty / "one" / "summary.json").read_text())
@@ -133,10 +167,18 @@ def test_the_wheel_and_a_plugin_work_from_an_empty_folder(tmp_path):
     shown = run("python", "my_app/app.py", "preset=llama", "norm=dyt", "hydra.run.dir=app").strip().splitlines()
     assert shown[-1].startswith("pre dyt gqa rotary swiglu: (2, 8, 64)"), shown
 
-    # The contract suite on every combination with the plugin's part, as on a built-in one.
-    pytest_ = ["python", "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    contract = run(*pytest_, ROOT / "tests" / "test_contract.py", "--part", "norm=dyt")
-    assert re.search(r"\b\d{3,} passed\b", contract) and " failed" not in contract, contract[-2000:]
-    assert re.search(r"contract: \d+ combinations", contract), contract[-2000:]
+    # The contract on the plugin's part from here, without zoo's sources: zoo-contract and the pytest plugin.
+    contract = run("zoo-contract", "norm=dyt", "--coverage", "pairwise")
+    assert re.search(r"contract \(norm=dyt, pairwise\): \d+ combinations, \d+ run .*: \d+ passed, 0 failed", contract)
+    tests = run(*pytest_, "--zoo-part", "norm=dyt", "--zoo-coverage", "pairwise", "--zoo-shard", "1/4")
+    assert re.search(r"\b\d+ passed\b", tests) and not re.search(r"\b[1-9]\d* failed", tests), tests[-2000:]
+    assert re.search(r"contract \(zoo-contract\): \d+ combinations", tests), tests[-2000:]
+
+    # Copies of the plugin that break the contract fail it, naming the property, a combination and the values.
+    for forward, failure in BROKEN.items():
+        install(bin_.parent, [plugin_copy(tmp_path, forward)], "--force-reinstall")
+        out = run("zoo-contract", "norm=dyt", "--coverage", "pairwise", "--shard", "1/4", returncode=1)
+        assert re.search(rf"^FAILED \w+-dyt-[\w+]+-[\w+]+-[\w+]+: {failure}", out, flags=re.MULTILINE), out[-3000:]
+    install(bin_.parent, [w for w in wheels if w.name.startswith("zoo_dyt")], "--force-reinstall")
     option_file = run(*pytest_, ROOT / "tests" / "test_config.py", "-k", "every_option_file and dyt")
     assert "1 passed" in option_file, option_file[-2000:]

@@ -43,7 +43,7 @@ class Part:
     reference: str
     defaults: dict[str, Any] = field(default_factory=dict)
     #: Named option settings the contract suite also covers, e.g. ``{"window": {"window": 3}}``
-    #: (on every part of the axis that takes those options; tests/combos.py).
+    #: (on every part of the axis that takes those options; zoo/testing/combos.py).
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Where it comes from: ``built-in``, the distribution of the plugin that registered it
     #: (``zoo-dyt``), or else the top-level module that did (``__main__``, ``my_parts``).

@@ -268,7 +268,9 @@ def select(coverage: str = "full", parts: list[Part] | None = None) -> list[dict
 
     ``full``: every combination (:func:`combinations`) that holds any of the parts. ``pairwise``:
     :func:`covering_combinations`, or with parts named, the union of one covering set per part, that
-    part held fixed (so each pair of the other axes' parts meets it once).
+    part held fixed (so each pair of the other axes' parts meets it once, and each of its variants runs
+    once). A variant named alone (``gqa+window``) is held fixed itself; its full coverage is every choice
+    of each other axis beside it, as in :func:`combinations`.
     """
     if coverage not in ("full", "pairwise"):
         raise ConfigError("coverage", coverage, "full or pairwise")
@@ -278,11 +280,9 @@ def select(coverage: str = "full", parts: list[Part] | None = None) -> list[dict
     if not parts:
         return covering_combinations()
     rows: dict[str, dict[str, str]] = {}
-    for axis, name in parts:
-        labels = [name] if "+" in name else [name] + [c for c in choices(axis) if c.startswith(f"{name}+")]
-        for label in labels:
-            for row in covering_combinations({axis: label}):
-                rows.setdefault(combo_id(row), row)
+    for part in parts:
+        for row in covering_combinations(dict([part])):
+            rows.setdefault(combo_id(row), row)
     return list(rows.values())
 
 
