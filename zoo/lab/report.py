@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
 from zoo.lab.fixed import fixed_line
+from zoo.lab.lock import report_lock
 from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_routing
 from zoo.lab.records import read_metrics
 from zoo.lab.stats import CONFIDENCE, CORRECTIONS, MIN_PAIRS, TOO_FEW, Comparison
@@ -304,7 +305,8 @@ class ReportCallback(Callback):
         try:
             section = OmegaConf.to_container(config.report, resolve=True) if "report" in config else None
             baseline, correction = report_options(section)
-            text = write_report(root, baseline=baseline, correction=correction)
+            with report_lock(root):  # a second sweep into this folder writes its report after this one
+                text = write_report(root, baseline=baseline, correction=correction)
         except Exception as error:  # a report problem must not hide the runs' own results
             log.error("report for %s failed: %s: %s", root, type(error).__name__, error)
             return

@@ -13,6 +13,7 @@ A failed run is recorded and never stops a sweep; a run whose summary already sa
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from zoo.assembly.compose import CONF_DIR, resolve_composed
 from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.registry import AXES
 from zoo.lab import checkpoint as ckpt
+from zoo.lab.lock import RunLock, holder
 from zoo.lab.outcome import exit_if_a_run_failed
 from zoo.lab.records import (
     METRICS,
@@ -123,6 +125,40 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def locked(function: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """Run under the run folder's lock (zoo/lab/lock.py), held by the process that writes it (rank 0): a
+    folder another process holds is left untouched (``status`` ``locked``, nothing written)."""
+
+    @functools.wraps(function)
+    def under_lock(cfg: Any, out_dir: Path | None, **kwargs: Any) -> dict[str, Any]:
+        lock = RunLock(out_dir) if out_dir is not None and dist_env()[0] == 0 else None
+        if lock is not None and not lock.acquire():
+            return held_elsewhere(out_dir, multirun=kwargs.get("multirun", False))  # type: ignore[arg-type]
+        try:
+            return function(cfg, out_dir, **kwargs)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    return under_lock
+
+
+def held_elsewhere(out_dir: Path, *, multirun: bool) -> dict[str, Any]:
+    """What a run does when another process trains its folder: a sweep skips it (and waits for it before its
+    report, :class:`zoo.lab.lock.WaitForRuns`); a single run says so and fails."""
+    error = f"another process trains this run folder ({holder(out_dir)}); nothing was written to it"
+    world = dist_env()[1]
+    if multirun and world == 1:
+        log.info("skip %s: %s; the sweep waits for it before its report", shown(out_dir), error)
+    else:
+        log.error("%s: %s. Wait for it to end (run again then to resume or skip it), or choose another %s",
+                  shown(out_dir), error, "hydra.sweep.dir" if multirun else "hydra.run.dir")  # fmt: skip
+        if world > 1:
+            raise SystemExit(1)  # every process of this run stops (torchrun ends the other ranks)
+    return {"status": "locked", "error": error, "run_dir": str(out_dir)}
+
+
+@locked
 def run(
     cfg: DictConfig | dict[str, Any],
     out_dir: Path | None,
@@ -418,7 +454,7 @@ def hydra_job(cfg: DictConfig) -> str:
         job=hc.job.num if multirun else None,
         tune_dir=Path(hc.sweep.dir) / TUNE_DIR if multirun else None,
     )
-    if summary["status"] in ("failed", "incompatible") and not multirun:
+    if summary["status"] in ("failed", "incompatible", "locked") and not multirun:
         raise SystemExit(1)  # a single run: fail the command (a sweep carries on)
     return str(summary["status"])
 
