@@ -457,6 +457,11 @@ def test_sign_flip_permutation_p_value_is_exact():
     # 2 of 8 at or above 0.4, 7 of 8 at or below: p = 2 x min(2/8, 7/8) = 0.5. Three seeds reach no 95% interval.
     mean, low, high, p, exact = permutation_interval([0.3, -0.1, 0.2])
     assert p == pytest.approx(0.5) and (low, high) == (-float("inf"), float("inf"))
+    # past 13 seeds, a fixed sample of sign patterns: 16 positive differences, p about 2 / 10,000, an interval inside
+    many = [0.01 * (i + 1) for i in range(16)]
+    mean, low, high, p, exact = permutation_interval(many)
+    assert not exact and p < 0.001 and 0.01 < low < mean < high < 0.16
+    assert permutation_interval(many) == (mean, low, high, p, exact)  # the same sample every time
 
 
 def test_permutation_through_the_report_names_the_test(tmp_path):

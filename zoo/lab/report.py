@@ -230,21 +230,7 @@ def markdown(report: Report) -> str:
     base = report.variant(report.baseline)
     if base is None or not base.by_seed(m):
         lines += ["", f"The baseline {report.baseline_label} has no ok run: nothing to compare with."]
-    if report.effects:
-        lines += [
-            "",
-            "Each axis's values against its baseline value, pooled over the other axes "
-            "(pairs: the same seed and the same values of every other axis), blocked by seed: each seed's "
-            "differences averaged over the other axes, the interval over those seed means (a seed's pairs share "
-            "its initial weights and data order, so the independent units are the seeds, not the pairs):",
-            "",
-            f"| axis | value | vs | Δ {m} [{CONFIDENCE:.0%} CI] | verdict | pairs | seeds |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for e in report.effects:
-            c = e.comparison
-            cells = [e.axis, e.value, e.baseline, interval_text(c), verdict_text(c), str(c.pairs), str(c.units)]
-            lines.append("| " + " | ".join(cells) + " |")
+    lines += effects_lines(report)
     lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/fixed.py)
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]
     if problems:
@@ -255,6 +241,27 @@ def markdown(report: Report) -> str:
         lines += ["", "Resumed from a checkpoint:"]
         lines += [f"- {path}: from step {', '.join(str(s) for s in steps)}" for path, steps in resumed]
     return "\n".join(lines) + "\n"
+
+
+def effects_lines(report: Report) -> list[str]:
+    """The pooled effects table (several axes): each axis value against its baseline value, blocked by seed."""
+    if not report.effects:
+        return []
+    lines = [
+        "",
+        "Each axis's values against its baseline value, pooled over the other axes "
+        "(pairs: the same seed and the same values of every other axis), blocked by seed: each seed's "
+        "differences averaged over the other axes, the interval over those seed means (a seed's pairs share "
+        "its initial weights and data order, so the independent units are the seeds, not the pairs):",
+        "",
+        f"| axis | value | vs | Δ {report.metric} [{CONFIDENCE:.0%} CI] | verdict | pairs | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in report.effects:
+        c = e.comparison
+        cells = [e.axis, e.value, e.baseline, interval_text(c), verdict_text(c), str(c.pairs), str(c.units)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 #: report.csv's statistics columns (stable names: other tools read them).

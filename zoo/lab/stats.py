@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
+from zoo.core.errors import ConfigError
+
 #: Fewer pairs than this (or, unpaired, fewer runs on either side) give no interval.
 MIN_PAIRS = 3
 #: Confidence of every interval.
@@ -166,7 +168,7 @@ def pass_threshold(metric: str, mode: str) -> float | None:
 def chosen_test(test: str, metric: str) -> str:
     """``report.test`` resolved for ``metric``: ``auto`` is ``permutation`` for a bounded metric, else ``t``."""
     if test not in TESTS:
-        raise ValueError(f"report.test={test!r}: one of {', '.join(TESTS)}")
+        raise ConfigError("report.test", test, f"one of {', '.join(TESTS)}")
     if test != "auto":
         return test
     return "permutation" if difference_range(metric) is not None else "t"

@@ -311,6 +311,16 @@ def axis_effects(
     return effects
 
 
+def compare_variants(
+    variants: Sequence[Variant], base: Variant | None, base_key: tuple[str, ...], metric: str, mode: str, test: str
+) -> dict[tuple[str, ...], Comparison]:
+    """Each variant but the baseline against it, paired by seed, under ``test``, clipped to the metric's range."""
+    base_values = base.by_seed(metric) if base is not None else {}
+    bounds = difference_range(metric)
+    return {v.key: compare(v.by_seed(metric), base_values, mode, test=test, bounds=bounds)
+            for v in variants if v.key != base_key}  # fmt: skip
+
+
 def seed_of(key: Any) -> Any:
     """The seed of an effect's pairing key ``(seed, other axes' values)``: its independent unit."""
     return key[0]
@@ -366,11 +376,7 @@ def build_report(
     report_options({"correction": correction, "test": test_option})
     method = chosen_test(test_option, metric)
     base_key = choose_baseline(runs, axes, given)
-    base = groups.get(base_key)
-    base_values = base.by_seed(metric) if base is not None else {}
-    bounds = difference_range(metric)
-    comparisons = {v.key: compare(v.by_seed(metric), base_values, mode, test=method, bounds=bounds)
-                   for v in variants if v.key != base_key}  # fmt: skip
+    comparisons = compare_variants(variants, groups.get(base_key), base_key, metric, mode, method)
     effects = axis_effects(runs, axes, base_key, metric, mode, method)
     if correction == "holm":
         apply_holm(list(comparisons.values()), mode)
