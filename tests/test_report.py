@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -64,13 +65,17 @@ def test_markdown_table_says_who_won_and_by_how_much(tmp_path):
     lines = text.splitlines()
     assert "8 runs, 4 variants, sorted by val_bpb (lower is better)" in lines[0]
     assert lines[2].startswith("Δ: each variant minus the baseline norm=layernorm, paired by seed")
+    assert (
+        lines[3] == "Test: t (report.test=auto: t for val_bpb, an unbounded metric; one of auto, t, permutation, "
+        "bootstrap)."
+    )
     head = "| # | norm | seeds | params | val_bpb (mean ± std) | Δ vs norm=layernorm [95% CI] | verdict | tokens/s |"
-    assert lines[4].startswith(head)
+    assert lines[5].startswith(head)
     # two seeds: the mean paired difference, no interval
-    assert lines[6].startswith("| 1 | rmsnorm | 2 | 1,000 | 2.6000 ± 0.1414 | -0.5000 | too few seeds (2 pairs) |")
-    assert lines[7].startswith("| 2 | dyt | 2 | 1,000 | 2.8500 ± 0.0707 | -0.2500 | too few seeds (2 pairs) |")
-    assert lines[8].startswith("| 3 | layernorm | 2 | 1,000 | 3.1000 ± 0.1414 | baseline |  | 5,000 | 10.0 | ok |")
-    assert lines[9].endswith("| 1 failed, 1 diverged |")
+    assert lines[7].startswith("| 1 | rmsnorm | 2 | 1,000 | 2.6000 ± 0.1414 | -0.5000 | too few seeds (2 pairs) |")
+    assert lines[8].startswith("| 2 | dyt | 2 | 1,000 | 2.8500 ± 0.0707 | -0.2500 | too few seeds (2 pairs) |")
+    assert lines[9].startswith("| 3 | layernorm | 2 | 1,000 | 3.1000 ± 0.1414 | baseline |  | 5,000 | 10.0 | ok |")
+    assert lines[10].endswith("| 1 failed, 1 diverged |")
     assert "- norm=broken: failed: ConfigError: block.n_heads=5" in text
     assert "- norm=broken: diverged: loss nan at step 4" in text
 
@@ -96,7 +101,7 @@ def test_higher_is_better_ranks_every_output_best_first(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [row.split(" | ")[1] for row in rows] == ["mqa", "gqa", "mha", "broken"]
     # against the baseline (the first run that finished ok: attn=gqa, seed 0), the signs say higher is better
-    assert " | 0.9200 ± 0.0283 | +0.2100 | too few seeds (2 pairs) |" in rows[0]
+    assert " | 0.9200 ± 0.0283 | 2/2 | +0.2100 | too few seeds (2 pairs) |" in rows[0]  # 2/2: at or above 0.9
     assert " | baseline |" in rows[1] and " | -0.2000 |" in rows[2]
     with open(tmp_path / "report.csv") as f:
         assert [r["attn"] for r in csv.DictReader(f)] == ["mqa", "gqa", "mha", "broken"]
@@ -197,7 +202,7 @@ def test_a_planted_large_effect_is_found_in_the_metrics_direction(tmp_path, mode
     metric = {"name": "val_bpb" if mode == "min" else "val_accuracy", "mode": mode}
     effects = {"layernorm": [0.0] * 3, "rmsnorm": [sign * 0.2 + e for e in (0.01, -0.01, 0.004)]}
     planted(tmp_path, effects, [0, 1, 2], metric=metric)
-    write_report(tmp_path, plots=False)
+    write_report(tmp_path, plots=False, test="t")  # 3 seeds: the permutation test (auto for accuracy) never decides
     assert rows_of(tmp_path)["rmsnorm"]["verdict"] == verdict
 
 
@@ -284,12 +289,13 @@ def test_several_axes_get_pooled_effects_and_interaction_plots(tmp_path):
     assert report.baseline == ("none", "gelu")
     with open(tmp_path / "effects.csv") as f:
         effects = {(r["axis"], r["value"]): r for r in csv.DictReader(f)}
-    # mlp=swiglu vs gelu pooled over pos: pairs are (seed, pos), 6 of them
+    # mlp=swiglu vs gelu pooled over pos: pairs are (seed, pos), 6 of them; each seed's 2 averaged, t over 3 seeds
     pairs = [zip(values[pos, "swiglu"], values[pos, "gelu"], strict=True) for pos in ("none", "rotary")]
     diffs = [s - g for pos_pairs in pairs for s, g in pos_pairs]
-    interval = stats.ttest_rel(diffs, [0.0] * 6).confidence_interval(0.95)
+    per_seed = [statistics.fmean(diffs[seed::3]) for seed in range(3)]
+    interval = stats.ttest_1samp(per_seed, 0.0).confidence_interval(0.95)
     row = effects["mlp", "swiglu"]
-    assert row["pairs"] == "6" and row["baseline"] == "mlp=gelu" and row["verdict"] == "better"
+    assert (row["pairs"], row["units"]) == ("6", "3") and row["baseline"] == "mlp=gelu" and row["verdict"] == "better"
     assert float(row["delta_ci_low"]) == pytest.approx(interval.low)
     assert float(row["delta_mean"]) == pytest.approx(statistics.fmean(diffs))
     assert effects["pos", "rotary"]["verdict"] == "better" and "| pos | rotary | none |" in text
@@ -341,3 +347,192 @@ def test_sparse_variants_show_active_beside_total_parameters(tmp_path):
     fake = tmp_path / "dense_only"
     fake_run(fake, ["mlp=swiglu"], value=2.5, active_parameters=1000)
     assert "active params" not in markdown(build_report(fake))  # every parameter active: one count
+
+
+# -- run folders that cannot be read ----------------------------------------------------------------------------
+
+
+def test_a_run_folder_that_cannot_be_read_is_named_and_fails_the_exit_status(tmp_path, capsys):
+    multi_axis(tmp_path)  # 12 runs
+    (tmp_path / "pos=none,mlp=gelu,seed=2" / "summary.json").write_text('{"status": "ok", "final": {')  # cut short
+    (tmp_path / "pos=rotary,mlp=gelu,seed=1" / "summary.json").write_text("[1, 2]")
+    summary = tmp_path / "pos=rotary,mlp=swiglu,seed=0" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "final": {"val_bpb": "3.1"}}))
+    killed = tmp_path / "pos=none,mlp=swiglu,seed=7"  # trained, then lost its summary
+    killed.mkdir()
+    (killed / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 5.0}\n')
+    with pytest.raises(SystemExit) as exit_:
+        report_main([str(tmp_path), "--no-plots"])
+    assert exit_.value.code == 1
+    out, err = capsys.readouterr()
+    reasons = {
+        "pos=none,mlp=gelu,seed=2": "summary.json is not valid JSON (Expecting property name enclosed in double "
+        "quotes at line 1 column 28)",
+        "pos=rotary,mlp=gelu,seed=1": "summary.json: not a JSON object (a list)",
+        "pos=rotary,mlp=swiglu,seed=0": "summary.json: final.val_bpb='3.1': not a number",
+        "pos=none,mlp=swiglu,seed=7": "no summary.json",
+    }
+    assert "4 run folder(s) not read, left out of the report" in err
+    text = (tmp_path / "report.md").read_text()  # the rest of the report is still written
+    lines = text.splitlines()
+    assert lines[0].endswith(": 9 runs (4 not read: below), 4 variants, sorted by val_bpb (lower is better)")
+    assert lines[2] == "Not read: 4 run folders, left out of every table and interval below:"
+    assert sorted(lines[3:7]) == sorted(f"- {folder}: {reason}" for folder, reason in reasons.items())
+    for folder, reason in reasons.items():
+        assert f"{folder}: {reason}" in err
+    assert text in out and "| 1 | rotary | swiglu | 2 |" in text  # seeds 1 and 2 only
+    with open(tmp_path / "runs.csv") as f:
+        rows = {r["run_dir"]: r for r in csv.DictReader(f)}
+    assert len(rows) == 13 and {(rows[k]["status"], rows[k]["error"]) for k in reasons} == {
+        ("not read", reason) for reason in reasons.values()
+    }
+    from zoo.lab.outcome import runs_not_done  # a sweep's exit status names the reason too
+
+    assert (tmp_path / "pos=rotary,mlp=gelu,seed=1", reasons["pos=rotary,mlp=gelu,seed=1"]) in runs_not_done(tmp_path)
+    for folder in reasons:  # mended, the report reads every run again and exits 0
+        shutil.rmtree(tmp_path / folder)
+    report_main([str(tmp_path), "--no-plots"])
+    assert "not read" not in (tmp_path / "report.md").read_text()
+
+
+# -- pooled effects: the seed is the unit ------------------------------------------------------------------------
+
+
+def test_pooled_effects_count_seeds_not_pairs(tmp_path):
+    """Each seed moves swiglu - gelu by the same amount at both pos values (pairs correlated within a seed): the
+    interval is the t-interval over the 4 per-seed means, wider than the naive one over the 8 pairs, and says so."""
+    from scipy import stats
+
+    seed_effect = [-0.10, -0.01, -0.07, 0.01]  # the swiglu - gelu difference each seed gives, at every pos
+    diffs: dict[int, list[float]] = {}
+    job = 0
+    for pos, shift, wobble in (("none", 0.0, 0.002), ("rotary", -0.2, -0.003)):
+        for mlp in ("gelu", "swiglu"):
+            for seed in range(4):
+                value = 3.0 + SEEDS_NOISE[seed] + shift + (seed_effect[seed] + wobble * seed) * (mlp == "swiglu")
+                fake_run(tmp_path, [f"pos={pos}", f"mlp={mlp}", f"seed={seed}"], value=value, job=job)
+                job += 1
+                if mlp == "swiglu":
+                    diffs.setdefault(seed, []).append(seed_effect[seed] + wobble * seed)
+    text = write_report(tmp_path, plots=False)
+    with open(tmp_path / "effects.csv") as f:
+        row = {(r["axis"], r["value"]): r for r in csv.DictReader(f)}["mlp", "swiglu"]
+    blocked = stats.ttest_1samp([statistics.fmean(d) for d in diffs.values()], 0.0)
+    naive = stats.ttest_1samp([x for d in diffs.values() for x in d], 0.0).confidence_interval(0.95)
+    low, high = float(row["delta_ci_low"]), float(row["delta_ci_high"])
+    assert (low, high) == pytest.approx(tuple(blocked.confidence_interval(0.95)))
+    assert float(row["p_value"]) == pytest.approx(blocked.pvalue)
+    assert high - low > naive.high - naive.low and naive.high < 0 < high  # the naive one would say "better"
+    assert (row["pairs"], row["units"], row["verdict"]) == ("8", "4", "within noise")
+    assert "blocked by seed" in text and "the independent units are the seeds, not the pairs" in text
+    assert "| mlp | swiglu | gelu |" in text and "| within noise | 8 | 4 |" in text
+
+
+# -- bounded and bimodal outcomes ---------------------------------------------------------------------------------
+
+ACCURACY = {"name": "val_accuracy", "mode": "max"}
+#: MQAR's outcomes (docs/results.md, section 5): a run recalls (about 1.0) or stays on the plateau (about 0.39).
+RECALL = {"mha": [0.9998, 1.0, 0.3855], "gqa": [0.3933, 0.999, 1.0], "linear": [0.4019, 0.3872, 0.9]}
+
+
+def recall_sweep(root: Path, outcomes: dict[str, list[float]] = RECALL) -> None:
+    job = 0
+    for attn, values in outcomes.items():
+        for seed, value in enumerate(values):
+            fake_run(root, [f"attn={attn}", f"seed={seed}"], value=value, metric=ACCURACY, job=job)
+            job += 1
+
+
+def rows_by(root: Path, key: str, name: str = "report.csv") -> dict[str, dict[str, str]]:
+    with open(root / name) as f:
+        return {r[key]: r for r in csv.DictReader(f)}
+
+
+def test_sign_flip_permutation_p_value_is_exact():
+    from zoo.lab.stats import permutation_interval
+
+    # six differences of one sign: of the 2^6 = 64 sign patterns only the observed one reaches its sum, and only
+    # all flipped reaches its negative: p = 2 / 64; the interval is the least and the largest subset mean
+    mean, low, high, p, exact = permutation_interval([0.1, 0.2, 0.3, 0.05, 0.15, 0.25])
+    assert (p, exact, mean) == (pytest.approx(2 / 64), True, pytest.approx(0.175))
+    assert (low, high) == pytest.approx((0.05, 0.3))
+    # [0.3, -0.1, 0.2], sum 0.4: sums of the 8 patterns are 0.4 (+++), 0.6 (+-+), 0.0, -0.2, 0.2, 0.0, -0.6, -0.4;
+    # 2 of 8 at or above 0.4, 7 of 8 at or below: p = 2 x min(2/8, 7/8) = 0.5. Three seeds reach no 95% interval.
+    mean, low, high, p, exact = permutation_interval([0.3, -0.1, 0.2])
+    assert p == pytest.approx(0.5) and (low, high) == (-float("inf"), float("inf"))
+    # past 13 seeds, a fixed sample of sign patterns: 16 positive differences, p about 2 / 10,000, an interval inside
+    many = [0.01 * (i + 1) for i in range(16)]
+    mean, low, high, p, exact = permutation_interval(many)
+    assert not exact and p < 0.001 and 0.01 < low < mean < high < 0.16
+    assert permutation_interval(many) == (mean, low, high, p, exact)  # the same sample every time
+
+
+def test_permutation_through_the_report_names_the_test(tmp_path):
+    effects = {"layernorm": [0.0] * 6, "rmsnorm": [-0.05, -0.03, -0.07, -0.04, -0.06, -0.02]}
+    planted(tmp_path, effects, [0, 1, 2, 3, 4, 5])
+    text = write_report(tmp_path, plots=False, test="permutation")
+    row = rows_of(tmp_path)["rmsnorm"]
+    assert (row["test"], row["verdict"], row["clipped"]) == ("paired sign-flip permutation (exact)", "better", "false")
+    assert float(row["p_value"]) == pytest.approx(2 / 64)
+    assert (float(row["delta_ci_low"]), float(row["delta_ci_high"])) == pytest.approx((-0.07, -0.02))
+    assert "Test: permutation (report.test=permutation; one of auto, t, permutation, bootstrap)." in text
+
+
+def test_bounded_metric_gets_permutation_clipped_intervals_and_pass_counts(tmp_path, capsys):
+    from scipy import stats
+
+    recall_sweep(tmp_path)
+    text = write_report(tmp_path, plots=False)  # auto: accuracy is bounded, so permutation
+    rows = rows_by(tmp_path, "attn")
+    gqa = rows["gqa"]
+    # by hand: differences -0.6065, -0.0010, +0.6145 (sum +0.0070); of the 8 sign patterns 4 sum to >= 0.007
+    # (+++, flip the first, flip the second, flip both), 5 to <= it: p = 2 x 4/8 = 1
+    assert gqa["test"] == "paired sign-flip permutation (exact)" and float(gqa["p_value"]) == pytest.approx(1.0)
+    assert (gqa["delta_ci_low"], gqa["delta_ci_high"], gqa["clipped"]) == ("-1.0", "1.0", "true")
+    assert "| 0.7974 ± 0.3500 | 2/3 | +0.0023 [-1.0000, +1.0000] clipped | within noise |" in text
+    assert "Test: permutation (report.test=auto: permutation for val_accuracy, a bounded metric" in text
+    assert "clipped to the difference's feasible range [-1, +1]" in text
+    assert "| pass (≥ 0.9) |" in text
+    assert (rows["mha"]["pass"], rows["gqa"]["pass"], rows["linear"]["pass"]) == ("2/3", "2/3", "1/3")  # 0.9 passes
+    assert rows["mha"]["pass_threshold"] == "0.9"
+    runs = rows_by(tmp_path, "run_dir", "runs.csv")
+    assert [runs[f"attn=mha,seed={s}"]["pass"] for s in range(3)] == ["True", "True", "False"]
+    # Student t over the same 3 pairs reaches past [-1, 1]: it is cut there and says so
+    raw = stats.ttest_1samp([g - m for g, m in zip(RECALL["gqa"], RECALL["mha"], strict=True)], 0.0)
+    assert raw.confidence_interval(0.95).low < -1 and raw.confidence_interval(0.95).high > 1
+    report_main([str(tmp_path), "--no-plots", "--test", "t"])
+    assert "+0.0023 [-1.0000, +1.0000] clipped | within noise" in capsys.readouterr().out
+    assert rows_by(tmp_path, "attn")["gqa"]["test"] == "paired t"
+    # an unbounded metric: no pass column, no clipping, t by default
+    planted(tmp_path / "bpb", {"layernorm": [0.0] * 3, "rmsnorm": [-0.5, -0.4, -0.6]}, [0, 1, 2])
+    text = write_report(tmp_path / "bpb", plots=False)
+    row = rows_of(tmp_path / "bpb")["rmsnorm"]
+    assert (row["test"], row["clipped"], row["pass"]) == ("paired t", "false", "") and "pass (" not in text
+
+
+def test_bootstrap_interval_is_named_and_inside_the_differences(tmp_path):
+    effects = {"layernorm": [0.0] * 8, "rmsnorm": [-0.05, -0.03, -0.07, -0.04, -0.06, -0.02, -0.05, -0.04]}
+    planted(tmp_path, effects, list(range(8)))
+    write_report(tmp_path, plots=False, test="bootstrap")
+    row = rows_of(tmp_path)["rmsnorm"]
+    low, high = float(row["delta_ci_low"]), float(row["delta_ci_high"])
+    assert row["test"] == "paired bootstrap (percentile)" and row["verdict"] == "better"
+    assert -0.07 <= low < float(row["delta_mean"]) < high <= -0.02  # a mean of resampled differences: inside them
+    assert float(row["p_value"]) < 0.05
+
+
+def test_bad_report_test_names_the_key_value_and_choices(tmp_path, capsys):
+    from zoo.core.errors import ConfigError
+    from zoo.lab.variants import report_options
+
+    with pytest.raises(ConfigError) as error:
+        report_options({"test": "wilcoxon"})
+    assert str(error.value).startswith("report.test='wilcoxon': one of auto, t, permutation, bootstrap")
+    recall_sweep(tmp_path)
+    for summary in tmp_path.glob("*/summary.json"):  # launched with a bad report.test
+        data = json.loads(summary.read_text())
+        data["config"]["report"] = {"test": "ttest"}
+        summary.write_text(json.dumps(data))
+    with pytest.raises(SystemExit) as exit_:
+        report_main([str(tmp_path), "--no-plots"])
+    assert exit_.value.code == 1 and "report.test='ttest': one of auto, t, permutation" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from zoo.lab.records import SUMMARY, read_summary
+from zoo.lab.records import SUMMARY, read_summary_checked
 
 #: Statuses that are results; any other (``failed``, or ``running`` left by a killed run) is not.
 #: ``incompatible``: a grid's combination of parts the compatibility map refuses, with its reason.
@@ -18,11 +18,13 @@ RESULTS = ("ok", "diverged", "incompatible")
 
 
 def runs_not_done(root: Path) -> list[tuple[Path, str]]:
-    """Every run folder under ``root`` whose summary is not a result, with its error."""
+    """Every run folder under ``root`` whose summary is not a result, with its error (or why it cannot be read)."""
     found = []
     for path in sorted(Path(root).rglob(SUMMARY)):
-        summary = read_summary(path.parent) or {}
-        if summary.get("status") not in RESULTS:
+        summary, unreadable = read_summary_checked(path.parent)
+        if summary is None:
+            found.append((path.parent, str(unreadable)))
+        elif summary.get("status") not in RESULTS:
             found.append((path.parent, str(summary.get("error") or summary.get("status"))))
     return found
 

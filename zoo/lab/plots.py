@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import textwrap
 from collections import defaultdict
@@ -110,7 +111,8 @@ def plot_final(report: Report, path: Path) -> Figure:
             delta_ax.plot(0, y, "D", color="black", ms=5)
         elif c is not None and c.delta_mean is not None:
             color = VERDICT_COLORS.get(c.verdict, "tab:gray")
-            lo, hi = (c.low, c.high) if c.low is not None and c.high is not None else (c.delta_mean, c.delta_mean)
+            bounded = c.low is not None and c.high is not None and math.isfinite(c.low) and math.isfinite(c.high)
+            lo, hi = (c.low, c.high) if bounded else (c.delta_mean, c.delta_mean)  # an unbounded one: the mean
             delta_ax.errorbar(c.delta_mean, y, xerr=[[c.delta_mean - lo], [hi - c.delta_mean]], fmt="o", color=color,
                               ecolor=color, capsize=4, ms=6, zorder=3)  # fmt: skip
             tag = c.verdict + ("" if c.paired or c.low is None else ", unpaired")

@@ -1,6 +1,7 @@
 """``zoo-report DIR``: one row per variant of a sweep, each against a baseline with a paired interval and a verdict.
 
-Reads every ``summary.json`` under DIR; writes ``report.md``, ``report.csv`` (one row per
+Reads every ``summary.json`` under DIR (a run folder whose summary cannot be read is named, with the
+reason, at the top of the report, and ``zoo-report`` then exits 1); writes ``report.md``, ``report.csv`` (one row per
 variant), ``runs.csv`` (one row per run), ``effects.csv`` (several axes: each axis value against its
 baseline value), ``curves.png``, ``final.png`` and ``interactions.png`` (several axes) beside them,
 and prints the Markdown table. Runs at the end of every sweep (:class:`ReportCallback`). The
@@ -10,6 +11,7 @@ statistics are in :mod:`zoo.lab.stats`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import logging
 from collections.abc import Sequence
@@ -24,7 +26,17 @@ from zoo.lab.fixed import fixed_line
 from zoo.lab.lock import report_lock
 from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_routing
 from zoo.lab.records import read_metrics
-from zoo.lab.stats import CONFIDENCE, CORRECTIONS, MIN_PAIRS, TOO_FEW, Comparison
+from zoo.lab.stats import (
+    CONFIDENCE,
+    CORRECTIONS,
+    EXACT_MAX,
+    MIN_PAIRS,
+    TESTS,
+    TOO_FEW,
+    Comparison,
+    difference_range,
+    pass_threshold,
+)
 from zoo.lab.tune import TUNE_DIR
 from zoo.lab.variants import Report, build_report, report_options
 
@@ -36,20 +48,46 @@ def fmt(value: float | None, digits: int = 4) -> str:
 
 
 def interval_text(c: Comparison | None) -> str:
-    """``-0.0510 [-0.0920, -0.0100]`` (``unpaired`` when Welch's); without an interval, the mean alone."""
+    """``-0.0510 [-0.0920, -0.0100]`` (``unpaired`` when Welch's, ``clipped`` when cut to the metric's range);
+    without an interval, the mean alone."""
     if c is None or c.delta_mean is None:
         return ""
     if c.low is None or c.high is None:
         return f"{c.delta_mean:+.4f}"
-    return f"{c.delta_mean:+.4f} [{c.low:+.4f}, {c.high:+.4f}]" + ("" if c.paired else " unpaired")
+    marks = ("" if c.paired else " unpaired") + (" clipped" if c.clipped else "")
+    return f"{c.delta_mean:+.4f} [{c.low:+.4f}, {c.high:+.4f}]" + marks
 
 
 def verdict_text(c: Comparison | None) -> str:
     if c is None:
         return ""
     if c.verdict == TOO_FEW:
+        if c.paired and c.units != c.pairs:  # pooled over other axes: the seeds are what count
+            return f"{TOO_FEW} ({c.units} seeds, {c.pairs} pairs)"
         return f"{TOO_FEW} ({c.pairs} pairs)" if c.paired or not (c.n_variant and c.n_baseline) else TOO_FEW
     return c.verdict
+
+
+#: How each ``report.test`` makes its interval, for the report's header.
+TEST_TEXT = {
+    "t": "Student t interval",
+    "permutation": f"sign-flip permutation interval: every sign pattern of the per-seed differences up to "
+    f"{EXACT_MAX} seeds, the test inverted; no 95% interval excludes anything under 6 seeds",
+    "bootstrap": "percentile bootstrap interval",
+}
+
+
+def test_line(report: Report) -> str:
+    """Which test ``report.test`` chose for the headline metric, and why."""
+    bounded = difference_range(report.metric) is not None
+    if report.test_option == "auto":
+        why = "a bounded metric: a run's outcome is often all or nothing" if bounded else "an unbounded metric"
+        how = f"report.test=auto: {report.test} for {report.metric}, {why}"
+    else:
+        how = f"report.test={report.test_option}"
+    rng = difference_range(report.metric)
+    clip = f"; intervals are clipped to the difference's feasible range [{rng[0]:+g}, {rng[1]:+g}]" if rng else ""
+    return f"Test: {report.test} ({how}; one of {', '.join(TESTS)}){clip}."
 
 
 def statistics_lines(report: Report) -> list[str]:
@@ -57,9 +95,10 @@ def statistics_lines(report: Report) -> list[str]:
     n = sum(1 for c in report.comparisons.values() if c.p_value is not None)
     lines = [
         f"Δ: each variant minus the baseline {report.baseline_label}, paired by seed (runs with the same seed "
-        f"share initial weights and data order): mean difference [{CONFIDENCE:.0%} Student t interval]. "
+        f"share initial weights and data order): mean difference [{CONFIDENCE:.0%} {TEST_TEXT[report.test]}]. "
         f"Verdict: better or worse when the interval excludes 0, within noise when it contains it; "
-        f"unpaired: Welch's interval (seeds that do not pair); under {MIN_PAIRS} pairs: {TOO_FEW}."
+        f"unpaired: Welch's interval (seeds that do not pair); under {MIN_PAIRS} pairs: {TOO_FEW}.",
+        test_line(report),
     ]
     if report.correction == "holm":
         lines.append(
@@ -94,6 +133,8 @@ def fairness_lines(report: Report) -> list[str]:
             f"the tuning runs and their report are in {TUNE_DIR}/, the sensitivity in lr.png."
         )
     return [""] + lines if lines else []
+
+
 def active_params(variant: Any) -> int | None:
     """Parameters one token uses (``active_parameters`` in a run's summary; less than the total for a
     mixture of experts)."""
@@ -105,10 +146,32 @@ def sparse(report: Report) -> bool:
     return any(active_params(v) not in (None, v.parameters) for v in report.variants)
 
 
+def dropped_lines(report: Report) -> list[str]:
+    """The run folders left out because their summary could not be read, each with the reason."""
+    if not report.dropped:
+        return []
+    n = len(report.dropped)
+    lines = ["", f"Not read: {n} run folder{'s' if n != 1 else ''}, left out of every table and interval below:"]
+    return lines + [f"- {relative_to(d.path, report.root)}: {d.reason}" for d in report.dropped]
+
+
+def relative_to(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix() or "."
+
+
+def pass_text(variant: Any, report: Report, threshold: float | None) -> str:
+    """``2/3`` (runs at or above the metric's success threshold, of the runs with a value), or empty."""
+    values = variant.values(report.metric)
+    if threshold is None or not values:
+        return ""
+    return f"{sum(v >= threshold for v in values)}/{len(values)}"
+
+
 def markdown(report: Report) -> str:
     """The variants table, best first, each against the baseline, with what was measured and the failures below."""
     m = report.metric
     both = sparse(report)
+    threshold = pass_threshold(m, report.mode)
     better = "lower" if report.mode == "min" else "higher"
     tuned = any(v.tuned_lr is not None for v in report.variants)
     budgeted = any(v.budget is not None for v in report.variants)
@@ -119,6 +182,7 @@ def markdown(report: Report) -> str:
         "params",
         *(["active params"] if both else []),
         f"{m} (mean ± std)",
+        *([f"pass (≥ {threshold:g})"] if threshold is not None else []),
         f"Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI]",
         "verdict",
         *report.extra,
@@ -128,8 +192,11 @@ def markdown(report: Report) -> str:
         "wall s",
         "status",
     ]
+    not_read = f" ({len(report.dropped)} not read: below)" if report.dropped else ""
     lines = [
-        f"{report.root}: {len(report.runs)} runs, {len(report.variants)} variants, sorted by {m} ({better} is better)",
+        f"{report.root}: {len(report.runs)} runs{not_read}, {len(report.variants)} variants, sorted by {m} "
+        f"({better} is better)",
+        *dropped_lines(report),
         "",
         *statistics_lines(report),
         *fairness_lines(report),
@@ -151,6 +218,7 @@ def markdown(report: Report) -> str:
             f"{params:,}" if params is not None else "",
             *([f"{active:,}" if (active := active_params(variant)) is not None else ""] if both else []),
             shown,
+            *([pass_text(variant, report, threshold)] if threshold is not None else []),
             "baseline" if is_base else interval_text(comparison),
             "" if is_base else verdict_text(comparison),
             *[fmt(variant.mean_std(k)[0]) for k in report.extra],
@@ -164,29 +232,38 @@ def markdown(report: Report) -> str:
     base = report.variant(report.baseline)
     if base is None or not base.by_seed(m):
         lines += ["", f"The baseline {report.baseline_label} has no ok run: nothing to compare with."]
-    if report.effects:
-        lines += [
-            "",
-            "Each axis's values against its baseline value, pooled over the other axes "
-            "(pairs: the same seed and the same values of every other axis):",
-            "",
-            f"| axis | value | vs | Δ {m} [{CONFIDENCE:.0%} CI] | verdict | pairs |",
-            "|---|---|---|---|---|---|",
-        ]
-        for e in report.effects:
-            c = e.comparison
-            cells = [e.axis, e.value, e.baseline, interval_text(c), verdict_text(c), str(c.pairs)]
-            lines.append("| " + " | ".join(cells) + " |")
+    lines += effects_lines(report)
     lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/fixed.py)
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]
     if problems:
         lines += ["", "Not ok:"] + [f"- {label}: {error}" for label, error in problems]
-    resumed = [(r.path.relative_to(report.root).as_posix() or ".", r.summary["resumed_from"])
+    resumed = [(relative_to(r.path, report.root), r.summary["resumed_from"])
                for v in report.variants for r in v.runs if r.summary.get("resumed_from")]  # fmt: skip
     if resumed:
         lines += ["", "Resumed from a checkpoint:"]
         lines += [f"- {path}: from step {', '.join(str(s) for s in steps)}" for path, steps in resumed]
     return "\n".join(lines) + "\n"
+
+
+def effects_lines(report: Report) -> list[str]:
+    """The pooled effects table (several axes): each axis value against its baseline value, blocked by seed."""
+    if not report.effects:
+        return []
+    lines = [
+        "",
+        "Each axis's values against its baseline value, pooled over the other axes "
+        "(pairs: the same seed and the same values of every other axis), blocked by seed: each seed's "
+        "differences averaged over the other axes, the interval over those seed means (a seed's pairs share "
+        "its initial weights and data order, so the independent units are the seeds, not the pairs):",
+        "",
+        f"| axis | value | vs | Δ {report.metric} [{CONFIDENCE:.0%} CI] | verdict | pairs | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in report.effects:
+        c = e.comparison
+        cells = [e.axis, e.value, e.baseline, interval_text(c), verdict_text(c), str(c.pairs), str(c.units)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 #: report.csv's statistics columns (stable names: other tools read them).
@@ -204,13 +281,14 @@ def stat_cells(c: Comparison | None, baseline: str, is_baseline: bool = False) -
 
 def write_csv(report: Report) -> None:
     m = report.metric
+    threshold = pass_threshold(m, report.mode)
     finals = sorted({k for r in report.runs for k in (r.summary.get("final") or {})})
     with open(report.root / "report.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(
             [*report.axes, "runs", "ok", "parameters", "metric", f"{m}_mean", f"{m}_std",
              *[f"{k}_mean" for k in finals if k != m], "tokens_per_s", "wall_time_s", "flops_per_token", "status",
-             *STAT_COLUMNS, "lr", "steps", "flops", "budget"]
+             *STAT_COLUMNS, "lr", "steps", "flops", "budget", "pass", "pass_threshold", "clipped"]
         )  # fmt: skip
         for v in report.variants:
             mean, std = v.mean_std(m)
@@ -221,37 +299,57 @@ def write_csv(report: Report) -> None:
                  flops, v.status,
                  *stat_cells(report.comparisons.get(v.key), report.baseline_label, v.key == report.baseline),
                  v.tuned_lr, v.mean_of("steps"), v.mean_of("flops"),
-                 f"{v.budget['value']:g} {v.budget['kind']}" if v.budget else ""]
+                 f"{v.budget['value']:g} {v.budget['kind']}" if v.budget else "", pass_text(v, report, threshold),
+                 threshold, clipped_cell(report.comparisons.get(v.key))]
             )  # fmt: skip
     if report.effects:
         with open(report.root / "effects.csv", "w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["axis", "value", "metric", *STAT_COLUMNS])
+            writer.writerow(["axis", "value", "metric", *STAT_COLUMNS, "units", "clipped"])
             for e in report.effects:
-                writer.writerow([e.axis, e.value, m, *stat_cells(e.comparison, f"{e.axis}={e.baseline}")])
+                c = e.comparison
+                cells = stat_cells(c, f"{e.axis}={e.baseline}")
+                writer.writerow([e.axis, e.value, m, *cells, c.units, clipped_cell(c)])
     with open(report.root / "runs.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(
-            ["run_dir", *report.axes, "seed", "status", m, "parameters", "tokens_per_s", "wall_time_s", "error"]
+            ["run_dir", *report.axes, "seed", "status", m, "parameters", "tokens_per_s", "wall_time_s", "error", "pass"]
         )
         for v in report.variants:
             for r in v.runs:
+                value = (r.summary.get("final") or {}).get(m)
+                passed = "" if threshold is None or not isinstance(value, (int, float)) else value >= threshold
                 writer.writerow(
-                    [r.path.relative_to(report.root).as_posix() or ".", *v.key, r.seed, r.status,
-                     (r.summary.get("final") or {}).get(m), (r.summary.get("parameters") or {}).get("total"),
-                     r.summary.get("tokens_per_s"), r.summary.get("wall_time_s"),
-                     r.summary.get("error") or r.summary.get("reason")]
+                    [relative_to(r.path, report.root), *v.key, r.seed, r.status, value,
+                     (r.summary.get("parameters") or {}).get("total"), r.summary.get("tokens_per_s"),
+                     r.summary.get("wall_time_s"), r.summary.get("error") or r.summary.get("reason"), passed]
                 )  # fmt: skip
+        for d in report.dropped:  # no summary to read the axes from: the folder and the reason
+            writer.writerow([relative_to(d.path, report.root), *[""] * len(report.axes), "", "not read", "", "", "",
+                             "", d.reason, ""])  # fmt: skip
+
+
+def clipped_cell(c: Comparison | None) -> str:
+    return "" if c is None or c.low is None else str(c.clipped).lower()
 
 
 def write_report(
-    root: Path, plots: bool = True, baseline: dict[str, str] | None = None, correction: str | None = None
+    root: Path,
+    plots: bool = True,
+    baseline: dict[str, str] | None = None,
+    correction: str | None = None,
+    test: str | None = None,
 ) -> str:
     """Build and write the whole report for the runs under ``root``; returns the Markdown.
 
-    ``baseline`` (``{axis: value}``) and ``correction`` (none, holm) default to the runs' ``report`` section.
+    ``baseline`` (``{axis: value}``), ``correction`` (none, holm) and ``test`` (auto, t, permutation,
+    bootstrap) default to the runs' ``report`` section.
     """
-    report = build_report(Path(root), baseline=baseline, correction=correction)
+    return write_built(build_report(Path(root), baseline=baseline, correction=correction, test=test), plots)
+
+
+def write_built(report: Report, plots: bool = True) -> str:
+    """Write the report's files (Markdown, CSVs and, with ``plots``, PNGs) into its root; returns the Markdown."""
     text = markdown(report)
     for stale in ("effects.csv", "interactions.png", "lr.png"):  # from an earlier report of more axes
         (report.root / stale).unlink(missing_ok=True)
@@ -288,13 +386,22 @@ def report_main(argv: Sequence[str] | None = None) -> None:
         "value of each swept axis)",
     )
     parser.add_argument("--correction", choices=CORRECTIONS, help="family-wise correction of the verdicts")
+    parser.add_argument(
+        "--test", choices=TESTS, help="the interval over the per-seed differences (default: the runs' report.test, "
+        "else auto: permutation for a bounded metric such as accuracy, t otherwise)"
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         baseline = report_options({"baseline": args.baseline})[0] if args.baseline else None
-        print(write_report(args.dir, plots=not args.no_plots, baseline=baseline, correction=args.correction), end="")
+        with report_lock(args.dir) if args.dir.is_dir() else contextlib.nullcontext():  # not beside a sweep's own
+            report = build_report(args.dir, baseline=baseline, correction=args.correction, test=args.test)
+            print(write_built(report, plots=not args.no_plots), end="")
     except (FileNotFoundError, ConfigError) as error:
         parser.exit(1, f"zoo-report: {error}\n")
     print(f"\nwritten: {', '.join(str(p) for p in written(args.dir, not args.no_plots))}")
+    if report.dropped:  # the report is written; the status says it is missing runs
+        lines = "".join(f"\n  {relative_to(d.path, report.root)}: {d.reason}" for d in report.dropped)
+        parser.exit(1, f"zoo-report: {len(report.dropped)} run folder(s) not read, left out of the report:{lines}\n")
 
 
 class ReportCallback(Callback):
@@ -304,14 +411,17 @@ class ReportCallback(Callback):
         root = Path(config.hydra.sweep.dir)
         try:
             section = OmegaConf.to_container(config.report, resolve=True) if "report" in config else None
-            baseline, correction = report_options(section)
+            baseline, correction, test = report_options(section)
             with report_lock(root):  # a second sweep into this folder writes its report after this one
-                text = write_report(root, baseline=baseline, correction=correction)
+                report = build_report(root, baseline=baseline, correction=correction, test=test)
+                text = write_built(report)
         except Exception as error:  # a report problem must not hide the runs' own results
             log.error("report for %s failed: %s: %s", root, type(error).__name__, error)
             return
         others = ", ".join(p.name for p in written(root, True) if p.name != "report.md")
         print("\n" + text + f"\nreport: {root / 'report.md'} (and {others})")
+        for d in report.dropped:
+            log.error("report for %s left out %s: %s", root, relative_to(d.path, root), d.reason)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from typing import Any
 
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
-from zoo.lab.records import SUMMARY, read_summary
-from zoo.lab.stats import CORRECTIONS, Comparison, apply_holm, compare
+from zoo.lab.records import METRICS, SUMMARY, read_summary_checked
+from zoo.lab.stats import CORRECTIONS, TESTS, Comparison, apply_holm, chosen_test, compare, difference_range
 
 #: Override keys that never define a variant: seeds are averaged over, the sweep file names the folder.
 NOT_AXES = {"seed", "sweeps"}
@@ -135,6 +135,9 @@ class Report:
     extra: list[str]  # other validation metrics shown beside the headline (e.g. other lengths)
     baseline: tuple[str, ...] = ()  # the key of the variant every other is compared with
     correction: str = "none"  # none | holm (family-wise over the comparisons)
+    test: str = "t"  # the interval over the per-seed differences: t | permutation | bootstrap (report.test resolved)
+    test_option: str = "auto"  # report.test as given
+    dropped: list[Dropped] = field(default_factory=list)  # run folders left out: their summary could not be read
     comparisons: dict[tuple[str, ...], Comparison] = field(default_factory=dict)  # variant key -> vs baseline
     effects: list[Effect] = field(default_factory=list)  # per axis value, pooled over the other axes
 
@@ -152,6 +155,14 @@ class Report:
 
     def variant(self, key: tuple[str, ...]) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)
+
+
+@dataclass
+class Dropped:
+    """A run folder the report could not read, and why (left out of every table and statistic)."""
+
+    path: Path
+    reason: str
 
 
 @dataclass
@@ -174,55 +185,78 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def collect(root: Path) -> list[Run]:
-    """Every run under ``root`` that has a summary, in folder order."""
-    runs = []
-    for path in sorted(root.rglob(SUMMARY)):
-        if path.relative_to(root).parts[0] == "tune" and len(path.relative_to(root).parts) > 2:
+def scan(root: Path) -> tuple[list[Run], list[Dropped]]:
+    """Every run under ``root`` whose summary reads and checks (:func:`read_summary_checked`), in folder order;
+    and every run folder (one with a summary.json, a metrics.jsonl or Hydra's .hydra/) whose summary does not."""
+    runs, dropped = [], []
+    folders = {p.parent for name in (SUMMARY, METRICS, ".hydra/overrides.yaml") for p in root.rglob(name)}
+    folders = {f.parent if f.name == ".hydra" else f for f in folders}
+    for folder in sorted(folders):
+        parts = folder.relative_to(root).parts
+        if parts and parts[0] == "tune" and len(parts) > 1:
             continue  # tune.lr's runs (zoo/lab/tune.py): a sweep of their own, reported in root/tune
-        summary = read_summary(path.parent)
+        summary, reason = read_summary_checked(folder)
         if summary is not None:
-            runs.append(Run(path.parent, summary, parse_overrides(summary.get("overrides") or [])))
-    return runs
+            runs.append(Run(folder, summary, parse_overrides(summary.get("overrides") or [])))
+        else:
+            dropped.append(Dropped(folder, str(reason)))
+    return runs, dropped
 
 
-def report_options(raw: Any) -> tuple[dict[str, str] | None, str]:
-    """The ``report`` section (``baseline``, ``correction``) checked: ``({axis: value} or None, correction)``.
+def collect(root: Path) -> list[Run]:
+    """Every run under ``root`` that has a summary that reads, in folder order (:func:`scan` also says which not)."""
+    return scan(root)[0]
+
+
+#: The ``report`` section's keys.
+REPORT_KEYS = ("baseline", "correction", "test")
+
+
+def report_options(raw: Any) -> tuple[dict[str, str] | None, str, str]:
+    """The ``report`` section (``baseline``, ``correction``, ``test``) checked:
+    ``({axis: value} or None, correction, test)``.
 
     ``baseline`` is a mapping (``{mlp: gelu}``) or a string ``"mlp=gelu,pos=none"``; null: the first
-    value of each swept axis.
+    value of each swept axis. ``test`` is one of :data:`zoo.lab.stats.TESTS` (null: auto).
     """
     raw = dict(raw or {})
     for key in raw:
-        if key not in ("baseline", "correction"):
-            raise ConfigError(f"report.{key}", raw[key], "unknown key; allowed: baseline, correction")
+        if key not in REPORT_KEYS:
+            raise ConfigError(f"report.{key}", raw[key], f"unknown key; allowed: {', '.join(REPORT_KEYS)}")
     correction = str(raw.get("correction") or "none")
     if correction not in CORRECTIONS:
         raise ConfigError("report.correction", correction, " or ".join(CORRECTIONS))
-    baseline = raw.get("baseline")
+    test = raw.get("test") or "auto"
+    if test not in TESTS:
+        raise ConfigError("report.test", test, f"one of {', '.join(TESTS)} (auto: permutation for a bounded metric)")
+    return report_baseline(raw.get("baseline")), correction, str(test)
+
+
+def report_baseline(baseline: Any) -> dict[str, str] | None:
+    """``report.baseline`` checked: ``{axis: value}``, or None for the first value of each swept axis."""
     if baseline is None or baseline == {}:
-        return None, correction
+        return None
     if isinstance(baseline, str):
         items = [item.partition("=") for item in baseline.split(",") if item]
         if not items or any(not sep or not k or not v for k, sep, v in items):
             raise ConfigError("report.baseline", baseline, "axis=value pairs (mlp=gelu,pos=none) or a mapping")
-        return {k.strip(): v.strip() for k, _, v in items}, correction
+        return {k.strip(): v.strip() for k, _, v in items}
     if isinstance(baseline, dict):
-        return {str(k): str(v) for k, v in baseline.items()}, correction
+        return {str(k): str(v) for k, v in baseline.items()}
     raise ConfigError("report.baseline", baseline, "a mapping {axis: value}, axis=value pairs, or null")
 
 
-def runs_report_options(runs: Sequence[Run]) -> tuple[dict[str, str] | None, str]:
+def runs_report_options(runs: Sequence[Run]) -> tuple[dict[str, str] | None, str, str]:
     """The ``report`` section the runs were launched with (the most common one)."""
     seen = Counter(repr((r.summary.get("config") or {}).get("report")) for r in runs if (r.summary.get("config") or {}))
     if not seen:
-        return None, "none"
+        return None, "none", "auto"
     chosen = seen.most_common(1)[0][0]
     for r in runs:
         section = (r.summary.get("config") or {}).get("report")
         if repr(section) == chosen:
             return report_options(section)
-    return None, "none"
+    return None, "none", "auto"
 
 
 def first_values(runs: Sequence[Run], axes: Sequence[str]) -> dict[str, str]:
@@ -252,10 +286,12 @@ def choose_baseline(runs: Sequence[Run], axes: Sequence[str], given: dict[str, s
 
 
 def axis_effects(
-    runs: Sequence[Run], axes: Sequence[str], baseline: tuple[str, ...], metric: str, mode: str
+    runs: Sequence[Run], axes: Sequence[str], baseline: tuple[str, ...], metric: str, mode: str, test: str = "t"
 ) -> list[Effect]:
     """For a sweep of several axes: each axis value against the axis's baseline value, pooled over the
-    other axes (pairs: the same seed and the same values of every other axis)."""
+    other axes (pairs: the same seed and the same values of every other axis), blocked by seed: each
+    seed's differences are averaged over the other axes, and the interval is over those seed means (the
+    runs of one seed share weights and data, so its pairs are not independent of each other)."""
     effects = []
     if len(axes) < 2:
         return effects
@@ -270,19 +306,40 @@ def axis_effects(
         base = groups.get(baseline[i], {})
         for value in sorted(groups, key=lambda v: [r.value(axis) for r in runs].index(v)):
             if value != baseline[i]:
-                effects.append(Effect(axis, value, baseline[i], compare(groups[value], base, mode)))
+                c = compare(groups[value], base, mode, test=test, bounds=difference_range(metric), unit=seed_of)
+                effects.append(Effect(axis, value, baseline[i], c))
     return effects
 
 
-def build_report(root: Path, baseline: dict[str, str] | None = None, correction: str | None = None) -> Report:
+def compare_variants(
+    variants: Sequence[Variant], base: Variant | None, base_key: tuple[str, ...], metric: str, mode: str, test: str
+) -> dict[tuple[str, ...], Comparison]:
+    """Each variant but the baseline against it, paired by seed, under ``test``, clipped to the metric's range."""
+    base_values = base.by_seed(metric) if base is not None else {}
+    bounds = difference_range(metric)
+    return {v.key: compare(v.by_seed(metric), base_values, mode, test=test, bounds=bounds)
+            for v in variants if v.key != base_key}  # fmt: skip
+
+
+def seed_of(key: Any) -> Any:
+    """The seed of an effect's pairing key ``(seed, other axes' values)``: its independent unit."""
+    return key[0]
+
+
+def build_report(
+    root: Path, baseline: dict[str, str] | None = None, correction: str | None = None, test: str | None = None
+) -> Report:
     """The runs under ``root`` grouped into variants and compared with the baseline.
 
-    ``baseline`` and ``correction`` default to the runs' own ``report`` section (``report.baseline``,
-    ``report.correction``), and that to the first value of each swept axis and no correction.
+    ``baseline``, ``correction`` and ``test`` default to the runs' own ``report`` section (``report.baseline``,
+    ``report.correction``, ``report.test``), and that to the first value of each swept axis, no correction
+    and ``auto``. Run folders whose summary cannot be read are listed in ``Report.dropped``.
     """
-    runs = collect(root)
+    runs, dropped = scan(root)
     if not runs:
-        raise FileNotFoundError(f"no {SUMMARY} under {root}: is this a sweep or run folder?")
+        why = "".join(f"; {d.path}: {d.reason}" for d in dropped)
+        raise FileNotFoundError(f"no {'readable ' if dropped else ''}{SUMMARY} under {root}: is this a sweep or run "
+                                f"folder?{why}")  # fmt: skip
     first = [*AXES, "preset", "task"]  # block axes first, in the block's order; then the rest by name
     keys = sorted(
         {k for r in runs for k in r.overrides} - NOT_AXES,
@@ -312,16 +369,17 @@ def build_report(root: Path, baseline: dict[str, str] | None = None, correction:
         return (0, mean if mode == "min" else -mean)
 
     variants = sorted(groups.values(), key=order)
-    launched_baseline, launched_correction = runs_report_options(runs)
+    launched_baseline, launched_correction, launched_test = runs_report_options(runs)
     given = baseline if baseline is not None else launched_baseline
     correction = correction or launched_correction
-    report_options({"correction": correction})
+    test_option = test or launched_test
+    report_options({"correction": correction, "test": test_option})
+    method = chosen_test(test_option, metric)
     base_key = choose_baseline(runs, axes, given)
-    base = groups.get(base_key)
-    base_values = base.by_seed(metric) if base is not None else {}
-    comparisons = {v.key: compare(v.by_seed(metric), base_values, mode) for v in variants if v.key != base_key}
-    effects = axis_effects(runs, axes, base_key, metric, mode)
+    comparisons = compare_variants(variants, groups.get(base_key), base_key, metric, mode, method)
+    effects = axis_effects(runs, axes, base_key, metric, mode, method)
     if correction == "holm":
         apply_holm(list(comparisons.values()), mode)
         apply_holm([e.comparison for e in effects], mode)
-    return Report(root, axes, variants, metric, mode, extra, base_key, correction, comparisons, effects)
+    return Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option, dropped,
+                  comparisons, effects)  # fmt: skip
