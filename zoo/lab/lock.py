@@ -22,6 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from zoo.lab.outcome import relative
 from zoo.lab.records import read_metrics, read_summary
 
 log = logging.getLogger("zoo.lab.lock")
@@ -156,8 +157,6 @@ class WaitForRuns(Callback):
     trains (a second sweep into the same folder skipped them), so that the report includes them."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from zoo.lab.train import shown
-
         runs = held_runs(Path(config.hydra.sweep.dir))
         if runs:
-            wait_for(runs, show=shown)
+            wait_for(runs, show=lambda path: str(relative(path)))
