@@ -16,6 +16,7 @@ from test_train import tiny, without_timings
 
 import zoo
 from zoo.lab import checkpoint as ckpt
+from zoo.lab import records
 from zoo.lab.records import config_hash, read_metrics, read_summary
 from zoo.lab.train import run
 
@@ -301,3 +302,26 @@ def test_no_single_process_path_unpickles():
     assert text.count("dcp.load(") == 1 and text.count("read_sharded(") == 2  # its def, and one call
     call = text.index("read_sharded(folder / DCP")
     assert "if world_size == 1:\n            raise CheckpointMismatch" in text[call - 300 : call]
+
+
+def test_a_checkpoint_appears_only_with_its_manifest_written_after_its_files(tmp_path, monkeypatch):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = ckpt.TrainState(step=4, ranks=[{"rng": {"torch": torch.get_rng_state()}}])
+    order = []
+    real_write = records.write_atomic
+    for module in (ckpt, records):  # the checkpoint's files, and the manifest (records.write_json_atomic)
+        monkeypatch.setattr(
+            module, "write_atomic", lambda path, data: (order.append(path.name), real_write(path, data))
+        )
+    written = ckpt.save_checkpoint(tmp_path, state, model, optimizer, config_hash="h")
+    assert order[-1] == ckpt.MANIFEST and set(order[:-1]) == set(ckpt.read_manifest(written))
+    assert ckpt.verify_checkpoint(written) is None
+
+    def fail(folder, files):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "write_manifest", fail)  # killed before the manifest: no checkpoint at all
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save_checkpoint(tmp_path, ckpt.TrainState(step=8), model, optimizer, config_hash="h")
+    assert [p.name for p in (tmp_path / ckpt.CHECKPOINTS).iterdir()] == ["step_000004"]
