@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file, save_file
 
 from zoo import LanguageModel, resolve_block
 from zoo.assembly.compat import tp_refusal
@@ -196,8 +197,9 @@ def check_dcp_save(folder: str) -> None:
     written = ckpt.save_sharded_checkpoint(Path(folder), state, model, optimizer, config_hash="h", world_size=2)
     whole = ckpt.full_state_dict(model)
     if dist.get_rank() == 0:
-        torch.save(whole, Path(folder) / "expected.pt")
-        assert (written / ckpt.DCP).is_dir() and (written / "state.pt").is_file()
+        save_file(whole, Path(folder) / "expected.safetensors")
+        assert (written / ckpt.DCP).is_dir() and (written / ckpt.STATE).is_file()
+        assert ckpt.verify_checkpoint(written) is None  # the manifest lists every dcp/ file with its sha256
 
 
 def check_dcp_load(folder: str, tp: int = 1) -> None:
@@ -215,8 +217,8 @@ def check_dcp_load(folder: str, tp: int = 1) -> None:
     optimizer = make_optimizer(model, TrainConfig())
     latest = ckpt.latest_checkpoint(Path(folder))
     ckpt.check_checkpoint(latest, config_hash="h", world_size=world)  # another world size: allowed for DCP
-    ckpt.read_model_optimizer(latest, model, optimizer)
-    expected = torch.load(Path(folder) / "expected.pt", weights_only=True)
+    ckpt.read_model_optimizer(latest, model, optimizer, world_size=world)
+    expected = load_file(Path(folder) / "expected.safetensors")
     got = ckpt.full_state_dict(model)
     if dist.get_rank() == 0:
         assert got.keys() == expected.keys()

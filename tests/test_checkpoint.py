@@ -1,16 +1,22 @@
-"""Final weights and training checkpoints: atomic, pruned, refused across configs, resumed to the last bit."""
+"""Final weights and training checkpoints: atomic, pruned, refused across configs, resumed to the last bit,
+checked against their manifests (with fallback), never unpickled."""
 
 from __future__ import annotations
 
 import json
+import pickle
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from test_train import tiny, without_timings
 
+import zoo
 from zoo.lab import checkpoint as ckpt
+from zoo.lab import records
 from zoo.lab.records import config_hash, read_metrics, read_summary
 from zoo.lab.train import run
 
@@ -53,12 +59,15 @@ def test_checkpoints_are_pruned_and_leave_no_temp_files(tmp_path):
     assert [p.name for p in ckpt.checkpoints(tmp_path)] == ["step_000008", "step_000010"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000008", "step_000010"]
     assert sorted(p.name for p in (tmp_path / "checkpoints" / "step_000010").iterdir()) == [
+        "manifest.json",
         "model.safetensors",
-        "optimizer.pt",
-        "state.pt",
+        "optimizer.safetensors",
+        "state.json",
+        "state.safetensors",
     ]
     state = ckpt.read_state(tmp_path / "checkpoints" / "step_000010")
     assert state["step"] == 10 and state["state"]["step"] == 10 and state["world_size"] == 1
+    assert not list(tmp_path.glob(".*")) and sorted(ckpt.read_manifest(tmp_path)) == [ckpt.WEIGHTS]
 
 
 @pytest.mark.parametrize("at_step", [3, 6, 9])
@@ -125,3 +134,194 @@ def test_the_report_says_which_runs_resumed_from_which_step(tmp_path):
     run(tiny(*RESUMABLE), tmp_path / "sweep" / "resumed")
     text = markdown(build_report(tmp_path / "sweep"))
     assert text.endswith("Resumed from a checkpoint:\n- resumed: from step 6\n") and "- whole" not in text
+
+
+def test_state_round_trips_through_safetensors_and_json_exactly():
+    """Optimizer state (int keys, tuples), generator states, non-finite floats: back as they were."""
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), betas=(0.9, 0.95))
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    value = {"optim": optimizer.state_dict(), "rng": torch.get_rng_state(), "x": [float("nan"), float("-inf"), 1 / 3]}
+    tensors: dict = {}
+    tree = json.loads(json.dumps(ckpt.to_tree(value, tensors), allow_nan=False))
+    back = ckpt.from_tree(tree, tensors, ckpt.STATE)
+    assert back["optim"]["param_groups"] == optimizer.state_dict()["param_groups"]  # betas a tuple again
+    assert back["optim"]["state"].keys() == {0, 1}
+    for key, state in optimizer.state_dict()["state"].items():
+        assert all(torch.equal(state[k], back["optim"]["state"][key][k]) for k in state)
+    assert torch.equal(back["rng"], value["rng"]) and back["x"][2] == 1 / 3 and str(back["x"][:2]) == "[nan, -inf]"
+    with pytest.raises(TypeError, match="/a: a object is not saved"):
+        ckpt.to_tree({"a": object()}, {})
+
+
+def zero_bytes(path, n: int = 1000) -> None:
+    """Zero ``n`` bytes in the middle of a file (same size, different content)."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + n] = bytes(n)
+    path.write_bytes(bytes(data))
+
+
+CORRUPTIONS = {  # how a checkpoint's files are damaged, and what the log then says
+    "garbage state": (lambda f: (f / ckpt.STATE).write_bytes(b"\x80garbage" * 50), "state.json"),
+    "garbage weights": (lambda f: (f / ckpt.WEIGHTS).write_bytes(b"\x00garbage" * 50), "truncated"),
+    "zeroed weights": (lambda f: zero_bytes(f / ckpt.WEIGHTS), "model.safetensors': altered: sha256"),
+    "truncated optimizer": (
+        lambda f: (f / ckpt.OPTIMIZER).write_bytes((f / ckpt.OPTIMIZER).read_bytes()[:-9]),
+        "truncated",
+    ),
+    "no manifest": (lambda f: (f / ckpt.MANIFEST).unlink(), "manifest.json': missing"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(CORRUPTIONS))
+def test_resume_falls_back_past_a_checkpoint_that_fails_its_check(tmp_path, damage, caplog):
+    whole = run(tiny(*RESUMABLE), tmp_path / "whole")
+    interrupt(tmp_path / "whole", tmp_path / "resumed", 9)
+    corrupt, said = CORRUPTIONS[damage]
+    corrupt(ckpt.step_dir(tmp_path / "resumed", 9))
+    assert ckpt.verify_checkpoint(ckpt.step_dir(tmp_path / "resumed", 9)) is not None
+    assert ckpt.verify_checkpoint(ckpt.step_dir(tmp_path / "resumed", 6)) is None
+    with caplog.at_level("INFO", logger="zoo.lab.train"):
+        resumed = run(tiny(*RESUMABLE), tmp_path / "resumed")
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == [6], resumed.get("error")
+    assert list(resumed["resume_skipped"]) == ["step_000009"] and said in resumed["resume_skipped"]["step_000009"]
+    assert "resumed from step_000006 (newer ones failed their check: step_000009)" in caplog.text
+    assert f"not resuming from step_000009: {resumed['resume_skipped']['step_000009']}" in caplog.text
+    assert resumed["final"] == whole["final"]  # to the last bit
+    assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "whole"))
+    a, b = load_file(tmp_path / "whole" / ckpt.WEIGHTS), load_file(tmp_path / "resumed" / ckpt.WEIGHTS)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(ckpt.verify_checkpoint(f) is None for f in ckpt.checkpoints(tmp_path / "resumed"))  # rewritten
+
+
+def test_with_no_intact_checkpoint_the_run_starts_over_and_says_so(tmp_path, caplog):
+    whole = run(tiny(*RESUMABLE), tmp_path / "whole")
+    interrupt(tmp_path / "whole", tmp_path / "resumed", 6)
+    for folder in ckpt.checkpoints(tmp_path / "resumed"):
+        zero_bytes(folder / ckpt.WEIGHTS)
+    with caplog.at_level("INFO", logger="zoo.lab.train"):
+        resumed = run(tiny(*RESUMABLE), tmp_path / "resumed")
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == []
+    assert sorted(resumed["resume_skipped"]) == ["step_000003", "step_000006"]
+    assert "no intact checkpoint: training from step 0" in caplog.text and "resumed from" not in caplog.text
+    assert resumed["final"] == whole["final"]
+    assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "whole"))
+
+
+class Payload:
+    """Unpickling this creates ``marker``: what a planted pickle could do instead."""
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_planted_pickle_is_never_unpickled_on_resume(tmp_path):
+    """A pickle planted in a single-process run's checkpoints (dcp/.metadata, format 1's state.pt) does
+    not run: resuming reads only safetensors and JSON, and a DCP checkpoint only with several processes."""
+    marker, payload = tmp_path / "pwned", pickle.dumps(Payload(tmp_path / "pwned"))
+    pickle.loads(payload)  # the payload works: loading it once creates the marker
+    assert marker.exists()
+    marker.unlink()
+    whole = run(tiny(*RESUMABLE), tmp_path / "whole")
+    interrupt(tmp_path / "whole", tmp_path / "run", 9)
+    nine, six = ckpt.step_dir(tmp_path / "run", 9), ckpt.step_dir(tmp_path / "run", 6)
+    (nine / ckpt.DCP).mkdir()
+    (nine / ckpt.DCP / ".metadata").write_bytes(payload)  # beside intact files: never looked at
+    (six / ckpt.MANIFEST).unlink()  # step 6: as format 1 wrote it (pickles, no manifest)
+    for name in ckpt.LEGACY:
+        (six / name).write_bytes(payload)
+    resumed = run(tiny(*RESUMABLE), tmp_path / "run")
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == [9] and resumed["final"] == whole["final"]
+    assert not marker.exists()
+    interrupt(tmp_path / "whole", tmp_path / "old", 6)  # only format 1 checkpoints left: start over
+    for folder in ckpt.checkpoints(tmp_path / "old"):
+        for name in ckpt.LEGACY:
+            (folder / name).write_bytes(payload)
+        (folder / ckpt.MANIFEST).unlink()
+    old = run(tiny(*RESUMABLE), tmp_path / "old")
+    assert old["status"] == "ok" and old["resumed_from"] == [] and old["final"] == whole["final"]
+    assert "format 1 (state.pt and optimizer.pt are pickles" in old["resume_skipped"]["step_000006"]
+    assert not marker.exists()
+
+
+def test_a_checkpoint_that_says_it_is_sharded_is_refused_by_one_process(tmp_path):
+    """Even with a manifest that lists the planted dcp/.metadata: one process never reads DCP."""
+    marker, payload = tmp_path / "pwned", pickle.dumps(Payload(tmp_path / "pwned"))
+    run(tiny(*RESUMABLE), tmp_path / "whole")
+    interrupt(tmp_path / "whole", tmp_path / "run", 9)
+    nine = ckpt.step_dir(tmp_path / "run", 9)
+    (nine / ckpt.DCP).mkdir()
+    (nine / ckpt.DCP / ".metadata").write_bytes(payload)
+    state = json.loads((nine / ckpt.STATE).read_text())
+    files = {ckpt.STATE: json.dumps({**state, "sharded": True}).encode(), ckpt.STATE_TENSORS: b""}
+    files[ckpt.STATE_TENSORS] = (nine / ckpt.STATE_TENSORS).read_bytes()
+    ckpt.write_files(nine, files, more={"dcp/.metadata": ckpt.file_entry(nine / ckpt.DCP / ".metadata")})
+    assert ckpt.verify_checkpoint(nine) is None  # consistent: only the world size refuses it
+    refused = run(tiny(*RESUMABLE), tmp_path / "run")
+    assert (
+        refused["status"] == "failed" and "sharded (dcp/, written by 1 processes), which only a run" in refused["error"]
+    )
+    assert not marker.exists() and (nine / ckpt.DCP / ".metadata").exists()  # refused, not deleted
+    model = zoo.build_model(refused["config"])
+    with pytest.raises(ckpt.CheckpointMismatch, match="read only by several processes"):
+        ckpt.read_model_optimizer(nine, model, torch.optim.AdamW(model.parameters()), world_size=1)
+    assert not marker.exists()
+
+
+def test_old_final_weights_load_with_a_warning_and_old_state_is_never_read(tmp_path, caplog):
+    from safetensors.torch import save_file
+
+    summary = run(tiny(), tmp_path)
+    tensors = load_file(tmp_path / ckpt.WEIGHTS)
+    (tmp_path / ckpt.MANIFEST).unlink()
+    with pytest.raises(ckpt.IntegrityError, match="no manifest.json beside it, though its format 2 writes one"):
+        zoo.load_run(tmp_path)
+    save_file(tensors, tmp_path / ckpt.WEIGHTS, metadata={"config_hash": summary["config_hash"], "step": "10"})
+    with caplog.at_level("WARNING"):
+        model, _ = zoo.load_run(tmp_path)  # written before manifests: loads, unverified
+    assert "model.safetensors: written before checksums (no manifest.json beside it): loaded unverified" in caplog.text
+    assert torch.equal(model.state_dict()["embed.weight"], tensors["embed.weight"])
+
+
+def test_no_single_process_path_unpickles():
+    """No torch.load, torch.save or pickle anywhere in zoo; DCP (whose metadata torch unpickles) is read in
+    one place, which one process never reaches."""
+    sources = {p: p.read_text() for p in Path(zoo.__file__).parent.rglob("*.py")}
+    banned = re.compile(r"torch\.(load|save)\(|\bimport pickle|from pickle|pickle\.loads?\(|weights_only|dcp\.load\(")
+    for path, text in sources.items():
+        found = (
+            banned.findall(text.replace("dcp.load(state", "")) if path.name == "checkpoint.py" else banned.findall(text)
+        )
+        assert not found, f"{path}: {found}"
+    text = sources[Path(ckpt.__file__)]
+    assert text.count("dcp.load(") == 1 and text.count("read_sharded(") == 2  # its def, and one call
+    call = text.index("read_sharded(folder / DCP")
+    assert "if world_size == 1:\n            raise CheckpointMismatch" in text[call - 300 : call]
+
+
+def test_a_checkpoint_appears_only_with_its_manifest_written_after_its_files(tmp_path, monkeypatch):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = ckpt.TrainState(step=4, ranks=[{"rng": {"torch": torch.get_rng_state()}}])
+    order = []
+    real_write = records.write_atomic
+    for module in (ckpt, records):  # the checkpoint's files, and the manifest (records.write_json_atomic)
+        monkeypatch.setattr(
+            module, "write_atomic", lambda path, data: (order.append(path.name), real_write(path, data))
+        )
+    written = ckpt.save_checkpoint(tmp_path, state, model, optimizer, config_hash="h")
+    assert order[-1] == ckpt.MANIFEST and set(order[:-1]) == set(ckpt.read_manifest(written))
+    assert ckpt.verify_checkpoint(written) is None
+
+    def fail(folder, files):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "write_manifest", fail)  # killed before the manifest: no checkpoint at all
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save_checkpoint(tmp_path, ckpt.TrainState(step=8), model, optimizer, config_hash="h")
+    assert [p.name for p in (tmp_path / ckpt.CHECKPOINTS).iterdir()] == ["step_000004"]

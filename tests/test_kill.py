@@ -1,5 +1,6 @@
-"""SIGKILL a 2-run sweep at random moments (some while a checkpoint is being written), rerun it until
-it is done: every run ends as the uninterrupted sweep's did, no file is corrupt, no run is lost."""
+"""SIGKILL a 2-run sweep at random moments (some while a checkpoint is being written), damage the latest
+checkpoint after each kill (three ways in turn), rerun it until it is done: every run ends as the
+uninterrupted sweep's did, to the last bit, no file left is corrupt, no run is lost."""
 
 from __future__ import annotations
 
@@ -44,6 +45,20 @@ SWEEP = [
     "seed=0,1",
 ]
 KILLS = 5  # 3 the moment a checkpoint write begins, 2 at random moments
+
+
+def zero_bytes(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 1000] = bytes(1000)
+    path.write_bytes(bytes(data))
+
+
+#: After a kill, the latest checkpoint of the run in progress is damaged one of these ways, in turn.
+DAMAGES = {
+    "garbage state file": lambda folder: (folder / ckpt.STATE).write_bytes(os.urandom(300)),
+    "garbage model.safetensors": lambda folder: (folder / ckpt.WEIGHTS).write_bytes(os.urandom(300)),
+    "1,000 zeroed bytes in model.safetensors": lambda folder: zero_bytes(folder / ckpt.WEIGHTS),
+}
 SAME = ("status", "steps", "tokens", "final", "metric", "config_hash", "parameters", "reason")
 
 
@@ -58,6 +73,11 @@ def temp_folders(folder: Path) -> set[Path]:
     return set(folder.glob(f"*/{ckpt.CHECKPOINTS}/.step_*"))
 
 
+def writing_beside_two(writes: set[Path]) -> bool:
+    """Whether one of these checkpoint writes has begun in a run holding two complete checkpoints."""
+    return any(len(ckpt.checkpoints(tmp.parent.parent)) >= 2 for tmp in writes)
+
+
 def kill_when(proc: subprocess.Popen, due) -> bool:  # noqa: ANN001
     """SIGKILL ``proc`` as soon as ``due()``; False when it ended first."""
     while proc.poll() is None:
@@ -66,6 +86,18 @@ def kill_when(proc: subprocess.Popen, due) -> bool:  # noqa: ANN001
             proc.wait()
             return True
         time.sleep(0.002)  # a checkpoint write takes milliseconds (fsyncs): this catches it
+    return False
+
+
+def damage_latest(folder: Path, how: str) -> bool:
+    """Damage the latest checkpoint of the sweep's run in progress (summary not ``ok``); False if it has none."""
+    for run_dir in folder.iterdir() if folder.is_dir() else []:
+        summary = run_dir / "summary.json"
+        latest = ckpt.latest_checkpoint(run_dir)
+        if latest is not None and summary.exists() and json.loads(summary.read_text())["status"] != "ok":
+            DAMAGES[how](latest)
+            assert ckpt.verify_checkpoint(latest) is not None
+            return True
     return False
 
 
@@ -81,17 +113,17 @@ def test_sigkill_at_random_moments_changes_no_result(tmp_path):
         assert run(compose([*overrides, f"seed={seed}"]), whole / str(seed))["status"] == "ok"
 
     killed, rng = tmp_path / "killed", random.Random(0)
-    kills, during_writes, attempts = 0, 0, 0
+    kills, during_writes, attempts, damaged = 0, 0, 0, []
     while True:
         attempts += 1
         assert attempts < 40, f"the sweep never finished ({kills} kills)"
         proc = start(killed)
-        if kills >= KILLS:  # enough: let it finish
+        if kills >= KILLS and len(set(damaged)) == len(DAMAGES):  # enough: let it finish
             assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
             break
         stale = temp_folders(killed)  # left by earlier kills (the resumed run deletes them)
-        if kills % 2 == 0:  # the moment a checkpoint write begins
-            hit = kill_when(proc, lambda stale=stale: bool(temp_folders(killed) - stale))
+        if kills % 2 == 0:  # the moment a checkpoint write begins, beside two complete ones (one to fall back to)
+            hit = kill_when(proc, lambda stale=stale: writing_beside_two(temp_folders(killed) - stale))
             during_writes += hit and bool(temp_folders(killed) - stale)  # it was still half-written
         else:  # any moment: imports, training, evaluation, summary or weights writes
             deadline = time.monotonic() + rng.uniform(0.5, 3.0)  # well before a fresh sweep ends
@@ -100,8 +132,12 @@ def test_sigkill_at_random_moments_changes_no_result(tmp_path):
             assert proc.returncode == 0, proc.stderr.read()[-3000:]
             break
         kills += 1
-    print(f"{kills} kills ({during_writes} mid checkpoint write), {attempts} starts")
+        how = list(DAMAGES)[len(damaged) % len(DAMAGES)]
+        if damage_latest(killed, how):
+            damaged.append(how)
+    print(f"{kills} kills ({during_writes} mid checkpoint write), {attempts} starts, damaged: {damaged}")
     assert kills >= 5 and during_writes >= 2, (kills, during_writes)
+    assert set(damaged) == set(DAMAGES), damaged  # each way at least once
 
     expected, got = runs_by_seed(whole), runs_by_seed(killed)
     assert sorted(got) == sorted(expected) and len(got) == 2  # no run lost
@@ -114,7 +150,8 @@ def test_sigkill_at_random_moments_changes_no_result(tmp_path):
         assert len(lines) == len(read_metrics(folder))  # every line whole
         wa, wb = load_file(expected[name] / ckpt.WEIGHTS), load_file(folder / ckpt.WEIGHTS)
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-        for step in ckpt.checkpoints(folder):  # every checkpoint left loads
+        for step in ckpt.checkpoints(folder):  # every checkpoint left is intact (damaged ones were replaced)
+            assert ckpt.verify_checkpoint(step) is None, step
             assert ckpt.read_state(step)["config_hash"] == b["config_hash"]
-            load_file(step / ckpt.WEIGHTS)
+        assert ckpt.read_manifest(folder)[ckpt.WEIGHTS] == ckpt.file_entry(folder / ckpt.WEIGHTS)
         assert not list(folder.glob(".*.tmp")) and not list(folder.glob(f"{ckpt.CHECKPOINTS}/.*"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from test_train import tiny
@@ -76,3 +78,29 @@ def test_zoo_generate_prints_text_for_bytes_and_ids_otherwise(trained, capsys):
     assert len(ids) == 3 and all(0 <= int(i) < 32 for i in ids)
     with pytest.raises(SystemExit, match="zoo-generate: prompt='1 a': token ids separated by spaces"):
         generate_main([str(root / "m"), "1 a"])
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        ("truncate", r"truncated: [\d,]+ bytes, manifest.json lists [\d,]+"),
+        ("zero", r"altered: sha256 [0-9a-f]{16}\.\.\., manifest.json lists [0-9a-f]{16}\.\.\."),
+    ],
+)
+def test_damaged_weights_give_one_line_naming_the_file(tmp_path, capsys, damage, problem):
+    run(tiny(), tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    if damage == "truncate":
+        del data[-1000:]
+    else:
+        data[len(data) // 2 : len(data) // 2 + 1000] = bytes(1000)
+    weights.write_bytes(bytes(data))
+    expected = rf"file='{re.escape(str(weights))}': {problem}"
+    with pytest.raises(ConfigError, match=f"^{expected}$"):  # zoo's error type (IntegrityError)
+        zoo.load_run(tmp_path)
+    for main, argv in ((eval_main, []), (generate_main, ["x"])):
+        with pytest.raises(SystemExit) as exited:
+            main([str(tmp_path), *argv])
+        assert re.fullmatch(rf"zoo-(eval|generate): {expected}", str(exited.value.code)), exited.value.code
+    assert capsys.readouterr().err == ""  # no traceback, no other line

@@ -63,6 +63,7 @@ def test_run_writes_metrics_and_summary(tmp_path):
     assert [r["step"] for r in records if r["kind"] == "val"] == [6, 12]
     assert {"loss", "lr", "tokens_per_s", "tokens"} <= set(records[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "manifest.json",  # model.safetensors' sha256
         "metrics.jsonl",
         "model.safetensors",
         "summary.json",

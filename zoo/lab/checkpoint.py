@@ -2,31 +2,45 @@
 
 A checkpoint is a folder ``checkpoints/step_<N>/`` in the run folder, holding the state after step N:
 
-- ``model.safetensors``: the model's weights (metadata: config hash, step);
-- ``optimizer.pt``: the optimizer's state dict;
-- ``state.pt``: a :class:`TrainState` (the step, the loop's running values, and each rank's random
-  generators: the data generator, torch's CPU generator and the CUDA one) with the config hash and
-  world size that wrote it.
+- ``model.safetensors``: the model's weights (metadata: config hash, step, format);
+- ``optimizer.safetensors``: the optimizer state's tensors;
+- ``state.safetensors``: the :class:`TrainState`'s tensors (each rank's random generators: the data
+  generator, torch's CPU generator and the CUDA one; its running loss);
+- ``state.json``: format, config hash, world size, step, and the structure and scalars of the
+  TrainState and of the optimizer state (the loop's running values, param groups), tensors named;
+- ``manifest.json``: the size and sha256 of every file above, written last, after they are fsynced.
 
-It is written into a hidden temp folder that is renamed into place once every file is on disk, so
-a kill mid-write leaves either the whole checkpoint or none of it (stale temp folders are removed
-by the next save or resume). Only the last ``keep`` are kept. A checkpoint whose config hash is not
-the run's is refused with an error naming both (:class:`CheckpointMismatch`), never loaded.
+Nothing a single process reads is a pickle: only safetensors and JSON, and only after its bytes match
+the manifest. Every file is written with :func:`zoo.lab.records.write_atomic`, into a hidden temp
+folder that is renamed into place once the manifest is on disk, so a kill mid-write leaves either
+the whole checkpoint or none of it (stale temp folders are removed by the next save or resume).
+Only the last ``keep`` are kept. Resuming (:func:`choose_checkpoint`) takes the newest checkpoint
+that passes :func:`verify_checkpoint` and says why each newer one did not; a checkpoint whose
+config hash is not the run's is refused with an error naming both (:class:`CheckpointMismatch`).
+A file that fails its check raises :class:`IntegrityError`, naming the file and what is wrong.
+
+The final weights ``model.safetensors`` of a run folder have their ``manifest.json`` beside them
+too (:func:`save_weights`, :func:`load_weights`). Weights written before manifests (no manifest,
+safetensors format 1 or none) still load, with a warning; their ``state.pt`` and ``optimizer.pt``
+(format 1, pickles) are never read: such a checkpoint is not resumed.
 
 Training hands checkpoints to a :class:`CheckpointWriter`, which copies the state to CPU memory and
 writes it in a background thread: the training loop waits only for the copy, not for the disk.
 
-The interface, :func:`save_checkpoint` and :func:`load_checkpoint` (model + optimizer + state), is
-the one place that knows the file layout.
-
-Sharded runs (FSDP2, tensor parallel: ``parallel.*``) write ``dcp/`` instead of the safetensors and
+Sharded runs (FSDP2, tensor parallel: ``parallel.*``) write ``dcp/`` instead of the model and
 optimizer files: torch.distributed.checkpoint, every rank its shards, collectively
-(:func:`save_sharded_checkpoint`). Such a checkpoint loads at any world size and layout, one process
-included (DCP reshards on load); only the per-rank random generators then start afresh.
+(:func:`save_sharded_checkpoint`), listed in the manifest with their checksums. torch reads
+``dcp/.metadata`` with pickle, so such a checkpoint is read only by a run of more than one process
+(any world size and layout: DCP reshards on load), only after its manifest matches every file in
+``dcp/``; a single process refuses it. Only resume a sharded run from a folder your own runs wrote.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import math
 import os
 import re
 import shutil
@@ -41,11 +55,22 @@ import torch
 from torch import nn
 
 from zoo.core.errors import ConfigError
+from zoo.lab.records import fsync_dir, write_atomic, write_json_atomic
+
+log = logging.getLogger("zoo.lab.checkpoint")
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"
-FORMAT = 1
+OPTIMIZER = "optimizer.safetensors"
+STATE = "state.json"
+STATE_TENSORS = "state.safetensors"
+MANIFEST = "manifest.json"
+DCP = "dcp"
+FORMAT = 2
+#: Format 1's pickled files: never read.
+LEGACY = ("state.pt", "optimizer.pt")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_TAGS = ("__tensor__", "__int_keys__", "__tuple__", "__float__")
 
 
 @dataclass
@@ -66,6 +91,14 @@ class TrainState:
 
 class CheckpointMismatch(ConfigError):
     """A checkpoint written by another configuration (or world size) than the run resuming from it."""
+
+
+class IntegrityError(ConfigError):
+    """A file of a run folder that cannot be trusted: missing, truncated, altered (its sha256 is not the
+    one its manifest lists), not listed, unreadable as safetensors or JSON, or a format zoo no longer reads."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        super().__init__("file", str(path), problem)
 
 
 def rng_state(data: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:
@@ -121,60 +154,238 @@ def clear_checkpoints(run_dir: Path) -> None:
     shutil.rmtree(Path(run_dir) / CHECKPOINTS, ignore_errors=True)
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def remove_weights(run_dir: Path) -> None:
+    """Delete the run folder's final weights and their manifest (a rerun: weights on disk are its config's)."""
+    for name in (WEIGHTS, MANIFEST):
+        (Path(run_dir) / name).unlink(missing_ok=True)
+
+
+# -- manifests: the size and sha256 of every file a folder holds ------------------------------------
+
+
+def entry(data: bytes) -> dict[str, Any]:
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def file_entry(path: Path) -> dict[str, Any]:
+    """:func:`entry` of a file on disk, read in chunks (DCP's shards may be large)."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
+def write_manifest(folder: Path, files: dict[str, dict[str, Any]]) -> None:
+    """``folder/manifest.json``: what each file must be; written after the files are fsynced."""
+    write_json_atomic(Path(folder) / MANIFEST, {"format": FORMAT, "files": files})
+
+
+def read_manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    """The files ``folder/manifest.json`` lists, each ``{"bytes", "sha256"}``."""
+    path = Path(folder) / MANIFEST
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        raw = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise IntegrityError(path, "missing") from None
+    except ValueError as error:
+        raise IntegrityError(path, f"not JSON ({error})") from None
+    files = raw.get("files") if isinstance(raw, dict) else None
+    ok = isinstance(files, dict) and all(
+        isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
+        and ".." not in Path(k).parts and not Path(k).is_absolute()
+        for k, v in files.items()
+    )  # fmt: skip
+    if not ok:
+        raise IntegrityError(path, 'not a manifest: {"files": {name: {"bytes": N, "sha256": HEX}}} expected')
+    return files
+
+
+def compare(path: Path, got: dict[str, Any], want: dict[str, Any] | None) -> None:
+    """Raise :class:`IntegrityError` unless ``got`` (a file's size and sha256) is what the manifest lists."""
+    if want is None:
+        raise IntegrityError(path, f"not listed in {MANIFEST}")
+    if got["bytes"] != want["bytes"]:
+        kind = "truncated" if got["bytes"] < want["bytes"] else "altered"
+        raise IntegrityError(path, f"{kind}: {got['bytes']:,} bytes, {MANIFEST} lists {want['bytes']:,}")
+    if got["sha256"] != want["sha256"]:
+        raise IntegrityError(
+            path, f"altered: sha256 {got['sha256'][:16]}..., {MANIFEST} lists {want['sha256'][:16]}..."
+        )
+
+
+def read_checked(folder: Path, name: str, files: dict[str, dict[str, Any]]) -> bytes:
+    """The bytes of ``folder/name``, once they match ``files`` (its manifest)."""
+    path = Path(folder) / name
+    if name not in files:
+        raise IntegrityError(path, f"not listed in {MANIFEST}")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise IntegrityError(path, f"missing (listed in {MANIFEST})") from None
+    compare(path, entry(data), files[name])
+    return data
+
+
+def write_files(folder: Path, files: dict[str, bytes], more: dict[str, dict[str, Any]] | None = None) -> None:
+    """Each of ``files`` into ``folder`` (:func:`write_atomic`), then the manifest of them (and of ``more``)."""
+    for name, data in files.items():
+        write_atomic(Path(folder) / name, data)
+    write_manifest(folder, {**(more or {}), **{name: entry(data) for name, data in files.items()}})
+
+
+# -- state as safetensors + JSON -------------------------------------------------------------------
+
+
+def to_tree(value: Any, tensors: dict[str, torch.Tensor], path: str = "") -> Any:
+    """``value`` as JSON: its tensors moved into ``tensors`` (named by their path); tuples, int keys and
+    non-finite floats tagged, so :func:`from_tree` gives back exactly ``value``."""
+    if isinstance(value, torch.Tensor):
+        tensors[path] = value.detach().to("cpu").contiguous()
+        return {"__tensor__": path}
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"__float__": repr(value)}
+    if isinstance(value, (list, tuple)):
+        items = [to_tree(v, tensors, f"{path}/{i}") for i, v in enumerate(value)]
+        return {"__tuple__": items} if isinstance(value, tuple) else items
+    if isinstance(value, Mapping) and all(isinstance(k, str) and k not in _TAGS for k in value):
+        return {k: to_tree(v, tensors, f"{path}/{k}") for k, v in value.items()}
+    if isinstance(value, Mapping) and all(isinstance(k, int) and not isinstance(k, bool) for k in value):
+        return {"__int_keys__": {str(k): to_tree(v, tensors, f"{path}/{k}") for k, v in value.items()}}
+    raise TypeError(f"{path or '/'}: a {type(value).__name__} is not saved (tensors, JSON values, tuples only)")
+
+
+def from_tree(value: Any, tensors: dict[str, torch.Tensor], path: Path) -> Any:
+    """What :func:`to_tree` was given; ``path`` (the JSON file) names the file in errors."""
+    if isinstance(value, list):
+        return [from_tree(v, tensors, path) for v in value]
+    if not isinstance(value, dict):
+        return value
+    tag = next(iter(value)) if len(value) == 1 and next(iter(value)) in _TAGS else None
+    if tag is None:
+        return {k: from_tree(v, tensors, path) for k, v in value.items()}
+    inner = value[tag]
+    if tag == "__tensor__":
+        if inner not in tensors:
+            raise IntegrityError(path, f"names tensor {inner!r}, which its safetensors file does not hold")
+        return tensors[inner]
+    if tag == "__int_keys__":
+        return {int(k): from_tree(v, tensors, path) for k, v in inner.items()}
+    if tag == "__tuple__":
+        return tuple(from_tree(v, tensors, path) for v in inner)
+    return float(inner)  # "nan", "inf", "-inf"
+
+
+def tensor_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, metadata=metadata)
+
+
+def parse_tensors(data: bytes, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A safetensors file's tensors and metadata, from its bytes (nothing is executed: a JSON header, raw data)."""
+    from safetensors.torch import load
+
+    try:
+        size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + size])
+        tensors = load(data)
+    except Exception as error:  # noqa: BLE001 (safetensors raises its own error types)
+        reason = (str(error).splitlines() or [type(error).__name__])[0]
+        raise IntegrityError(path, f"not a safetensors file ({reason})") from None
+    return tensors, dict(header.get("__metadata__") or {})
+
+
+def parse_json(data: bytes, path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError as error:
+        raise IntegrityError(path, f"not JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise IntegrityError(path, "not a JSON object")
+    return value
+
+
+# -- final weights -----------------------------------------------------------------------------------
 
 
 def save_weights(
     model: nn.Module, path: Path, metadata: dict[str, str] | None = None, state: dict[str, torch.Tensor] | None = None
 ) -> None:
-    """``model``'s state dict (or ``state``) as safetensors at ``path``, written via a temp file and a rename."""
-    from safetensors.torch import save_file
+    """``model``'s state dict (or ``state``) as safetensors at ``path`` (:func:`write_atomic`), then the
+    ``manifest.json`` beside it that lists its size and sha256."""
+    data = tensor_bytes(state or model.state_dict(), {**(metadata or {}), "format": str(FORMAT)})
+    write_files(Path(path).parent, {Path(path).name: data})
 
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in (state or model.state_dict()).items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+
+def read_weights(path: Path, *, unverified_ok: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of safetensors weights, checked against the ``manifest.json`` beside them.
+    ``unverified_ok``: weights written before manifests (none beside them, format 1 or none) load too, with
+    a warning."""
+    path = Path(path)
+    if not unverified_ok or (path.parent / MANIFEST).exists():
+        return parse_tensors(read_checked(path.parent, path.name, read_manifest(path.parent)), path)
     try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temp file, not the weights
-        _fsync(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise IntegrityError(path, "missing") from None
+    tensors, meta = parse_tensors(data, path)
+    if meta.get("format", "1") != "1":
+        raise IntegrityError(path, f"no {MANIFEST} beside it, though its format {meta['format']} writes one")
+    log.warning("%s: written before checksums (no %s beside it): loaded unverified", path, MANIFEST)
+    return tensors, meta
 
 
-def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
-    """Load safetensors weights into ``model`` (every key must match); returns the file's metadata."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    device = next(model.parameters()).device
-    model.load_state_dict(load_file(path, device=str(device)), strict=True)
-    with safe_open(path, framework="pt") as f:
-        return dict(f.metadata() or {})
-
-
-def write_model_optimizer(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict) -> None:
-    """Model weights (safetensors) and optimizer state into ``folder`` (rank 0's; replicated runs)."""
-    save_weights(model, folder / WEIGHTS, {k: str(v) for k, v in meta.items()})
-    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+def load_weights(model: nn.Module, path: Path, *, unverified_ok: bool = False) -> dict[str, str]:
+    """Load checked safetensors weights (:func:`read_weights`) into ``model`` (every key and shape must
+    match); returns the file's metadata."""
+    tensors, meta = read_weights(path, unverified_ok=unverified_ok)
+    own = model.state_dict()
+    reshaped = [k for k in own if k in tensors and own[k].shape != tensors[k].shape]
+    wrong = sorted(set(own) ^ set(tensors)) + reshaped
+    if wrong:
+        listed = ", ".join(wrong[:5]) + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+        raise ConfigError("weights", str(path), f"do not fit the model: missing, extra or reshaped {listed}")
+    model.load_state_dict(tensors, strict=True)
+    return meta
 
 
-DCP = "dcp"
+# -- checkpoints -------------------------------------------------------------------------------------
 
 
-def read_model_optimizer(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    if (folder / DCP).is_dir():
-        read_sharded(folder / DCP, model, optimizer)
-        return
-    load_weights(model, folder / WEIGHTS)
-    device = next(model.parameters()).device
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=device, weights_only=True))
+def state_files(meta: dict[str, Any], state: TrainState, optimizer: dict[str, Any] | None) -> dict[str, bytes]:
+    """``state.json`` and ``state.safetensors`` (and ``optimizer.safetensors``, given its state dict)."""
+    tensors: dict[str, torch.Tensor] = {}
+    record = {**meta, "state": to_tree(dict(state.__dict__), tensors)}
+    files = {STATE_TENSORS: tensor_bytes(tensors)}
+    if optimizer is not None:
+        optim_tensors: dict[str, torch.Tensor] = {}
+        record["optimizer"] = to_tree(optimizer, optim_tensors)
+        files[OPTIMIZER] = tensor_bytes(optim_tensors)
+    files[STATE] = json.dumps(record, allow_nan=False).encode()
+    return files
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Rename the written folder ``tmp`` to ``final`` (the same step written again: swap, never a half folder)."""
+    fsync_dir(tmp)
+    if final.exists():
+        trash = final.with_name(f".{final.name}.old")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(final, trash)
+        os.replace(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    for old in checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_checkpoint(
@@ -185,7 +396,7 @@ def save_checkpoint(
     *,
     config_hash: str,
     world_size: int = 1,
-    keep: int = 1,
+    keep: int = 2,
 ) -> Path:
     """Write the state after ``state.step`` atomically as ``checkpoints/step_<N>``; keep the last ``keep``."""
     final = step_dir(run_dir, state.step)
@@ -195,23 +406,13 @@ def save_checkpoint(
     tmp.chmod(0o755)
     try:
         meta = {"format": FORMAT, "config_hash": config_hash, "world_size": world_size, "step": state.step}
-        write_model_optimizer(tmp, model, optimizer, meta)
-        torch.save({**meta, "state": state.__dict__}, tmp / "state.pt")
-        for p in tmp.iterdir():
-            _fsync(p)
-        if final.exists():  # the same step written again (a resumed run): swap, never a half folder
-            trash = final.with_name(f".{final.name}.old")
-            os.replace(final, trash)
-            os.replace(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync(final.parent)
+        weights = tensor_bytes(model.state_dict(), {k: str(v) for k, v in meta.items()})
+        write_files(tmp, {WEIGHTS: weights, **state_files({**meta, "sharded": False}, state, optimizer.state_dict())})
+        publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in checkpoints(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    prune(run_dir, keep)
     return final
 
 
@@ -250,7 +451,7 @@ class CheckpointWriter:
     in a background thread, one write at a time. :meth:`close` waits for the last (and re-raises its
     error); a write that fails is reported at the next call."""
 
-    def __init__(self, run_dir: Path, *, config_hash: str, world_size: int = 1, keep: int = 1) -> None:
+    def __init__(self, run_dir: Path, *, config_hash: str, world_size: int = 1, keep: int = 2) -> None:
         self.run_dir, self.config_hash, self.world_size, self.keep = Path(run_dir), config_hash, world_size, keep
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -281,8 +482,54 @@ class CheckpointWriter:
 
 
 def read_state(folder: Path) -> dict[str, Any]:
-    """A checkpoint's ``state.pt``: format, config_hash, world_size, step and the TrainState fields."""
-    return torch.load(Path(folder) / "state.pt", map_location="cpu", weights_only=True)
+    """A checkpoint's ``state.json`` (format, config_hash, world_size, step, sharded; ``state``: the
+    TrainState's fields, its tensors from ``state.safetensors``), after both match the manifest."""
+    folder = Path(folder)
+    files = read_manifest(folder)
+    meta = parse_json(read_checked(folder, STATE, files), folder / STATE)
+    if meta.get("format") != FORMAT or not isinstance(meta.get("state"), dict):
+        raise IntegrityError(folder / STATE, f"not a format {FORMAT} checkpoint state (format {meta.get('format')!r})")
+    tensors, _ = parse_tensors(read_checked(folder, STATE_TENSORS, files), folder / STATE_TENSORS)
+    try:
+        meta["state"] = from_tree(meta["state"], tensors, folder / STATE)
+    except IntegrityError:
+        raise
+    except (ValueError, TypeError, AttributeError) as error:  # a tag holding what its writer never writes
+        raise IntegrityError(folder / STATE, f"not a checkpoint state ({error})") from None
+    if set(meta["state"]) != {f.name for f in TrainState.__dataclass_fields__.values()}:
+        raise IntegrityError(folder / STATE, f"its state has the keys {sorted(meta['state'])}, not a TrainState's")
+    return meta
+
+
+def check_dcp(folder: Path, files: dict[str, dict[str, Any]]) -> None:
+    """Every file of a sharded checkpoint's ``dcp/`` is one its manifest lists, as listed (and none is missing)."""
+    present = {p.relative_to(folder).as_posix() for p in (Path(folder) / DCP).rglob("*") if not p.is_dir()}
+    listed = {name for name in files if name.startswith(f"{DCP}/")}
+    for name in sorted(present | listed):
+        if name not in present:
+            raise IntegrityError(Path(folder) / name, f"missing (listed in {MANIFEST})")
+        compare(Path(folder) / name, file_entry(Path(folder) / name), files.get(name))
+    if not listed:
+        raise IntegrityError(Path(folder) / DCP, f"a sharded checkpoint's {MANIFEST} lists no {DCP}/ file")
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """Why the checkpoint in ``folder`` cannot be resumed from (a file missing, truncated or altered,
+    or format 1's pickles), or None when every file it needs matches its manifest."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).exists() and any((folder / name).exists() for name in LEGACY):
+        return f"format 1 ({' and '.join(LEGACY)} are pickles, which zoo does not read)"
+    try:
+        meta = read_state(folder)
+        files = read_manifest(folder)
+        if meta.get("sharded"):
+            check_dcp(folder, files)
+        else:
+            for name in (WEIGHTS, OPTIMIZER):
+                parse_tensors(read_checked(folder, name, files), folder / name)
+    except IntegrityError as error:
+        return str(error)
+    return None
 
 
 def check_checkpoint(folder: Path, *, config_hash: str, world_size: int) -> TrainState:
@@ -295,6 +542,13 @@ def check_checkpoint(folder: Path, *, config_hash: str, world_size: int) -> Trai
             f"written by config {meta.get('config_hash')}, this run's config is {config_hash}; "
             f"delete {Path(folder).parent} to start over, or run into another folder",
         )
+    if meta.get("sharded") and world_size == 1:  # torch reads dcp/.metadata with pickle
+        raise CheckpointMismatch(
+            "checkpoint",
+            str(folder),
+            f"sharded ({DCP}/, written by {meta.get('world_size')} processes), which only a run of several "
+            f"processes reads; resume under torchrun, or delete {Path(folder).parent} to start over",
+        )
     if meta.get("world_size") != world_size and not meta.get("sharded"):  # DCP reshards; safetensors do not
         raise CheckpointMismatch(
             "checkpoint",
@@ -304,12 +558,49 @@ def check_checkpoint(folder: Path, *, config_hash: str, world_size: int) -> Trai
     return TrainState(**meta["state"])
 
 
+def choose_checkpoint(run_dir: Path, *, config_hash: str, world_size: int) -> tuple[Path | None, dict[str, str]]:
+    """The newest checkpoint of ``run_dir`` that passes :func:`verify_checkpoint` (None: none does), and
+    why each newer one failed. Those are deleted (the resumed run writes its steps again); a checkpoint
+    of another config or world size raises :class:`CheckpointMismatch` first, nothing deleted."""
+    failed: dict[str, str] = {}
+    chosen = None
+    for folder in reversed(checkpoints(run_dir)):
+        problem = verify_checkpoint(folder)
+        if problem is None:
+            check_checkpoint(folder, config_hash=config_hash, world_size=world_size)
+            chosen = folder
+            break
+        failed[folder.name] = problem
+    for name in failed:
+        shutil.rmtree(Path(run_dir) / CHECKPOINTS / name, ignore_errors=True)
+    return chosen, failed
+
+
+def read_model_optimizer(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, world_size: int) -> None:
+    """Model and optimizer state from a checkpoint, each file checked against the manifest: safetensors
+    (and the optimizer's structure from ``state.json``), or ``dcp/`` for a run of ``world_size`` > 1."""
+    folder = Path(folder)
+    files = read_manifest(folder)
+    meta = parse_json(read_checked(folder, STATE, files), folder / STATE)
+    if meta.get("sharded"):
+        if world_size == 1:
+            raise CheckpointMismatch("checkpoint", str(folder), f"sharded ({DCP}/): read only by several processes")
+        check_dcp(folder, files)
+        read_sharded(folder / DCP, model, optimizer)
+        return
+    load_weights(model, folder / WEIGHTS)
+    tensors, _ = parse_tensors(read_checked(folder, OPTIMIZER, files), folder / OPTIMIZER)
+    if "optimizer" not in meta:
+        raise IntegrityError(folder / STATE, "holds no optimizer state")
+    optimizer.load_state_dict(from_tree(meta["optimizer"], tensors, folder / STATE))
+
+
 def load_checkpoint(
     folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, config_hash: str, world_size: int = 1
 ) -> TrainState:
     """Load model and optimizer state from ``folder`` (after :func:`check_checkpoint`); returns its TrainState."""
     state = check_checkpoint(folder, config_hash=config_hash, world_size=world_size)
-    read_model_optimizer(Path(folder), model, optimizer)
+    read_model_optimizer(Path(folder), model, optimizer, world_size=world_size)
     return state
 
 
@@ -343,10 +634,11 @@ def save_sharded_checkpoint(
     *,
     config_hash: str,
     world_size: int,
-    keep: int = 1,
+    keep: int = 2,
 ) -> Path:
     """Every rank, collectively: write its shards of the state after ``state.step`` with DCP into a temp
-    folder that rank 0 then renames to ``checkpoints/step_<N>`` (with ``state.pt``); the last ``keep`` stay.
+    folder that rank 0 then renames to ``checkpoints/step_<N>`` (with the state files and a manifest of
+    every file's sha256); the last ``keep`` stay.
     ``run_dir`` must be the same shared folder on every rank."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -359,18 +651,18 @@ def save_sharded_checkpoint(
         remove_stale(run_dir)
         tmp.mkdir(mode=0o755)
     dist.barrier()
-    dcp.save(sharded_state(model, optimizer), checkpoint_id=str(tmp / DCP))
+    dcp.save(sharded_state(model, optimizer), checkpoint_id=str(tmp / DCP))  # returns once every rank's is written
     if rank == 0:
         meta = {"format": FORMAT, "config_hash": config_hash, "world_size": world_size, "step": state.step}
-        torch.save({**meta, "sharded": True, "state": state.__dict__}, tmp / "state.pt")
-        for p in [*tmp.iterdir(), *(tmp / DCP).iterdir()]:
-            _fsync(p)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync(final.parent)
-        for old in checkpoints(run_dir)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+        shards = {}
+        for p in sorted(p for p in (tmp / DCP).rglob("*") if not p.is_dir()):
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+            shards[p.relative_to(tmp).as_posix()] = file_entry(p)
+        fsync_dir(tmp / DCP)
+        write_files(tmp, state_files({**meta, "sharded": True}, state, None), more=shards)
+        publish(tmp, final)
+        prune(run_dir, keep)
     dist.barrier()
     return final
 
@@ -378,7 +670,7 @@ def save_sharded_checkpoint(
 class ShardedCheckpointWriter:
     """:class:`CheckpointWriter`'s counterpart for sharded runs: called on every rank, writes at once."""
 
-    def __init__(self, run_dir: Path, *, config_hash: str, world_size: int, keep: int = 1) -> None:
+    def __init__(self, run_dir: Path, *, config_hash: str, world_size: int, keep: int = 2) -> None:
         self.run_dir, self.config_hash, self.world_size, self.keep = Path(run_dir), config_hash, world_size, keep
 
     def __call__(self, state: TrainState, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -1,7 +1,8 @@
 """What a run leaves on disk: ``metrics.jsonl`` (appended as it trains) and ``summary.json``.
 
-``summary.json`` is written atomically (a temp file in the same folder, then ``os.replace``), so
-a reader (the report, a resumed sweep) sees either the old summary or the new one, never half.
+``summary.json`` is written atomically (:func:`write_atomic`: a temp file in the same folder, fsynced,
+then ``os.replace``), so a reader (the report, a resumed sweep) sees either the old summary or the new
+one, never half. Every file zoo writes whole goes through :func:`write_atomic`.
 """
 
 from __future__ import annotations
@@ -24,20 +25,37 @@ RUNTIME_KEYS = ("threads", "progress", "logger", "report", "tune", "compile", "p
 RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints", "activation_checkpointing")
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` via a temp file and a rename."""
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` whole or not at all: a temp file beside it, fsynced, renamed over
+    ``path``, then the folder fsynced (the rename survives a crash). A kill leaves ``.<name>.<random>.tmp``."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(clean(data), f, indent=2, sort_keys=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temp file, not what it becomes
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make the renames inside ``folder`` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` (:func:`write_atomic`)."""
+    write_atomic(path, json.dumps(clean(data), indent=2, sort_keys=False) + "\n")
 
 
 def clean(value: Any) -> Any:
@@ -129,17 +147,7 @@ def keep_metrics_until(run_dir: Path, step: int) -> None:
     """Rewrite ``metrics.jsonl`` (atomically) with only its records up to ``step``: a run resumed from
     the checkpoint after ``step`` continues the curve from there (lines cut short by a kill are dropped)."""
     kept = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
-    path = run_dir / METRICS
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=run_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 class MetricsLog:

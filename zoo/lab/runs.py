@@ -37,7 +37,11 @@ class LoadedRun(NamedTuple):
 
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     """The trained model of a run folder (its ``model.safetensors``), or of one of its checkpoints
-    (``<run>/checkpoints/step_<N>``), rebuilt from the config in the run's ``summary.json``."""
+    (``<run>/checkpoints/step_<N>``), rebuilt from the config in the run's ``summary.json``.
+
+    The weights are checked against the ``manifest.json`` beside them first: a file that is truncated or
+    altered raises :class:`zoo.lab.checkpoint.IntegrityError` (a ConfigError) naming it and what is wrong.
+    Weights written before manifests load with a warning. Nothing read is a pickle."""
     path = Path(path)
     run_dir = path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
     weights = path / ckpt.WEIGHTS
@@ -51,7 +55,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
         allowed = f"has no {ckpt.WEIGHTS} (status {status!r}; train.save=final keeps it){hint}"
         raise ConfigError("run", str(path), allowed)
     model = build_model(summary["config"]).to(device)
-    meta = ckpt.load_weights(model, weights)
+    meta = ckpt.load_weights(model, weights, unverified_ok=True)  # format 1: no manifest, a warning
     if meta.get("config_hash") not in (None, summary.get("config_hash")):
         raise ConfigError(
             "run", str(path), f"weights of config {meta['config_hash']}, summary.json of {summary.get('config_hash')}"

@@ -292,10 +292,10 @@ def train(
         world_size=world,
         metric={"name": task.metric, "mode": task.mode(), "value": None},
     )
-    resume_from = find_checkpoint(out_dir, summary["config_hash"], world, resume) if out_dir is not None else None
+    resume_from = find_checkpoint(out_dir, summary, world, resume) if out_dir is not None else None
     if out_dir is not None:
         write_json_atomic(out_dir / SUMMARY, summary)  # status "running": a killed run is re-run on resume
-        (out_dir / ckpt.WEIGHTS).unlink(missing_ok=True)  # weights on disk are always this config's
+        ckpt.remove_weights(out_dir)  # weights on disk are always this config's
     if rank == 0:
         choices = ", ".join(f"{k}={v}" for k, v in summary["choices"].items() if v is not None)
         data = summary["data"].get("sha256", "generated")[:12]
@@ -356,7 +356,7 @@ def train(
             trainer.restore(state)
             summary["resumed_from"] = [*state.resumed_from, state.step]
             if rank == 0:
-                log.info("%s: resumed from %s", shown(out_dir), resume_from.name)
+                log.info("%s: resumed from %s", shown(out_dir), resumed_text(resume_from, summary))
         outcome = trainer.fit()
         if writer is not None:
             writer.close()  # the last checkpoint is on disk before the run says it is done
@@ -384,17 +384,28 @@ def train(
         summary["routing"] = trainer.routing  # fraction of routed tokens per expert, per routing part
 
 
-def find_checkpoint(out_dir: Path, config_hash: str, world: int, resume: bool) -> Path | None:
-    """The checkpoint to continue from: the latest in ``out_dir`` (checked against this config and
-    world size: another's is refused), or None. Without ``resume`` the folder's checkpoints are deleted."""
+def find_checkpoint(out_dir: Path, summary: dict[str, Any], world: int, resume: bool) -> Path | None:
+    """The checkpoint to continue from: the newest intact one in ``out_dir`` (checked against this config
+    and world size: another's is refused), or None. Those that fail their check are logged, recorded in
+    ``summary["resume_skipped"]`` and deleted. Without ``resume`` the folder's checkpoints are deleted."""
     ckpt.remove_stale(out_dir)
     if not resume:
         ckpt.clear_checkpoints(out_dir)
         return None
-    latest = ckpt.latest_checkpoint(out_dir)
-    if latest is not None:
-        ckpt.check_checkpoint(latest, config_hash=config_hash, world_size=world)
-    return latest
+    chosen, failed = ckpt.choose_checkpoint(out_dir, config_hash=summary["config_hash"], world_size=world)
+    for name, problem in failed.items():
+        log.warning("%s: not resuming from %s: %s", shown(out_dir), name, problem)
+    if failed:
+        summary["resume_skipped"] = failed
+        if chosen is None:
+            log.warning("%s: no intact checkpoint: training from step 0", shown(out_dir))
+    return chosen
+
+
+def resumed_text(folder: Path, summary: dict[str, Any]) -> str:
+    """``step_000120`` (and which newer checkpoints failed their check: find_checkpoint logged why)."""
+    failed = summary.get("resume_skipped") or {}
+    return folder.name + (f" (newer ones failed their check: {', '.join(failed)})" if failed else "")
 
 
 def ranks_in_sync(model: torch.nn.Module) -> bool:

@@ -63,7 +63,7 @@ class TrainConfig:
     diverge_factor: float = 4.0
     save: str = "final"
     checkpoint_every: int = 100
-    keep_checkpoints: int = 1
+    keep_checkpoints: int = 2  # 2: a checkpoint that fails its check has an older one to fall back to
     activation_checkpointing: bool = False
     budget_tokens: float | None = None  # train.budget.tokens: steps = tokens / tokens per step
     budget_flops: float | None = None  # train.budget.flops: steps = flops / (flops per token x tokens per step)
