@@ -93,6 +93,18 @@ def test_diverging_run_stops_early_and_is_recorded(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
 
 
+def test_a_learned_table_shorter_than_the_sequence_fails_on_the_config_before_any_data(tmp_path, monkeypatch):
+    monkeypatch.setattr("zoo.lab.train.build_task", lambda cfg: pytest.fail("read the data before the check"))
+    summary = run(tiny("pos=learned", "block.max_len=8", "task.seq_len=64"), tmp_path)
+    assert summary["status"] == "failed" and "traceback" not in summary, summary["error"]
+    assert summary["error"] == (
+        "ConfigError: block.max_len=8: below task.seq_len=64: learned positions need block.max_len >= "
+        "task.seq_len; set block.max_len=64 or lower task.seq_len"
+    )
+    monkeypatch.undo()
+    assert run(tiny("pos=learned", "block.max_len=32", "task.seq_len=32"), tmp_path / "fits")["status"] == "ok"
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
