@@ -40,6 +40,7 @@ from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.options import resolve_options
 from zoo.core.registry import AXES
 from zoo.lab import checkpoint as ckpt
+from zoo.lab.argv import exit_on_bad_overrides
 from zoo.lab.outcome import exit_if_a_run_failed
 from zoo.lab.records import (
     METRICS,
@@ -453,6 +454,7 @@ _hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="config", versio
 
 def main() -> None:
     """Console entry point. Under torchrun, ranks other than 0 write nothing (no run folder, no log file)."""
+    exit_on_bad_overrides("zoo-train")  # a misspelt key or option: zoo's error, before Hydra's "use +..."
     rank = dist_env()[0]
     if rank > 0:
         sys.argv += [
