@@ -262,3 +262,48 @@ def test_sinusoidal_positions_train_at_least_as_well_as_none(tmp_path):
 
     sinusoidal, none = val_bpb("sinusoidal"), val_bpb("none")
     assert sinusoidal <= none, (sinusoidal, none)
+
+
+def test_a_norm_free_placement_records_no_norm_choice_and_its_norm_sweep_is_one_variant(tmp_path):
+    from torch import nn
+
+    from zoo import PLACEMENTS
+    from zoo.lab.variants import build_report
+    from zoo.parts.placements import Placement
+
+    @PLACEMENTS.register("test_nonorm", formula="x = x + f(x)")
+    class NoNorm(Placement):
+        """No norm anywhere: the residual sum of the branches."""
+
+        uses_norm = False
+        final_norm = False
+
+        @classmethod
+        def norm_count(cls, n_branches: int) -> int:
+            return 0
+
+        def forward(self, x, branches):
+            for branch in branches:
+                x = x + self.drop(branch(x))
+            return x
+
+    try:
+        for placement, norm in [("test_nonorm", "rmsnorm"), ("test_nonorm", "layernorm"), ("pre", "rmsnorm")]:
+            said = [f"placement={placement}", f"norm={norm}"]
+            cfg = OmegaConf.merge(tiny(f"norm={norm}"), {"block": {"placement": {"name": placement}}})
+            summary = run(
+                cfg, tmp_path / ",".join(said), overrides=said, choices={"placement": placement, "norm": norm}
+            )
+            assert summary["status"] == "ok", summary["error"]
+            free = placement == "test_nonorm"
+            assert ("norm" in summary["choices"]) is not free and summary["unused_axes"] == (["norm"] if free else [])
+            assert not any(isinstance(m, nn.LayerNorm) for m in build_model(summary["config"]).modules()) or not free
+        report = build_report(tmp_path)
+        assert report.axes == ["placement", "norm"]
+        assert sorted(report.label(v) for v in report.variants) == [
+            "placement=pre norm=rmsnorm",
+            "placement=test_nonorm norm=unused",  # one variant, its two identical runs counted once
+        ]
+        assert [len(v.runs) for v in report.variants] == [1, 1]
+    finally:
+        PLACEMENTS.unregister("test_nonorm")

@@ -56,7 +56,7 @@ from zoo.lab.tasks import TASKS, build_task
 from zoo.lab.trackers import Tracker, check_logger, open_tracker
 from zoo.lab.trainer import Trainer, check_run_config
 from zoo.lab.tune import TUNE_DIR, choose_lr, tune_options
-from zoo.lab.variants import report_options
+from zoo.lab.variants import report_options, unused_axes
 from zoo.models.config import block_section, layer_specs, model_options
 from zoo.models.language import build_model
 from zoo.models.seq2seq import build_seq2seq
@@ -167,7 +167,8 @@ def run(
                 raise ConfigError("tune.lr", raw["tune"]["lr"], "tunes a sweep: zoo-sweep NAME or zoo-train -m")
             summary["tune"] = choose_lr(raw, tune_dir)
             raw = {**raw, "train": {**(raw.get("train") or {}), "lr": summary["tune"]["lr"]}}
-        summary.update(config=raw, config_hash=config_hash(raw))
+        summary.update(config=raw, config_hash=config_hash(raw), unused_axes=unused_axes(raw))
+        summary["choices"] = {k: v for k, v in summary["choices"].items() if k not in summary["unused_axes"]}
         if writes and resume and world == 1:
             prior = read_summary(out_dir)  # type: ignore[arg-type]
             if prior and prior.get("status") == "ok" and prior.get("config_hash") == summary["config_hash"]:
