@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zoo import AXES
+from zoo.core.registry import BUILT_IN
 from zoo.lab.cli import parts_main, parts_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,3 +58,18 @@ def test_readme_axis_table_lists_every_built_in_part_and_option():
         named = re.findall(rf"`block\.{axis}\.(\w+)`", options)
         declared = list(dict.fromkeys(key for part in built_in for key in every_option(part)))
         assert named == declared, f"README.md, axis {axis}: options {named}, the parts declare {declared}"
+
+
+def test_every_part_summary_is_a_whole_sentence():
+    for axis, registry in AXES.items():
+        for part in (p for p in registry.parts() if p.origin == BUILT_IN):  # zoo's own; a plugin's is its own
+            assert part.summary[:1].isupper() and part.summary.endswith("."), (axis, part.name, part.summary)
+
+
+def test_a_docstring_summary_is_its_first_sentence_even_when_it_wraps():
+    from zoo.core.registry import Registry
+
+    names = Registry("norm")
+    wrapped = type("Wrapped", (), {"__doc__": "Scale each vector, e.g. by its norm, then\n    shift it. More here."})
+    names.register("wrapped")(wrapped)
+    assert names.get("wrapped").summary == "Scale each vector, e.g. by its norm, then shift it."

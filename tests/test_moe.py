@@ -9,7 +9,7 @@ import torch
 
 from zoo import ConfigError, build_block, check_combination, param_report
 from zoo.core.auxiliary import collect_aux
-from zoo.parts.moe import MoE
+from zoo.parts.moe import MoE, route
 from zoo.testing.combos import TINY
 
 D = TINY["d_model"]
@@ -170,3 +170,20 @@ def test_a_moe_run_logs_its_aux_losses_and_routing_and_the_report_plots_it(tmp_p
     assert all(r["aux_balance"] > 0 and r["aux_router_z"] > 0 for r in logged)
     write_report(tmp_path)
     assert (tmp_path / "routing.png").stat().st_size > 0
+
+
+def test_sigmoid_routing_stays_finite_when_every_logit_is_far_below_zero():
+    logits = torch.tensor([[-200.0, -300.0, -250.0, -400.0]], requires_grad=True)  # every sigmoid underflows to 0
+    weights, chosen, probs = route(logits, 2, "sigmoid")
+    assert torch.isfinite(weights).all() and torch.isfinite(probs).all(), (weights, probs)
+    assert chosen.tolist() == [[0, 2]]
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1))
+    torch.testing.assert_close(probs.sum(-1), torch.ones(1))
+    (weights[0, 0] + probs[0, 1]).backward()
+    assert torch.isfinite(logits.grad).all(), logits.grad
+    ordinary = torch.randn(5, 4)  # where nothing underflows: the top-k sigmoid scores over their sum, as before
+    weights, chosen, probs = route(ordinary, 2, "sigmoid")
+    scores = ordinary.sigmoid()
+    top = scores.gather(-1, chosen)
+    torch.testing.assert_close(weights, top / top.sum(-1, keepdim=True))
+    torch.testing.assert_close(probs, scores / scores.sum(-1, keepdim=True))

@@ -94,6 +94,18 @@ def test_diverging_run_stops_early_and_is_recorded(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
 
 
+def test_a_learned_table_shorter_than_the_sequence_fails_on_the_config_before_any_data(tmp_path, monkeypatch):
+    monkeypatch.setattr("zoo.lab.train.build_task", lambda cfg: pytest.fail("read the data before the check"))
+    summary = run(tiny("pos=learned", "block.max_len=8", "task.seq_len=64"), tmp_path)
+    assert summary["status"] == "failed" and "traceback" not in summary, summary["error"]
+    assert summary["error"] == (
+        "ConfigError: block.max_len=8: below task.seq_len=64: learned positions need block.max_len >= "
+        "task.seq_len; set block.max_len=64 or lower task.seq_len"
+    )
+    monkeypatch.undo()
+    assert run(tiny("pos=learned", "block.max_len=32", "task.seq_len=32"), tmp_path / "fits")["status"] == "ok"
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -251,3 +263,48 @@ def test_sinusoidal_positions_train_at_least_as_well_as_none(tmp_path):
 
     sinusoidal, none = val_bpb("sinusoidal"), val_bpb("none")
     assert sinusoidal <= none, (sinusoidal, none)
+
+
+def test_a_norm_free_placement_records_no_norm_choice_and_its_norm_sweep_is_one_variant(tmp_path):
+    from torch import nn
+
+    from zoo import PLACEMENTS
+    from zoo.lab.variants import build_report
+    from zoo.parts.placements import Placement
+
+    @PLACEMENTS.register("test_nonorm", formula="x = x + f(x)")
+    class NoNorm(Placement):
+        """No norm anywhere: the residual sum of the branches."""
+
+        uses_norm = False
+        final_norm = False
+
+        @classmethod
+        def norm_count(cls, n_branches: int) -> int:
+            return 0
+
+        def forward(self, x, branches):
+            for branch in branches:
+                x = x + self.drop(branch(x))
+            return x
+
+    try:
+        for placement, norm in [("test_nonorm", "rmsnorm"), ("test_nonorm", "layernorm"), ("pre", "rmsnorm")]:
+            said = [f"placement={placement}", f"norm={norm}"]
+            cfg = OmegaConf.merge(tiny(f"norm={norm}"), {"block": {"placement": {"name": placement}}})
+            summary = run(
+                cfg, tmp_path / ",".join(said), overrides=said, choices={"placement": placement, "norm": norm}
+            )
+            assert summary["status"] == "ok", summary["error"]
+            free = placement == "test_nonorm"
+            assert ("norm" in summary["choices"]) is not free and summary["unused_axes"] == (["norm"] if free else [])
+            assert not any(isinstance(m, nn.LayerNorm) for m in build_model(summary["config"]).modules()) or not free
+        report = build_report(tmp_path)
+        assert report.axes == ["placement", "norm"]
+        assert sorted(report.label(v) for v in report.variants) == [
+            "placement=pre norm=rmsnorm",
+            "placement=test_nonorm norm=unused",  # one variant, its two identical runs counted once
+        ]
+        assert [len(v.runs) for v in report.variants] == [1, 1]
+    finally:
+        PLACEMENTS.unregister("test_nonorm")

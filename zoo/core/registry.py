@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import re
 import warnings
 import weakref
 from collections.abc import Callable
@@ -85,7 +86,7 @@ class Registry:
     ) -> Callable[[T], T]:
         """Class decorator registering ``cls`` under ``name``; ``defaults`` preset its options.
 
-        ``summary`` defaults to the first line of the class docstring. ``variants`` names option
+        ``summary`` defaults to the first sentence of the class docstring. ``variants`` names option
         settings (beyond the defaults) that the contract suite also checks, paired with every part
         of every other axis.
         """
@@ -95,12 +96,11 @@ class Registry:
                 raise ValueError(
                     f"{self.axis} part {name!r} is already registered by {self._parts[name].where}; pick another name"
                 )
-            doc = (cls.__doc__ or "").strip().splitlines()
             self._parts[name] = Part(
                 axis=self.axis,
                 name=name,
                 cls=cls,
-                summary=summary or (doc[0] if doc else ""),
+                summary=summary or first_sentence(cls.__doc__ or ""),
                 formula=formula,
                 reference=reference,
                 defaults=dict(defaults),
@@ -144,6 +144,14 @@ class Registry:
     def __len__(self) -> int:
         load_plugins()
         return len(self._parts)
+
+
+def first_sentence(doc: str) -> str:
+    """The first sentence of a docstring's first paragraph, on one line: up to the first ``.``, ``!`` or
+    ``?`` that ends the paragraph or is followed by a capital (so ``e.g. by`` does not end it)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    match = re.match(r"(.*?[.!?])(?=\s+[A-Z]|$)", paragraph)
+    return match.group(1) if match else paragraph
 
 
 # --- Plugins: parts and option files from other packages ------------------------------------------

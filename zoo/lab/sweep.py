@@ -51,8 +51,10 @@ def sweep_main(argv: Sequence[str] | None = None) -> None:
         close = difflib.get_close_matches(name, names, n=1)
         hint = f" did you mean {close[0]!r}?" if close else ""
         sys.exit(f"zoo-sweep: no sweep {name!r} in {SWEEPS_DIR}.{hint} sweeps: {', '.join(names)}")
+    from zoo.lab.argv import exit_on_bad_overrides
     from zoo.lab.train import main
 
+    exit_on_bad_overrides("zoo-sweep", sweep_argv(name, overrides))
     sys.argv = [str(Path(sys.argv[0]).with_name("zoo-train")), *sweep_argv(name, overrides)]
     main()
 

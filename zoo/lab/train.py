@@ -36,9 +36,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.assembly.compose import CONF_DIR, resolve_composed
+from zoo.assembly.spec import to_dict
 from zoo.core.errors import ConfigError, IncompatibleParts
+from zoo.core.options import resolve_options
 from zoo.core.registry import AXES
 from zoo.lab import checkpoint as ckpt
+from zoo.lab.argv import exit_on_bad_overrides
 from zoo.lab.lock import RunLock, holder
 from zoo.lab.outcome import exit_if_a_run_failed
 from zoo.lab.records import (
@@ -51,14 +54,15 @@ from zoo.lab.records import (
     write_json_atomic,
 )
 from zoo.lab.scale import Parallel
-from zoo.lab.tasks import build_task
+from zoo.lab.tasks import TASKS, build_task
 from zoo.lab.trackers import Tracker, check_logger, open_tracker
 from zoo.lab.trainer import Trainer, check_run_config
 from zoo.lab.tune import TUNE_DIR, choose_lr, tune_options
-from zoo.lab.variants import report_options
+from zoo.lab.variants import report_options, unused_axes
 from zoo.models.config import block_section, layer_specs, model_options
 from zoo.models.language import build_model
 from zoo.models.seq2seq import build_seq2seq
+from zoo.parts.positions import LearnedPosition
 
 log = logging.getLogger("zoo.lab.train")
 
@@ -199,7 +203,8 @@ def run(
                 raise ConfigError("tune.lr", raw["tune"]["lr"], "tunes a sweep: zoo-sweep NAME or zoo-train -m")
             summary["tune"] = choose_lr(raw, tune_dir)
             raw = {**raw, "train": {**(raw.get("train") or {}), "lr": summary["tune"]["lr"]}}
-        summary.update(config=raw, config_hash=config_hash(raw))
+        summary.update(config=raw, config_hash=config_hash(raw), unused_axes=unused_axes(raw))
+        summary["choices"] = {k: v for k, v in summary["choices"].items() if k not in summary["unused_axes"]}
         if writes and resume and world == 1:
             prior = read_summary(out_dir)  # type: ignore[arg-type]
             if prior and prior.get("status") == "ok" and prior.get("config_hash") == summary["config_hash"]:
@@ -256,6 +261,7 @@ def train(
     options = model_options(raw)
     specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
     parallel.check_model(specs, options["vocab_size"])  # parts' plans and divisibility, before any tensor work
+    check_positions_fit(specs, raw.get("task"))
     threads = raw.get("threads") or default_threads(parallel_jobs)
     torch.set_num_threads(threads)
     if device.type == "cuda" and world > 1:
@@ -384,6 +390,27 @@ def train(
         summary["routing"] = trainer.routing  # fraction of routed tokens per expert, per routing part
 
 
+def check_positions_fit(specs: Sequence[Any], task_cfg: Any) -> None:
+    """A learned position table at least ``task.seq_len`` long, from the config alone (before the task
+    reads its data); a task without a ``seq_len`` option is not checked here."""
+    raw = to_dict(task_cfg) if task_cfg is not None else {}
+    seq_len = resolve_options(TASKS.get(raw.pop("name", None)), raw, "task").get("seq_len")
+    max_len = specs[0].dims.max_len
+    if (
+        seq_len is None
+        or max_len is None
+        or not issubclass(specs[0]["pos"].part.cls, LearnedPosition)
+        or max_len >= seq_len
+    ):
+        return
+    raise ConfigError(
+        "block.max_len",
+        max_len,
+        f"below task.seq_len={seq_len}: learned positions need block.max_len >= task.seq_len; "
+        f"set block.max_len={seq_len} or lower task.seq_len",
+    )
+
+
 def find_checkpoint(out_dir: Path, summary: dict[str, Any], world: int, resume: bool) -> Path | None:
     """The checkpoint to continue from: the newest intact one in ``out_dir`` (checked against this config
     and world size: another's is refused), or None. Those that fail their check are logged, recorded in
@@ -475,6 +502,7 @@ _hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="config", versio
 
 def main() -> None:
     """Console entry point. Under torchrun, ranks other than 0 write nothing (no run folder, no log file)."""
+    exit_on_bad_overrides("zoo-train")  # a misspelt key or option: zoo's error, before Hydra's "use +..."
     rank = dist_env()[0]
     if rank > 0:
         sys.argv += [

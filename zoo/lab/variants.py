@@ -21,6 +21,23 @@ from zoo.lab.stats import CORRECTIONS, TESTS, Comparison, apply_holm, chosen_tes
 
 #: Override keys that never define a variant: seeds are averaged over, the sweep file names the folder.
 NOT_AXES = {"seed", "sweeps"}
+#: A run's value for an axis that its parts do not use.
+UNUSED = "unused"
+
+
+def unused_axes(config: dict[str, Any]) -> list[str]:
+    """The axes a run's config chooses but does not use: ``norm`` when every placement of the model
+    (the block's and each per-layer one) is norm-free (``uses_norm`` and ``final_norm`` False). A
+    placement that is not registered counts as using everything (the run reports its error)."""
+    block = config.get("block") or {}
+    layers = ((config.get("model") or {}).get("layers") or {}).values()
+    nodes = [block.get("placement"), *(layer.get("placement") for layer in layers if isinstance(layer, dict))]
+    names = [node.get("name") if isinstance(node, dict) else node for node in nodes if node is not None]
+    placements = AXES["placement"]
+    if not names or any(name not in placements for name in names):
+        return []
+    classes = [placements.get(name).cls for name in names]
+    return [] if any(getattr(cls, "uses_norm", True) or cls.final_norm for cls in classes) else ["norm"]
 
 
 @dataclass
@@ -40,7 +57,10 @@ class Run:
         return (self.summary.get("config") or {}).get("seed", self.overrides.get("seed"))
 
     def value(self, key: str) -> str:
-        """The run's setting for a swept key: its override, its group choice, or its config value."""
+        """The run's setting for a swept key: its override, its group choice, or its config value;
+        ``unused`` for an axis its parts do not use (a norm-free placement's ``norm``)."""
+        if key in (self.summary.get("unused_axes") or ()):
+            return UNUSED
         if key in self.overrides:
             return self.overrides[key]
         choices = self.summary.get("choices") or {}
@@ -349,7 +369,10 @@ def build_report(
     groups: dict[tuple[str, ...], Variant] = {}
     for run in runs:
         key = tuple(run.value(a) for a in axes)
-        groups.setdefault(key, Variant(key)).runs.append(run)
+        variant = groups.setdefault(key, Variant(key))
+        if run.summary.get("unused_axes") and any(r.seed == run.seed and r.status == run.status for r in variant.runs):
+            continue  # the same run again, differing only on an axis it does not use: counted once
+        variant.runs.append(run)
     metrics = Counter((r.summary.get("metric") or {}).get("name") for r in runs if r.summary.get("metric"))
     metric = metrics.most_common(1)[0][0] if metrics else "val_loss"
     modes = [

@@ -215,7 +215,7 @@ def attend_at(
 
 @ATTENTIONS.register(
     "mha",
-    summary="Multi-head attention: one key/value head per query head (n_kv_heads = n_heads)",
+    summary="Multi-head attention: one key/value head per query head (n_kv_heads = n_heads).",
     formula="softmax(q k^T / sqrt(d_head) + mask) v per head; out(concat heads)",
     reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
     # Tiny values, so the contract suite's 6-token sequences exercise them.
@@ -396,14 +396,14 @@ class Attention(nn.Module):
 
 ATTENTIONS.register(
     "gqa",
-    summary="Grouped-query attention: groups of query heads share a key/value head (default 2)",
+    summary="Grouped-query attention: groups of query heads share a key/value head (default 2).",
     formula="as mha, query head h reads kv head h // (n_heads / n_kv_heads)",
     reference="Ainslie et al. 2023, GQA, arXiv:2305.13245",
     n_kv_heads=2,
 )(Attention)
 ATTENTIONS.register(
     "mqa",
-    summary="Multi-query attention: every query head shares one key/value head",
+    summary="Multi-query attention: every query head shares one key/value head.",
     formula="as mha with n_kv_heads = 1",
     reference="Shazeer 2019, Fast Transformer Decoding, arXiv:1911.02150",
     n_kv_heads=1,

@@ -63,7 +63,7 @@ def norm_over(name: str, dims: BlockDims, width: int) -> nn.Module:
 @ATTENTIONS.register(
     "mla",
     summary="Multi-head latent attention: keys and values from a kv_rank latent; the cache keeps the latent "
-    "and one rotary key",
+    "and one rotary key.",
     formula="c = norm(W_dkv x); k_h = [W_uk,h c ; rotate(W_kr x)], v_h = W_uv,h c; "
     "q_h = [W_uq,h c_q ; rotate(W_qr,h c_q)], c_q = norm(W_dq x) or x; softmax(q k^T / sqrt(2 d_head)) v",
     reference="DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434",

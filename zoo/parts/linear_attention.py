@@ -176,7 +176,7 @@ def retnet_decay(heads: int | torch.Tensor) -> torch.Tensor:
 @ATTENTIONS.register(
     "linear",
     summary="Linear attention: phi(q) S per head, S a (d_key, d_head) state updated per token, with an "
-    "optional decay or gate",
+    "optional decay or gate.",
     formula="S_i = g_i S_{i-1} + phi(k_i) v_i^T, y_i = norm_h(phi(q_i) S_i); g = 1, RetNet's fixed "
     "per-head decay, or a gate sigmoid(w_h x_i)^(1/16)",
     reference="Katharopoulos et al. 2020, Transformers are RNNs, arXiv:2006.16236; Sun et al. 2023, RetNet, "

@@ -36,16 +36,16 @@ def route(logits: torch.Tensor, top_k: int, routing: str) -> tuple[torch.Tensor,
 
     softmax (Mixtral): the top-k of softmax(logits), renormalized to sum to 1.
     sigmoid (DeepSeek-V3): the top-k of sigmoid(logits), normalized to sum to 1; the probabilities
-    the balance loss reads are the sigmoid scores normalized over every expert.
+    the balance loss reads are the sigmoid scores normalized over every expert. Both are computed as a
+    softmax over logsigmoid(logits) (the same ratios), so they stay finite where every sigmoid underflows.
     """
     if routing == "softmax":
         probs = logits.softmax(-1)
         weights, chosen = probs.topk(top_k, dim=-1)
-    else:
-        scores = logits.sigmoid()
-        weights, chosen = scores.topk(top_k, dim=-1)
-        probs = scores / scores.sum(-1, keepdim=True)
-    return weights / weights.sum(-1, keepdim=True), chosen, probs
+        return weights / weights.sum(-1, keepdim=True), chosen, probs
+    log_scores = F.logsigmoid(logits)
+    chosen = logits.topk(top_k, dim=-1).indices  # sigmoid is increasing: the same experts as its top-k
+    return log_scores.gather(-1, chosen).softmax(-1), chosen, log_scores.softmax(-1)
 
 
 class Router(nn.Linear):

@@ -19,10 +19,13 @@ class Placement(nn.Module):
     """Owns the norms (``norms.i``, one per branch unless :meth:`norm_count` says otherwise) and the
     residual dropout.
 
-    ``final_norm`` says whether a model stacking this placement needs a norm after the last block.
+    ``final_norm`` says whether a model stacking this placement needs a norm after the last block;
+    ``uses_norm`` False (with ``final_norm`` False and no norms made) declares a norm-free placement,
+    whose ``norm`` choice a run does not record (it changes nothing).
     """
 
     final_norm: ClassVar[bool]
+    uses_norm: ClassVar[bool] = True
 
     def __init__(self, dims: BlockDims, make_norm: Callable[[], nn.Module], n_branches: int) -> None:
         super().__init__()

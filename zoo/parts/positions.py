@@ -276,8 +276,9 @@ class SinusoidalEmbedding(nn.Module):
     reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
 )
 class SinusoidalPosition(Position):
-    """Fixed sinusoidal absolute positions added at the embedding (the original Transformer), to token
-    embeddings scaled by sqrt(d_model) (see :class:`SinusoidalEmbedding`)."""
+    """Fixed sinusoidal absolute positions added at the embedding, to token embeddings scaled by sqrt(d).
+
+    As in the original Transformer; :class:`SinusoidalEmbedding` computes them."""
 
     tp_plan = no_plan  # nothing in the block; the model's embedding has its plan
 

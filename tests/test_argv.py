@@ -1,0 +1,87 @@
+"""Command-line overrides checked before Hydra: a misspelt key, axis or option gets zoo's error (the
+key or value, did you mean, what exists) and one line, never Hydra's "use +..." advice."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from zoo.core.errors import ConfigError
+from zoo.lab.argv import check_overrides, group_options
+from zoo.lab.sweep import sweep_main
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nrom=rmsnorm"], "nrom='rmsnorm': unknown key 'nrom'; did you mean 'norm'? keys: attn, block, "),
+        (["trian.steps=10"], "trian.steps='10': unknown key 'trian'; did you mean 'train'? keys: attn, block, "),
+        (["train.stpes=10"], "train.stpes='10': unknown key 'stpes' of train; did you mean 'steps'? keys: "),
+        (["norm=rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'? options: layernorm, rmsnorm"),
+        (["-m", "norm=rmsnorm,rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'?"),
+        (["task=nosuchtask"], "task='nosuchtask': unknown task; options: bytes, lengthgen, mqar, transduce"),
+        (["task=mqar", "task.seq_len=8"], "task.seq_len='8': unknown key 'seq_len' of task; keys: "),
+    ],
+)
+def test_a_misspelt_key_or_option_names_what_exists(args, message):
+    with pytest.raises(ConfigError) as error:
+        check_overrides(args)
+    assert message in str(error.value) and "+" not in str(error.value).split(";")[0], str(error.value)
+
+
+VALID = [
+    "norm=rmsnorm",
+    "norm=rmsnorm,layernorm",
+    "attn=mha,gqa,mqa",
+    "+x=1",
+    "++train.steps=3",
+    "~seed",
+    "seed=0,1,2",
+    "train.steps=10",
+    "block.norm.eps=1e-5",
+    "block.attn.anything=1",  # the axis nodes are open: zoo names the part's options later
+    "+model.layers.3.attn=mqa",
+    "hydra.run.dir=/tmp/x",
+    "hydra/launcher=basic",
+    "hydra.sweep.dir=out",
+    "preset=llama",
+    "preset=null",
+    "seed=range(0,3)",
+    "norm=choice(rmsnorm,layernorm)",
+    "-m",
+    "--multirun",
+    "--cfg",
+    "job",
+]
+
+
+def test_the_groups_are_zoos_axes_tasks_and_sweeps():
+    groups = group_options()
+    assert {"placement", "norm", "attn", "pos", "mlp", "preset", "task", "logger", "sweeps"} == set(groups)
+    assert "quick" in groups["sweeps"] and groups["norm"] == ["layernorm", "rmsnorm", "scalenorm"]
+
+
+def test_valid_overrides_and_hydra_flags_pass():
+    check_overrides(VALID)
+    check_overrides(["--config-dir", "/somewhere/else", "nrom=whatever"])  # another config: Hydra's to judge
+    check_overrides(["--config-name=other", "nrom=whatever"])
+
+
+def test_zoo_train_and_zoo_sweep_exit_with_one_line(capsys, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "zoo.lab.train", "nrom=rmsnorm"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("zoo-train: nrom='rmsnorm': unknown key 'nrom'; did you mean 'norm'? keys: attn, block,")
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit) as exited:
+        sweep_main(["quick", "trian.steps=1"])
+    assert exited.value.code != 0 and "did you mean 'train'?" in str(exited.value.code)
+    ok = subprocess.run(
+        [sys.executable, "-m", "zoo.lab.train", "--cfg", "job", "norm=rmsnorm", "+extra=1", "~seed", "train.steps=3"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert ok.returncode == 0 and "extra: 1" in ok.stdout and "rmsnorm" in ok.stdout, ok.stderr
