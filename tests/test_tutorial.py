@@ -109,7 +109,7 @@ def test_every_axis_example_is_a_part_like_the_built_in_ones(tmp_path):
         return done.stdout
 
     listing = run("-c", "from zoo.lab.cli import parts_main; parts_main([])")
-    for name in ("deepnorm", "glu", "kerple", "gated"):
+    for name in ("deepnorm", "rezero", "glu", "kerple", "gated"):
         assert re.search(rf"^  {name} +\S.*  \(from my-parts\)$", listing, flags=re.MULTILINE), listing
     # Parameter matching takes the new MLP with nothing declared: glu lands at gelu's count.
     table = run("-c", "from zoo.lab.cli import parts_main; parts_main(['--params', '--d-model', '64', "
@@ -144,3 +144,11 @@ def test_every_axis_example_is_a_part_like_the_built_in_ones(tmp_path):
     assert settings[("post", "rotary_half")]["pos"] == {"name": "rotary", "base": 10000.0, "rotary_fraction": 0.5}
     report = (tmp_path / "sweep" / "report.md").read_text()
     assert "| placement | pos |" in report and "| deepnorm_a1414 | kerple |" in report, report
+    # The norm-free example passes the contract, and its runs record no norm choice.
+    rezero = run("-m", "zoo.testing", "placement=rezero", "--coverage", "pairwise")
+    assert re.search(r"contract \(placement=rezero, pairwise\): \d+ combinations, \d+ run .*: \d+ passed, 0 failed",
+                     rezero), rezero[-2000:]  # fmt: skip
+    run("-m", "zoo.lab.train", "-m", "placement=rezero", "norm=rmsnorm,layernorm", *small, "hydra.sweep.dir=rezero")
+    runs = [json.loads(p.read_text()) for p in (tmp_path / "rezero").glob("*/summary.json")]
+    assert [(r["status"], r["unused_axes"], "norm" in r["choices"]) for r in runs] == [("ok", ["norm"], False)] * 2
+    assert "1 variants" in (tmp_path / "rezero" / "report.md").read_text()
