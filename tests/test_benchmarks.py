@@ -47,6 +47,8 @@ def test_bookkeeping_benchmark_times_the_report_and_tuning_against_the_sweep(mon
     # 2 variants x 3 rates more runs of 10 s each (fake_run's wall time): 100 + 60 s
     assert "every sweep: the report," in out and "with tune.lr (3 rates, estimated 160 s)" in out
     assert "(target < 5%)" in out and not (tmp_path / "sweep" / "report.md").exists()  # written to a copy
+
+
 def test_block_benchmark_times_moe_against_per_expert_loops_and_dense(monkeypatch, capsys):
     tiny = "--moe-only --batch 2 --time 8 --d-model 16 --n-heads 4 --experts 4 --top-k 2 --repeats 1 --threads 1"
     monkeypatch.syspath_prepend(str(BENCHMARKS))
@@ -56,3 +58,12 @@ def test_block_benchmark_times_moe_against_per_expert_loops_and_dense(monkeypatc
     assert "| zoo mlp=moe (grouped) |" in out and "| per-expert loop, every token (dense gates) |" in out
     assert "speedup over the per-expert loop on every token: " in out and "(target >= 3)" in out
     assert "moe / dense MLP of equal active parameters: " in out
+
+
+def test_contract_benchmark_times_a_part_the_whole_and_shards_that_add_up(monkeypatch, capsys):
+    tiny = "--part pos=alibi --coverage pairwise --shards 2 --no-part-full"
+    monkeypatch.setattr(sys, "argv", ["contract.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "contract.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "| pos=alibi pairwise |" in out and "| every part, pairwise |" in out and "| shard 2/2 |" in out
+    assert "slowest shard / whole: " in out and "(ideal 1/2 = 0.50)" in out
