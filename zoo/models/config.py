@@ -16,7 +16,7 @@ from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
 
 #: ``model`` keys and their defaults.
-MODEL_DEFAULTS: dict[str, Any] = {"vocab_size": 256, "n_layers": 2, "tie_embeddings": True, "layers": {}}
+MODEL_DEFAULTS: dict[str, Any] = {"vocab_size": 256, "n_layers": 4, "tie_embeddings": True, "layers": {}}
 
 #: ``encoder`` keys (read by build_seq2seq only); ``n_layers`` defaults to the decoder's.
 ENCODER_DEFAULTS: dict[str, Any] = {"n_layers": None, "block": {}, "layers": {}}
