@@ -60,13 +60,13 @@ def config(args: argparse.Namespace) -> Any:
 
 
 def parallel_of(layout: str, world: int) -> Any:
-    from zoo.lab.scale import Parallel
+    from zoo.lab.scale import ProcessMesh
 
     return {
-        "one": Parallel(),
-        "ddp": Parallel(dp_replicate=world),
-        "fsdp": Parallel(dp_shard=world),
-        "tp": Parallel(tp=world),
+        "one": ProcessMesh(),
+        "ddp": ProcessMesh(dp_replicate=world),
+        "fsdp": ProcessMesh(dp_shard=world),
+        "tp": ProcessMesh(tp=world),
     }[layout]
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from zoo import LanguageModel, resolve_block
 from zoo.assembly.compat import tp_refusal
-from zoo.lab.scale import Parallel, parallelize
+from zoo.lab.scale import ProcessMesh, parallelize
 from zoo.parts.attention import KVCache
 from zoo.testing.combos import VOCAB, block_config, combo_id, context_of, covering_combinations, scramble
 
@@ -77,7 +77,7 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def check_tp_matches_one_process(tp: int, dp_shard: int = 1) -> None:
     """TP (x FSDP2) forward and backward of each covering combination equal one process (float64)."""
-    parallel = Parallel(dp_shard=dp_shard, tp=tp)
+    parallel = ProcessMesh(dp_shard=dp_shard, tp=tp)
     mesh = parallel.mesh("cpu")
     checked = 0
     for combo in covering_combinations():
@@ -142,7 +142,7 @@ def check_training_matches_one_process(
 ) -> None:
     """N steps of FSDP2 / HSDP / TP (compiled, checkpointed) training end with the parameters of the
     same N steps in one process over the whole batch (float64); the losses agree at every step."""
-    parallel = Parallel(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)
+    parallel = ProcessMesh(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)
     mesh = parallel.mesh("cpu")
     model = tiny_model({**TRAIN_COMBO, **combo}, dropout=0.0)
     one = copy.deepcopy(model)
@@ -165,7 +165,7 @@ def check_training_matches_one_process(
 def check_generation_under_tp(tp: int) -> None:
     """Cached greedy generation with the model split over ``tp`` ranks (no sequence parallelism: each
     rank holds its heads' cache) gives the one-process tokens."""
-    parallel = Parallel(tp=tp)
+    parallel = ProcessMesh(tp=tp)
     mesh = parallel.mesh("cpu")
     for pos in ("rotary", "alibi", "learned"):
         model = tiny_model({**TRAIN_COMBO, "pos": pos})
@@ -186,7 +186,7 @@ def check_dcp_save(folder: str) -> None:
     from zoo.lab import checkpoint as ckpt
     from zoo.lab.trainer import TrainConfig, make_optimizer
 
-    parallel = Parallel(dp_shard=dist.get_world_size())
+    parallel = ProcessMesh(dp_shard=dist.get_world_size())
     model = tiny_model(TRAIN_COMBO)
     parallelize(model, parallel, parallel.mesh("cpu"))
     train_steps(model, torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(dist.get_rank())), 1)
@@ -208,7 +208,7 @@ def check_dcp_load(folder: str, tp: int = 1) -> None:
     from zoo.lab.trainer import TrainConfig, make_optimizer
 
     world = dist.get_world_size()
-    parallel = Parallel(dp_shard=world // tp, tp=tp)
+    parallel = ProcessMesh(dp_shard=world // tp, tp=tp)
     model = tiny_model(TRAIN_COMBO)
     torch.manual_seed(5)
     for p in model.parameters():  # not the saved values

@@ -50,22 +50,22 @@ def test_activation_checkpointing_recomputes_each_block():
 
 def test_parallel_keys_are_checked_against_the_world_size():
     from zoo import ConfigError
-    from zoo.lab.scale import Parallel
+    from zoo.lab.scale import ProcessMesh
 
-    assert Parallel.from_config(None, 4) == Parallel(dp_replicate=4)  # DDP over every process
-    assert Parallel.from_config({"dp_shard": 2, "tp": 2}, 8) == Parallel(dp_replicate=2, dp_shard=2, tp=2)
+    assert ProcessMesh.from_config(None, 4) == ProcessMesh(dp_replicate=4)  # DDP over every process
+    assert ProcessMesh.from_config({"dp_shard": 2, "tp": 2}, 8) == ProcessMesh(dp_replicate=2, dp_shard=2, tp=2)
     with pytest.raises(ConfigError, match=r"parallel.tp=3: .* = 3 must divide the world size 4"):
-        Parallel.from_config({"tp": 3}, 4)
+        ProcessMesh.from_config({"tp": 3}, 4)
     with pytest.raises(ConfigError, match=r"parallel.dp_shard=3: .* = 6 must divide the world size 8"):
-        Parallel.from_config({"dp_shard": 3, "tp": 2}, 8)
+        ProcessMesh.from_config({"dp_shard": 3, "tp": 2}, 8)
     with pytest.raises(
         ConfigError, match=r"dp_replicate x parallel.dp_shard x parallel.tp = 2 must equal the world size 4"
     ):
-        Parallel.from_config({"dp_replicate": 1, "dp_shard": 2}, 4)
+        ProcessMesh.from_config({"dp_replicate": 1, "dp_shard": 2}, 4)
     with pytest.raises(ConfigError, match=r"parallel.pp=2: unknown key"):
-        Parallel.from_config({"pp": 2}, 2)
+        ProcessMesh.from_config({"pp": 2}, 2)
     with pytest.raises(ConfigError, match=r"parallel.tp=0: must be a positive integer"):
-        Parallel.from_config({"tp": 0}, 2)
+        ProcessMesh.from_config({"tp": 0}, 2)
 
 
 def specs(*overrides: str):
@@ -93,20 +93,20 @@ def specs(*overrides: str):
 )
 def test_tensor_parallel_rules_name_the_key_and_the_rule(overrides, tp, message):
     from zoo import ConfigError, compose
-    from zoo.lab.scale import Parallel
+    from zoo.lab.scale import ProcessMesh
 
     vocab = compose(list(overrides))["model"]["vocab_size"] if any("vocab" in o for o in overrides) else 256
     with pytest.raises(ConfigError, match=message):
-        Parallel(tp=tp).check_model(specs(*overrides), vocab)
-    Parallel(tp=1).check_model(specs(*overrides), vocab)  # no rule without tensor parallelism
+        ProcessMesh(tp=tp).check_model(specs(*overrides), vocab)
+    ProcessMesh(tp=1).check_model(specs(*overrides), vocab)  # no rule without tensor parallelism
 
 
 def test_sequence_lengths_must_split_between_tp_ranks():
     from zoo import ConfigError
-    from zoo.lab.scale import Parallel
+    from zoo.lab.scale import ProcessMesh
 
     with pytest.raises(ConfigError, match=r"parallel.tp=4: must divide the sequence length 30"):
-        Parallel(tp=4).check_model(specs(), 256, [32, 30])
+        ProcessMesh(tp=4).check_model(specs(), 256, [32, 30])
 
 
 def test_every_built_in_part_has_a_plan_and_a_part_without_one_is_refused_by_name():
@@ -203,7 +203,7 @@ def test_the_cluster_commands_in_the_docs_fit_their_mesh(world, overrides):
     from omegaconf import OmegaConf
 
     from zoo import check_combination, compose
-    from zoo.lab.scale import Parallel
+    from zoo.lab.scale import ProcessMesh
     from zoo.lab.trainer import check_run_config
     from zoo.models.config import block_section, layer_specs, model_options
 
@@ -212,7 +212,7 @@ def test_the_cluster_commands_in_the_docs_fit_their_mesh(world, overrides):
     raw = OmegaConf.to_container(composed, resolve=True)
     raw["device"] = "cpu"
     train_cfg, _ = check_run_config(raw)
-    parallel = Parallel.from_config(raw["parallel"], world)
+    parallel = ProcessMesh.from_config(raw["parallel"], world)
     assert parallel.world == world and parallel.tp > 1 and parallel.dp_shard > 1
     options = model_options(raw)
     specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")

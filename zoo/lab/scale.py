@@ -29,7 +29,7 @@ MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)
-class Parallel:
+class ProcessMesh:
     """``parallel.dp_replicate`` x ``parallel.dp_shard`` x ``parallel.tp`` = the world size.
 
     ``dp_replicate`` null takes what is left: world / (dp_shard x tp).
@@ -40,7 +40,7 @@ class Parallel:
     tp: int = 1
 
     @classmethod
-    def from_config(cls, raw: Mapping[str, Any] | None, world: int) -> Parallel:
+    def from_config(cls, raw: Mapping[str, Any] | None, world: int) -> ProcessMesh:
         raw = dict(raw or {})
         for key in raw:
             if key not in MESH_DIMS:
@@ -136,7 +136,7 @@ def compile_blocks(model: nn.Module, backend: str = "inductor") -> None:
 
 def parallelize(
     model: nn.Module,
-    parallel: Parallel,
+    parallel: ProcessMesh,
     mesh: Any,
     *,
     compile: bool = False,

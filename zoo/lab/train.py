@@ -53,7 +53,7 @@ from zoo.lab.records import (
     read_summary,
     write_json_atomic,
 )
-from zoo.lab.scale import Parallel
+from zoo.lab.scale import ProcessMesh
 from zoo.lab.tasks import TASKS, build_task
 from zoo.lab.trackers import Tracker, check_logger, open_tracker
 from zoo.lab.trainer import Trainer, check_run_config
@@ -257,7 +257,7 @@ def train(
             "hydra.launcher.tasks_per_node: one process per task for each run)",
         )
     tune_options(raw.get("tune"))
-    parallel = Parallel.from_config(raw.get("parallel"), world)  # the mesh's keys against the world size
+    parallel = ProcessMesh.from_config(raw.get("parallel"), world)  # the mesh's keys against the world size
     options = model_options(raw)
     specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
     parallel.check_model(specs, options["vocab_size"])  # parts' plans and divisibility, before any tensor work

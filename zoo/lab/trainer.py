@@ -26,7 +26,7 @@ from zoo.core.auxiliary import aux_weights
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
 from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
-from zoo.lab.scale import Parallel, compile_blocks, parallelize
+from zoo.lab.scale import ProcessMesh, compile_blocks, parallelize
 from zoo.lab.tasks import IGNORE, Batch, Task
 from zoo.lab.tasks.base import metric_name
 from zoo.models.language import LanguageModel
@@ -231,12 +231,12 @@ class Trainer:
         world: int = 1,
         save_checkpoint: Callable[[TrainState, nn.Module, torch.optim.Optimizer], None] | None = None,
         compile: bool = False,
-        parallel: Parallel | None = None,
+        parallel: ProcessMesh | None = None,
         mesh: Any = None,
     ) -> None:
         self.model, self.task, self.cfg, self.device = model.to(device), task, cfg, device
         self.model.checkpoint_blocks = cfg.activation_checkpointing
-        self.parallel = parallel or Parallel(dp_replicate=world)
+        self.parallel = parallel or ProcessMesh(dp_replicate=world)
         self.sharded = self.parallel.sharded
         if self.sharded:  # tensor parallel plans, compile, FSDP2 (zoo.lab.scale)
             parallelize(self.model, self.parallel, mesh, compile=compile, mixed_precision=device.type == "cuda")
