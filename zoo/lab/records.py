@@ -112,7 +112,8 @@ def read_summary_checked(run_dir: Path) -> tuple[dict[str, Any] | None, str | No
     except UnicodeDecodeError:
         return None, f"{SUMMARY} is not UTF-8 text"
     except json.JSONDecodeError as error:
-        return None, f"{SUMMARY} is not valid JSON ({error.msg} at line {error.lineno} column {error.colno})"
+        what = error.msg.removesuffix(" at")  # "Unterminated string starting at": the position follows
+        return None, f"{SUMMARY} is not valid JSON ({what} at line {error.lineno} column {error.colno})"
     except OSError as error:
         return None, f"{SUMMARY} cannot be read ({error.strerror or error})"
     problem = summary_problem(data)
