@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from zoo import ATTENTIONS, POSITIONS, build_block, check_combination
 from zoo.core.dims import BlockDims
 from zoo.core.options import option_types
-from zoo.parts.attention import allowed_mask
+from zoo.parts.kernels import allowed_mask
 from zoo.parts.norms import RMSNorm, ScaleNorm
 from zoo.parts.placements import Parallel, SandwichNorm
 from zoo.parts.positions import Rotary, SinusoidalEmbedding, alibi_slopes

@@ -1,21 +1,17 @@
 """Self-attention from projections and tensor ops: MHA, GQA and MQA in one class, and its KV cache
 (its decoding state).
 
-Mask convention, everywhere in zoo: a boolean mask is True where attention is *allowed*
-(SDPA's convention; ``nn.MultiheadAttention`` uses the opposite). Key position > query position
-is blocked in causal attention.
+The kernels it computes with (masks, SDPA or explicit math) are in :mod:`zoo.parts.kernels`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
-import torch.nn.functional as F
-from einops import rearrange, repeat
+from einops import rearrange
 from torch import nn
 
 from zoo.core.dims import BlockDims
@@ -23,10 +19,9 @@ from zoo.core.errors import ConfigError
 from zoo.core.options import option_types
 from zoo.core.registry import ATTENTIONS, NORMS
 from zoo.core.tp import ColwiseParallel, Plan, gather_sequence, has_plan, heads_norm, prefixed, row_output
+from zoo.parts.kernels import Backend, attend_at
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState, query_slots
-
-Backend = Literal["sdpa", "math"]
 
 
 class KVCache(GrowingState):
@@ -77,140 +72,6 @@ def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.T
     q = rearrange(groups[:, :-2], "g r d ... -> (g r d) ...")
     k, v = (rearrange(groups[:, i], "g d ... -> (g d) ...") for i in (-2, -1))
     return q, k, v
-
-
-def allowed_mask(
-    q_positions: torch.Tensor,
-    k_positions: torch.Tensor,
-    causal: bool,
-    key_mask: torch.Tensor | None,
-    window: int | None = None,
-) -> torch.Tensor | None:
-    """Boolean (b or 1, 1, t_q, t_k) mask, True where query i may attend to key j, or None if all may.
-
-    Built from absolute positions, so it stays right when there are fewer queries than keys
-    (cached decoding), where SDPA's top-left-aligned ``is_causal`` would be wrong.
-    key_mask: (b, t_k), True at real (non-padding) keys.
-    window: keys must also be less than ``window`` positions away (causal: the query and the
-    window - 1 keys before it).
-    """
-    mask = None
-    if causal:
-        mask = rearrange(k_positions, "k -> 1 1 1 k") <= rearrange(q_positions, "q -> 1 1 q 1")
-    if window is not None:
-        near = (rearrange(q_positions, "q -> 1 1 q 1") - rearrange(k_positions, "k -> 1 1 1 k")).abs() < window
-        mask = near if mask is None else mask & near
-    if key_mask is not None:
-        keys = rearrange(key_mask.bool(), "b k -> b 1 1 k")
-        mask = keys if mask is None else mask & keys
-    return mask
-
-
-def additive(mask: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Merge a boolean mask and a float score bias into one additive float mask.
-
-    Blocked entries get half the dtype's lowest value rather than -inf, so a fully masked row
-    softmaxes to finite (uniform) weights instead of NaN.
-    """
-    if mask is None and bias is None:
-        return None
-    device = (mask if mask is not None else bias).device
-    out = torch.zeros((), dtype=dtype, device=device) if bias is None else bias.to(dtype)
-    if mask is not None:
-        out = torch.where(mask, out, torch.finfo(dtype).min / 2)
-    return out
-
-
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    *,
-    is_causal: bool,
-    backend: Backend,
-    dropout: float = 0.0,
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """The attention kernel every attention part shares: softmax(q k^T / sqrt(d) + mask) v.
-
-    q: (b, h, t_q, d); k, v: (b, g, t_k, d) with g dividing h (query head i reads key/value head
-    i // (h / g)); mask: an additive float mask broadcasting to (b, h, t_q, t_k), or None;
-    ``is_causal``: a top-left causal mask instead (never together with ``mask``). ``dropout`` is the
-    attention-weight dropout to apply (pass 0.0 in eval). -> (b, h, t_q, d).
-
-    ``sdpa``: torch's fused scaled_dot_product_attention (GQA without copying keys). ``math``: explicit
-    scores in at least float32, optional soft-capping, softmax, weights @ v (the reference).
-    """
-    group = q.shape[1] // k.shape[1]
-    if backend == "sdpa":
-        if softcap is not None:
-            raise ValueError("softcap needs the math backend (SDPA has no hook to cap the scores)")
-        # Never both attn_mask and is_causal: CPU would silently apply both.
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, enable_gqa=group > 1
-        )
-    k = repeat(k, "b g t d -> b (g r) t d", r=group)  # grouped: query head h reads kv head h // group
-    v = repeat(v, "b g t d -> b (g r) t d", r=group)
-    dtype = torch.promote_types(q.dtype, torch.float32)  # scores in at least float32 (float64 stays)
-    scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)) / math.sqrt(q.shape[-1])
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
-    if is_causal:
-        t_q, t_k = scores.shape[-2:]
-        mask = additive(torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(), None, dtype)
-    if mask is not None:
-        scores = scores + mask.to(dtype)
-    weights = torch.softmax(scores, dim=-1)  # over keys
-    weights = F.dropout(weights, dropout) if dropout > 0 else weights
-    return torch.einsum("bhqk,bhkd->bhqd", weights.to(v.dtype), v)
-
-
-def attend_at(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    slots: torch.Tensor,
-    positions: torch.Tensor | None,
-    k_positions: torch.Tensor | None,
-    key_mask: torch.Tensor | None,
-    causal: bool,
-    position: Position,
-    backend: Backend,
-    dropout: float = 0.0,
-    window: int | None = None,
-    softcap: float | None = None,
-    preallocated: bool = False,
-) -> torch.Tensor:
-    """Self-attention of queries at cache slots ``slots`` (t_q,) to the keys at slots 0..t_k-1.
-
-    q: (b, h, t_q, d); k: (b, g, t_k, d); v: (b, g, t_k, d_v). positions / k_positions: per-sample
-    position ids of queries / keys for the position's score bias (default: slots). The mask follows
-    slots (causality, the window) and ``key_mask``; with neither padding, bias, window nor cached
-    keys, the plain causal case goes to the fused kernel's ``is_causal``. ``preallocated``: the keys
-    include empty slots after the last query (a static cache), which the causal mask must hide.
-    -> (b, h, t_q, d_v).
-    """
-    time = q.shape[-2]
-    k_slots = torch.arange(k.shape[-2], device=q.device)
-    bias = position.score_bias(
-        slots if positions is None else positions, k_slots if k_positions is None else k_positions
-    )
-    # One query at the last slot of a growing cache may see every key: decoding steps need no causal mask.
-    needs_causal = causal and (time > 1 or preallocated)
-    mask = allowed_mask(slots, k_slots, needs_causal, key_mask, window)
-    plain_causal = causal and time > 1 and k.shape[-2] == time and key_mask is None and bias is None and window is None
-    return attend(
-        q,
-        k,
-        v,
-        None if plain_causal else additive(mask, bias, q.dtype),
-        is_causal=plain_causal,
-        backend=backend,
-        dropout=dropout,
-        softcap=softcap,
-    )
 
 
 @ATTENTIONS.register(

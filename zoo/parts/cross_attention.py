@@ -11,7 +11,7 @@ from einops import rearrange
 from torch import nn
 
 from zoo.core.dims import BlockDims
-from zoo.parts.attention import Backend, additive, attend
+from zoo.parts.kernels import Backend, additive, attend
 from zoo.parts.state import LayerState
 
 

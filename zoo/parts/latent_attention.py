@@ -26,7 +26,7 @@ from zoo.core.tp import (
     require_whole_heads,
     row_output,
 )
-from zoo.parts.attention import Backend, attend_at
+from zoo.parts.kernels import Backend, attend_at
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState, query_slots
 

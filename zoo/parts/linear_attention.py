@@ -28,7 +28,7 @@ from zoo.core.tp import (
     require_whole_heads,
     row_output,
 )
-from zoo.parts.attention import Backend
+from zoo.parts.kernels import Backend
 from zoo.parts.positions import Position
 from zoo.parts.state import LayerState, MixerState, mark_static, nbytes, query_slots
 
