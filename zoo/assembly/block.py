@@ -6,8 +6,6 @@ import torch
 from torch import nn
 
 from zoo.core.tp import Plan, prefixed
-from zoo.parts.attention import Attention
-from zoo.parts.cross_attention import CrossAttention
 from zoo.parts.placements import Placement
 from zoo.parts.state import LayerState
 
@@ -25,10 +23,10 @@ class Block(nn.Module):
     def __init__(
         self,
         placement: Placement,
-        attn: Attention,
+        attn: nn.Module,
         mlp: nn.Module,
         d_model: int,
-        cross_attn: CrossAttention | None = None,
+        cross_attn: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.placement = placement

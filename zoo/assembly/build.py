@@ -14,8 +14,7 @@ from zoo.assembly.block import Block
 from zoo.assembly.compat import Context, unmet_need
 from zoo.assembly.match import active_count, attention_difference, count, counter, mlp_dims, reference_mlp_params
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
-from zoo.parts.attention import Attention
-from zoo.parts.cross_attention import CrossAttention
+from zoo.core.interface import hook
 
 
 def build_block(cfg: Mapping[str, Any] | DictConfig | BlockSpec, *, context: Context = "block") -> Block:
@@ -29,21 +28,17 @@ def build_block(cfg: Mapping[str, Any] | DictConfig | BlockSpec, *, context: Con
     error = unmet_need(spec, context)
     if error is not None:
         raise error
-    dims = spec.dims
+    dims, attn = spec.dims, spec["attn"]
     position = spec["pos"].build(dims)
-    attn_cls = spec["attn"].part.cls
-    if issubclass(attn_cls, Attention):  # its qk norms share block.norm's options (eps)
-        attn = attn_cls(dims, position, spec["norm"].options, **spec["attn"].options)
-    else:
-        attn = spec["attn"].build(dims, position)
+    shared = (spec["norm"].options,) if hook(attn.part.cls, "shares_block_norm") else ()  # its qk-norm's eps
+    self_attn = attn.build(dims, position, *shared)
     mlp = spec["mlp"].build(mlp_dims(spec))  # the matched width under block.mlp.match=params
     cross = None
-    if dims.cross_attention:  # same key/value heads and backend as the self-attention
-        options = spec["attn"].options
-        cross = CrossAttention(dims, n_kv_heads=options.get("n_kv_heads"), backend=options.get("backend", "sdpa"))
+    if dims.cross_attention:  # the self-attention says what its cross-attention is (compat refuses none)
+        cross = hook(attn.part.cls, "cross_attention")(dims, **attn.options)()
     n_branches = 3 if cross is not None else 2
-    placement = spec["placement"].build(dims, lambda: spec["norm"].build(dims), n_branches)
-    return Block(placement, attn, mlp, dims.d_model, cross_attn=cross)
+    placement = spec["placement"].build(dims, spec.make_norm, n_branches)
+    return Block(placement, self_attn, mlp, dims.d_model, cross_attn=cross)
 
 
 def param_report(cfg: Mapping[str, Any] | DictConfig | BlockSpec) -> dict[str, int | None]:
@@ -66,7 +61,7 @@ def param_report(cfg: Mapping[str, Any] | DictConfig | BlockSpec) -> dict[str, i
         matched = counter(spec)
         reference = matched(block) - matched(block.mlp) + reference_mlp_params(spec) + attention_difference(spec)
     return {
-        "d_ff": getattr(block.mlp, "hidden", None),
+        "d_ff": hook(block.mlp, "hidden"),
         "block_params": params,
         "active_params": active,
         "reference_params": reference,

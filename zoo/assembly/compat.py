@@ -23,6 +23,8 @@ from omegaconf import DictConfig
 from zoo.assembly.match import mlp_dims
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError, IncompatibleParts
+from zoo.core.interface import defines, hook
+from zoo.core.registry import ATTENTIONS
 from zoo.core.tp import has_plan
 
 Context = Literal["block", "model"]
@@ -36,23 +38,41 @@ def unmet_need(spec: BlockSpec, context: Context = "block") -> IncompatibleParts
     provides, or that a part conflicts with and another part provides; or None."""
     if context not in CONTEXTS:
         raise ConfigError("context", context, f"one of {', '.join(CONTEXTS)}")
+    refusal = cross_attention_refusal(spec)
+    if refusal is not None:
+        return refusal
     provided = set(CONTEXTS[context])
     for choice in spec.choices.values():
-        provided |= set(getattr(choice.part.cls, "provides", ()))
+        provided |= set(hook(choice.part.cls, "provides"))
     for axis, choice in spec.choices.items():
-        for need, why in getattr(choice.part.cls, "needs", {}).items():
+        for need, why in hook(choice.part.cls, "needs").items():
             if need not in provided:
                 return IncompatibleParts(f"block.{axis}.name", choice.part.name, f"needs {need}: {why}")
     for axis, choice in spec.choices.items():
-        for conflict, why in getattr(choice.part.cls, "conflicts", {}).items():
+        for conflict, why in hook(choice.part.cls, "conflicts").items():
             for other, by in spec.choices.items():
-                if other != axis and conflict in getattr(by.part.cls, "provides", ()):
+                if other != axis and conflict in hook(by.part.cls, "provides"):
                     return IncompatibleParts(
                         f"block.{axis}.name",
                         choice.part.name,
                         f"cannot be combined with {other}={by.part.name}, which provides a {conflict}: {why}",
                     )
     return None
+
+
+def cross_attention_refusal(spec: BlockSpec) -> IncompatibleParts | None:
+    """Under ``block.cross_attention=true``: the error when the self-attention declares no cross-attention
+    (its ``cross_attention`` hook, zoo.core.interface), naming the attentions that do; else None."""
+    attn = spec["attn"].part
+    if not spec.dims.cross_attention or defines(attn.cls, "cross_attention"):
+        return None
+    having = "|".join(part.name for part in ATTENTIONS.parts() if defines(part.cls, "cross_attention"))
+    return IncompatibleParts(
+        "block.cross_attention",
+        True,
+        f"attn={attn.name} has no cross-attention (its class declares none); "
+        f"use attn={having or '<an attention with one>'} with block.cross_attention=true",
+    )
 
 
 def check_combination(cfg: Mapping[str, Any] | DictConfig, context: Context | None = None) -> str | None:
@@ -92,11 +112,9 @@ def tp_refusal(spec: BlockSpec, tp: int) -> ConfigError | None:
                 f"has no tensor-parallel plan (a tp_plan in its class, docs/scale.md), so it cannot run under "
                 f"parallel.tp={tp}; use parallel.tp=1 (parallel.dp_shard shards it with FSDP2)",
             )
-        check = getattr(cls, "check_tp", None)
-        if check is not None:
-            dims = mlp_dims(spec) if axis == "mlp" else spec.dims
-            try:
-                check(dims, tp, **choice.options)
-            except ConfigError as error:
-                return error
+        dims = mlp_dims(spec) if axis == "mlp" else spec.dims
+        try:
+            hook(cls, "check_tp")(dims, tp, **choice.options)
+        except ConfigError as error:
+            return error
     return None

@@ -25,6 +25,7 @@ from torch import nn
 from zoo.assembly.spec import BlockSpec, resolve_part
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
 
 
@@ -35,8 +36,9 @@ def count(module: nn.Module) -> int:
 def active_count(module: nn.Module) -> int:
     """Parameters one token uses: a module with ``active_parameters()`` (a mixture of experts) says
     how many of its own; every other parameter counts."""
-    if hasattr(module, "active_parameters"):
-        return int(module.active_parameters())
+    active = hook(module, "active_parameters")()
+    if active is not None:
+        return int(active)
     own = sum(p.numel() for p in module.parameters(recurse=False))
     return own + sum(active_count(child) for child in module.children())
 

@@ -9,12 +9,15 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 import zoo.parts  # noqa: F401  (registers the built-in parts)
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 from zoo.core.options import check_type, option_defaults, resolve_options, type_hints
 from zoo.core.registry import ATTENTIONS, AXES, MLPS, Part
+from zoo.parts.norms import build_norm
 
 SIZE_FIELDS = {"d_model", "n_heads", "d_ff", "max_len"}
 
@@ -78,6 +81,11 @@ class BlockSpec:
     def names(self) -> dict[str, str]:
         return {axis: choice.part.name for axis, choice in self.choices.items()}
 
+    def make_norm(self) -> nn.Module:
+        """A new norm of the block's ``norm`` choice, with its options (zoo.parts.norms.build_norm)."""
+        norm = self.choices["norm"]
+        return build_norm(norm.part.name, self.dims, shared=norm.options)
+
 
 def to_dict(cfg: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     """A plain dict of a config, with interpolations resolved."""
@@ -113,9 +121,7 @@ def resolve_part(axis: str, node: Mapping[str, Any], dims: BlockDims) -> PartCho
     axis_keys = tuple(f.name for f in fields(AXIS_OPTIONS[axis])) if axis in AXIS_OPTIONS else ()
     given = {k: v for k, v in node.items() if k != "name" and k not in axis_keys}
     options = resolve_options(part, given, f"block.{axis}", axis_keys)
-    check = getattr(part.cls, "check", None)
-    if check is not None:
-        check(dims, **options)
+    hook(part.cls, "check")(dims, **options)
     return PartChoice(part, options)
 
 

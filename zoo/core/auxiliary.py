@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 
 _RECORDS = "_aux_records"
 
@@ -41,8 +42,8 @@ def record_aux(module: nn.Module, name: str, value: torch.Tensor) -> None:
 
 def declared_aux(cls: type) -> dict[str, float]:
     """The auxiliary losses a part class declares, with their default weights."""
-    declared = getattr(cls, "aux_losses", None)
-    return dict(declared) if isinstance(declared, dict) else {}
+    declared = hook(cls, "aux_losses")
+    return dict(declared) if isinstance(declared, Mapping) else {}
 
 
 def model_aux(model: nn.Module) -> dict[str, float]:

@@ -17,6 +17,7 @@ from zoo.assembly.compat import CONTEXTS, check_combination
 from zoo.assembly.compose import compose
 from zoo.assembly.spec import every_option
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 from zoo.core.registry import (
     AXES,
     BUILT_IN,
@@ -76,7 +77,7 @@ def print_parts() -> None:
         width = max(len(name) for name in registry.names())
         for part in registry.parts():
             options = ", ".join(f"{k}={v}" for k, v in every_option(part).items())
-            needs = ", ".join(getattr(part.cls, "needs", {}))
+            needs = ", ".join(hook(part.cls, "needs"))
             print(
                 f"  {part.name:<{width}}  {part.summary}"
                 + (f"  [{options}]" if options else "")
@@ -201,7 +202,7 @@ def parts_markdown(plugins: bool = True) -> str:
     ]
     for axis, registry in AXES.items():
         for part in listed(registry):
-            for need, why in getattr(part.cls, "needs", {}).items():
+            for need, why in hook(part.cls, "needs").items():
                 lines.append(f"| `{axis}={part.name}` | `{need}` | {why} |")
     lines += ["", "| context | provides |", "|---|---|"]
     lines += [f"| {context} | {', '.join(sorted(provided)) or '-'} |" for context, provided in CONTEXTS.items()]

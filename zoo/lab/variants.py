@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 from zoo.core.registry import AXES
 from zoo.lab.records import METRICS, SUMMARY, read_summary_checked
 from zoo.lab.stats import CORRECTIONS, TESTS, Comparison, apply_holm, chosen_test, compare, difference_range
@@ -37,7 +38,7 @@ def unused_axes(config: dict[str, Any]) -> list[str]:
     if not names or any(name not in placements for name in names):
         return []
     classes = [placements.get(name).cls for name in names]
-    return [] if any(getattr(cls, "uses_norm", True) or cls.final_norm for cls in classes) else ["norm"]
+    return [] if any(hook(cls, "uses_norm") or hook(cls, "final_norm") for cls in classes) else ["norm"]
 
 
 @dataclass

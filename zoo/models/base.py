@@ -17,6 +17,7 @@ from zoo.assembly.match import active_count
 from zoo.assembly.spec import BlockSpec
 from zoo.core.auxiliary import collect_aux
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 
 #: Parameters whose output is added to the residual stream (scaled down at init by depth).
 RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
@@ -24,7 +25,7 @@ RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_
 
 def final_norm_for(spec: BlockSpec) -> nn.Module:
     """The norm after the last block when its placement needs one (pre), else Identity."""
-    return spec["norm"].build(spec.dims) if spec["placement"].part.cls.final_norm else nn.Identity()
+    return spec.make_norm() if hook(spec["placement"].part.cls, "final_norm") else nn.Identity()
 
 
 def init_stack(
@@ -62,13 +63,13 @@ def init_stack(
 def token_init_stds(pos_embed: nn.Module | None) -> dict[str, float]:
     """``{"embed.weight": std}`` when the position embedding scales the token embeddings and asks for
     its own init std (``token_init_std``: sinusoidal positions), else nothing."""
-    std = getattr(pos_embed, "token_init_std", None)
+    std = hook(pos_embed, "token_init_std")
     return {} if std is None else {"embed.weight": std}
 
 
 def embeds_positions(spec: BlockSpec) -> bool:
     """Whether the block's position part is added at the embedding (it needs one: learned, sinusoidal)."""
-    return "embedding" in getattr(spec["pos"].part.cls, "needs", {})
+    return "embedding" in hook(spec["pos"].part.cls, "needs")
 
 
 def position_embedding(specs: Sequence[BlockSpec], field: str = "model.layers") -> nn.Module | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 from zoo.models.generate import check_generate_args, decode, padded_prompt
 from zoo.models.language import LanguageModel
 from zoo.parts.positions import LearnedEmbedding
@@ -47,7 +48,7 @@ class StaticDecoder:
     ) -> None:
         if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 2:
             raise ConfigError("max_len", max_len, "must be an integer >= 2: prompt + new tokens")
-        open_blocks = [i for i, block in enumerate(model.blocks) if not getattr(block.attn, "causal", True)]
+        open_blocks = [i for i, block in enumerate(model.blocks) if not hook(block.attn, "causal")]
         if open_blocks:
             raise ConfigError("block.causal", False, f"must be true to decode: layers {open_blocks} see later tokens")
         if isinstance(model.pos_embed, LearnedEmbedding) and max_len > model.pos_embed.weight.shape[0]:

@@ -6,9 +6,9 @@ The kernels it computes with (masks, SDPA or explicit math) are in :mod:`zoo.par
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, ClassVar
 
 import torch
 from einops import rearrange
@@ -16,10 +16,11 @@ from torch import nn
 
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
-from zoo.core.options import option_types
 from zoo.core.registry import ATTENTIONS, NORMS
 from zoo.core.tp import ColwiseParallel, Plan, gather_sequence, has_plan, heads_norm, prefixed, row_output
+from zoo.parts.cross_attention import CrossAttention
 from zoo.parts.kernels import Backend, attend_at
+from zoo.parts.norms import build_norm
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState, query_slots
 
@@ -107,6 +108,15 @@ class Attention(nn.Module):
     fused kernels) and ``softcap`` (scores become softcap * tanh(scores / softcap); math backend only).
     """
 
+    #: Built as ``Attention(dims, position, block_norm_options, ...)``: its qk-norm shares block.norm's options.
+    shares_block_norm: ClassVar[bool] = True
+
+    @classmethod
+    def cross_attention(cls, dims: BlockDims, **options: Any) -> Callable[[], nn.Module]:
+        """A decoder block's cross-attention: softmax multi-head attention to memory with this
+        attention's key/value heads and backend (:class:`~zoo.parts.cross_attention.CrossAttention`)."""
+        return partial(CrossAttention, dims, n_kv_heads=options["n_kv_heads"], backend=options["backend"])
+
     @classmethod
     def check(cls, dims: BlockDims, **options: Any) -> None:
         n_kv_heads, backend, qk_norm = options["n_kv_heads"], options["backend"], options["qk_norm"]
@@ -192,11 +202,9 @@ class Attention(nn.Module):
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
         self.window, self.softcap = window, softcap
         self.q_norm = self.k_norm = None
-        if qk_norm != "none":  # per head: a norm over d_head features
-            norm, head_dims = NORMS.get(qk_norm), replace(dims, d_model=self.d_head)
-            taken = option_types(norm.cls)  # the block norm's options this norm also has (eps)
-            options = {**norm.defaults, **{k: v for k, v in (norm_options or {}).items() if k in taken}}
-            self.q_norm, self.k_norm = norm.cls(head_dims, **options), norm.cls(head_dims, **options)
+        if qk_norm != "none":  # per head: a norm over d_head features, sharing the block norm's options (eps)
+            self.q_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
+            self.k_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
 
     def state_size(self, length: int) -> int:
         """Numbers one sample's decoding state holds after ``length`` tokens: a key and a value per

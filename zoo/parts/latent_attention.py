@@ -4,7 +4,6 @@ and values."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from zoo.core.tp import (
     row_output,
 )
 from zoo.parts.kernels import Backend, attend_at
+from zoo.parts.norms import build_norm
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState, query_slots
 
@@ -52,14 +52,6 @@ class LatentCache(GrowingState):
         return latents, keys
 
 
-def norm_over(name: str, dims: BlockDims, width: int) -> nn.Module:
-    """The norm ``name`` over ``width`` features, or Identity for ``none``."""
-    if name == "none":
-        return nn.Identity()
-    norm = NORMS.get(name)
-    return norm.cls(replace(dims, d_model=width), **norm.defaults)
-
-
 @ATTENTIONS.register(
     "mla",
     summary="Multi-head latent attention: keys and values from a kv_rank latent; the cache keeps the latent "
@@ -71,23 +63,25 @@ def norm_over(name: str, dims: BlockDims, width: int) -> nn.Module:
 )
 class LatentAttention(nn.Module):
     """Multi-head latent attention: every head's key and value are up-projected from one shared latent
-    of ``kv_rank`` features; the position part acts on a separate shared key of d_head features
-    (decoupled rotary key), so the latent itself carries no position.
+        of ``kv_rank`` features; the position part acts on a separate shared key of d_head features
+        (decoupled rotary key), so the latent itself carries no position.
 
-    Each head scores with a query of 2 x d_head features, a "content" half matching the key up-projected
-    from the latent and a "position" half matching the shared rotary key (rotated by the ``pos`` axis;
-    with a position part that does not rotate it is an unrotated shared key). Scale 1/sqrt(2 d_head).
-    Score biases (``pos=alibi``) apply as for multi-head attention.
+        Each head scores with a query of 2 x d_head features, a "content" half matching the key up-projected
+        from the latent and a "position" half matching the shared rotary key (rotated by the ``pos`` axis;
+        with a position part that does not rotate it is an unrotated shared key). Scale 1/sqrt(2 d_head).
+        Score biases (``pos=alibi``) apply as for multi-head attention.
 
-    ``kv_rank``: latent width (default 4 d_head, DeepSeek-V2's 512 for heads of 128). ``q_rank``: queries
-    through a latent of that width too (null: projected directly). ``latent_norm``: the norm on the
-    latents (DeepSeek-V2: RMSNorm), ``none`` or a registered norm. The decoding state
-    (:class:`LatentCache`) holds kv_rank + d_head numbers per token, against 2 x n_heads x d_head
-    for multi-head attention.
+        ``kv_rank``: latent width (default 4 d_head, DeepSeek-V2's 512 for heads of 128). ``q_rank``: queries
+        through a latent of that width too (null: projected directly). ``latent_norm``: the norm on the
+        latents (DeepSeek-V2: RMSNorm), ``none`` or a registered norm, built with its own defaults
+    (:func:`zoo.parts.norms.build_norm`; unlike the qk-norm of :class:`~zoo.parts.attention.Attention`,
+    it shares no option with ``block.norm``: the latent is not the residual stream). The decoding state
+        (:class:`LatentCache`) holds kv_rank + d_head numbers per token, against 2 x n_heads x d_head
+        for multi-head attention.
 
-    Parameters: ``kv_down`` (d_model -> kv_rank latent, then the d_head rotary key), ``kv_norm``,
-    ``kv_up`` (kv_rank -> per head: d_head key, d_head value), ``q`` (or ``q_down``, ``q_norm``,
-    ``q_up``; per head: d_head content, d_head position features) and ``out``.
+        Parameters: ``kv_down`` (d_model -> kv_rank latent, then the d_head rotary key), ``kv_norm``,
+        ``kv_up`` (kv_rank -> per head: d_head key, d_head value), ``q`` (or ``q_down``, ``q_norm``,
+        ``q_up``; per head: d_head content, d_head position features) and ``out``.
     """
 
     @classmethod
@@ -146,14 +140,14 @@ class LatentAttention(nn.Module):
         self.position = position
         heads = self.n_heads * 2 * self.d_head  # per head: two d_head halves (content, position / key, value)
         self.kv_down = nn.Linear(dims.d_model, self.kv_rank + self.d_head, bias=dims.bias)
-        self.kv_norm = norm_over(latent_norm, dims, self.kv_rank)
+        self.kv_norm = build_norm(latent_norm, dims, width=self.kv_rank)
         self.kv_up = nn.Linear(self.kv_rank, heads, bias=dims.bias)
         self.q_rank = q_rank
         if q_rank is None:
             self.q = nn.Linear(dims.d_model, heads, bias=dims.bias)
         else:
             self.q_down = nn.Linear(dims.d_model, q_rank, bias=dims.bias)
-            self.q_norm = norm_over(latent_norm, dims, q_rank)
+            self.q_norm = build_norm(latent_norm, dims, width=q_rank)
             self.q_up = nn.Linear(q_rank, heads, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
 

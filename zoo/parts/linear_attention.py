@@ -17,6 +17,7 @@ from torch import nn
 
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
 from zoo.core.tp import (
     Chain,
@@ -251,7 +252,7 @@ class LinearAttention(nn.Module):
         self.d_key = self.d_head if d_key is None else d_key
         self.causal, self.backend, self.chunk = dims.causal, backend, chunk
         self.feature_map, self.decay = feature_map, decay
-        rotated = getattr(position, "rotated", None)  # rotary's rotated features per head
+        rotated = hook(position, "rotated")  # rotary's rotated features per head
         if rotated is not None and rotated > self.d_key:
             raise ConfigError(
                 "block.attn.d_key", d_key, f"must be at least the {rotated} features per head the position rotates"

@@ -1,7 +1,10 @@
-"""Normalization layers over the last (feature) axis."""
+"""Normalization layers over the last (feature) axis, and :func:`build_norm`, the one way zoo builds
+a norm by name."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -10,8 +13,28 @@ from torch import nn
 
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
+from zoo.core.options import option_types
 from zoo.core.registry import NORMS
 from zoo.core.tp import norm_plan
+
+
+def build_norm(
+    name: str, dims: BlockDims, *, width: int | None = None, shared: Mapping[str, Any] | None = None
+) -> nn.Module:
+    """The registered norm ``name`` over ``width`` features (default ``dims.d_model``); Identity for ``none``.
+
+    Its options: its registered defaults, then those of ``shared`` that it takes (an option it does not
+    take is left out, so a rmsnorm qk-norm takes a layernorm block norm's ``eps``). Every norm zoo builds
+    comes from here: the block's (``shared``: the block norm's own options, so all of them), a model's
+    final norm, attention's qk-norm (``shared``: the block norm's options) and latent attention's latent
+    norms (no ``shared``: the latent norm's own defaults).
+    """
+    if name == "none":
+        return nn.Identity()
+    norm = NORMS.get(name)
+    taken = option_types(norm.cls)
+    options = {**norm.defaults, **{key: value for key, value in (shared or {}).items() if key in taken}}
+    return norm.cls(dims if width is None else replace(dims, d_model=width), **options)
 
 
 class HasEps:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from zoo.assembly.spec import resolve_block
+from zoo.core.interface import hook
 from zoo.core.registry import AXES
 from zoo.parts.state import LayerState
 from zoo.testing.combos import block_config, build, combo_id, context_of, has_part, randomize
@@ -81,7 +82,7 @@ def applies(combo: dict[str, str], only_with: dict[str, list[str]]) -> bool:
 
 def part_exceptions(cls: type, options: dict[str, Any]) -> dict[str, Any]:
     """A part class's ``contract_exceptions`` for its ``options``: {} when it declares none."""
-    exceptions = getattr(cls, "contract_exceptions", None) or {}
+    exceptions = hook(cls, "contract_exceptions") or {}
     return exceptions(**options) if callable(exceptions) else exceptions
 
 
