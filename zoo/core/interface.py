@@ -23,6 +23,8 @@ from typing import Any, ClassVar, Protocol
 from torch import nn
 
 from zoo.core.dims import BlockDims
+from zoo.core.options import option_defaults
+from zoo.core.registry import AXES
 from zoo.core.tp import Plan
 
 
@@ -203,6 +205,16 @@ def defines(obj: Any, name: str) -> bool:
     return inspect.getattr_static(obj, name, _MISSING) is not _MISSING
 
 
+def every_part_error() -> list[str]:
+    """:func:`hook_errors` over every registered part of every axis (zoo's and the plugins')."""
+    return [
+        error
+        for axis, registry in AXES.items()
+        for part in registry.parts()
+        for error in hook_errors(axis, part.cls, option_defaults(part), part.name)
+    ]
+
+
 def hook_errors(axis: str, cls: type, options: Mapping[str, Any], name: str = "") -> list[str]:
     """Each hook ``cls`` defines that does not match ``axis``'s protocol, as ``<axis> <name>: hook
     <hook>: <why>``: a method that cannot be called as the protocol calls it (with the part's
@@ -281,5 +293,5 @@ def _type_mismatch(value: Any, annotation: Any) -> str | None:
 
 __all__ = [
     "DEFAULTS", "HOOKS", "PROTOCOLS", "AttentionHooks", "EmbeddingHooks", "MLPHooks", "NormHooks", "PartHooks",
-    "PlacementHooks", "PositionHooks", "defines", "hook", "hook_errors",
+    "PlacementHooks", "PositionHooks", "defines", "every_part_error", "hook", "hook_errors",
 ]  # fmt: skip
