@@ -1,6 +1,6 @@
 """The compatibility map: which combinations of parts make sense, with the reason when one does not.
 
-The rules live in the parts, not in a table here:
+The rules live in the parts, not in a table here (each hook written in zoo.core.interface):
 
 - a part's ``check(dims, **options)`` classmethod rejects its own bad options and sizes
   (``attn.softcap`` without ``backend: math``, an ``attn.window`` as wide as ``block.max_len``, ...);
@@ -8,6 +8,8 @@ The rules live in the parts, not in a table here:
   ``provides = frozenset({...})``: what it provides to the other parts, and
   ``conflicts = {"score bias": "why"}``: what no other part of its block may provide (a position's
   ``provides`` follows from the methods it overrides: ``rotation``, ``score bias``).
+
+A self-attention that declares no ``cross_attention`` is refused under ``block.cross_attention=true``.
 
 Surroundings are a *context*: a lone ``block`` provides nothing; a ``model`` provides ``embedding``
 (token embeddings that absolute positions are added to).

@@ -200,7 +200,8 @@ class LinearAttention(nn.Module):
     with the decay applied in both directions.
 
     ``backend``: ``sdpa`` computes the chunked form (chunks of ``chunk`` tokens), ``math`` the full
-    quadratic form (the reference); a decoder's cross-attention (softmax) uses the same backend.
+    quadratic form (the reference). It declares no cross-attention, so ``block.cross_attention=true``
+    is refused with it (zoo.assembly.compat).
 
     Parameters: ``qkv`` (per head: d_key query, d_key key, d_head value features, heads in turn),
     ``gate`` (``decay: gated``: one logit per head) and ``out``.
