@@ -231,7 +231,7 @@ def hook_errors(axis: str, cls: type, options: Mapping[str, Any], name: str = ""
 
 
 def _defined(cls: type, axis: str) -> set[str]:
-    """The hooks ``cls`` defines itself or inherits from a class other than the protocol's defaults."""
+    """The hooks of ``axis`` that ``cls`` defines (itself or by inheritance), rather than taking their default."""
     return {name for name in _members(PROTOCOLS[axis]) if inspect.getattr_static(cls, name, _MISSING) is not _MISSING}
 
 
