@@ -69,7 +69,7 @@ def sample(
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
 
 
-def decode(
+def generate_tokens(
     next_logits: NextLogits,
     like: torch.Tensor,
     max_new_tokens: int,
@@ -77,7 +77,8 @@ def decode(
     top_k: int | None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Run ``max_new_tokens`` steps of ``next_logits``, feeding each sampled token back; -> (b, max_new_tokens)."""
+    """The token loop both models' ``generate`` run: ``max_new_tokens`` steps of ``next_logits``, each
+    sampled token fed back; -> (b, max_new_tokens) token ids, with ``like``'s batch, dtype and device."""
     out = like.new_empty(like.shape[0], max_new_tokens)
     if max_new_tokens == 0:
         return out

@@ -14,7 +14,7 @@ from zoo.core.errors import ConfigError
 from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel
 from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
 from zoo.models.config import block_section, layer_specs, model_options
-from zoo.models.generate import check_generate_args, decode, padded_prompt
+from zoo.models.generate import check_generate_args, generate_tokens, padded_prompt
 from zoo.models.stack import Stack
 from zoo.parts.state import LayerState
 
@@ -154,7 +154,7 @@ class LanguageModel(TokenModel, Stack):
                 )
                 return self.logits(h[:, -1])
 
-        return decode(next_logits, prompt_ids, max_new_tokens, temperature, top_k, generator)
+        return generate_tokens(next_logits, prompt_ids, max_new_tokens, temperature, top_k, generator)
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token at context ``seq_len`` (:meth:`TokenModel.training_flops`)."""

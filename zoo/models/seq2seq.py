@@ -26,7 +26,7 @@ from zoo.models.config import (
     positive_int,
     section,
 )
-from zoo.models.generate import check_generate_args, decode
+from zoo.models.generate import check_generate_args, generate_tokens
 from zoo.models.stack import Stack
 from zoo.parts.state import LayerState
 
@@ -94,7 +94,8 @@ class Seq2SeqModel(TokenModel):
         key_mask: torch.Tensor | None = None,
         caches: list[LayerState] | None = None,
     ) -> torch.Tensor:
-        """tgt_ids: (b, t) -> logits (b, t, vocab), attending to memory (b, s, d_model).
+        """The decoder's pass, the other half of :meth:`encode`: tgt_ids (b, t) -> logits (b, t, vocab),
+        attending to memory (b, s, d_model). Sampling new tokens is :meth:`generate`.
 
         memory may be None once ``caches`` hold its keys and values (after the first cached step).
         key_mask: (b, t_k) bool over target keys (cached ones too), True at real tokens.
@@ -151,7 +152,7 @@ class Seq2SeqModel(TokenModel):
                 ids[:, step : step + 1], memory if step == 0 else None, memory_mask=src_mask, caches=caches
             )[:, -1]
 
-        return decode(next_logits, src_ids, max_new_tokens, temperature, top_k, generator)
+        return generate_tokens(next_logits, src_ids, max_new_tokens, temperature, top_k, generator)
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per target token, source and target both ``seq_len`` long
