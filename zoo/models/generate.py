@@ -56,6 +56,15 @@ def padded_prompt(
     return positions, full
 
 
+def continued_positions(positions: torch.Tensor | None, max_new_tokens: int) -> torch.Tensor | None:
+    """A prompt's per-sample positions (b, t) followed by those of ``max_new_tokens`` generated tokens,
+    each row counting on from its last prompt position: (b, t + max_new_tokens); None stays None."""
+    if positions is None:
+        return None
+    steps = torch.arange(1, max_new_tokens + 1, device=positions.device)
+    return torch.cat([positions, positions[:, -1:] + steps], dim=1)
+
+
 def sample(
     logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None = None
 ) -> torch.Tensor:

@@ -14,7 +14,7 @@ from zoo.core.errors import ConfigError
 from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel
 from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
 from zoo.models.config import block_section, layer_specs, model_options
-from zoo.models.generate import check_generate_args, generate_tokens, padded_prompt
+from zoo.models.generate import check_generate_args, continued_positions, generate_tokens, padded_prompt
 from zoo.models.stack import Stack
 from zoo.parts.state import LayerState
 
@@ -118,10 +118,7 @@ class LanguageModel(TokenModel, Stack):
         batch, time = prompt_ids.shape
         total = time + max_new_tokens
         positions, full_mask = padded_prompt(prompt_ids, key_mask, total)  # (b, t), (b, prompt + new)
-        full_positions = None
-        if positions is not None:
-            steps = torch.arange(1, max_new_tokens + 1, device=prompt_ids.device)
-            full_positions = torch.cat([positions, positions[:, -1:] + steps], dim=1)
+        full_positions = continued_positions(positions, max_new_tokens)  # (b, prompt + new)
 
         if use_cache:
             caches = self.new_caches(total)
