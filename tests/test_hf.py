@@ -152,3 +152,5 @@ def test_a_key_no_entry_maps_is_refused_by_name():
     del hf["model.layers.1.self_attn.k_proj.weight"]
     with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight: missing"):
         convert(hf, "LlamaForCausalLM", layer_shape(model, 0), to="zoo")
+    with pytest.raises(ConfigError, match=r"^to='back': hf"):
+        convert(hf, "LlamaForCausalLM", layer_shape(model, 0), to="back")
