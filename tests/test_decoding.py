@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from zoo import ConfigError, KVCache, LayerState, MixerState
+from zoo.models.generate import generate_tokens
 from zoo.testing.combos import VOCAB, make_model
 
 LLAMA = {"placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rotary", "mlp": "swiglu"}
@@ -66,6 +67,20 @@ def test_generate_greedy_equals_argmax_of_the_full_forward():
     assert torch.equal(model.generate(prompt, 6, use_cache=False), new)
     assert torch.equal(model.generate(prompt, 1), ids[:, 5:6])  # one step: the prompt's forward alone
     assert model.generate(prompt, 0).shape == (2, 0)
+
+
+def test_the_token_loop_feeds_each_sampled_token_back_once_and_reads_no_logits_past_the_last():
+    calls = []
+
+    def next_logits(token: torch.Tensor | None, step: int) -> torch.Tensor:
+        calls.append((None if token is None else token.tolist(), step))
+        return torch.nn.functional.one_hot(torch.tensor([step + 3, step + 5]), 10).float()  # argmax: step + 3, + 5
+
+    new = generate_tokens(next_logits, torch.zeros(2, 4, dtype=torch.long), 3, temperature=0.0, top_k=None)
+    assert new.tolist() == [[3, 4, 5], [5, 6, 7]]
+    assert calls == [(None, 0), ([3, 5], 1), ([4, 6], 2)]
+    assert generate_tokens(next_logits, torch.zeros(2, 4, dtype=torch.long), 0, 0.0, None).shape == (2, 0)
+    assert len(calls) == 3  # no step for no token
 
 
 def test_sampling_is_reproducible_and_stays_in_the_top_k():

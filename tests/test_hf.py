@@ -8,6 +8,7 @@ import torch
 import zoo
 from zoo import build_model, compose
 from zoo.core.errors import ConfigError
+from zoo.models.hf import TABLES, convert, layer_shape, to_hf_model
 
 transformers = pytest.importorskip("transformers")  # installed by .ci/run (the hf extra)
 
@@ -116,3 +117,40 @@ def test_a_run_folder_exports(tmp_path):
     assert config == summary["config"]
     with torch.no_grad():
         torch.testing.assert_close(theirs(IDS[:, :32]).logits, model(IDS[:, :32]), rtol=1e-5, atol=1e-5)
+
+
+#: Per transformers class, exportable models that between them hold every parameter its table maps.
+COVERING = {
+    "LlamaForCausalLM": [
+        EXPORTABLE["llama (gqa, rmsnorm, rotary, swiglu, no bias, tied)"],
+        EXPORTABLE["llama mha, bias, untied"],
+    ],
+    "GPT2LMHeadModel": [EXPORTABLE["gpt2 (layernorm, learned, exact gelu)"], EXPORTABLE["gpt2 relu2 untied d_ff"]],
+}
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+def test_each_table_maps_every_key_of_both_sides_and_every_entry_is_used(name):
+    table, used = TABLES[name], set()
+    for overrides in COVERING[name]:
+        model = perturbed(overrides)
+        theirs = to_hf_model(model)
+        for side, keys in (("zoo", list(model.state_dict())), ("hf", [k for k, _ in theirs.named_parameters()])):
+            for key in keys:
+                entries = [i for i, entry in enumerate(table) if entry.match(side, key) is not None]
+                assert len(entries) == 1, f"{side} key {key} is mapped by {len(entries)} entries of {name}'s table"
+                used.add((side, entries[0]))
+    assert used == {(side, i) for i in range(len(table)) for side in ("zoo", "hf")}
+
+
+def test_a_key_no_entry_maps_is_refused_by_name():
+    model = perturbed(EXPORTABLE["llama (gqa, rmsnorm, rotary, swiglu, no bias, tied)"])
+    weights = {**model.state_dict(), "blocks.0.attn.q_norm.weight": torch.ones(8)}
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.q_norm\.weight: no entry of LlamaForCausalLM's table"):
+        convert(weights, "LlamaForCausalLM", layer_shape(model, 0), to="hf")
+    hf = convert(model.state_dict(), "LlamaForCausalLM", layer_shape(model, 0), to="hf")
+    del hf["model.layers.1.self_attn.k_proj.weight"]
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight: missing"):
+        convert(hf, "LlamaForCausalLM", layer_shape(model, 0), to="zoo")
+    with pytest.raises(ConfigError, match=r"^to='back': hf"):
+        convert(hf, "LlamaForCausalLM", layer_shape(model, 0), to="back")

@@ -1,5 +1,5 @@
-"""What every model shares: the stack's initialization, the final norm, parameter counts, the LM head
-and FLOPs per token."""
+"""What every model shares: the stack's initialization, parameter counts, the LM head and FLOPs per token
+(the stack itself: :mod:`zoo.models.stack`)."""
 
 from __future__ import annotations
 
@@ -14,18 +14,11 @@ from torch.distributed.tensor import DTensor, Replicate
 from zoo.assembly.block import Block
 from zoo.assembly.init import seeded_parameters
 from zoo.assembly.match import active_count
-from zoo.assembly.spec import BlockSpec
 from zoo.core.auxiliary import collect_aux
-from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 
 #: Parameters whose output is added to the residual stream (scaled down at init by depth).
 RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
-
-
-def final_norm_for(spec: BlockSpec) -> nn.Module:
-    """The norm after the last block when its placement needs one (pre), else Identity."""
-    return spec.make_norm() if hook(spec["placement"].part.cls, "final_norm") else nn.Identity()
 
 
 def init_stack(
@@ -65,33 +58,6 @@ def token_init_stds(pos_embed: nn.Module | None) -> dict[str, float]:
     its own init std (``token_init_std``: sinusoidal positions), else nothing."""
     std = hook(pos_embed, "token_init_std")
     return {} if std is None else {"embed.weight": std}
-
-
-def embeds_positions(spec: BlockSpec) -> bool:
-    """Whether the block's position part is added at the embedding (it needs one: learned, sinusoidal)."""
-    return "embedding" in hook(spec["pos"].part.cls, "needs")
-
-
-def position_embedding(specs: Sequence[BlockSpec], field: str = "model.layers") -> nn.Module | None:
-    """The module that adds the stack's absolute positions to its token embeddings, or None.
-
-    Positions added at the embedding reach every layer, so all layers must agree on them: a layer
-    whose ``pos`` differs from layer 0's when either is an embedding-side position is a ConfigError
-    naming ``{field}.{i}.pos`` (per-layer ``pos`` may only vary among positions applied inside
-    attention: none, rotary, alibi).
-    """
-    first = specs[0]
-    for i, spec in enumerate(specs[1:], 1):
-        embedded = embeds_positions(first) or embeds_positions(spec)
-        same = spec["pos"] == first["pos"] and spec.dims.max_len == first.dims.max_len
-        if embedded and not same:
-            raise ConfigError(
-                f"{field}.{i}.pos",
-                spec["pos"].part.name,
-                f"layer 0 has pos={first['pos'].part.name}; positions added at the token embedding "
-                "(learned, sinusoidal) apply to every layer, so set them once with block.pos, not per layer",
-            )
-    return first["pos"].build(first.dims).embedding()
 
 
 def residual_branches(blocks: Sequence[Block]) -> int:

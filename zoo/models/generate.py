@@ -56,6 +56,15 @@ def padded_prompt(
     return positions, full
 
 
+def continued_positions(positions: torch.Tensor | None, max_new_tokens: int) -> torch.Tensor | None:
+    """A prompt's per-sample positions (b, t) followed by those of ``max_new_tokens`` generated tokens,
+    each row counting on from its last prompt position: (b, t + max_new_tokens); None stays None."""
+    if positions is None:
+        return None
+    steps = torch.arange(1, max_new_tokens + 1, device=positions.device)
+    return torch.cat([positions, positions[:, -1:] + steps], dim=1)
+
+
 def sample(
     logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None = None
 ) -> torch.Tensor:
@@ -69,7 +78,7 @@ def sample(
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
 
 
-def decode(
+def generate_tokens(
     next_logits: NextLogits,
     like: torch.Tensor,
     max_new_tokens: int,
@@ -77,7 +86,8 @@ def decode(
     top_k: int | None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Run ``max_new_tokens`` steps of ``next_logits``, feeding each sampled token back; -> (b, max_new_tokens)."""
+    """The token loop both models' ``generate`` run: ``max_new_tokens`` steps of ``next_logits``, each
+    sampled token fed back; -> (b, max_new_tokens) token ids, with ``like``'s batch, dtype and device."""
     out = like.new_empty(like.shape[0], max_new_tokens)
     if max_new_tokens == 0:
         return out

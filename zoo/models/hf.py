@@ -8,18 +8,22 @@ as qk_norm, window or softcap):
 | ``LlamaForCausalLM`` | pre | rmsnorm | mha, gqa, mqa | rotary (whole head) | swiglu, geglu, reglu | either |
 | ``GPT2LMHeadModel`` | pre | layernorm | mha | learned | gelu, relu, relu2 | true |
 
-Tied or untied embeddings either way. zoo's fused layouts are split on the way out (``attn.qkv``
-grouped by key/value head: :func:`split_qkv`; ``mlp.gate_up`` interleaved: :func:`split_gate_up`);
-zoo's rotary pairs feature j with j + d/2, as Llama's ``rotate_half`` does, so query and key rows
-need no permutation. GPT-2's ``Conv1D`` stores weights transposed. GPT-2's default activation is
-``gelu_new`` (the tanh approximation): zoo's ``gelu`` is exact, so exports say ``gelu`` and an
-import of ``gelu_new`` is refused rather than silently changed.
+Tied or untied embeddings either way. One table per class (:data:`TABLES`) pairs every zoo key with
+its transformers key(s) and the layout between them, and drives both directions (:func:`convert`).
+zoo's fused layouts are split on the way out (``attn.qkv`` grouped by key/value head:
+:func:`split_qkv`; ``mlp.gate_up`` interleaved: :func:`split_gate_up`); zoo's rotary pairs feature j
+with j + d/2, as Llama's ``rotate_half`` does, so query and key rows need no permutation. GPT-2's
+``Conv1D`` stores weights transposed. GPT-2's default activation is ``gelu_new`` (the tanh
+approximation): zoo's ``gelu`` is exact, so exports say ``gelu`` and an import of ``gelu_new`` is
+refused rather than silently changed.
 
 ``transformers`` is imported only inside these functions (the ``hf`` extra); nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,6 +178,149 @@ def target_for(model: LanguageModel) -> tuple[str, Shape]:
     return name, shape
 
 
+# -- the key tables ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How tensors change between zoo's layout and transformers': ``out`` (zoo -> transformers) and
+    ``back`` (its inverse), each from the tensors of one side's keys to those of the other's."""
+
+    name: str
+    out: Callable[[list[torch.Tensor], Shape], list[torch.Tensor]]
+    back: Callable[[list[torch.Tensor], Shape], list[torch.Tensor]]
+
+    def then(self, other: Layout) -> Layout:
+        """This layout, then ``other`` on the way out (and ``other`` undone first on the way back)."""
+        return Layout(
+            f"{self.name}, then {other.name}",
+            lambda ts, shape: other.out(self.out(ts, shape), shape),
+            lambda ts, shape: self.back(other.back(ts, shape), shape),
+        )
+
+
+def _conv1d(ts: list[torch.Tensor], shape: Shape) -> list[torch.Tensor]:
+    """GPT-2's Conv1D stores a weight (in, out), nn.Linear's transposed; a bias as it is (its own inverse)."""
+    return [rearrange(t, "o i -> i o") if t.ndim == 2 else t for t in ts]
+
+
+def _three(t: torch.Tensor) -> list[torch.Tensor]:
+    """(3 n, ...) -> three (n, ...) tensors: the q, k and v rows of a concatenated projection."""
+    return list(rearrange(t, "(three o) ... -> three o ...", three=3))
+
+
+SAME = Layout("same", lambda ts, shape: ts, lambda ts, shape: ts)
+CONV1D = Layout("Conv1D (in, out)", _conv1d, _conv1d)
+#: zoo's fused qkv (grouped by key/value head, :func:`split_qkv`) <-> separate q, k, v projections.
+SPLIT_QKV = Layout(
+    "split qkv",
+    lambda ts, shape: list(split_qkv(ts[0], shape.n_heads, shape.n_kv_heads)),
+    lambda ts, shape: [fuse_qkv(*ts, shape.n_kv_heads)],
+)
+#: zoo's fused qkv <-> one projection holding all q rows, then all k, then all v (GPT-2's c_attn).
+CAT_QKV = SPLIT_QKV.then(Layout("concatenated", lambda ts, shape: [torch.cat(ts)], lambda ts, shape: _three(ts[0])))
+#: zoo's interleaved gate_up (:func:`split_gate_up`) <-> separate gate and up projections.
+SPLIT_GATE_UP = Layout(
+    "split gate_up", lambda ts, shape: list(split_gate_up(ts[0])), lambda ts, shape: [fuse_gate_up(*ts)]
+)
+PLACEHOLDERS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Keys on each side that hold the same weights, as patterns (``{i}``: a layer index; ``{p}``:
+    ``weight`` or ``bias``), and the layout between them. An entry applies where a state dict holds
+    one of its keys (a bias-free model has no ``.bias`` keys, a tied one no ``head.weight``), and
+    then needs all of that side's keys."""
+
+    zoo: tuple[str, ...]
+    hf: tuple[str, ...]
+    layout: Layout = SAME
+
+    def keys(self, side: str) -> tuple[str, ...]:
+        return self.zoo if side == "zoo" else self.hf
+
+    def match(self, side: str, key: str) -> dict[str, str] | None:
+        """The placeholders' values when ``key`` is one of this entry's keys on ``side``, else None."""
+        for pattern in self.keys(side):
+            regex = re.escape(pattern)
+            for placeholder, group in PLACEHOLDERS.items():
+                regex = regex.replace(re.escape(placeholder), group)
+            found = re.fullmatch(regex, key)
+            if found is not None:
+                return found.groupdict()
+        return None
+
+
+def _per_layer(prefix: str) -> Callable[..., Entry]:
+    """Entries for every layer: ``blocks.{i}.`` + a zoo key <-> ``prefix`` + each of the space-separated hf keys."""
+
+    def entry(zoo: str, hf: str, layout: Layout = SAME) -> Entry:
+        return Entry((f"blocks.{{i}}.{zoo}",), tuple(prefix + key for key in hf.split()), layout)
+
+    return entry
+
+
+_llama, _gpt2 = _per_layer("model.layers.{i}."), _per_layer("transformer.h.{i}.")
+
+
+#: Per transformers class: every zoo key and the transformers key(s) it becomes. zoo's rotary pairs
+#: feature j with j + d/2, as Llama's rotate_half does, so no query or key rows are permuted.
+TABLES: dict[str, tuple[Entry, ...]] = {
+    "LlamaForCausalLM": (
+        Entry(("embed.weight",), ("model.embed_tokens.weight",)),
+        _llama("placement.norms.0.weight", "input_layernorm.weight"),
+        _llama("attn.qkv.{p}", "self_attn.q_proj.{p} self_attn.k_proj.{p} self_attn.v_proj.{p}", SPLIT_QKV),
+        _llama("attn.out.{p}", "self_attn.o_proj.{p}"),
+        _llama("placement.norms.1.weight", "post_attention_layernorm.weight"),
+        _llama("mlp.gate_up.{p}", "mlp.gate_proj.{p} mlp.up_proj.{p}", SPLIT_GATE_UP),
+        _llama("mlp.down.{p}", "mlp.down_proj.{p}"),
+        Entry(("final_norm.weight",), ("model.norm.weight",)),
+        Entry(("head.weight",), ("lm_head.weight",)),
+    ),
+    "GPT2LMHeadModel": (
+        Entry(("embed.weight",), ("transformer.wte.weight",)),
+        Entry(("pos_embed.weight",), ("transformer.wpe.weight",)),
+        _gpt2("placement.norms.0.{p}", "ln_1.{p}"),
+        _gpt2("attn.qkv.{p}", "attn.c_attn.{p}", CAT_QKV.then(CONV1D)),
+        _gpt2("attn.out.{p}", "attn.c_proj.{p}", CONV1D),
+        _gpt2("placement.norms.1.{p}", "ln_2.{p}"),
+        _gpt2("mlp.up.{p}", "mlp.c_fc.{p}", CONV1D),
+        _gpt2("mlp.down.{p}", "mlp.c_proj.{p}", CONV1D),
+        Entry(("final_norm.weight",), ("transformer.ln_f.weight",)),
+        Entry(("final_norm.bias",), ("transformer.ln_f.bias",)),
+        Entry(("head.weight",), ("lm_head.weight",)),
+    ),
+}
+#: transformers' model_type -> its class with a table.
+CLASSES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
+
+
+def convert(weights: Mapping[str, torch.Tensor], name: str, shape: Shape, *, to: str) -> dict[str, torch.Tensor]:
+    """``weights`` (one side's state dict) in the other side's keys and layouts, through ``TABLES[name]``;
+    ``to``: ``hf`` (from zoo's keys) or ``zoo`` (from transformers'). A key no entry maps, or a key
+    an entry needs and ``weights`` lacks, is a ValueError naming it."""
+    if to not in ("hf", "zoo"):
+        raise ConfigError("to", to, "hf (zoo's keys to transformers') or zoo (back)")
+    source, target = ("zoo", "hf") if to == "hf" else ("hf", "zoo")
+    table, out, used = TABLES[name], {}, set()
+    for key in weights:
+        if key in used:
+            continue
+        entry, values = next(((e, v) for e in table if (v := e.match(source, key)) is not None), (None, None))
+        if entry is None:
+            raise ValueError(f"{key}: no entry of {name}'s table maps it (zoo.models.hf.TABLES)")
+        keys = [pattern.format(**values) for pattern in entry.keys(source)]
+        missing = [k for k in keys if k not in weights]
+        if missing:
+            raise ValueError(f"{missing[0]}: missing, and {name}'s table needs it with {key}")
+        layout = entry.layout.out if to == "hf" else entry.layout.back
+        converted = layout([weights[k] for k in keys], shape)
+        out.update(zip((pattern.format(**values) for pattern in entry.keys(target)), converted, strict=True))
+        used.update(keys)
+    return out
+
+
 # -- export ---------------------------------------------------------------------------------------
 
 
@@ -215,60 +362,6 @@ def hf_config(model: LanguageModel, name: str, shape: Shape) -> Any:
     )
 
 
-def llama_weights(model: LanguageModel, shape: Shape) -> dict[str, torch.Tensor]:
-    sd = model.state_dict()
-    out = {"model.embed_tokens.weight": sd["embed.weight"], "model.norm.weight": sd["final_norm.weight"]}
-    for i in range(len(model.blocks)):
-        z, h = f"blocks.{i}.", f"model.layers.{i}."
-        for kind in ("weight", "bias") if shape.bias else ("weight",):
-            q, k, v = split_qkv(sd[f"{z}attn.qkv.{kind}"], shape.n_heads, shape.n_kv_heads)
-            gate, up = split_gate_up(sd[f"{z}mlp.gate_up.{kind}"])
-            out |= {
-                f"{h}self_attn.q_proj.{kind}": q,
-                f"{h}self_attn.k_proj.{kind}": k,
-                f"{h}self_attn.v_proj.{kind}": v,
-                f"{h}self_attn.o_proj.{kind}": sd[f"{z}attn.out.{kind}"],
-                f"{h}mlp.gate_proj.{kind}": gate,
-                f"{h}mlp.up_proj.{kind}": up,
-                f"{h}mlp.down_proj.{kind}": sd[f"{z}mlp.down.{kind}"],
-            }
-        out[f"{h}input_layernorm.weight"] = sd[f"{z}placement.norms.0.weight"]
-        out[f"{h}post_attention_layernorm.weight"] = sd[f"{z}placement.norms.1.weight"]
-    if model.head is not None:
-        out["lm_head.weight"] = sd["head.weight"]
-    return out
-
-
-def gpt2_weights(model: LanguageModel, shape: Shape) -> dict[str, torch.Tensor]:
-    sd = model.state_dict()
-    out = {
-        "transformer.wte.weight": sd["embed.weight"],
-        "transformer.wpe.weight": sd["pos_embed.weight"],
-        "transformer.ln_f.weight": sd["final_norm.weight"],
-        "transformer.ln_f.bias": sd["final_norm.bias"],
-    }
-    for i in range(len(model.blocks)):
-        z, h = f"blocks.{i}.", f"transformer.h.{i}."
-        q, k, v = split_qkv(sd[f"{z}attn.qkv.weight"], shape.n_heads, shape.n_kv_heads)
-        qb, kb, vb = split_qkv(sd[f"{z}attn.qkv.bias"], shape.n_heads, shape.n_kv_heads)
-        out |= {  # Conv1D weights are (in, out): transposed
-            f"{h}attn.c_attn.weight": rearrange(torch.cat([q, k, v]), "o i -> i o"),
-            f"{h}attn.c_attn.bias": torch.cat([qb, kb, vb]),
-            f"{h}attn.c_proj.weight": rearrange(sd[f"{z}attn.out.weight"], "o i -> i o"),
-            f"{h}attn.c_proj.bias": sd[f"{z}attn.out.bias"],
-            f"{h}mlp.c_fc.weight": rearrange(sd[f"{z}mlp.up.weight"], "o i -> i o"),
-            f"{h}mlp.c_fc.bias": sd[f"{z}mlp.up.bias"],
-            f"{h}mlp.c_proj.weight": rearrange(sd[f"{z}mlp.down.weight"], "o i -> i o"),
-            f"{h}mlp.c_proj.bias": sd[f"{z}mlp.down.bias"],
-        }
-        for j, ln in ((0, "ln_1"), (1, "ln_2")):
-            out[f"{h}{ln}.weight"] = sd[f"{z}placement.norms.{j}.weight"]
-            out[f"{h}{ln}.bias"] = sd[f"{z}placement.norms.{j}.bias"]
-    if model.head is not None:
-        out["lm_head.weight"] = sd["head.weight"]
-    return out
-
-
 def to_hf_model(model: LanguageModel) -> nn.Module:
     """A transformers model (float32, eval mode) computing the same logits as ``model``."""
     if not isinstance(model, LanguageModel):
@@ -277,7 +370,7 @@ def to_hf_model(model: LanguageModel) -> nn.Module:
     transformers = _transformers()
     config = hf_config(model, name, shape)
     hf_model = getattr(transformers, name)(config)
-    weights = (llama_weights if name == "LlamaForCausalLM" else gpt2_weights)(model, shape)
+    weights = convert(model.state_dict(), name, shape, to="hf")
     missing, unexpected = hf_model.load_state_dict(
         {k: v.detach().float().contiguous() for k, v in weights.items()}, strict=False
     )
@@ -377,57 +470,6 @@ def from_hf(source: str | Path | nn.Module) -> LanguageModel:
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
     cfg = zoo_config(hf_model.config)
     model = build_model(cfg)
-    sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
-    convert = llama_to_zoo if hf_model.config.model_type == "llama" else gpt2_to_zoo
-    model.load_state_dict(convert(sd, model, layer_shape(model, 0)), strict=True)
+    weights = {k: v.detach().float() for k, v in hf_model.named_parameters()}  # a tied head once, as the embedding
+    model.load_state_dict(convert(weights, CLASSES[hf_model.config.model_type], layer_shape(model, 0), to="zoo"))
     return model.eval()  # parameters float32 as built (.float() would also cast rotary's float64 buffer)
-
-
-def llama_to_zoo(sd: dict[str, torch.Tensor], model: LanguageModel, shape: Shape) -> dict[str, torch.Tensor]:
-    """:func:`llama_weights` backwards."""
-    out = {"embed.weight": sd["model.embed_tokens.weight"], "final_norm.weight": sd["model.norm.weight"]}
-    for i in range(len(model.blocks)):
-        z, h = f"blocks.{i}.", f"model.layers.{i}."
-        for kind in ("weight", "bias") if shape.bias else ("weight",):
-            q, k, v = (sd[f"{h}self_attn.{p}_proj.{kind}"] for p in "qkv")
-            out |= {
-                f"{z}attn.qkv.{kind}": fuse_qkv(q, k, v, shape.n_kv_heads),
-                f"{z}attn.out.{kind}": sd[f"{h}self_attn.o_proj.{kind}"],
-                f"{z}mlp.gate_up.{kind}": fuse_gate_up(sd[f"{h}mlp.gate_proj.{kind}"], sd[f"{h}mlp.up_proj.{kind}"]),
-                f"{z}mlp.down.{kind}": sd[f"{h}mlp.down_proj.{kind}"],
-            }
-        out[f"{z}placement.norms.0.weight"] = sd[f"{h}input_layernorm.weight"]
-        out[f"{z}placement.norms.1.weight"] = sd[f"{h}post_attention_layernorm.weight"]
-    if model.head is not None:
-        out["head.weight"] = sd["lm_head.weight"]
-    return out
-
-
-def gpt2_to_zoo(sd: dict[str, torch.Tensor], model: LanguageModel, shape: Shape) -> dict[str, torch.Tensor]:
-    """:func:`gpt2_weights` backwards."""
-    out = {
-        "embed.weight": sd["transformer.wte.weight"],
-        "pos_embed.weight": sd["transformer.wpe.weight"],
-        "final_norm.weight": sd["transformer.ln_f.weight"],
-        "final_norm.bias": sd["transformer.ln_f.bias"],
-    }
-    for i in range(len(model.blocks)):
-        z, h = f"blocks.{i}.", f"transformer.h.{i}."
-        q, k, v = rearrange(sd[f"{h}attn.c_attn.weight"], "i (three o) -> three o i", three=3)
-        qb, kb, vb = rearrange(sd[f"{h}attn.c_attn.bias"], "(three o) -> three o", three=3)
-        out |= {  # Conv1D weights are (in, out): transposed
-            f"{z}attn.qkv.weight": fuse_qkv(q, k, v, shape.n_kv_heads),
-            f"{z}attn.qkv.bias": fuse_qkv(qb, kb, vb, shape.n_kv_heads),
-            f"{z}attn.out.weight": rearrange(sd[f"{h}attn.c_proj.weight"], "i o -> o i"),
-            f"{z}attn.out.bias": sd[f"{h}attn.c_proj.bias"],
-            f"{z}mlp.up.weight": rearrange(sd[f"{h}mlp.c_fc.weight"], "i o -> o i"),
-            f"{z}mlp.up.bias": sd[f"{h}mlp.c_fc.bias"],
-            f"{z}mlp.down.weight": rearrange(sd[f"{h}mlp.c_proj.weight"], "i o -> o i"),
-            f"{z}mlp.down.bias": sd[f"{h}mlp.c_proj.bias"],
-        }
-        for j, ln in ((0, "ln_1"), (1, "ln_2")):
-            out[f"{z}placement.norms.{j}.weight"] = sd[f"{h}{ln}.weight"]
-            out[f"{z}placement.norms.{j}.bias"] = sd[f"{h}{ln}.bias"]
-    if model.head is not None:
-        out["head.weight"] = sd["lm_head.weight"]
-    return out

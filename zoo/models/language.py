@@ -8,39 +8,20 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec, to_dict
 from zoo.core.errors import ConfigError
-from zoo.core.tp import (
-    Chain,
-    ColwiseParallel,
-    Plan,
-    PrepareModuleInput,
-    PrepareModuleOutput,
-    Replicate,
-    RowwiseParallel,
-    SequenceParallel,
-    Shard,
-    prefixed,
-)
-from zoo.models.base import (
-    TokenModel,
-    final_norm_for,
-    init_stack,
-    position_embedding,
-    residual_branches,
-    token_init_stds,
-)
+from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel
+from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
 from zoo.models.config import block_section, layer_specs, model_options
-from zoo.models.generate import check_generate_args, decode, padded_prompt
-from zoo.parts.positions import LearnedEmbedding
+from zoo.models.generate import check_generate_args, continued_positions, generate_tokens, padded_prompt
+from zoo.models.stack import Stack
 from zoo.parts.state import LayerState
 
 
-class LanguageModel(TokenModel):
-    """Token ids (batch, time) -> next-token logits (batch, time, vocab).
+class LanguageModel(TokenModel, Stack):
+    """Token ids (batch, time) -> next-token logits (batch, time, vocab): the token embedding, the
+    :class:`zoo.models.stack.Stack` of blocks (positions, blocks, final norm), the LM head.
 
     Parameter names: ``embed``, ``pos_embed`` (``pos=learned`` only), ``blocks.{i}.*``, ``final_norm``
     (when the last block's placement needs one), ``head`` (absent when tied to the embedding).
@@ -56,21 +37,14 @@ class LanguageModel(TokenModel):
         tie_embeddings: bool = True,
     ) -> None:
         """spec: one BlockSpec repeated ``n_layers`` times, or one BlockSpec per layer."""
-        super().__init__()
         specs = [spec] * (n_layers or 1) if isinstance(spec, BlockSpec) else list(spec)
         if n_layers is not None and len(specs) != n_layers:
             raise ConfigError("model.n_layers", n_layers, f"must match the {len(specs)} block specs given")
         if not specs or any(s.dims.d_model != specs[0].dims.d_model for s in specs):
             raise ConfigError("block.d_model", [s.dims.d_model for s in specs], "every layer needs the same d_model")
         d_model = specs[0].dims.d_model
-        self.embed = nn.Embedding(vocab_size, d_model)
-        self.pos_embed = position_embedding(specs)  # absolute positions, else None
-        self.blocks = nn.ModuleList(build_block(s, context="model") for s in specs)
-        self.final_norm = final_norm_for(specs[-1])
+        super().__init__(specs, "model.layers", embed=nn.Embedding(vocab_size, d_model))
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
-        #: Activation checkpointing (train.activation_checkpointing): each block's activations are
-        #: recomputed in backward (torch.utils.checkpoint) instead of kept.
-        self.checkpoint_blocks = False
         self.reset_parameters()
 
     def reset_parameters(self, seed: int | None = None) -> None:
@@ -102,51 +76,14 @@ class LanguageModel(TokenModel):
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids: (b, t) -> the final-normed residual stream (b, t, d_model); arguments as in forward."""
-        if caches is not None and len(caches) != len(self.blocks):
-            raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
-        x = self.embed(ids)  # (b, t, d)
-        if self.pos_embed is not None:  # absolute positions continue after the cached ones
-            static = bool(caches) and caches[0].static  # a static cache's length is on the device: not read here
-            offset = caches[0].length if caches and not static else 0
-            if isinstance(self.pos_embed, LearnedEmbedding) and not static:  # static: checked against max_len
-                self.pos_embed.check_length(offset + ids.shape[1])  # per-sample positions never pass their slot
-            if positions is None and static:
-                raise ValueError("a static cache needs the tokens' positions (StaticDecoder passes them)")
-            slots = torch.arange(offset, offset + ids.shape[1], device=ids.device)
-            x = self.pos_embed(x, slots if positions is None else positions)
-        for i, block in enumerate(self.blocks):
-            cache = None if caches is None else caches[i]
-            if self.checkpoint_blocks and torch.is_grad_enabled():  # keep only each block's input for backward
-                x = checkpoint(block, x, key_mask=key_mask, cache=cache, positions=positions, use_reentrant=False)
-            else:
-                x = block(x, key_mask=key_mask, cache=cache, positions=positions)
-        return self.final_norm(x)
+        return Stack.forward(self, self.embed(ids), key_mask=key_mask, caches=caches, positions=positions)
 
     def tp_plan(self, sequence_parallel: bool = True) -> Plan:
-        """The model's tensor-parallel plan (``parallelize_module`` over the ``tp`` mesh dimension).
-
-        The embedding (and an untied head) split by vocabulary rows; learned positions replicated;
-        each block by its parts' plans. With ``sequence_parallel`` the residual stream between the
-        branches is split on the sequence (norms and dropout on each rank's tokens): cut at the first
-        block, gathered whole after the final norm for the head. Without it (cached generation, one
-        token per step) every rank holds the whole stream.
-        """
+        """The model's tensor-parallel plan (``parallelize_module`` over the ``tp`` mesh dimension): the
+        embedding (and an untied head) split by vocabulary rows, the stack as :meth:`Stack.tp_plan` says
+        (with ``sequence_parallel``, the stream is gathered whole after the final norm for the head)."""
         plan: Plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
-        if self.pos_embed is not None:
-            plan.update(prefixed("pos_embed", self.pos_embed.tp_plan(sequence_parallel)))
-        for i, block in enumerate(self.blocks):
-            plan.update(prefixed(f"blocks.{i}", block.tp_plan(sequence_parallel)))
-        final = {} if isinstance(self.final_norm, nn.Identity) else self.final_norm.tp_plan(sequence_parallel)
-        if sequence_parallel:
-            plan["blocks.0"] = PrepareModuleInput(
-                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
-            )
-            gather = PrepareModuleOutput(
-                output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True
-            )
-            norm = SequenceParallel(use_local_output=False)
-            final = {"": Chain(norm, gather) if final else gather}
-        plan.update(prefixed("final_norm", final))
+        plan.update(super().tp_plan(sequence_parallel))
         if self.head is not None:
             plan["head"] = ColwiseParallel()  # its weight only: logits() reads it directly
         return plan
@@ -181,10 +118,7 @@ class LanguageModel(TokenModel):
         batch, time = prompt_ids.shape
         total = time + max_new_tokens
         positions, full_mask = padded_prompt(prompt_ids, key_mask, total)  # (b, t), (b, prompt + new)
-        full_positions = None
-        if positions is not None:
-            steps = torch.arange(1, max_new_tokens + 1, device=prompt_ids.device)
-            full_positions = torch.cat([positions, positions[:, -1:] + steps], dim=1)
+        full_positions = continued_positions(positions, max_new_tokens)  # (b, prompt + new)
 
         if use_cache:
             caches = self.new_caches(total)
@@ -217,7 +151,7 @@ class LanguageModel(TokenModel):
                 )
                 return self.logits(h[:, -1])
 
-        return decode(next_logits, prompt_ids, max_new_tokens, temperature, top_k, generator)
+        return generate_tokens(next_logits, prompt_ids, max_new_tokens, temperature, top_k, generator)
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token at context ``seq_len`` (:meth:`TokenModel.training_flops`)."""

@@ -14,17 +14,9 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
-from zoo.models.base import (
-    TokenModel,
-    final_norm_for,
-    init_stack,
-    position_embedding,
-    residual_branches,
-    token_init_stds,
-)
+from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
 from zoo.models.config import (
     ENCODER_DEFAULTS,
     block_section,
@@ -34,42 +26,9 @@ from zoo.models.config import (
     positive_int,
     section,
 )
-from zoo.models.generate import check_generate_args, decode
+from zoo.models.generate import check_generate_args, generate_tokens
+from zoo.models.stack import Stack
 from zoo.parts.state import LayerState
-
-
-class Stack(nn.Module):
-    """Absolute positions added to its input (``pos_embed``, when the blocks' ``pos`` is learned or
-    sinusoidal), blocks in turn, then ``final_norm`` where the last block's placement needs one.
-
-    field: where the stack's per-layer overrides sit (``model.layers``, ``encoder.layers``), for errors.
-    """
-
-    def __init__(self, specs: Sequence[BlockSpec], field: str = "model.layers") -> None:
-        super().__init__()
-        self.pos_embed = position_embedding(specs, field)
-        self.blocks = nn.ModuleList(build_block(s, context="model") for s in specs)
-        self.final_norm = final_norm_for(specs[-1])
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        key_mask: torch.Tensor | None = None,
-        caches: list[LayerState] | None = None,
-        memory: torch.Tensor | None = None,
-        memory_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(b, t, d_model) token embeddings -> (b, t, d_model); arguments as in :meth:`zoo.Block.forward`."""
-        if caches is not None and len(caches) != len(self.blocks):
-            raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
-        if self.pos_embed is not None:  # absolute positions continue after the cached ones
-            offset = caches[0].length if caches else 0
-            x = self.pos_embed(x, torch.arange(offset, offset + x.shape[1], device=x.device))
-        for i, block in enumerate(self.blocks):
-            cache = None if caches is None else caches[i]
-            x = block(x, key_mask=key_mask, cache=cache, memory=memory, memory_mask=memory_mask)
-        return self.final_norm(x)
 
 
 class Seq2SeqModel(TokenModel):
@@ -105,6 +64,15 @@ class Seq2SeqModel(TokenModel):
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
         self.reset_parameters()
 
+    @property
+    def checkpoint_blocks(self) -> bool:
+        """Activation checkpointing (train.activation_checkpointing) in both stacks (:class:`Stack`)."""
+        return self.encoder.checkpoint_blocks and self.decoder.checkpoint_blocks
+
+    @checkpoint_blocks.setter
+    def checkpoint_blocks(self, value: bool) -> None:
+        self.encoder.checkpoint_blocks = self.decoder.checkpoint_blocks = value
+
     def reset_parameters(self, seed: int | None = None) -> None:
         """Re-draw every weight as :func:`zoo.models.base.init_stack` says (seed: default the last
         torch.manual_seed); residual outputs of ``encoder.*`` scale by the encoder's depth, the rest by
@@ -126,7 +94,8 @@ class Seq2SeqModel(TokenModel):
         key_mask: torch.Tensor | None = None,
         caches: list[LayerState] | None = None,
     ) -> torch.Tensor:
-        """tgt_ids: (b, t) -> logits (b, t, vocab), attending to memory (b, s, d_model).
+        """The decoder's pass, the other half of :meth:`encode`: tgt_ids (b, t) -> logits (b, t, vocab),
+        attending to memory (b, s, d_model). Sampling new tokens is :meth:`generate`.
 
         memory may be None once ``caches`` hold its keys and values (after the first cached step).
         key_mask: (b, t_k) bool over target keys (cached ones too), True at real tokens.
@@ -183,7 +152,7 @@ class Seq2SeqModel(TokenModel):
                 ids[:, step : step + 1], memory if step == 0 else None, memory_mask=src_mask, caches=caches
             )[:, -1]
 
-        return decode(next_logits, src_ids, max_new_tokens, temperature, top_k, generator)
+        return generate_tokens(next_logits, src_ids, max_new_tokens, temperature, top_k, generator)
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per target token, source and target both ``seq_len`` long
@@ -222,4 +191,4 @@ def build_seq2seq(cfg: Mapping[str, Any] | DictConfig) -> Seq2SeqModel:
     return Seq2SeqModel(encoder_specs, decoder_specs, options["vocab_size"], options["tie_embeddings"])
 
 
-__all__ = ["Seq2SeqModel", "Stack", "build_seq2seq"]
+__all__ = ["Seq2SeqModel", "build_seq2seq"]

@@ -15,7 +15,7 @@ import torch
 
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
-from zoo.models.generate import check_generate_args, decode, padded_prompt
+from zoo.models.generate import check_generate_args, generate_tokens, padded_prompt
 from zoo.models.language import LanguageModel
 from zoo.parts.positions import LearnedEmbedding
 
@@ -104,7 +104,7 @@ class StaticDecoder:
                 return self.model.logits(hidden[:, -1])
             return self.step(token[:, None].contiguous(), last + step, full_mask)  # (b, 1) each
 
-        return decode(next_logits, prompt_ids, max_new_tokens, temperature, top_k, generator)
+        return generate_tokens(next_logits, prompt_ids, max_new_tokens, temperature, top_k, generator)
 
 
 __all__ = ["StaticDecoder"]

@@ -1,0 +1,161 @@
+"""The stack of blocks both models run: absolute positions added to the token embeddings, the blocks in
+turn (each with its decoding state, optionally recomputed in backward), then the final norm.
+
+The decoder-only :class:`zoo.LanguageModel` is a Stack with the token embedding in front and the LM
+head after it; the encoder-decoder (:class:`zoo.Seq2SeqModel`) runs two, ``encoder`` and ``decoder``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from zoo.assembly.build import build_block
+from zoo.assembly.spec import BlockSpec
+from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
+from zoo.core.tp import (
+    Chain,
+    Plan,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    Replicate,
+    SequenceParallel,
+    Shard,
+    prefixed,
+)
+from zoo.parts.positions import LearnedEmbedding
+from zoo.parts.state import LayerState
+
+
+def final_norm_for(spec: BlockSpec) -> nn.Module:
+    """The norm after the last block when its placement needs one (pre), else Identity."""
+    return spec.make_norm() if hook(spec["placement"].part.cls, "final_norm") else nn.Identity()
+
+
+def embeds_positions(spec: BlockSpec) -> bool:
+    """Whether the block's position part is added at the embedding (it needs one: learned, sinusoidal)."""
+    return "embedding" in hook(spec["pos"].part.cls, "needs")
+
+
+def position_embedding(specs: Sequence[BlockSpec], field: str = "model.layers") -> nn.Module | None:
+    """The module that adds the stack's absolute positions to its token embeddings, or None.
+
+    Positions added at the embedding reach every layer, so all layers must agree on them: a layer
+    whose ``pos`` differs from layer 0's when either is an embedding-side position is a ConfigError
+    naming ``{field}.{i}.pos`` (per-layer ``pos`` may only vary among positions applied inside
+    attention: none, rotary, alibi).
+    """
+    first = specs[0]
+    for i, spec in enumerate(specs[1:], 1):
+        embedded = embeds_positions(first) or embeds_positions(spec)
+        same = spec["pos"] == first["pos"] and spec.dims.max_len == first.dims.max_len
+        if embedded and not same:
+            raise ConfigError(
+                f"{field}.{i}.pos",
+                spec["pos"].part.name,
+                f"layer 0 has pos={first['pos'].part.name}; positions added at the token embedding "
+                "(learned, sinusoidal) apply to every layer, so set them once with block.pos, not per layer",
+            )
+    return first["pos"].build(first.dims).embedding()
+
+
+class Stack(nn.Module):
+    """Absolute positions added to its input (``pos_embed``, when the blocks' ``pos`` is learned or
+    sinusoidal), blocks in turn, then ``final_norm`` where the last block's placement needs one.
+
+    Parameter names: ``pos_embed`` (``pos=learned`` only), ``blocks.{i}.*``, ``final_norm``; a stack
+    that owns its token embedding (the decoder-only model) registers ``embed`` before them, so the
+    parameters come in the order embedding, positions, blocks, final norm.
+
+    field: where the stack's per-layer overrides sit (``model.layers``, ``encoder.layers``), for errors.
+    """
+
+    def __init__(
+        self, specs: Sequence[BlockSpec], field: str = "model.layers", *, embed: nn.Embedding | None = None
+    ) -> None:
+        super().__init__()
+        if embed is not None:
+            self.embed = embed
+        self.pos_embed = position_embedding(specs, field)  # absolute positions, else None
+        self.blocks = nn.ModuleList(build_block(s, context="model") for s in specs)
+        self.final_norm = final_norm_for(specs[-1])
+        #: Activation checkpointing (train.activation_checkpointing): each block's activations are
+        #: recomputed in backward (torch.utils.checkpoint) instead of kept.
+        self.checkpoint_blocks = False
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        key_mask: torch.Tensor | None = None,
+        caches: list[LayerState] | None = None,
+        positions: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(b, t, d_model) token embeddings -> the final-normed residual stream (b, t, d_model).
+
+        key_mask: (b, t_k) bool, True at real tokens (t_k counts cached tokens too).
+        caches: one LayerState per block, written in place.
+        positions: (b, t) per-sample position ids (left-padded batches); default: cache slots.
+        memory, memory_mask: the encoder's output and its mask, for blocks with cross-attention.
+        """
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
+        x = self.add_positions(x, caches, positions)
+        for i, block in enumerate(self.blocks):
+            cache = None if caches is None else caches[i]
+            inputs = {"key_mask": key_mask, "cache": cache, "positions": positions}
+            inputs |= {"memory": memory, "memory_mask": memory_mask}
+            if self.checkpoint_blocks and torch.is_grad_enabled():  # keep only each block's input for backward
+                x = checkpoint(block, x, use_reentrant=False, **inputs)
+            else:
+                x = block(x, **inputs)
+        return self.final_norm(x)
+
+    def add_positions(
+        self, x: torch.Tensor, caches: list[LayerState] | None, positions: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x plus the absolute positions (when the stack adds them), which continue after the cached tokens."""
+        if self.pos_embed is None:
+            return x
+        static = bool(caches) and caches[0].static  # a static cache's length is on the device: not read here
+        offset = caches[0].length if caches and not static else 0
+        if isinstance(self.pos_embed, LearnedEmbedding) and not static:  # static: checked against max_len
+            self.pos_embed.check_length(offset + x.shape[1])  # per-sample positions never pass their slot
+        if positions is None and static:
+            raise ValueError("a static cache needs the tokens' positions (StaticDecoder passes them)")
+        slots = torch.arange(offset, offset + x.shape[1], device=x.device)
+        return self.pos_embed(x, slots if positions is None else positions)
+
+    def tp_plan(self, sequence_parallel: bool = True) -> Plan:
+        """The stack's tensor-parallel plan: learned positions replicated, each block by its parts' plans.
+
+        With ``sequence_parallel`` the residual stream between the branches is split on the sequence
+        (norms and dropout on each rank's tokens): cut at the first block, gathered whole after the
+        final norm. Without it (cached generation, one token per step) every rank holds the whole stream.
+        """
+        plan: Plan = {}
+        if self.pos_embed is not None:
+            plan.update(prefixed("pos_embed", self.pos_embed.tp_plan(sequence_parallel)))
+        for i, block in enumerate(self.blocks):
+            plan.update(prefixed(f"blocks.{i}", block.tp_plan(sequence_parallel)))
+        final = {} if isinstance(self.final_norm, nn.Identity) else self.final_norm.tp_plan(sequence_parallel)
+        if sequence_parallel:
+            plan["blocks.0"] = PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+            )
+            gather = PrepareModuleOutput(
+                output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True
+            )
+            norm = SequenceParallel(use_local_output=False)
+            final = {"": Chain(norm, gather) if final else gather}
+        plan.update(prefixed("final_norm", final))
+        return plan
+
+
+__all__ = ["Stack", "embeds_positions", "final_norm_for", "position_embedding"]
