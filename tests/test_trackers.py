@@ -200,3 +200,28 @@ def test_every_tracker_has_an_option_file_listing_its_options_and_defaults():
         node = yaml.safe_load(path.read_text())
         assert node.pop("name") == name
         assert node == option_defaults(TRACKERS.get(name)), name
+
+
+def test_the_adding_a_tracker_example_in_the_docs_tracks_a_run_and_the_report(tmp_path):
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "runs.md").read_text()
+    [code] = [b for b in re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE) if "jsonl" in b]
+    [option_file] = re.findall(r"^```yaml\n(# @package logger\n.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    if "jsonl" in TRACKERS:  # tests/test_docs.py runs the page's examples too
+        TRACKERS.unregister("jsonl")
+    try:
+        exec(compile(code, "docs/runs.md", "exec"), {})
+        options = yaml.safe_load(option_file)
+        assert option_defaults(TRACKERS.get("jsonl")) == {k: v for k, v in options.items() if k != "name"}
+        summary = run({**tiny(), "logger": options}, tmp_path / "run")
+        assert summary["status"] == "ok", summary.get("error")
+        lines = (tmp_path / "run" / "jsonl" / "run.jsonl").read_text().splitlines()
+        assert [json.loads(line) for line in lines] == [*read_metrics(tmp_path / "run"), {"status": "ok"}]
+        report_plots(tmp_path / "run")
+        log_report(check_logger(options), tmp_path / "run")
+        plots = json.loads((tmp_path / "run" / "jsonl" / "report.jsonl").read_text())["plots"]
+        assert [Path(p).name for p in plots] == ["curves.png", "final.png"]
+    finally:
+        if "jsonl" in TRACKERS:
+            TRACKERS.unregister("jsonl")
