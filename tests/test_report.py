@@ -560,3 +560,19 @@ def test_bad_report_test_names_the_key_value_and_choices(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         report_main([str(tmp_path), "--no-plots"])
     assert exit_.value.code == 1 and "report.test='ttest': one of auto, t, permutation" in capsys.readouterr().err
+
+
+def test_the_report_plot_tracker_and_checkpoint_functions_fit_on_a_screen():
+    import ast
+
+    import zoo.lab.checkpoint
+    import zoo.lab.plots
+    import zoo.lab.report
+    import zoo.lab.trackers
+
+    for module in (zoo.lab.report, zoo.lab.plots, zoo.lab.trackers, zoo.lab.checkpoint):
+        tree = ast.parse(Path(module.__file__).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 60, f"{module.__name__}.{node.name}: {length} lines"
