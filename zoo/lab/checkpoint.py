@@ -14,9 +14,11 @@ Nothing a single process reads is a pickle: only safetensors and JSON, and only 
 the manifest. Every file is written with :func:`zoo.lab.records.write_atomic`, into a hidden temp
 folder that is renamed into place once the manifest is on disk, so a kill mid-write leaves either
 the whole checkpoint or none of it (stale temp folders are removed by the next save or resume).
-Only the last ``keep`` are kept. Resuming (:func:`choose_checkpoint`) takes the newest checkpoint
-that passes :func:`verify_checkpoint` and says why each newer one did not; a checkpoint whose
-config hash is not the run's is refused with an error naming both (:class:`CheckpointMismatch`).
+Only the last ``keep`` are kept. Plain and sharded checkpoints are finished by the same
+:func:`finish_checkpoint` (state files, manifest, rename, pruning). Resuming
+(:func:`choose_checkpoint`) takes the newest checkpoint that passes :func:`verify_checkpoint` and
+says why each newer one did not; a checkpoint whose config hash is not the run's is refused with an
+error naming both (:class:`CheckpointMismatch`).
 A file that fails its check raises :class:`IntegrityError`, naming the file and what is wrong.
 
 The final weights ``model.safetensors`` of a run folder have their ``manifest.json`` beside them
