@@ -325,3 +325,36 @@ def test_a_checkpoint_appears_only_with_its_manifest_written_after_its_files(tmp
     with pytest.raises(OSError, match="disk full"):
         ckpt.save_checkpoint(tmp_path, ckpt.TrainState(step=8), model, optimizer, config_hash="h")
     assert [p.name for p in (tmp_path / ckpt.CHECKPOINTS).iterdir()] == ["step_000004"]
+
+
+def test_plain_and_sharded_checkpoints_share_their_state_manifest_and_pruning(tmp_path):
+    """Both writers finish a checkpoint the same way: the same state.json (but for the optimizer, which DCP
+    holds), a manifest of every file, the temp folder renamed into place, only the last ``keep`` kept."""
+    import torch.distributed as dist
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    dist.init_process_group("gloo", init_method=(tmp_path / "store").as_uri(), rank=0, world_size=1)
+    try:
+        for step in (2, 4, 6):
+            state = ckpt.TrainState(step=step, loop={"first_loss": 1.5}, ranks=[{"rng": torch.get_rng_state()}])
+            for folder, save in (("plain", ckpt.save_checkpoint), ("sharded", ckpt.save_sharded_checkpoint)):
+                save(tmp_path / folder, state, model, optimizer, config_hash="h", world_size=1, keep=2)
+    finally:
+        dist.destroy_process_group()
+    saved = {}
+    for folder in ("plain", "sharded"):
+        root = tmp_path / folder / ckpt.CHECKPOINTS
+        assert sorted(p.name for p in root.iterdir()) == ["step_000004", "step_000006"]  # pruned, no temp left
+        latest = ckpt.latest_checkpoint(tmp_path / folder)
+        listed = ckpt.read_manifest(latest)
+        on_disk = {p.relative_to(latest).as_posix() for p in latest.rglob("*") if p.is_file()} - {ckpt.MANIFEST}
+        assert set(listed) == on_disk and {ckpt.STATE, ckpt.STATE_TENSORS} <= on_disk
+        saved[folder] = json.loads((latest / ckpt.STATE).read_text())
+    assert any(name.startswith(f"{ckpt.DCP}/") for name in ckpt.read_manifest(latest))
+    plain, sharded = saved["plain"], saved["sharded"]
+    assert plain.pop("optimizer") and plain == {**sharded, "sharded": False} and sharded["sharded"] is True
+    assert plain["step"] == 6 and plain["config_hash"] == "h" and plain["world_size"] == 1
+    assert ckpt.verify_checkpoint(ckpt.latest_checkpoint(tmp_path / "plain")) is None

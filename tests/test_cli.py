@@ -6,18 +6,23 @@ from pathlib import Path
 
 from zoo import AXES
 from zoo.core.registry import BUILT_IN
-from zoo.lab.cli import parts_main, parts_markdown
+from zoo.lab.cli import LISTED, parts_main, parts_markdown
+from zoo.lab.tasks import TASKS
+from zoo.lab.trackers import TRACKERS
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_zoo_parts_lists_every_registered_part(capsys):
+def test_zoo_parts_lists_every_registered_part_task_and_tracker(capsys):
     parts_main([])
     out = capsys.readouterr().out
-    for axis, registry in AXES.items():
-        assert f"{axis}:" in out
-        for name in registry.names():
-            assert f"  {name} " in out
+    assert LISTED == {**AXES, "task": TASKS, "logger": TRACKERS}
+    sections = out.split("\n\nplugins")[0].split("\n")
+    starts = [i for i, line in enumerate(sections) if not line.startswith(" ")]
+    assert [sections[i] for i in starts] == [f"{key}:" for key in LISTED]
+    for (key, registry), start, end in zip(LISTED.items(), starts, [*starts[1:], len(sections)], strict=True):
+        assert [line.split()[0] for line in sections[start + 1 : end]] == registry.names(), key
+    assert "  wandb        Weights & Biases" in out and "[mode=offline, project=zoo, entity=None, dir=None]" in out
 
 
 def test_parts_catalogue_is_current():

@@ -230,3 +230,66 @@ def test_pytest_part_option_selects_exactly_the_combinations_with_that_part():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert conftest.parse_part("attn=gqa+window") == ("attn", "gqa+window")
+
+
+LAB = '''
+from pathlib import Path
+
+import torch
+
+from zoo.lab.tasks.base import Batch, Task, register_task
+from zoo.lab.trackers import TRACKERS, Tracker
+
+
+@TRACKERS.register("printer")
+class Printer(Tracker):
+    """Prints each record."""
+
+    def __init__(self, root: Path, *, prefix: str = ">") -> None:
+        super().__init__(root)
+        self.prefix = prefix
+
+
+@register_task("ones")
+class Ones(Task):
+    """Predict a one after every one."""
+
+    def __init__(self, *, seq_len: int = 8, eval_lengths: tuple[int, ...] = (1,), metric: str | None = None) -> None:
+        super().__init__(eval_lengths=eval_lengths, metric=metric)
+        self.vocab_size, self.seq_len = 2, seq_len
+
+    def train_batch(self, batch_size, generator):
+        ones = torch.ones(batch_size, self.seq_len, dtype=torch.long)
+        return Batch(ones, ones)
+
+    def val_batches(self, batch_size, n_batches, factor=1):
+        return [self.train_batch(batch_size, None) for _ in range(n_batches)]
+
+    def info(self):
+        return {"task": self.name, "source": "generated"}
+'''
+
+
+def test_a_plugin_registers_a_task_and_a_tracker_like_a_part(plugins, capsys):
+    from zoo.lab.tasks import TASKS, build_task
+    from zoo.lab.trackers import TRACKERS, check_logger
+
+    options = {
+        "logger/printer.yaml": "# @package logger\nname: printer\nprefix: '>'\n",
+        "task/ones.yaml": "# @package task\nname: ones\nseq_len: 8\neval_lengths: [1]\nmetric: null\n",
+    }
+    plugins.add("zoo-lab-extra", {"zoo_lab_extra": LAB}, {"extra": "zoo_lab_extra"}, options, "zoo_lab_extra.conf")
+    assert "zoo_lab_extra" not in sys.modules  # loaded on first use, as parts are
+    assert TRACKERS.get("printer").origin == TASKS.get("ones").origin == "zoo-lab-extra"
+    cfg = compose(["logger=printer", "logger.prefix=+", "task=ones"])
+    assert check_logger(cfg.logger) == {"name": "printer", "prefix": "+"}
+    assert build_task(cfg.task).info() == {"task": "ones", "source": "generated"}
+    parts_main([])
+    out = capsys.readouterr().out
+    task_section = out[out.index("\ntask:\n") : out.index("\nlogger:\n")]
+    logger_section = out[out.index("\nlogger:\n") : out.index("\nplugins")]
+    assert "  ones " in task_section and task_section.splitlines()[-1].endswith("(from zoo-lab-extra)")
+    (printer,) = [line for line in logger_section.splitlines() if line.strip().startswith("printer")]
+    assert printer.endswith("Prints each record.  [prefix=>]  (from zoo-lab-extra)"), printer
+    with pytest.raises(ConfigError, match=r"^logger='printr': unknown logger; did you mean 'printer'\?"):
+        check_logger({"name": "printr"})

@@ -125,6 +125,30 @@ def test_files_beside_the_runs(tmp_path, capsys):
         assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 400
 
 
+def test_a_column_is_one_entry_of_the_table_shown_in_markdown_and_csv(tmp_path, monkeypatch):
+    from zoo.lab import report as module
+
+    sweep(tmp_path)
+    share = module.Column(
+        "ok share", "ok_share", lambda r, v, k: len(v.ok) / len(v.runs), lambda r, v, k: f"{len(v.ok)}"
+    )
+    hidden = module.Column("never", "never", lambda r, v, k: "x", when=lambda r: False)  # Markdown only when shown
+    status = next(i for i, c in enumerate(module.COLUMNS) if c.csv == "status")
+    monkeypatch.setattr(module, "COLUMNS", [*module.COLUMNS[:status], share, hidden, *module.COLUMNS[status:]])
+    text = write_report(tmp_path, plots=False)
+    head = next(line for line in text.splitlines() if line.startswith("| # |"))
+    assert head.endswith("| tokens/s | wall s | ok share | status |") and "never" not in text
+    assert "|  |  | 0 | 1 failed, 1 diverged |" in text and "| 10.0 | 2 | ok |" in text
+    with open(tmp_path / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    names = list(rows[0])
+    assert names[names.index("flops_per_token") + 1 : names.index("status")] == ["ok_share", "never"]
+    assert [(r["norm"], r["ok_share"], r["never"]) for r in rows][::3] == [
+        ("rmsnorm", "1.0", "x"),
+        ("broken", "0.0", "x"),
+    ]
+
+
 def test_many_variants_still_plot(tmp_path):
     for i in range(14):
         fake_run(tmp_path, [f"block.d_ff={16 * (i + 1)}"], value=3.0 - i / 100)
@@ -536,3 +560,19 @@ def test_bad_report_test_names_the_key_value_and_choices(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         report_main([str(tmp_path), "--no-plots"])
     assert exit_.value.code == 1 and "report.test='ttest': one of auto, t, permutation" in capsys.readouterr().err
+
+
+def test_the_report_plot_tracker_and_checkpoint_functions_fit_on_a_screen():
+    import ast
+
+    import zoo.lab.checkpoint
+    import zoo.lab.plots
+    import zoo.lab.report
+    import zoo.lab.trackers
+
+    for module in (zoo.lab.report, zoo.lab.plots, zoo.lab.trackers, zoo.lab.checkpoint):
+        tree = ast.parse(Path(module.__file__).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 60, f"{module.__name__}.{node.name}: {length} lines"

@@ -11,7 +11,7 @@ from test_train import tiny
 import zoo
 from zoo.core.errors import ConfigError
 from zoo.lab import train as train_module
-from zoo.lab.runs import eval_main, evaluate_run, generate_main
+from zoo.lab.runs import eval_main, evaluate_run, generate_main, text_to_tokens, tokens_to_text
 from zoo.lab.train import run
 
 
@@ -104,3 +104,18 @@ def test_damaged_weights_give_one_line_naming_the_file(tmp_path, capsys, damage,
             main([str(tmp_path), *argv])
         assert re.fullmatch(rf"zoo-(eval|generate): {expected}", str(exited.value.code)), exited.value.code
     assert capsys.readouterr().err == ""  # no traceback, no other line
+
+
+@pytest.mark.parametrize(
+    ("task", "text", "tokens"),
+    [("bytes", "héllo", [104, 195, 169, 108, 108, 111]), ("mqar", "3 17 0", [3, 17, 0])],
+)
+def test_a_prompt_becomes_tokens_and_tokens_become_text_by_the_runs_task(task, text, tokens):
+    config = {"task": {"name": task}}
+    assert text_to_tokens(text, config) == tokens
+    assert tokens_to_text(tokens, config) == text
+    if task == "bytes":
+        assert tokens_to_text([104, 0xFF], config) == "h\ufffd"  # a cut UTF-8 sequence is replaced, not raised
+    else:
+        with pytest.raises(ConfigError, match="prompt='three'"):
+            text_to_tokens("three", config)

@@ -6,13 +6,19 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import matplotlib
 import pytest
+import yaml
 from test_train import tiny
 
+from zoo.assembly.compose import CONF_DIR
+from zoo.core.errors import ConfigError
+from zoo.core.options import option_defaults
+from zoo.core.registry import BUILT_IN
 from zoo.lab.records import read_metrics
-from zoo.lab.trackers import check_logger, log_report
+from zoo.lab.trackers import TRACKERS, Tracker, check_logger, log_report
 from zoo.lab.train import run
 
 matplotlib.use("Agg")
@@ -121,3 +127,101 @@ def test_a_tracker_not_installed_fails_before_training(tmp_path, monkeypatch):
     assert summary["status"] == "failed"
     assert summary["error"] == "ConfigError: logger='wandb': needs the wandb package: pip install -e \".[trackers]\""
     assert not (tmp_path / "metrics.jsonl").exists()  # nothing trained
+
+
+@pytest.fixture
+def recorder():
+    """A tracker registered here, as a plugin or a notebook would: it keeps what it is sent."""
+    sent: dict[str, list] = {"opened": [], "records": [], "finished": [], "report": []}
+
+    @TRACKERS.register("recorder")
+    class Recorder(Tracker):
+        """Keeps everything it is sent, in memory."""
+
+        def __init__(self, root: Path, *, tag: str = "untagged") -> None:
+            super().__init__(root)
+            self.tag = tag
+
+        def start(self, name: str, summary: dict) -> None:
+            sent["opened"].append((self.root, name, self.tag, summary["status"]))
+
+        def log(self, record: dict) -> None:
+            sent["records"].append(dict(record))
+
+        def finish(self, summary: dict) -> None:
+            sent["finished"].append(summary["status"])
+
+        def log_report(self, plots: list[Path]) -> None:
+            sent["report"].append((self.root, self.tag, [p.name for p in plots]))
+
+    yield sent
+    TRACKERS.unregister("recorder")
+
+
+def test_a_tracker_registered_outside_zoo_gets_the_runs_records_and_the_report(tmp_path, recorder):
+    cfg = {**tiny("train.log_every=2", "train.eval_every=6"), "logger": {"name": "recorder", "tag": "t1"}}
+    summary = run(cfg, tmp_path / "run")
+    assert summary["status"] == "ok", summary.get("error")
+    assert recorder["opened"] == [(tmp_path / "run", "run", "t1", "running")]
+    assert recorder["records"] == read_metrics(tmp_path / "run") and len(recorder["records"]) > 4
+    assert recorder["finished"] == ["ok"]
+    report_plots(tmp_path)
+    log_report(check_logger({"name": "recorder"}), tmp_path)
+    assert recorder["report"] == [(tmp_path, "untagged", ["curves.png", "final.png"])]
+    with pytest.raises(ConfigError, match=r"logger.tga='x': not an option of logger 'recorder'; options: tag$"):
+        check_logger({"name": "recorder", "tga": "x"})
+
+
+def test_an_unknown_logger_names_the_key_the_value_and_the_trackers():
+    with pytest.raises(ConfigError) as error:
+        check_logger({"name": "tensorbord"})
+    assert str(error.value) == (
+        "logger='tensorbord': unknown logger; did you mean 'tensorboard'? registered: none, tensorboard, mlflow, wandb"
+    )
+    with pytest.raises(ConfigError, match=r"^logger.dir='x': not an option of logger 'none'; options: none$"):
+        check_logger({"name": "none", "dir": "x"})
+    with pytest.raises(ConfigError, match=r"^logger.project=3: "):
+        check_logger({"name": "wandb", "project": 3})
+    assert check_logger(None) == {"name": "none"}
+    assert check_logger({"name": "wandb", "mode": "online"}) == {
+        "name": "wandb",
+        "mode": "online",
+        "project": "zoo",
+        "entity": None,
+        "dir": None,
+    }
+
+
+def test_every_tracker_has_an_option_file_listing_its_options_and_defaults():
+    files = {path.stem: path for path in sorted((CONF_DIR / "logger").glob("*.yaml"))}
+    assert set(files) == {t.name for t in TRACKERS.parts() if t.origin == BUILT_IN}
+    for name, path in files.items():
+        assert path.read_text().startswith("# @package logger\n")
+        node = yaml.safe_load(path.read_text())
+        assert node.pop("name") == name
+        assert node == option_defaults(TRACKERS.get(name)), name
+
+
+def test_the_adding_a_tracker_example_in_the_docs_tracks_a_run_and_the_report(tmp_path):
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "runs.md").read_text()
+    [code] = [b for b in re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE) if "jsonl" in b]
+    [option_file] = re.findall(r"^```yaml\n(# @package logger\n.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    if "jsonl" in TRACKERS:  # tests/test_docs.py runs the page's examples too
+        TRACKERS.unregister("jsonl")
+    try:
+        exec(compile(code, "docs/runs.md", "exec"), {})
+        options = yaml.safe_load(option_file)
+        assert option_defaults(TRACKERS.get("jsonl")) == {k: v for k, v in options.items() if k != "name"}
+        summary = run({**tiny(), "logger": options}, tmp_path / "run")
+        assert summary["status"] == "ok", summary.get("error")
+        lines = (tmp_path / "run" / "jsonl" / "run.jsonl").read_text().splitlines()
+        assert [json.loads(line) for line in lines] == [*read_metrics(tmp_path / "run"), {"status": "ok"}]
+        report_plots(tmp_path / "run")
+        log_report(check_logger(options), tmp_path / "run")
+        plots = json.loads((tmp_path / "run" / "jsonl" / "report.jsonl").read_text())["plots"]
+        assert [Path(p).name for p in plots] == ["curves.png", "final.png"]
+    finally:
+        if "jsonl" in TRACKERS:
+            TRACKERS.unregister("jsonl")

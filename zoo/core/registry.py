@@ -6,6 +6,11 @@ are imported once, the first time any registry is read (:func:`load_plugins`). A
 to import is named in a warning and in every "unknown part" error, and none of its parts stay
 registered. A package's option files (Hydra config groups) are found through the ``zoo.conf``
 entry-point group (:func:`plugin_config_packages`).
+
+The lab's extension points are registries of the same class: tasks (``zoo.lab.tasks.TASKS``) and
+trackers (``zoo.lab.trackers.TRACKERS``). Their entries are named, checked and listed as parts are
+(``zoo-parts`` shows each registry of ``zoo.lab.cli.LISTED``), and a plugin module of the same
+``zoo.parts`` group registers into any of them.
 """
 
 from __future__ import annotations

@@ -14,9 +14,11 @@ Nothing a single process reads is a pickle: only safetensors and JSON, and only 
 the manifest. Every file is written with :func:`zoo.lab.records.write_atomic`, into a hidden temp
 folder that is renamed into place once the manifest is on disk, so a kill mid-write leaves either
 the whole checkpoint or none of it (stale temp folders are removed by the next save or resume).
-Only the last ``keep`` are kept. Resuming (:func:`choose_checkpoint`) takes the newest checkpoint
-that passes :func:`verify_checkpoint` and says why each newer one did not; a checkpoint whose
-config hash is not the run's is refused with an error naming both (:class:`CheckpointMismatch`).
+Only the last ``keep`` are kept. Plain and sharded checkpoints are finished by the same
+:func:`finish_checkpoint` (state files, manifest, rename, pruning). Resuming
+(:func:`choose_checkpoint`) takes the newest checkpoint that passes :func:`verify_checkpoint` and
+says why each newer one did not; a checkpoint whose config hash is not the run's is refused with an
+error naming both (:class:`CheckpointMismatch`).
 A file that fails its check raises :class:`IntegrityError`, naming the file and what is wrong.
 
 The final weights ``model.safetensors`` of a run folder have their ``manifest.json`` beside them
@@ -388,6 +390,48 @@ def prune(run_dir: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def checkpoint_meta(state: TrainState, config_hash: str, world_size: int) -> dict[str, Any]:
+    """What every checkpoint records of its writer (in state.json, and in its weights' metadata)."""
+    return {"format": FORMAT, "config_hash": config_hash, "world_size": world_size, "step": state.step}
+
+
+def begin_checkpoint(run_dir: Path, step: int, tmp_name: str | None = None) -> tuple[Path, Path]:
+    """``checkpoints/step_<N>`` and a fresh hidden temp folder beside it to write into (named ``tmp_name``,
+    else a random name), after removing what killed writes left."""
+    final = step_dir(run_dir, step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(run_dir)
+    if tmp_name is None:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+        tmp.chmod(0o755)
+    else:
+        tmp = final.with_name(tmp_name)
+        tmp.mkdir(mode=0o755)
+    return final, tmp
+
+
+def finish_checkpoint(
+    run_dir: Path,
+    tmp: Path,
+    final: Path,
+    meta: dict[str, Any],
+    state: TrainState,
+    *,
+    files: dict[str, bytes],
+    optimizer: dict[str, Any] | None,
+    listed: dict[str, dict[str, Any]] | None = None,
+    keep: int,
+) -> Path:
+    """The one way a checkpoint is finished, plain or sharded: ``files`` and the state files (``state.json``
+    with ``meta``; the optimizer's, given its state dict) into ``tmp``, then the manifest of them and of
+    ``listed`` (files already there: DCP's shards), then ``tmp`` renamed to ``final``; the last ``keep`` stay."""
+    sharded = listed is not None
+    write_files(tmp, {**files, **state_files({**meta, "sharded": sharded}, state, optimizer)}, more=listed)
+    publish(tmp, final)
+    prune(run_dir, keep)
+    return final
+
+
 def save_checkpoint(
     run_dir: Path,
     state: TrainState,
@@ -399,21 +443,17 @@ def save_checkpoint(
     keep: int = 2,
 ) -> Path:
     """Write the state after ``state.step`` atomically as ``checkpoints/step_<N>``; keep the last ``keep``."""
-    final = step_dir(run_dir, state.step)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(run_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    tmp.chmod(0o755)
+    final, tmp = begin_checkpoint(run_dir, state.step)
     try:
-        meta = {"format": FORMAT, "config_hash": config_hash, "world_size": world_size, "step": state.step}
+        meta = checkpoint_meta(state, config_hash, world_size)
         weights = tensor_bytes(model.state_dict(), {k: str(v) for k, v in meta.items()})
-        write_files(tmp, {WEIGHTS: weights, **state_files({**meta, "sharded": False}, state, optimizer.state_dict())})
-        publish(tmp, final)
+        files = {WEIGHTS: weights}
+        return finish_checkpoint(
+            run_dir, tmp, final, meta, state, files=files, optimizer=optimizer.state_dict(), keep=keep
+        )
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    prune(run_dir, keep)
-    return final
 
 
 def snapshot(value: Any) -> Any:
@@ -647,24 +687,25 @@ def save_sharded_checkpoint(
     final = step_dir(run_dir, state.step)
     tmp = final.with_name(f".{final.name}.dcp.tmp")  # the same name on every rank
     if rank == 0:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale(run_dir)
-        tmp.mkdir(mode=0o755)
+        begin_checkpoint(run_dir, state.step, tmp.name)
     dist.barrier()
     dcp.save(sharded_state(model, optimizer), checkpoint_id=str(tmp / DCP))  # returns once every rank's is written
     if rank == 0:
-        meta = {"format": FORMAT, "config_hash": config_hash, "world_size": world_size, "step": state.step}
-        shards = {}
-        for p in sorted(p for p in (tmp / DCP).rglob("*") if not p.is_dir()):
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-            shards[p.relative_to(tmp).as_posix()] = file_entry(p)
-        fsync_dir(tmp / DCP)
-        write_files(tmp, state_files({**meta, "sharded": True}, state, None), more=shards)
-        publish(tmp, final)
-        prune(run_dir, keep)
+        meta = checkpoint_meta(state, config_hash, world_size)
+        finish_checkpoint(run_dir, tmp, final, meta, state, files={}, optimizer=None, listed=synced(tmp), keep=keep)
     dist.barrier()
     return final
+
+
+def synced(tmp: Path) -> dict[str, dict[str, Any]]:
+    """The manifest entries of the shards DCP wrote into ``tmp/dcp``, each fsynced first."""
+    shards = {}
+    for p in sorted(p for p in (tmp / DCP).rglob("*") if not p.is_dir()):
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+        shards[p.relative_to(tmp).as_posix()] = file_entry(p)
+    fsync_dir(tmp / DCP)
+    return shards
 
 
 class ShardedCheckpointWriter:

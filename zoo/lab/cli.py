@@ -1,4 +1,4 @@
-"""Command-line entry points that need no training: ``zoo-parts``."""
+"""Command-line entry points that need no training: ``zoo-parts`` (the parts, tasks and trackers)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ from zoo.core.registry import (
     package_of,
     plugin_entry_points,
 )
+from zoo.lab.tasks import TASKS
+from zoo.lab.trackers import TRACKERS
+
+#: What ``zoo-parts`` lists: the block's axes, then the lab's registries by their config key; a new
+#: registry of the lab (its parts registered, plugins included, like the block's) is one entry here.
+LISTED: dict[str, Registry] = {**AXES, "task": TASKS, "logger": TRACKERS}
 
 EPILOG = """examples:
   zoo-parts --check pos=learned block.max_len=512        # valid in a model? (exit 1 and the reason if not)
@@ -71,8 +77,9 @@ def parts_main(argv: Sequence[str] | None = None) -> None:
 
 
 def print_parts() -> None:
-    """Every axis and its parts, with options and needs; a part from a plugin names its package."""
-    for axis, registry in AXES.items():
+    """Every axis and its parts, then the tasks and trackers, with options and needs; a part from a
+    plugin names its package."""
+    for axis, registry in LISTED.items():
         print(f"{axis}:")
         width = max(len(name) for name in registry.names())
         for part in registry.parts():

@@ -92,33 +92,13 @@ def plot_final(report: Report, path: Path) -> Figure:
     base_mean = base.mean_std(m)[0] if base is not None else None
     for i, variant in enumerate(report.variants):
         y = n - 1 - i
-        mean, _ = variant.mean_std(m)
         labels.append(short_label(report, variant) + ("  (baseline)" if variant.key == report.baseline else ""))
         ys.append(y)
-        if mean is None:
-            ax.annotate(variant.status, (0.01, y), xycoords=("axes fraction", "data"), va="center", color="firebrick")
+        values = draw_values(ax, variant, m, y)
+        if values is None:
             continue
-        seeds = variant.values(m)
-        interval = mean_interval(seeds)
-        low, high = (interval[1], interval[2]) if interval else (mean, mean)
-        ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="tab:blue", ecolor="tab:gray",
-                    capsize=4, ms=6, zorder=3)  # fmt: skip
-        ax.annotate(f"{mean:.4f}", (mean, y), xytext=(0, 7), textcoords="offset points", fontsize="small", ha="center")
-        ax.plot(seeds, [y] * len(seeds), "x", color="tab:blue", alpha=0.45, ms=5)
-        known += [*seeds, low, high]
-        c = report.comparisons.get(variant.key)
-        if variant.key == report.baseline:
-            delta_ax.plot(0, y, "D", color="black", ms=5)
-        elif c is not None and c.delta_mean is not None:
-            color = VERDICT_COLORS.get(c.verdict, "tab:gray")
-            bounded = c.low is not None and c.high is not None and math.isfinite(c.low) and math.isfinite(c.high)
-            lo, hi = (c.low, c.high) if bounded else (c.delta_mean, c.delta_mean)  # an unbounded one: the mean
-            delta_ax.errorbar(c.delta_mean, y, xerr=[[c.delta_mean - lo], [hi - c.delta_mean]], fmt="o", color=color,
-                              ecolor=color, capsize=4, ms=6, zorder=3)  # fmt: skip
-            tag = c.verdict + ("" if c.paired or c.low is None else ", unpaired")
-            delta_ax.annotate(tag, (c.delta_mean, y), xytext=(0, 7), textcoords="offset points", fontsize="small",
-                              ha="center", color=color)  # fmt: skip
-            deltas += [lo, hi]
+        known += values
+        deltas += draw_difference(delta_ax, report, variant, y)
     if base_mean is not None:
         ax.axvline(base_mean, color="black", ls="--", lw=1, alpha=0.7, label=f"baseline {report.baseline_label}")
         ax.legend(loc="lower right", fontsize="small")
@@ -143,6 +123,43 @@ def plot_final(report: Report, path: Path) -> Figure:
     fig.suptitle(f"{report.root.name}: {m}")
     fig.savefig(path, dpi=110)
     return fig
+
+
+def draw_values(ax: Any, variant: Variant, m: str, y: float) -> list[float] | None:
+    """One variant's row of the final plot's left panel: its mean, its interval over seeds and each seed
+    (or its status, when no run has a value); the values drawn, for the axis limits (None: none)."""
+    mean, _ = variant.mean_std(m)
+    if mean is None:
+        ax.annotate(variant.status, (0.01, y), xycoords=("axes fraction", "data"), va="center", color="firebrick")
+        return None
+    seeds = variant.values(m)
+    interval = mean_interval(seeds)
+    low, high = (interval[1], interval[2]) if interval else (mean, mean)
+    ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="tab:blue", ecolor="tab:gray",
+                capsize=4, ms=6, zorder=3)  # fmt: skip
+    ax.annotate(f"{mean:.4f}", (mean, y), xytext=(0, 7), textcoords="offset points", fontsize="small", ha="center")
+    ax.plot(seeds, [y] * len(seeds), "x", color="tab:blue", alpha=0.45, ms=5)
+    return [*seeds, low, high]
+
+
+def draw_difference(ax: Any, report: Report, variant: Variant, y: float) -> list[float]:
+    """One variant's row of the right panel: the baseline as a point, any other variant's difference from
+    it with its paired interval, coloured by its verdict; the interval's ends drawn, for the axis limits."""
+    c = report.comparisons.get(variant.key)
+    if variant.key == report.baseline:
+        ax.plot(0, y, "D", color="black", ms=5)
+        return []
+    if c is None or c.delta_mean is None:
+        return []
+    color = VERDICT_COLORS.get(c.verdict, "tab:gray")
+    bounded = c.low is not None and c.high is not None and math.isfinite(c.low) and math.isfinite(c.high)
+    lo, hi = (c.low, c.high) if bounded else (c.delta_mean, c.delta_mean)  # an unbounded one: the mean
+    ax.errorbar(c.delta_mean, y, xerr=[[c.delta_mean - lo], [hi - c.delta_mean]], fmt="o", color=color,
+                ecolor=color, capsize=4, ms=6, zorder=3)  # fmt: skip
+    tag = c.verdict + ("" if c.paired or c.low is None else ", unpaired")
+    ax.annotate(tag, (c.delta_mean, y), xytext=(0, 7), textcoords="offset points", fontsize="small", ha="center",
+                color=color)  # fmt: skip
+    return [lo, hi]
 
 
 def numeric(values: list[str]) -> bool:

@@ -14,7 +14,8 @@ import argparse
 import contextlib
 import csv
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from zoo.lab.stats import (
     pass_threshold,
 )
 from zoo.lab.tune import TUNE_DIR
-from zoo.lab.variants import Report, build_report, report_options
+from zoo.lab.variants import Report, Variant, build_report, report_options
 
 log = logging.getLogger("zoo.lab.report")
 
@@ -167,31 +168,54 @@ def pass_text(variant: Any, report: Report, threshold: float | None) -> str:
     return f"{sum(v >= threshold for v in values)}/{len(values)}"
 
 
+#: A cell: (report, variant, key) -> value; ``key`` is the column's key for a family of columns (``each``).
+Cell = Callable[[Report, Variant, str], Any]
+
+
+def plain(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the variants table: its Markdown header and its report.csv name (None: not in that
+    file; ``{m}`` the metric, ``{key}`` the family's key, ``{threshold}``, ``{baseline}``, ``{ci}``), the
+    cell's value (what report.csv writes) and its Markdown text (default: the value), and when Markdown
+    shows it (report.csv always has every column: other tools read them). ``each``: one column per key."""
+
+    header: str | None
+    csv: str | None
+    value: Cell
+    text: Cell | None = None
+    when: Callable[[Report], bool] = lambda report: True
+    each: Callable[[Report], Sequence[str]] | None = None
+
+    def expand(self, report: Report) -> list[tuple[Column, str]]:
+        return [(self, key) for key in (self.each(report) if self.each is not None else [""])]
+
+    def markdown(self, report: Report, variant: Variant, key: str) -> str:
+        return (self.text or (lambda r, v, k: plain(self.value(r, v, k))))(report, variant, key)
+
+
+def header_fields(report: Report, key: str) -> dict[str, Any]:
+    return {"m": report.metric, "key": key, "threshold": pass_threshold(report.metric, report.mode),
+            "baseline": report.baseline_label, "ci": CONFIDENCE}  # fmt: skip
+
+
+def markdown_columns(report: Report) -> list[tuple[Column, str]]:
+    return [pair for c in COLUMNS if c.header is not None and c.when(report) for pair in c.expand(report)]
+
+
+def csv_columns(report: Report) -> list[tuple[Column, str]]:
+    return [pair for c in COLUMNS if c.csv is not None for pair in c.expand(report)]
+
+
 def markdown(report: Report) -> str:
     """The variants table, best first, each against the baseline, with what was measured and the failures below."""
     m = report.metric
-    both = sparse(report)
-    threshold = pass_threshold(m, report.mode)
+    columns = markdown_columns(report)
+    head = [str(c.header).format(**header_fields(report, key)) for c, key in columns]
     better = "lower" if report.mode == "min" else "higher"
-    tuned = any(v.tuned_lr is not None for v in report.variants)
-    budgeted = any(v.budget is not None for v in report.variants)
-    head = [
-        "#",
-        *report.axes,
-        "seeds",
-        "params",
-        *(["active params"] if both else []),
-        f"{m} (mean ± std)",
-        *([f"pass (≥ {threshold:g})"] if threshold is not None else []),
-        f"Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI]",
-        "verdict",
-        *report.extra,
-        *(["lr (tuned)"] if tuned else []),
-        *(["steps", "FLOPs"] if budgeted else []),
-        "tokens/s",
-        "wall s",
-        "status",
-    ]
     not_read = f" ({len(report.dropped)} not read: below)" if report.dropped else ""
     lines = [
         f"{report.root}: {len(report.runs)} runs{not_read}, {len(report.variants)} variants, sorted by {m} "
@@ -204,31 +228,8 @@ def markdown(report: Report) -> str:
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    for i, variant in enumerate(report.variants, 1):
-        mean, std = variant.mean_std(m)
-        shown = "" if mean is None else fmt(mean) + (f" ± {std:.4f}" if std is not None else "")
-        comparison = report.comparisons.get(variant.key)
-        is_base = variant.key == report.baseline
-        params = variant.parameters
-        rate, wall = variant.mean_of("tokens_per_s"), variant.mean_of("wall_time_s")
-        row = [
-            str(i),
-            *variant.key,
-            str(len(variant.runs)),
-            f"{params:,}" if params is not None else "",
-            *([f"{active:,}" if (active := active_params(variant)) is not None else ""] if both else []),
-            shown,
-            *([pass_text(variant, report, threshold)] if threshold is not None else []),
-            "baseline" if is_base else interval_text(comparison),
-            "" if is_base else verdict_text(comparison),
-            *[fmt(variant.mean_std(k)[0]) for k in report.extra],
-            *([f"{variant.tuned_lr:.3g}" if variant.tuned_lr is not None else ""] if tuned else []),
-            *([f"{variant.mean_of('steps') or 0:,.0f}", flops_text(variant.mean_of("flops"))] if budgeted else []),
-            f"{rate:,.0f}" if rate is not None else "",
-            f"{wall:.1f}" if wall is not None else "",
-            variant.status,
-        ]
-        lines.append("| " + " | ".join(row) + " |")
+    for variant in report.variants:
+        lines.append("| " + " | ".join(c.markdown(report, variant, key) for c, key in columns) + " |")
     base = report.variant(report.baseline)
     if base is None or not base.by_seed(m):
         lines += ["", f"The baseline {report.baseline_label} has no ok run: nothing to compare with."]
@@ -279,29 +280,121 @@ def stat_cells(c: Comparison | None, baseline: str, is_baseline: bool = False) -
     return [c.delta_mean, c.low, c.high, c.verdict, baseline, c.pairs, c.test, c.p_value, c.p_adjusted]
 
 
+def comparison(report: Report, variant: Variant) -> Comparison | None:
+    return report.comparisons.get(variant.key)
+
+
+def is_baseline(report: Report, variant: Variant) -> bool:
+    return variant.key == report.baseline
+
+
+def mean_text(report: Report, variant: Variant, key: str) -> str:
+    """``2.6000 ± 0.1414`` (the headline metric over seeds), or the mean alone, or empty."""
+    mean, std = variant.mean_std(report.metric)
+    return "" if mean is None else fmt(mean) + (f" ± {std:.4f}" if std is not None else "")
+
+
+def formatted(value: Callable[[Variant], float | None], spec: str = ",") -> Cell:
+    """A Markdown cell showing ``value(variant)`` in ``spec`` (default ``1,234``), empty when None."""
+    return lambda r, v, k: "" if (x := value(v)) is None else format(x, spec)
+
+
+def stat_value(report: Report, variant: Variant, key: str) -> Any:
+    cells = stat_cells(comparison(report, variant), report.baseline_label, is_baseline(report, variant))
+    return cells[STAT_COLUMNS.index(key)]
+
+
+def threshold_of(report: Report) -> float | None:
+    return pass_threshold(report.metric, report.mode)
+
+
+def budget_text(variant: Variant) -> str:
+    return f"{variant.budget['value']:g} {variant.budget['kind']}" if variant.budget else ""
+
+
+def flops_per_token(variant: Variant) -> Any:
+    return next((r.summary.get("flops_per_token") for r in variant.runs if r.summary.get("flops_per_token")), None)
+
+
+def tuned(report: Report) -> bool:
+    return any(v.tuned_lr is not None for v in report.variants)
+
+
+def budgeted(report: Report) -> bool:
+    return any(v.budget is not None for v in report.variants)
+
+
+#: The variants table, in order: each column of report.md and report.csv is one entry (a column in both
+#: files, or in one: their orders differ where the Markdown groups the comparison before the timings).
+COLUMNS: list[Column] = [
+    Column("#", None, lambda r, v, k: next(i for i, x in enumerate(r.variants, 1) if x is v)),
+    Column("{key}", "{key}", lambda r, v, k: v.key[r.axes.index(k)], each=lambda r: r.axes),
+    Column("seeds", "runs", lambda r, v, k: len(v.runs)),
+    Column(None, "ok", lambda r, v, k: len(v.ok)),
+    Column("params", "parameters", lambda r, v, k: v.parameters, formatted(lambda v: v.parameters)),
+    Column("active params", None, lambda r, v, k: active_params(v), formatted(active_params), when=sparse),
+    Column(None, "metric", lambda r, v, k: r.metric),
+    Column("{m} (mean ± std)", "{m}_mean", lambda r, v, k: v.mean_std(r.metric)[0], mean_text),
+    Column(None, "{m}_std", lambda r, v, k: v.mean_std(r.metric)[1]),
+    Column(
+        "pass (≥ {threshold:g})",
+        None,
+        lambda r, v, k: pass_text(v, r, threshold_of(r)),
+        when=lambda r: threshold_of(r) is not None,
+    ),  # fmt: skip
+    Column(
+        "Δ vs {baseline} [{ci:.0%} CI]",
+        None,
+        lambda r, v, k: "baseline" if is_baseline(r, v) else interval_text(comparison(r, v)),
+    ),  # fmt: skip
+    Column("verdict", None, lambda r, v, k: "" if is_baseline(r, v) else verdict_text(comparison(r, v))),
+    Column("{key}", None, lambda r, v, k: fmt(v.mean_std(k)[0]), each=lambda r: r.extra),
+    Column(
+        None,
+        "{key}_mean",
+        lambda r, v, k: v.mean_std(k)[0],
+        each=lambda r: [
+            k for k in sorted({k for run in r.runs for k in (run.summary.get("final") or {})}) if k != r.metric
+        ],
+    ),  # fmt: skip
+    Column("lr (tuned)", None, lambda r, v, k: v.tuned_lr, formatted(lambda v: v.tuned_lr, ".3g"), when=tuned),
+    Column("steps", None, lambda r, v, k: f"{v.mean_of('steps') or 0:,.0f}", when=budgeted),
+    Column("FLOPs", None, lambda r, v, k: flops_text(v.mean_of("flops")), when=budgeted),
+    Column(
+        "tokens/s",
+        "tokens_per_s",
+        lambda r, v, k: v.mean_of("tokens_per_s"),
+        formatted(lambda v: v.mean_of("tokens_per_s"), ",.0f"),
+    ),  # fmt: skip
+    Column(
+        "wall s",
+        "wall_time_s",
+        lambda r, v, k: v.mean_of("wall_time_s"),
+        formatted(lambda v: v.mean_of("wall_time_s"), ".1f"),
+    ),  # fmt: skip
+    Column(None, "flops_per_token", lambda r, v, k: flops_per_token(v)),
+    Column("status", "status", lambda r, v, k: v.status),
+    Column(None, "{key}", stat_value, each=lambda r: STAT_COLUMNS),
+    Column(None, "lr", lambda r, v, k: v.tuned_lr),
+    Column(None, "steps", lambda r, v, k: v.mean_of("steps")),
+    Column(None, "flops", lambda r, v, k: v.mean_of("flops")),
+    Column(None, "budget", lambda r, v, k: budget_text(v)),
+    Column(None, "pass", lambda r, v, k: pass_text(v, r, threshold_of(r))),
+    Column(None, "pass_threshold", lambda r, v, k: threshold_of(r)),
+    Column(None, "clipped", lambda r, v, k: clipped_cell(comparison(r, v))),
+]
+
+
 def write_csv(report: Report) -> None:
+    """report.csv (one row per variant, :data:`COLUMNS`), effects.csv (several axes) and runs.csv."""
     m = report.metric
     threshold = pass_threshold(m, report.mode)
-    finals = sorted({k for r in report.runs for k in (r.summary.get("final") or {})})
+    columns = csv_columns(report)
     with open(report.root / "report.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(
-            [*report.axes, "runs", "ok", "parameters", "metric", f"{m}_mean", f"{m}_std",
-             *[f"{k}_mean" for k in finals if k != m], "tokens_per_s", "wall_time_s", "flops_per_token", "status",
-             *STAT_COLUMNS, "lr", "steps", "flops", "budget", "pass", "pass_threshold", "clipped"]
-        )  # fmt: skip
+        writer.writerow([str(c.csv).format(**header_fields(report, key)) for c, key in columns])
         for v in report.variants:
-            mean, std = v.mean_std(m)
-            flops = next((r.summary.get("flops_per_token") for r in v.runs if r.summary.get("flops_per_token")), None)
-            writer.writerow(
-                [*v.key, len(v.runs), len(v.ok), v.parameters, m, mean, std,
-                 *[v.mean_std(k)[0] for k in finals if k != m], v.mean_of("tokens_per_s"), v.mean_of("wall_time_s"),
-                 flops, v.status,
-                 *stat_cells(report.comparisons.get(v.key), report.baseline_label, v.key == report.baseline),
-                 v.tuned_lr, v.mean_of("steps"), v.mean_of("flops"),
-                 f"{v.budget['value']:g} {v.budget['kind']}" if v.budget else "", pass_text(v, report, threshold),
-                 threshold, clipped_cell(report.comparisons.get(v.key))]
-            )  # fmt: skip
+            writer.writerow([c.value(report, v, key) for c, key in columns])
     if report.effects:
         with open(report.root / "effects.csv", "w", newline="") as f:
             writer = csv.writer(f)

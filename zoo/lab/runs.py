@@ -72,7 +72,8 @@ def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path) -> Path:
 # -- zoo-generate ---------------------------------------------------------------------------------
 
 
-def encode(prompt: str, config: dict[str, Any]) -> list[int]:
+def text_to_tokens(prompt: str, config: dict[str, Any]) -> list[int]:
+    """A prompt as the token ids of the run's task: UTF-8 bytes for a byte-level task, else ids separated by spaces."""
     if config["task"]["name"] in BYTE_TASKS:
         return list(prompt.encode("utf-8"))
     try:
@@ -82,7 +83,8 @@ def encode(prompt: str, config: dict[str, Any]) -> list[int]:
         raise ConfigError("prompt", prompt, allowed) from None
 
 
-def decode(ids: Sequence[int], config: dict[str, Any]) -> str:
+def tokens_to_text(ids: Sequence[int], config: dict[str, Any]) -> str:
+    """Token ids as text: UTF-8 (undecodable bytes replaced) for a byte-level task, else the ids separated by spaces."""
     if config["task"]["name"] in BYTE_TASKS:
         return bytes(ids).decode("utf-8", errors="replace")
     return " ".join(str(i) for i in ids)
@@ -104,7 +106,7 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         model, config = load_run(args.run, args.device)
-        ids = encode(args.prompt, config)
+        ids = text_to_tokens(args.prompt, config)
         if not ids:
             raise ConfigError("prompt", args.prompt, "at least one token")
         vocab = model.embed.num_embeddings
@@ -118,9 +120,9 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         sys.exit(f"zoo-generate: {error}")
     if config["task"]["name"] in BYTE_TASKS:
-        print(args.prompt + decode(new[0].tolist(), config))
+        print(args.prompt + tokens_to_text(new[0].tolist(), config))
     else:
-        print(decode(new[0].tolist(), config))
+        print(tokens_to_text(new[0].tolist(), config))
 
 
 # -- zoo-eval -------------------------------------------------------------------------------------

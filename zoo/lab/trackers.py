@@ -1,5 +1,10 @@
 """Experiment trackers (``logger=tensorboard|mlflow|wandb``), each through its own library.
 
+A tracker is one class registered in :data:`TRACKERS` (its options: the keyword-only arguments of
+its constructor, checked like a part's; its run-level logging and its report-level logging:
+methods) and one option file ``conf/logger/<name>.yaml``. A plugin registers one the same way,
+from a module of the ``zoo.parts`` entry-point group.
+
 A run sends its tracker every metrics record (the ``train`` and ``val`` lines of metrics.jsonl, at
 their step), its choices and flattened config as hyperparameters (TensorBoard's HParams, MLflow
 params, wandb config) and, when it ends, its final metrics (``final/<name>``) and status. At the end
@@ -19,41 +24,84 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
+from zoo.core.options import resolve_options
+from zoo.core.registry import Registry
 
 log = logging.getLogger("zoo.lab.trackers")
 
 INSTALL = 'pip install -e ".[trackers]"'
-#: logger name -> (the module it needs, the logger's options and their defaults).
-LOGGERS: dict[str, tuple[str | None, dict[str, Any]]] = {
-    "none": (None, {}),
-    "tensorboard": ("tensorboard", {"dir": None}),
-    "mlflow": ("mlflow", {"tracking_uri": None, "experiment": None}),
-    "wandb": ("wandb", {"mode": "offline", "project": "zoo", "entity": None, "dir": None}),
-}
 PLOTS = ("curves.png", "final.png")
+
+#: Trackers by name (``logger=<name>``): the same registry (names, did-you-mean errors, ``zoo-parts``
+#: listing, plugins) and option checking as the block's parts.
+TRACKERS = Registry("logger", where="logger")
+
+
+class Tracker:
+    """Tracks nothing. A subclass sends to its library: it takes its options as keyword-only
+    constructor arguments after ``root`` (the sweep folder, or a single run's own) and overrides
+    what it tracks; :attr:`library` names the module it needs (checked before any training).
+    ``Tracker()``: tracks nothing, for the ranks that do not track."""
+
+    #: The module the tracker's library provides; None: nothing to install.
+    library: ClassVar[str | None] = None
+
+    def __init__(self, root: Path | str = ".") -> None:
+        self.root = Path(root)
+
+    def start(self, name: str, summary: dict[str, Any]) -> None:
+        """A run called ``name`` begins (``summary``: its choices, config and run folder)."""
+
+    def log(self, record: dict[str, Any]) -> None:
+        """One metrics record (as written to metrics.jsonl)."""
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """The run ended: its final metrics and status."""
+
+    def log_report(self, plots: list[Path]) -> None:
+        """The sweep ended: its report's plots (and report.md, report.csv beside them in :attr:`root`)."""
+
+
+TRACKERS.register("none")(Tracker)
 
 
 def check_logger(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``logger`` section with defaults filled in; a ConfigError for an unknown name or key, or
-    for a tracker whose library is not installed."""
+    """The ``logger`` section with defaults filled in; a ConfigError for an unknown name, key or type,
+    or for a tracker whose library is not installed."""
     raw = dict(cfg or {"name": "none"})
     name = raw.pop("name", "none")
-    if name not in LOGGERS:
-        raise ConfigError("logger", name, f"one of {', '.join(LOGGERS)}")
-    module, defaults = LOGGERS[name]
-    for key in raw:
-        if key not in defaults:
-            allowed = f"not an option of logger {name!r}; options: {', '.join(defaults) or 'none'}"
-            raise ConfigError(f"logger.{key}", raw[key], allowed)
-    if module is not None and importlib.util.find_spec(module) is None:
-        raise ConfigError("logger", name, f"needs the {module} package: {INSTALL}")
-    return {"name": name, **defaults, **raw}
+    tracker = TRACKERS.get(name)
+    options = resolve_options(tracker, raw, "logger")
+    library = tracker.cls.library
+    if library is not None and importlib.util.find_spec(library) is None:
+        raise ConfigError("logger", name, f"needs the {library} package: {INSTALL}")
+    return {"name": name, **options}
+
+
+def build_tracker(cfg: dict[str, Any], root: Path) -> Tracker:
+    """The tracker a checked ``logger`` section names, with its options, for the folder ``root``."""
+    options = {k: v for k, v in cfg.items() if k != "name"}
+    return TRACKERS.get(cfg["name"]).cls(Path(root), **options)
+
+
+def open_tracker(cfg: dict[str, Any], root: Path, name: str, summary: dict[str, Any]) -> Tracker:
+    """The tracker of a checked ``logger`` section for one run; ``root``: the sweep (or run) folder."""
+    tracker = build_tracker(cfg, root)
+    tracker.start(name, summary)
+    return tracker
+
+
+def log_report(cfg: dict[str, Any], root: Path) -> None:
+    """Send the report's plots in ``root`` (if any) to the tracker of a checked ``logger`` section."""
+    plots = [Path(root) / p for p in PLOTS if (Path(root) / p).exists()]
+    if plots:
+        build_tracker(cfg, root).log_report(plots)
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -81,16 +129,6 @@ def numeric(record: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-class Tracker:
-    """``logger=none``: tracks nothing. Subclasses send to their library."""
-
-    def log(self, record: dict[str, Any]) -> None:
-        """One metrics record (as written to metrics.jsonl)."""
-
-    def finish(self, summary: dict[str, Any]) -> None:
-        """The run ended: its final metrics and status."""
-
-
 def hparams(summary: dict[str, Any]) -> dict[str, Any]:
     """A run's hyperparameters: its choices (``choice.attn=gqa``), then its flattened config."""
     choices = {f"choice.{k}": str(v) for k, v in (summary.get("choices") or {}).items()}
@@ -102,13 +140,20 @@ def finals(summary: dict[str, Any]) -> dict[str, float]:
     return values | {"final/steps": summary.get("steps") or 0}
 
 
+@TRACKERS.register("tensorboard")
 class TensorBoard(Tracker):
-    def __init__(self, cfg: dict[str, Any], root: Path, name: str, summary: dict[str, Any]) -> None:
+    """TensorBoard: scalars, HParams and the report's plots as images, in event files."""
+
+    library = "tensorboard"
+
+    def __init__(self, root: Path, *, dir: str | None = None) -> None:
+        super().__init__(root)
+        self.folder = Path(dir or self.root / "tensorboard")
+
+    def start(self, name: str, summary: dict[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.folder = Path(cfg["dir"] or root / "tensorboard") / name
-        self.writer = SummaryWriter(str(self.folder))
-        self.summary = summary
+        self.writer = SummaryWriter(str(self.folder / name))
 
     def log(self, record: dict[str, Any]) -> None:
         for key, value in numeric(record).items():
@@ -119,28 +164,46 @@ class TensorBoard(Tracker):
         self.writer.add_hparams(hparams(summary), finals(summary), run_name=".")
         self.writer.close()
 
+    def log_report(self, plots: list[Path]) -> None:
+        """Images of a ``report`` run."""
+        from matplotlib.image import imread
+        from torch.utils.tensorboard import SummaryWriter
 
+        writer = SummaryWriter(str(self.folder / "report"))
+        for plot in plots:
+            writer.add_image(f"report/{plot.stem}", imread(plot)[..., :3], dataformats="HWC")
+        writer.close()
+
+
+@TRACKERS.register("mlflow")
 class MLflow(Tracker):
-    def __init__(self, cfg: dict[str, Any], root: Path, name: str, summary: dict[str, Any]) -> None:
+    """MLflow: params, metric histories and the report as artifacts, in a file store unless told."""
+
+    library = "mlflow"
+
+    def __init__(self, root: Path, *, tracking_uri: str | None = None, experiment: str | None = None) -> None:
         import mlflow
 
-        self.client = mlflow.MlflowClient(tracking_uri(cfg, root))
-        experiment = experiment_id(self.client, cfg["experiment"] or root.name)
+        super().__init__(root)
+        self.client = mlflow.MlflowClient(file_store(tracking_uri, self.root))
+        self.experiment = experiment_id(self.client, experiment or self.root.name)
+
+    def start(self, name: str, summary: dict[str, Any]) -> None:
         run_dir = summary.get("run_dir") or name
         # A resumed run continues its MLflow run (found by its folder), as it continues metrics.jsonl.
-        found = self.client.search_runs([experiment], filter_string=f"tags.`zoo.run_dir` = '{run_dir}'", max_results=1)
+        found = self.client.search_runs(
+            [self.experiment], filter_string=f"tags.`zoo.run_dir` = '{run_dir}'", max_results=1
+        )
         if found:
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
-        else:
-            run = self.client.create_run(experiment, run_name=name, tags={"zoo.run_dir": run_dir})
-            self.run_id = run.info.run_id
-            params = hparams(summary)
-            from mlflow.entities import Param
+            return
+        self.run_id = self.client.create_run(self.experiment, run_name=name, tags={"zoo.run_dir": run_dir}).info.run_id
+        from mlflow.entities import Param
 
-            items = [Param(k, str(v)[:6000]) for k, v in params.items()]
-            for start in range(0, len(items), 100):  # the API's batch limit
-                self.client.log_batch(self.run_id, params=items[start : start + 100])
+        items = [Param(k, str(v)[:6000]) for k, v in hparams(summary).items()]
+        for start in range(0, len(items), 100):  # the API's batch limit
+            self.client.log_batch(self.run_id, params=items[start : start + 100])
 
     def log(self, record: dict[str, Any]) -> None:
         from mlflow.entities import Metric
@@ -157,12 +220,20 @@ class MLflow(Tracker):
         self.client.set_tag(self.run_id, "zoo.status", summary.get("status"))
         self.client.set_terminated(self.run_id, "FINISHED" if summary.get("status") == "ok" else "FAILED")
 
+    def log_report(self, plots: list[Path]) -> None:
+        """Artifacts of a ``report`` run: the plots, report.md and report.csv."""
+        run = self.client.create_run(self.experiment, run_name="report")
+        tables = [self.root / f for f in ("report.md", "report.csv") if (self.root / f).exists()]
+        for path in [*plots, *tables]:
+            self.client.log_artifact(run.info.run_id, str(path))
+        self.client.set_terminated(run.info.run_id)
 
-def tracking_uri(cfg: dict[str, Any], root: Path) -> str:
+
+def file_store(uri: str | None, root: Path) -> str:
     """``logger.tracking_uri``, or a file store under ``root``. MLflow 3 keeps its file store in
     "maintenance mode" behind MLFLOW_ALLOW_FILE_STORE; it is what mlflow-skinny can write (a database
     store needs SQLAlchemy), so zoo opts in for file stores."""
-    uri = cfg["tracking_uri"] or (Path(root).resolve() / "mlruns").as_uri()
+    uri = uri or (Path(root).resolve() / "mlruns").as_uri()
     if uri.startswith("file:"):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     return uri
@@ -178,22 +249,37 @@ def experiment_id(client: Any, name: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
+@TRACKERS.register("wandb")
 class Wandb(Tracker):
-    def __init__(self, cfg: dict[str, Any], root: Path, name: str, summary: dict[str, Any]) -> None:
+    """Weights & Biases: history, config, summary and the report's plots, offline unless told."""
+
+    library = "wandb"
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        mode: str = "offline",
+        project: str = "zoo",
+        entity: str | None = None,
+        dir: str | None = None,
+    ) -> None:
+        super().__init__(root)
+        self.mode, self.project, self.entity = mode, project, entity
+        self.folder = Path(dir or self.root)
+
+    def init(self, name: str, **kwargs: Any) -> Any:
+        """A wandb run called ``name`` of this sweep (its group: the sweep folder's name)."""
         import wandb
 
-        folder = Path(cfg["dir"] or root)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            project=cfg["project"],
-            entity=cfg["entity"],
-            mode=cfg["mode"],
-            dir=str(folder),
-            name=name,
-            group=root.name,
-            config=hparams(summary),
-            reinit="create_new",
-        )
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return wandb.init(
+            project=self.project, entity=self.entity, mode=self.mode, dir=str(self.folder), name=name,
+            group=self.root.name, reinit="create_new", **kwargs,
+        )  # fmt: skip
+
+    def start(self, name: str, summary: dict[str, Any]) -> None:
+        self.run = self.init(name, config=hparams(summary))
 
     def log(self, record: dict[str, Any]) -> None:
         self.run.log(numeric(record), step=record["step"])
@@ -202,49 +288,11 @@ class Wandb(Tracker):
         self.run.summary.update(finals(summary) | {"status": summary.get("status")})
         self.run.finish(exit_code=0 if summary.get("status") == "ok" else 1)
 
-
-TRACKERS: dict[str, type[Tracker]] = {"tensorboard": TensorBoard, "mlflow": MLflow, "wandb": Wandb}
-
-
-def open_tracker(cfg: dict[str, Any], root: Path, name: str, summary: dict[str, Any]) -> Tracker:
-    """The tracker of a checked ``logger`` section for one run; ``root``: the sweep (or run) folder."""
-    if cfg["name"] == "none":
-        return Tracker()
-    return TRACKERS[cfg["name"]](cfg, Path(root), name, summary)
-
-
-# -- the report's plots, at the end of a sweep ----------------------------------------------------
-
-
-def log_report(cfg: dict[str, Any], root: Path) -> None:
-    """Send the report's plots in ``root`` to the tracker (images in TensorBoard; artifacts of a
-    ``report`` run in MLflow; images of a ``report`` run in wandb)."""
-    plots = [root / p for p in PLOTS if (root / p).exists()]
-    if cfg["name"] == "none" or not plots:
-        return
-    if cfg["name"] == "tensorboard":
-        from matplotlib.image import imread
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(str(Path(cfg["dir"] or root / "tensorboard") / "report"))
-        for plot in plots:
-            writer.add_image(f"report/{plot.stem}", imread(plot)[..., :3], dataformats="HWC")
-        writer.close()
-    elif cfg["name"] == "mlflow":
-        import mlflow
-
-        client = mlflow.MlflowClient(tracking_uri(cfg, root))
-        run = client.create_run(experiment_id(client, cfg["experiment"] or root.name), run_name="report")
-        for plot in [*plots, *(root / f for f in ("report.md", "report.csv") if (root / f).exists())]:
-            client.log_artifact(run.info.run_id, str(plot))
-        client.set_terminated(run.info.run_id)
-    else:
+    def log_report(self, plots: list[Path]) -> None:
+        """Images of a ``report`` run."""
         import wandb
 
-        run = wandb.init(
-            project=cfg["project"], entity=cfg["entity"], mode=cfg["mode"], dir=str(Path(cfg["dir"] or root)),
-            name="report", group=root.name, job_type="report", reinit="create_new",
-        )  # fmt: skip
+        run = self.init("report", job_type="report")
         run.log({f"report/{p.stem}": wandb.Image(str(p)) for p in plots})
         run.finish()
 
