@@ -379,3 +379,20 @@ def test_the_trainer_and_the_run_entry_name_no_task():
         for word in ("source", "exact_match", "seq2seq", "build_seq2seq", "transduce"):
             found = [line for line in text.splitlines() if re.search(rf"\b{word}\b", line)]
             assert not found, (name, word, found)
+
+
+def test_a_checkpoint_records_the_loops_running_values_as_before(tmp_path):
+    """state.json's ``loop`` keeps its keys (checkpoints written before still resume): the first loss,
+    the last logged one, the last evaluation, steps summed since the last log and the training time."""
+    from zoo.lab import checkpoint as ckpt
+
+    summary = run(tiny("train.checkpoint_every=4", "train.keep_checkpoints=5", "train.log_every=3"), tmp_path)
+    assert summary["status"] == "ok"
+    loop = ckpt.read_state(ckpt.step_dir(tmp_path, 8))["state"]["loop"]
+    assert set(loop) == {"n_summed", "reference", "last_loss", "final_val", "train_time"}
+    records = read_metrics(tmp_path)
+    train = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}  # logged at 1, 3, 6, 9, 12
+    val = next(r for r in records if r["kind"] == "val" and r["step"] == 6)
+    assert loop["reference"] == train[1] and loop["last_loss"] == train[6] and loop["n_summed"] == 2
+    assert loop["final_val"] == {k: v for k, v in val.items() if k.startswith("val_")}
+    assert 0 < loop["train_time"] < summary["train_time_s"]
