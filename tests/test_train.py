@@ -12,7 +12,7 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from zoo import build_model, compose
+from zoo import ConfigError, build_model, compose
 from zoo.lab.records import read_metrics, read_summary
 from zoo.lab.tasks import TASKS, build_task
 from zoo.lab.train import run, run_dirname
@@ -396,3 +396,31 @@ def test_a_checkpoint_records_the_loops_running_values_as_before(tmp_path):
     assert loop["reference"] == train[1] and loop["last_loss"] == train[6] and loop["n_summed"] == 2
     assert loop["final_val"] == {k: v for k, v in val.items() if k.startswith("val_")}
     assert 0 < loop["train_time"] < summary["train_time_s"]
+
+
+def test_a_run_checks_each_section_once_and_builds_from_what_it_resolved(tmp_path, monkeypatch):
+    """zoo.lab.plan checks tune and the process mesh once each (the mesh with the task's lengths, known
+    before its data is read); the model is built from the resolved layer specs, not resolved again."""
+    from zoo.lab import plan, scale, train
+
+    calls = {"tune": 0, "mesh": 0}
+
+    def counting(name, function):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(train, "tune_options", counting("tune", train.tune_options))
+    monkeypatch.setattr(scale.ProcessMesh, "check_model", counting("mesh", scale.ProcessMesh.check_model))
+    monkeypatch.setattr("zoo.models.language.layer_specs", lambda *a, **k: pytest.fail("resolved the block again"))
+    summary = run(tiny(), tmp_path)
+    assert summary["status"] == "ok", summary["error"]
+    assert calls == {"tune": 1, "mesh": 1}
+    resolved = plan.plan_run(tiny(), {})
+    assert len(resolved.specs) == 2 and resolved.task_options["seq_len"] == 32 and resolved.train.steps == 12
+    for cfg, length in [(tiny("task.seq_len=33"), 33), (tiny("task.max_len=12", task="transduce"), 13)]:
+        cfg = {**cfg, "parallel": {"tp": 2}}
+        with pytest.raises(ConfigError, match=f"parallel.tp=2: must divide the sequence length {length} "):
+            plan.plan_run(cfg, {}, world=2)  # the task's length from its options: no data read
