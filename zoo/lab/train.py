@@ -40,8 +40,8 @@ from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.registry import AXES
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.argv import exit_on_bad_overrides
-from zoo.lab.lock import RunLock, holder
 from zoo.lab.exit_status import exit_if_a_run_failed
+from zoo.lab.lock import RunLock, holder
 from zoo.lab.plan import RunPlan, plan_run
 from zoo.lab.records import (
     METRICS,
