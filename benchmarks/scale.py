@@ -5,7 +5,8 @@
     python benchmarks/scale.py --device cuda --layouts one --d-model 2048 --layers 16 --heads 16 \
         --kv-heads 16 --seq-len 2048 --batch 4 --compile --hf    # one GPU: MFU, and HF Llama beside it
 
-Every layout trains the same model (``preset=llama`` at the given sizes, same init) with AdamW on
+Every layout trains the same model (``preset=llama`` at the given sizes, same init) with the trainer's step
+(zoo/lab/step.py: bf16 autocast on CUDA, clipping, AdamW) on
 random tokens at the same global batch (``--batch`` sequences of ``--seq-len`` tokens per step):
 
 - ``one``: one process with every thread (``--threads``, default: the machine's cores);
@@ -73,13 +74,16 @@ def parallel_of(layout: str, world: int) -> Any:
 def train_rate(args: argparse.Namespace, layout: str, rank: int, world: int) -> float:
     """Tokens/s of the global batch over ``args.steps`` timed steps (after ``args.warmup``), this rank's view."""
     from zoo import build_model
+    from zoo.core.auxiliary import aux_weights
     from zoo.lab.scale import compile_blocks, parallelize
-    from zoo.lab.trainer import TrainConfig, loss_fn, make_optimizer
+    from zoo.lab.step import Stepper
+    from zoo.lab.tasks import Batch
+    from zoo.lab.trainer import TrainConfig, make_optimizer
 
     device = torch.device(args.device, rank if args.device == "cuda" and world > 1 else 0)
     cfg = config(args)
     torch.manual_seed(0)
-    model = build_model(cfg).to(device)
+    model = core = build_model(cfg).to(device)
     parallel = parallel_of(layout, world)
     if layout == "ddp":
         if args.compile:
@@ -90,19 +94,17 @@ def train_rate(args: argparse.Namespace, layout: str, rank: int, world: int) -> 
                     mixed_precision=args.device == "cuda")  # fmt: skip
     elif args.compile:
         compile_blocks(model)
-    optimizer = make_optimizer(model, TrainConfig(lr=1e-4))
+    train_cfg = TrainConfig(lr=1e-4)
+    # The trainer's step (zoo/lab/step.py): autocast on CUDA in every layout, as a run trains.
+    step_fn = Stepper(model, core, make_optimizer(core, train_cfg), device, train_cfg.grad_clip,
+                      aux_weights(core, train_cfg.aux_weights))  # fmt: skip
     rows = args.batch // parallel.dp
     generator = torch.Generator().manual_seed(1 + parallel.dp_rank(rank))
     ids = torch.randint(0, args.vocab, (rows, args.seq_len + 1), generator=generator).to(device)
-    fsdp_mixed = parallel.sharded and parallel.dp > 1  # FSDP2's bf16 policy stands in for autocast
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.device == "cuda" and not fsdp_mixed)
+    batch = Batch(ids[:, :-1], ids[:, 1:])
 
     def step() -> None:
-        with autocast:
-            logits = model(ids[:, :-1])
-        loss_fn(logits, ids[:, 1:]).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        step_fn(batch)
 
     for _ in range(args.warmup):
         step()

@@ -1,4 +1,4 @@
-"""Training-loop overhead: zoo's Trainer against the bare forward + backward + step of the same model.
+"""Training-loop overhead: zoo's Trainer against its bare training step (zoo/lab/step.py) on the same model.
 
     python benchmarks/train_loop.py                                  # CPU, d_model 128, 4 layers, T 128
     python benchmarks/train_loop.py --d-model 64 --layers 2 --steps 50 --repeats 3   # a quick check
@@ -6,9 +6,10 @@
     python benchmarks/train_loop.py --steps 400 --repeats 3          # + checkpoint cost (every 100 steps)
 
 Both sides train the same model (same init) with the same optimizer on the same task's batch
-size and length. The bare side reuses one batch already on the device and never reads the loss
-back; the Trainer draws a fresh batch every step, sets the learning rate, clips gradients, sums
-the loss, logs every ``train.log_every`` steps and updates its progress bar. Runs alternate
+size and length, and the same step (forward under the trainer's autocast, loss, auxiliary losses,
+backward, clipping, optimizer step). The bare side reuses one batch already on the device and never
+reads the loss back; the Trainer draws a fresh batch every step, sets the learning rate, sums the
+loss, logs every ``train.log_every`` steps and updates its progress bar. Runs alternate
 (bare, loop, bare, loop, ...) so drift in machine load hits both alike; the medians are compared, and
 the median of the ratios within each round (paired: its runs ran back to back).
 The Trainer's tokens/s excludes its evaluation, as in summary.json. Target: ratio >= 0.90.
@@ -32,33 +33,24 @@ import torch
 from timing import sync
 
 from zoo import build_model, compose
+from zoo.core.auxiliary import aux_weights
 from zoo.lab.checkpoint import CheckpointWriter
+from zoo.lab.step import Stepper
 from zoo.lab.tasks import build_task
-from zoo.lab.trainer import TrainConfig, Trainer, check_run_config, loss_fn, make_optimizer
+from zoo.lab.trainer import TrainConfig, Trainer, check_run_config, make_optimizer
 
 
 def bare_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device, steps: int) -> float:
+    """Tokens/s of the trainer's own step (zoo.lab.step: autocast, loss, clipping, optimizer) alone."""
     torch.manual_seed(0)
     model = build_model(cfg).to(device)
     optimizer = make_optimizer(model, train_cfg)
     batch = task.train_batch(train_cfg.batch_size, torch.Generator().manual_seed(0)).to(device)
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    )
-
-    def step() -> torch.Tensor:
-        with autocast:
-            logits = model(batch.inputs)
-        loss = loss_fn(logits, batch.targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-
+    step = Stepper(model, model, optimizer, device, train_cfg.grad_clip, aux_weights(model, train_cfg.aux_weights))
     sync(device)
     start = time.perf_counter()  # the first step counts on both sides (first-call allocations included)
     for _ in range(steps):
-        step()
+        step(batch)
     sync(device)
     return steps * train_cfg.batch_size * task.seq_len / (time.perf_counter() - start)
 

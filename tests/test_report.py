@@ -410,7 +410,7 @@ def test_a_run_folder_that_cannot_be_read_is_named_and_fails_the_exit_status(tmp
     assert len(rows) == 13 and {(rows[k]["status"], rows[k]["error"]) for k in reasons} == {
         ("not read", reason) for reason in reasons.values()
     }
-    from zoo.lab.outcome import runs_not_done  # a sweep's exit status names the reason too
+    from zoo.lab.exit_status import runs_not_done  # a sweep's exit status names the reason too
 
     assert (tmp_path / "pos=rotary,mlp=gelu,seed=1", reasons["pos=rotary,mlp=gelu,seed=1"]) in runs_not_done(tmp_path)
     for folder in reasons:  # mended, the report reads every run again and exits 0

@@ -10,9 +10,9 @@ from test_train import tiny
 
 import zoo
 from zoo.core.errors import ConfigError
-from zoo.lab import train as train_module
 from zoo.lab.runs import eval_main, evaluate_run, generate_main, text_to_tokens, tokens_to_text
 from zoo.lab.train import run
+from zoo.models import language
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +21,12 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     built = []
 
-    def keep(cfg):  # the model the run trains, to compare with what load_run rebuilds
-        built.append(zoo.build_model(cfg))
+    def keep(cfg, **resolved):  # the model the run trains, to compare with what load_run rebuilds
+        built.append(zoo.build_model(cfg, **resolved))
         return built[-1]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train_module, "build_model", keep)
+        patch.setattr(language, "build_model", keep)  # what a language-model task builds
         summary = run(tiny("preset=llama", "task.eval_lengths=[1,2]"), root / "bytes")
     assert summary["status"] == "ok"
     small = ("task.n_pairs=4", "task.n_queries=4", "task.n_keys=16", "task.n_values=16")

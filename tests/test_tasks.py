@@ -47,7 +47,7 @@ def test_bytes_validation_is_held_out_and_fixed(tmp_path):
 
 def test_bytes_metrics_are_bits_per_byte(tmp_path):
     task = small_bytes(tmp_path)
-    metrics = task.compute(loss_sum=10 * math.log(2), count=10, correct=0)
+    metrics = task.compute({"loss_sum": 10 * math.log(2), "count": 10, "correct": 0})
     assert metrics == pytest.approx({"bpb": 1.0, "loss": math.log(2)})
     assert task.metric == "val_bpb" and task.mode() == "min"
 
@@ -131,7 +131,7 @@ def test_mqar_metrics_and_lengths():
     assert task.eval_lengths == (1, 2)
     assert task.metric_names() == ["val_accuracy", "val_accuracy_2x", "val_loss", "val_loss_2x"]
     assert task.mode() == "max" and task.mode("val_loss_2x") == "min"
-    assert task.compute(loss_sum=8.0, count=4, correct=3) == {"accuracy": 0.75, "loss": 2.0}
+    assert task.compute({"loss_sum": 8.0, "count": 4, "correct": 3}) == {"accuracy": 0.75, "loss": 2.0}
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from zoo import build_model, compose
+from zoo import ConfigError, build_model, compose
 from zoo.lab.records import read_metrics, read_summary
 from zoo.lab.tasks import TASKS, build_task
 from zoo.lab.train import run, run_dirname
@@ -95,7 +95,7 @@ def test_diverging_run_stops_early_and_is_recorded(tmp_path):
 
 
 def test_a_learned_table_shorter_than_the_sequence_fails_on_the_config_before_any_data(tmp_path, monkeypatch):
-    monkeypatch.setattr("zoo.lab.train.build_task", lambda cfg: pytest.fail("read the data before the check"))
+    monkeypatch.setattr("zoo.lab.plan.RunPlan.build_task", lambda plan: pytest.fail("read the data before the check"))
     summary = run(tiny("pos=learned", "block.max_len=8", "task.seq_len=64"), tmp_path)
     assert summary["status"] == "failed" and "traceback" not in summary, summary["error"]
     assert summary["error"] == (
@@ -237,14 +237,14 @@ def test_the_adding_a_task_example_in_the_docs_trains(tmp_path):
 
 def test_the_loss_skips_exactly_the_tasks_ignore_value(monkeypatch):
     """The loss names the tasks' IGNORE itself rather than relying on cross_entropy's default (-100)."""
-    import zoo.lab.trainer as trainer
+    import zoo.lab.step as step
 
     logits = torch.randn(2, 3, 5)
     targets = torch.tensor([[1, 4, -7], [-7, 0, 2]])
     kept = targets != -7
     expected = torch.nn.functional.cross_entropy(logits[kept], targets[kept])
-    monkeypatch.setattr(trainer, "IGNORE", -7)
-    torch.testing.assert_close(trainer.loss_fn(logits, targets), expected)
+    monkeypatch.setattr(step, "IGNORE", -7)
+    torch.testing.assert_close(step.loss_fn(logits, targets), expected)
 
 
 @pytest.mark.slow
@@ -308,3 +308,119 @@ def test_a_norm_free_placement_records_no_norm_choice_and_its_norm_sweep_is_one_
         assert [len(v.runs) for v in report.variants] == [1, 1]
     finally:
         PLACEMENTS.unregister("test_nonorm")
+
+
+def test_a_task_with_its_own_metric_trains_without_a_trainer_change(tmp_path):
+    """A task owns its scoring: the trainer adds up the sums it names, then hands them to its compute."""
+    from zoo.lab.tasks import IGNORE, register_task
+    from zoo.lab.tasks.mqar import MQARTask
+
+    scored, computed = [], []
+
+    class MarginTask(MQARTask):
+        """MQAR scored by the log-probability margin of the right value over the best other token."""
+
+        metrics = {"margin": "max", "loss": "min"}
+        sums = ("margin_sum", "count", "loss_sum")
+
+        def score(self, model, batch, logits):
+            kept = batch.targets != IGNORE
+            logp, target = logits.log_softmax(-1)[kept], batch.targets[kept][:, None]
+            right = logp.gather(-1, target)[:, 0]
+            best_other = logp.scatter(-1, target, -math.inf).amax(-1)
+            sums = {"margin_sum": (right - best_other).sum().double(), "count": kept.sum().double(),
+                    "loss_sum": -right.sum().double()}  # fmt: skip
+            scored.append({name: value.item() for name, value in sums.items()})
+            return sums
+
+        def compute(self, sums):
+            computed.append(dict(sums))
+            return {"margin": sums["margin_sum"] / sums["count"], "loss": sums["loss_sum"] / sums["count"]}
+
+    register_task("margin")(MarginTask)
+    try:
+        cfg = tiny(task="mqar")
+        cfg["task"] = {**cfg["task"], "name": "margin", "metric": "val_margin"}
+        summary = run(cfg, tmp_path)
+        assert summary["status"] == "ok", summary["error"]
+        assert len(computed) == 2 and len(scored) == 2 * 2  # two evaluations of train.eval_batches=2 batches
+        last = scored[-2:]  # the final evaluation's batches, added up in order
+        assert computed[-1] == {name: last[0][name] + last[1][name] for name in MarginTask.sums}
+        margin = computed[-1]["margin_sum"] / computed[-1]["count"]
+        assert summary["metric"] == {"name": "val_margin", "mode": "max", "value": margin}
+        assert summary["final"]["val_margin"] == margin and "val_accuracy" not in summary["final"]
+        assert summary["final"]["val_loss"] == computed[-1]["loss_sum"] / computed[-1]["count"]
+    finally:
+        TASKS.unregister("margin")
+
+
+def test_the_trainer_trains_with_the_shared_step(tmp_path, monkeypatch):
+    """Trainer.fit runs zoo.lab.step's Stepper once per step (the step the benchmarks time)."""
+    from zoo.lab import step
+
+    calls = []
+    original = step.Stepper.__call__
+
+    def counted(self, batch):
+        calls.append(batch.inputs.shape)
+        return original(self, batch)
+
+    monkeypatch.setattr(step.Stepper, "__call__", counted)
+    summary = run(tiny("train.eval_every=0"), tmp_path)
+    assert summary["status"] == "ok" and len(calls) == 12 and calls[0] == (4, 32)
+
+
+def test_the_trainer_and_the_run_entry_name_no_task():
+    """The trainer and zoo-train leave how a batch reaches the model, how it is scored and which model
+    it needs to the task (zoo/lab/tasks): no encoder-decoder inputs, no task's metric, no model kind."""
+    lab = Path(__file__).resolve().parent.parent / "zoo" / "lab"
+    for name in ("trainer.py", "train.py"):
+        text = (lab / name).read_text()
+        for word in ("source", "exact_match", "seq2seq", "build_seq2seq", "transduce"):
+            found = [line for line in text.splitlines() if re.search(rf"\b{word}\b", line)]
+            assert not found, (name, word, found)
+
+
+def test_a_checkpoint_records_the_loops_running_values_as_before(tmp_path):
+    """state.json's ``loop`` keeps its keys (checkpoints written before still resume): the first loss,
+    the last logged one, the last evaluation, steps summed since the last log and the training time."""
+    from zoo.lab import checkpoint as ckpt
+
+    summary = run(tiny("train.checkpoint_every=4", "train.keep_checkpoints=5", "train.log_every=3"), tmp_path)
+    assert summary["status"] == "ok"
+    loop = ckpt.read_state(ckpt.step_dir(tmp_path, 8))["state"]["loop"]
+    assert set(loop) == {"n_summed", "reference", "last_loss", "final_val", "train_time"}
+    records = read_metrics(tmp_path)
+    train = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}  # logged at 1, 3, 6, 9, 12
+    val = next(r for r in records if r["kind"] == "val" and r["step"] == 6)
+    assert loop["reference"] == train[1] and loop["last_loss"] == train[6] and loop["n_summed"] == 2
+    assert loop["final_val"] == {k: v for k, v in val.items() if k.startswith("val_")}
+    assert 0 < loop["train_time"] < summary["train_time_s"]
+
+
+def test_a_run_checks_each_section_once_and_builds_from_what_it_resolved(tmp_path, monkeypatch):
+    """zoo.lab.plan checks tune and the process mesh once each (the mesh with the task's lengths, known
+    before its data is read); the model is built from the resolved layer specs, not resolved again."""
+    from zoo.lab import plan, scale, train
+
+    calls = {"tune": 0, "mesh": 0}
+
+    def counting(name, function):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(train, "tune_options", counting("tune", train.tune_options))
+    monkeypatch.setattr(scale.ProcessMesh, "check_model", counting("mesh", scale.ProcessMesh.check_model))
+    monkeypatch.setattr("zoo.models.language.layer_specs", lambda *a, **k: pytest.fail("resolved the block again"))
+    summary = run(tiny(), tmp_path)
+    assert summary["status"] == "ok", summary["error"]
+    assert calls == {"tune": 1, "mesh": 1}
+    resolved = plan.plan_run(tiny(), {})
+    assert len(resolved.specs) == 2 and resolved.task_options["seq_len"] == 32 and resolved.train.steps == 12
+    for cfg, length in [(tiny("task.seq_len=33"), 33), (tiny("task.max_len=12", task="transduce"), 13)]:
+        cfg = {**cfg, "parallel": {"tp": 2}}
+        with pytest.raises(ConfigError, match=f"parallel.tp=2: must divide the sequence length {length} "):
+            plan.plan_run(cfg, {}, world=2)  # the task's length from its options: no data read

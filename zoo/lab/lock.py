@@ -22,7 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from zoo.lab.outcome import relative
+from zoo.lab.exit_status import relative
 from zoo.lab.records import read_metrics, read_summary
 
 log = logging.getLogger("zoo.lab.lock")

@@ -35,15 +35,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.assembly.compose import CONF_DIR, resolve_composed
-from zoo.assembly.spec import to_dict
+from zoo.assembly.compose import CONF_DIR
 from zoo.core.errors import ConfigError, IncompatibleParts
-from zoo.core.options import resolve_options
 from zoo.core.registry import AXES
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.argv import exit_on_bad_overrides
+from zoo.lab.exit_status import exit_if_a_run_failed
 from zoo.lab.lock import RunLock, holder
-from zoo.lab.outcome import exit_if_a_run_failed
+from zoo.lab.plan import RunPlan, plan_run
 from zoo.lab.records import (
     METRICS,
     SUMMARY,
@@ -53,16 +52,11 @@ from zoo.lab.records import (
     read_summary,
     write_json_atomic,
 )
-from zoo.lab.scale import ProcessMesh
-from zoo.lab.tasks import TASKS, build_task
-from zoo.lab.trackers import Tracker, check_logger, open_tracker
-from zoo.lab.trainer import Trainer, check_run_config
+from zoo.lab.tasks import Task
+from zoo.lab.trackers import Tracker, open_tracker
+from zoo.lab.trainer import FitResult, TrainConfig, Trainer
 from zoo.lab.tune import TUNE_DIR, choose_lr, tune_options
-from zoo.lab.variants import report_options, unused_axes
-from zoo.models.config import block_section, layer_specs, model_options
-from zoo.models.language import build_model
-from zoo.models.seq2seq import build_seq2seq
-from zoo.parts.positions import LearnedPosition
+from zoo.lab.variants import unused_axes
 
 log = logging.getLogger("zoo.lab.train")
 
@@ -121,7 +115,7 @@ def versions() -> dict[str, str]:
 def package_version() -> str:
     try:
         return importlib.metadata.version("zoo")
-    except importlib.metadata.PackageNotFoundError:  # imported from a source tree that is not installed
+    except importlib.metadata.PackageNotFoundError:  # imported from a checkout that is not installed
         return "unknown"
 
 
@@ -198,11 +192,7 @@ def run(
     try:
         raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
         assert isinstance(raw, dict)
-        if tune_options(raw.get("tune"))[0] is not None:  # tune.lr: this variant's best rate from the tuning runs
-            if tune_dir is None:
-                raise ConfigError("tune.lr", raw["tune"]["lr"], "tunes a sweep: zoo-sweep NAME or zoo-train -m")
-            summary["tune"] = choose_lr(raw, tune_dir)
-            raw = {**raw, "train": {**(raw.get("train") or {}), "lr": summary["tune"]["lr"]}}
+        raw = tuned(raw, summary, tune_dir)
         summary.update(config=raw, config_hash=config_hash(raw), unused_axes=unused_axes(raw))
         summary["choices"] = {k: v for k, v in summary["choices"].items() if k not in summary["unused_axes"]}
         if writes and resume and world == 1:
@@ -222,12 +212,28 @@ def run(
     if writes:
         write_json_atomic(out_dir / SUMMARY, summary)  # type: ignore[operator]
     if rank == 0:
-        if summary["status"] == "failed":
-            where = " (traceback in summary.json)" if "traceback" in summary and writes else ""
-            log.error("%s failed: %s%s", shown(out_dir), summary["error"], where)
-        else:
-            log.info("%s %s: %s", shown(out_dir), summary["status"], metric_text(summary))
+        log_end(summary, out_dir, writes)
     return summary
+
+
+def tuned(raw: dict[str, Any], summary: dict[str, Any], tune_dir: Path | None) -> dict[str, Any]:
+    """``raw`` with ``tune.lr``'s choice (this variant's best rate from the tuning runs, recorded in
+    ``summary["tune"]``) as ``train.lr``; ``raw`` itself without ``tune.lr``. The one check of ``tune``."""
+    if tune_options(raw.get("tune"))[0] is None:
+        return raw
+    if tune_dir is None:
+        raise ConfigError("tune.lr", raw["tune"]["lr"], "tunes a sweep: zoo-sweep NAME or zoo-train -m")
+    summary["tune"] = choose_lr(raw, tune_dir)
+    return {**raw, "train": {**(raw.get("train") or {}), "lr": summary["tune"]["lr"]}}
+
+
+def log_end(summary: dict[str, Any], out_dir: Path | None, writes: bool) -> None:
+    """The run's last log line: its error, or its status and headline metric."""
+    if summary["status"] == "failed":
+        where = " (traceback in summary.json)" if "traceback" in summary and writes else ""
+        log.error("%s failed: %s%s", shown(out_dir), summary["error"], where)
+    else:
+        log.info("%s %s: %s", shown(out_dir), summary["status"], metric_text(summary))
 
 
 def train(
@@ -244,48 +250,67 @@ def train(
     With ``resume``, a checkpoint in ``out_dir`` (of this config) is continued; without, it is deleted.
     """
     rank, world, local_rank = dist_env()
-    train_cfg, device = check_run_config(raw)
-    logger = check_logger(raw.get("logger"))  # a tracker that is not installed fails here, before any work
-    report_options(raw.get("report"))  # a bad report.baseline or report.correction fails before training
-    # Fail on the block before reading data (a part's name naming the option file that set it).
-    resolve_composed(raw.get("block") or {}, summary["choices"], summary["overrides"])
-    if world > 1 and multirun and submitit_tasks() == 1:
-        raise ConfigError(
-            "hydra.mode",
-            "MULTIRUN",
-            "torchrun trains one configuration; launch sweeps without it (or on submitit with "
-            "hydra.launcher.tasks_per_node: one process per task for each run)",
-        )
-    tune_options(raw.get("tune"))
-    parallel = ProcessMesh.from_config(raw.get("parallel"), world)  # the mesh's keys against the world size
-    options = model_options(raw)
-    specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
-    parallel.check_model(specs, options["vocab_size"])  # parts' plans and divisibility, before any tensor work
-    check_positions_fit(specs, raw.get("task"))
+    torchrun_sweep = world > 1 and multirun and submitit_tasks() == 1
+    plan = plan_run(raw, summary["choices"], summary["overrides"], world=world, torchrun_sweep=torchrun_sweep)
     threads = raw.get("threads") or default_threads(parallel_jobs)
     torch.set_num_threads(threads)
+    device = take_device(plan.device, world, local_rank)
+    task = plan.build_task()
+    vocab = plan.model["vocab_size"]
+    if task.vocab_size > vocab:
+        raise ConfigError("model.vocab_size", vocab, f"at least task {task.name!r}'s vocabulary ({task.vocab_size})")
+    seed = raw.get("seed", 0)
+    torch.manual_seed(seed)  # the same initial model on every rank
+    model = task.build_model(raw, plan.specs)
+    torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
+    train_cfg = describe(summary, plan, task, model, world)
+    summary.update(device=str(device), threads=threads, world_size=world)
+    summary["metric"] = {"name": task.metric, "mode": task.mode(), "value": None}
+    resume_from, metrics, tracker = open_records(out_dir, summary, task, plan, resume=resume, multirun=multirun)
+    writer: Any = None
+    if out_dir is not None and train_cfg.checkpoint_every > 0:
+        writer = ckpt.CheckpointWriter(
+            out_dir, config_hash=summary["config_hash"], world_size=world, keep=train_cfg.keep_checkpoints
+        )
+    mesh = None
+    if world > 1:
+        resume_from, mesh, writer = join_processes(plan, train_cfg, device, out_dir, resume_from, summary, writer)
+    try:
+        trainer = Trainer(
+            model, task, train_cfg, device=device,
+            data_seed=seed * 65_537 + plan.mesh.dp_rank(rank),  # tensor-parallel ranks share their batches
+            log=Records(metrics, tracker), progress=raw.get("progress"), rank=rank, world=world,
+            save_checkpoint=writer, compile=raw.get("compile", False), parallel=plan.mesh, mesh=mesh,
+        )  # fmt: skip
+        result = fit(trainer, plan, train_cfg, out_dir, resume_from, summary, writer)
+    finally:
+        metrics.close()
+        tracker.finish(summary)  # status ok or diverged; running: the run raised
+        if writer is not None:
+            writer.close()
+        if world > 1:
+            dist.destroy_process_group()
+    summary.update(trainer.peak_memory())
+    summary["metric"]["value"] = result.final.get(task.metric) if result.status == "ok" else None
+    if trainer.eval_errors:
+        summary["eval_errors"] = trainer.eval_errors
+    if trainer.routing:
+        summary["routing"] = trainer.routing  # fraction of routed tokens per expert, per routing part
+
+
+def take_device(device: torch.device, world: int, local_rank: int) -> torch.device:
+    """The device this process trains on (under torchrun on CUDA: its local rank's), made current."""
     if device.type == "cuda" and world > 1:
         device = torch.device("cuda", local_rank)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
-    task = build_task(raw.get("task"))
-    vocab = options["vocab_size"]
-    if task.vocab_size > vocab:
-        raise ConfigError("model.vocab_size", vocab, f"at least task {task.name!r}'s vocabulary ({task.vocab_size})")
-    parallel.check_model(specs, vocab, [task.seq_len * f for f in task.eval_lengths])  # sequence parallel
-    if parallel.sharded and train_cfg.eval_batches % parallel.dp:
-        raise ConfigError(
-            "train.eval_batches",
-            train_cfg.eval_batches,
-            f"must be a multiple of the data-parallel ways {parallel.dp} under FSDP2 or tensor parallelism "
-            "(every rank runs as many forwards)",
-        )
-    seed = raw.get("seed", 0)
-    torch.manual_seed(seed)  # the same initial model on every rank
-    model = build_seq2seq(raw) if getattr(task, "seq2seq", False) else build_model(raw)
-    torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
+    return device
+
+
+def describe(summary: dict[str, Any], plan: RunPlan, task: Task, model: Any, world: int) -> TrainConfig:
+    """Record the model and data in ``summary``; the train config with its steps set by ``train.budget``."""
     flops_per_token = model.flops_per_token(task.seq_len)
-    train_cfg, budget = train_cfg.with_budget(train_cfg.batch_size * task.seq_len * world, flops_per_token)
+    train_cfg, budget = plan.train.with_budget(plan.train.batch_size * task.seq_len * world, flops_per_token)
     if budget is not None:
         summary["budget"] = budget  # train.budget set the steps
     summary.update(
@@ -293,16 +318,32 @@ def train(
         active_parameters=model.num_active_parameters(),
         flops_per_token=flops_per_token,
         data=task.info(),
-        device=str(device),
-        threads=threads,
-        world_size=world,
-        metric={"name": task.metric, "mode": task.mode(), "value": None},
     )
+    return train_cfg
+
+
+class Records:
+    """Where the trainer's metrics records go: ``metrics.jsonl`` and the experiment tracker."""
+
+    def __init__(self, metrics: MetricsLog, tracker: Tracker) -> None:
+        self.metrics, self.tracker = metrics, tracker
+
+    def __call__(self, line: dict[str, Any]) -> None:
+        self.metrics.write(line)
+        self.tracker.log(line)
+
+
+def open_records(
+    out_dir: Path | None, summary: dict[str, Any], task: Task, plan: RunPlan, *, resume: bool, multirun: bool
+) -> tuple[Path | None, MetricsLog, Tracker]:
+    """Rank 0 (``out_dir`` set): the checkpoint to resume from, the summary written (``running``), the
+    metrics log (cut back to that checkpoint) and the tracker run; other ranks: None and no-op writers."""
+    world = summary["world_size"]
     resume_from = find_checkpoint(out_dir, summary, world, resume) if out_dir is not None else None
     if out_dir is not None:
         write_json_atomic(out_dir / SUMMARY, summary)  # status "running": a killed run is re-run on resume
         ckpt.remove_weights(out_dir)  # weights on disk are always this config's
-    if rank == 0:
+    if dist_env()[0] == 0:
         choices = ", ".join(f"{k}={v}" for k, v in summary["choices"].items() if v is not None)
         data = summary["data"].get("sha256", "generated")[:12]
         total = summary["parameters"]["total"]
@@ -314,101 +355,70 @@ def train(
     metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None, append=resume_from is not None)
     tracker = Tracker()
     if out_dir is not None:  # rank 0: one tracker run per run folder, beside the sweep's others
-        tracker = open_tracker(logger, out_dir.parent if multirun else out_dir, out_dir.name, summary)
+        tracker = open_tracker(plan.logger, out_dir.parent if multirun else out_dir, out_dir.name, summary)
+    return resume_from, metrics, tracker
 
-    def record(line: dict[str, Any]) -> None:
-        metrics.write(line)
-        tracker.log(line)
 
-    writer: Any = None
-    if out_dir is not None and train_cfg.checkpoint_every > 0:
-        writer = ckpt.CheckpointWriter(
-            out_dir, config_hash=summary["config_hash"], world_size=world, keep=train_cfg.keep_checkpoints
-        )
+def join_processes(
+    plan: RunPlan,
+    train_cfg: TrainConfig,
+    device: torch.device,
+    out_dir: Path | None,
+    resume_from: Path | None,
+    summary: dict[str, Any],
+    writer: Any,
+) -> tuple[Path | None, Any, Any]:
+    """Start the process group; every rank learns rank 0's checkpoint to resume from. Under FSDP2 or tensor
+    parallelism: the device mesh, and a writer of every rank's shards. Returns (resume_from, mesh, writer)."""
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    shared = [str(resume_from) if resume_from is not None else None, str(out_dir) if out_dir else None]
+    dist.broadcast_object_list(shared, src=0)  # rank 0 found it; every rank loads it
+    resume_from = Path(shared[0]) if shared[0] is not None else None
     mesh = None
-    if world > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        shared = [str(resume_from) if resume_from is not None else None, str(out_dir) if out_dir else None]
-        dist.broadcast_object_list(shared, src=0)  # rank 0 found it; every rank loads it
-        resume_from = Path(shared[0]) if shared[0] is not None else None
-        if parallel.sharded:
-            mesh = parallel.mesh(device.type)
-            if shared[1] is not None and train_cfg.checkpoint_every > 0:  # every rank writes its shards there
-                writer = ckpt.ShardedCheckpointWriter(
-                    Path(shared[1]), config_hash=summary["config_hash"], world_size=world,
-                    keep=train_cfg.keep_checkpoints,
-                )  # fmt: skip
-    try:
-        trainer = Trainer(
-            model,
-            task,
-            train_cfg,
-            device=device,
-            data_seed=seed * 65_537 + parallel.dp_rank(rank),  # tensor-parallel ranks share their batches
-            log=record,
-            progress=raw.get("progress"),
-            rank=rank,
-            world=world,
-            save_checkpoint=writer,
-            compile=raw.get("compile", False),
-            parallel=parallel,
-            mesh=mesh,
+    if plan.mesh.sharded:
+        mesh = plan.mesh.mesh(device.type)
+        if shared[1] is not None and train_cfg.checkpoint_every > 0:  # every rank writes its shards there
+            writer = ckpt.ShardedCheckpointWriter(
+                Path(shared[1]), config_hash=summary["config_hash"], world_size=summary["world_size"],
+                keep=train_cfg.keep_checkpoints,
+            )  # fmt: skip
+    return resume_from, mesh, writer
+
+
+def fit(
+    trainer: Trainer,
+    plan: RunPlan,
+    train_cfg: TrainConfig,
+    out_dir: Path | None,
+    resume_from: Path | None,
+    summary: dict[str, Any],
+    writer: Any,
+) -> FitResult:
+    """Resume (from ``resume_from``), train, and save the final weights; ``summary`` records the result."""
+    model, rank, world, sharded = trainer.model, trainer.rank, trainer.world, plan.mesh.sharded
+    summary["resumed_from"] = []
+    if resume_from is not None:
+        state = ckpt.load_checkpoint(
+            resume_from, model, trainer.optimizer, config_hash=summary["config_hash"], world_size=world
         )
-        summary["resumed_from"] = []
-        if resume_from is not None:
-            state = ckpt.load_checkpoint(
-                resume_from, model, trainer.optimizer, config_hash=summary["config_hash"], world_size=world
-            )
-            trainer.restore(state)
-            summary["resumed_from"] = [*state.resumed_from, state.step]
-            if rank == 0:
-                log.info("%s: resumed from %s", shown(out_dir), resumed_text(resume_from, summary))
-        outcome = trainer.fit()
-        if writer is not None:
-            writer.close()  # the last checkpoint is on disk before the run says it is done
-        whole = ckpt.full_state_dict(model) if parallel.sharded and train_cfg.save == "final" else None  # every rank
-        if out_dir is not None and train_cfg.save == "final":
-            meta = {"config_hash": summary["config_hash"], "step": str(outcome.steps)}
-            ckpt.save_weights(model, out_dir / ckpt.WEIGHTS, meta, state=whole)  # one-process layout
-        summary.update(outcome.as_dict())
-        summary["flops"] = outcome.tokens * flops_per_token  # training FLOPs spent
-        if world > 1 and not parallel.sharded:
-            summary["ranks_in_sync"] = ranks_in_sync(model)
-        summary["parallel"] = {"dp_replicate": parallel.dp_replicate, "dp_shard": parallel.dp_shard, "tp": parallel.tp}
-    finally:
-        metrics.close()
-        tracker.finish(summary)  # status ok or diverged; running: the run raised
-        if writer is not None:
-            writer.close()
-        if world > 1:
-            dist.destroy_process_group()
-    summary.update(trainer.peak_memory())
-    summary["metric"]["value"] = outcome.final.get(task.metric) if outcome.status == "ok" else None
-    if trainer.eval_errors:
-        summary["eval_errors"] = trainer.eval_errors
-    if trainer.routing:
-        summary["routing"] = trainer.routing  # fraction of routed tokens per expert, per routing part
-
-
-def check_positions_fit(specs: Sequence[Any], task_cfg: Any) -> None:
-    """A learned position table at least ``task.seq_len`` long, from the config alone (before the task
-    reads its data); a task without a ``seq_len`` option is not checked here."""
-    raw = to_dict(task_cfg) if task_cfg is not None else {}
-    seq_len = resolve_options(TASKS.get(raw.pop("name", None)), raw, "task").get("seq_len")
-    max_len = specs[0].dims.max_len
-    if (
-        seq_len is None
-        or max_len is None
-        or not issubclass(specs[0]["pos"].part.cls, LearnedPosition)
-        or max_len >= seq_len
-    ):
-        return
-    raise ConfigError(
-        "block.max_len",
-        max_len,
-        f"below task.seq_len={seq_len}: learned positions need block.max_len >= task.seq_len; "
-        f"set block.max_len={seq_len} or lower task.seq_len",
-    )
+        trainer.restore(state)
+        summary["resumed_from"] = [*state.resumed_from, state.step]
+        if rank == 0:
+            log.info("%s: resumed from %s", shown(out_dir), resumed_text(resume_from, summary))
+    result = trainer.fit()
+    if writer is not None:
+        writer.close()  # the last checkpoint is on disk before the run says it is done
+    whole = ckpt.full_state_dict(model) if sharded and train_cfg.save == "final" else None  # every rank
+    if out_dir is not None and train_cfg.save == "final":
+        meta = {"config_hash": summary["config_hash"], "step": str(result.steps)}
+        ckpt.save_weights(model, out_dir / ckpt.WEIGHTS, meta, state=whole)  # one-process layout
+    summary.update(result.as_dict())
+    summary["flops"] = result.tokens * summary["flops_per_token"]  # training FLOPs spent
+    if world > 1 and not sharded:
+        summary["ranks_in_sync"] = ranks_in_sync(model)
+    mesh = plan.mesh
+    summary["parallel"] = {"dp_replicate": mesh.dp_replicate, "dp_shard": mesh.dp_shard, "tp": mesh.tp}
+    return result
 
 
 def find_checkpoint(out_dir: Path, summary: dict[str, Any], world: int, resume: bool) -> Path | None:

@@ -13,12 +13,10 @@ import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 from tqdm import tqdm
 
@@ -27,15 +25,16 @@ from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
 from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
 from zoo.lab.scale import ProcessMesh, compile_blocks, parallelize
-from zoo.lab.tasks import IGNORE, Batch, Task
+from zoo.lab.step import Stepper, autocast
+from zoo.lab.tasks import Batch, Task
 from zoo.lab.tasks.base import metric_name
-from zoo.models.language import LanguageModel
+from zoo.models.base import TokenModel
 
 #: ``train.save``: what a finished run keeps (final weights as model.safetensors, or nothing).
 SAVE = ("final", "none")
 
 #: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form);
-#: ``encoder`` an encoder-decoder's encoder section (zoo.build_seq2seq, for seq2seq tasks).
+#: ``encoder`` an encoder-decoder's encoder section (read by the model builder of a task that trains one).
 RUN_KEYS = {
     "block", "model", "encoder", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report",
     "compile", "tune", "parallel",
@@ -176,24 +175,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (float32) over the positions whose target is not IGNORE."""
-    flat_logits, flat_targets = rearrange(logits.float(), "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)")
-    return F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE)
-
-
-def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Logits of ``batch``: a language model reads ``inputs``; an encoder-decoder (a batch with a
-    ``source``) reads the source under its mask and ``inputs`` as its teacher-forced target."""
-    source = getattr(batch, "source", None)
-    if source is None:
-        return model(batch.inputs)
-    return model(source, batch.inputs, src_mask=batch.source_mask)
-
-
 @dataclass
-class Outcome:
-    """What the loop did: ``status`` is ``ok`` or ``diverged``."""
+class FitResult:
+    """What :meth:`Trainer.fit` did: ``status`` is ``ok`` or ``diverged``."""
 
     status: str
     steps: int
@@ -205,6 +189,35 @@ class Outcome:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class LoopState:
+    """The loop's running values. A checkpoint keeps those in :data:`SAVED` (``state.json``'s ``loop``:
+    the same on every rank); ``loss_sum`` and ``aux_sums`` are per rank, on the device."""
+
+    SAVED: ClassVar[tuple[str, ...]] = ("n_summed", "reference", "last_loss", "final_val", "train_time")
+
+    n_summed: int = 0  # steps summed into loss_sum since the last log step
+    reference: float | None = None  # the first logged loss (divergence is judged against it)
+    last_loss: float | None = None
+    final_val: dict[str, float | None] = field(default_factory=dict)  # the last evaluation's metrics
+    train_time: float = 0.0  # seconds of training (no evaluation) up to the last log step
+    loss_sum: torch.Tensor | None = None
+    aux_sums: dict[str, torch.Tensor] = field(default_factory=dict)  # each auxiliary loss since the last log
+    last_aux: dict[str, float] = field(default_factory=dict)  # their means at the last log step
+    step: int = 0
+    status: str = "ok"
+    reason: str | None = None
+
+    def saved(self, train_time: float) -> dict[str, Any]:
+        """What a checkpoint records of the loop, with ``train_time`` up to now."""
+        return {**{name: getattr(self, name) for name in self.SAVED}, "train_time": train_time}
+
+    def restore(self, loop: dict[str, Any]) -> None:
+        """Take the values a checkpoint recorded (:meth:`saved`)."""
+        for name in self.SAVED:
+            setattr(self, name, loop[name])
 
 
 class Trainer:
@@ -219,7 +232,7 @@ class Trainer:
 
     def __init__(
         self,
-        model: LanguageModel,
+        model: TokenModel,
         task: Task,
         cfg: TrainConfig,
         *,
@@ -248,7 +261,7 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(data_seed)
         self.optimizer = make_optimizer(self.model, cfg)
         self.aux_weights = aux_weights(self.model, cfg.aux_weights)  # the parts' defaults, then train.aux_weights
-        self.aux_sums: dict[str, torch.Tensor] = {}  # each auxiliary loss summed since the last log step
+        self.tokens_per_step = cfg.batch_size * task.seq_len * self.dp
         #: At the last evaluation, each routing part's fraction of routed tokens per expert (validation, 1x length).
         self.routing: dict[str, list[float]] = {}
         if world > 1 and not self.sharded:
@@ -271,128 +284,130 @@ class Trainer:
             set_rng_state(state.ranks[self.rank]["rng"], self.generator, self.device)
         self.restored = state
 
-    def checkpoint(self, step: int, loss_sum: torch.Tensor, loop: dict[str, Any]) -> None:
+    def checkpoint(self, step: int, loop: LoopState, train_time: float) -> None:
         """Gather every rank's generators and running loss; rank 0 hands the state to ``save_checkpoint``."""
-        mine = {"rng": rng_state(self.generator, self.device), "loss_sum": loss_sum.detach().cpu().clone()}
-        if self.aux_sums:
-            mine["aux_sums"] = {name: value.detach().cpu().clone() for name, value in self.aux_sums.items()}
+        assert loop.loss_sum is not None
+        mine = {"rng": rng_state(self.generator, self.device), "loss_sum": loop.loss_sum.detach().cpu().clone()}
+        if loop.aux_sums:
+            mine["aux_sums"] = {name: value.detach().cpu().clone() for name, value in loop.aux_sums.items()}
         ranks = [mine]
         if self.world > 1:
             ranks = [None] * self.world
             dist.all_gather_object(ranks, mine)
         if self.save_checkpoint is not None:
             history = self.restored.resumed_from + [self.restored.step] if self.restored else []
-            state = TrainState(step=step, loop=loop, ranks=ranks, resumed_from=history)
+            state = TrainState(step=step, loop=loop.saved(train_time), ranks=ranks, resumed_from=history)
             self.save_checkpoint(state, self.model, self.optimizer)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast on CUDA; nothing on CPU (float32)."""
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        """bf16 autocast on CUDA; nothing on CPU (float32): the training step's (:func:`zoo.lab.step.autocast`)."""
+        return autocast(self.device)
 
     def batches(self) -> Iterator[Batch]:
         while True:
             yield self.task.train_batch(self.cfg.batch_size, self.generator).to(self.device)
 
-    def fit(self) -> Outcome:
-        cfg, model, optimizer = self.cfg, self.train_model, self.optimizer
-        params = list(self.model.parameters())
-        tokens_per_step = cfg.batch_size * self.task.seq_len * self.dp
+    def start_loop(self) -> tuple[LoopState, int]:
+        """The loop's state at its first step, and that step: 1, or after the restored checkpoint's."""
+        zero = torch.zeros((), device=self.device)
+        loop = LoopState(loss_sum=zero.clone(), aux_sums=dict.fromkeys(self.aux_weights, zero))
+        if self.restored is None:
+            return loop, 1
+        if len(self.restored.ranks) == self.world:  # this rank's running sums (fresh at another world size)
+            mine = self.restored.ranks[self.rank]
+            loop.loss_sum += mine["loss_sum"].to(self.device)
+            for name, value in mine.get("aux_sums", {}).items():
+                loop.aux_sums[name] = value.to(self.device)
+        loop.restore(self.restored.loop)
+        return loop, self.restored.step + 1
+
+    def fit(self) -> FitResult:
+        """Train ``cfg.steps`` steps (from a restored checkpoint's on), logging, evaluating and checkpointing."""
+        cfg = self.cfg
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         disable = True if self.rank != 0 or self.progress is False else (None if self.progress is None else False)
-        loss_sum, n_summed = torch.zeros((), device=self.device), 0
-        self.aux_sums = dict.fromkeys(self.aux_weights, torch.zeros((), device=self.device))
-        reference, last_loss, final_val, last_aux = None, None, {}, {}
-        train_time, status, reason, step, first = 0.0, "ok", None, 0, 1
-        if self.restored is not None:  # continue a checkpointed run where it stopped
-            first, loop = self.restored.step + 1, self.restored.loop
-            if len(self.restored.ranks) == self.world:
-                loss_sum += self.restored.ranks[self.rank]["loss_sum"].to(self.device)
-                for name, value in self.restored.ranks[self.rank].get("aux_sums", {}).items():
-                    self.aux_sums[name] = value.to(self.device)
-            n_summed, reference, last_loss = loop["n_summed"], loop["reference"], loop["last_loss"]
-            final_val, train_time = loop["final_val"], loop["train_time"]
+        loop, first = self.start_loop()
+        step_fn = Stepper(self.train_model, self.model, self.optimizer, self.device, cfg.grad_clip,
+                          self.aux_weights, self.task.logits)  # fmt: skip
         bar = tqdm(total=cfg.steps, initial=first - 1, disable=disable, unit="step", dynamic_ncols=True)  # None: TTY
-        model.train()
+        self.train_model.train()
         batches = self.batches()
         started = time.perf_counter()
         for step in range(first, cfg.steps + 1):
+            loop.step = step
             if self.checkpointing and step > first and (step - 1) % cfg.checkpoint_every == 0:
-                elapsed = train_time + time.perf_counter() - started  # the state after step - 1
-                loop = {"n_summed": n_summed, "reference": reference, "last_loss": last_loss,
-                        "final_val": final_val, "train_time": elapsed}  # fmt: skip
-                self.checkpoint(step - 1, loss_sum, loop)
+                self.checkpoint(step - 1, loop, loop.train_time + time.perf_counter() - started)  # after step - 1
             lr = cfg.lr_at(step - 1)
-            for group in optimizer.param_groups:
+            for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            batch = next(batches)
-            with self.autocast():
-                logits = forward(model, batch)
-            loss = loss_fn(logits, batch.targets)
-            total = loss
-            for name, value in self.model.take_aux_losses().items():  # what the parts recorded in this forward
-                total = total + self.aux_weights[name] * value.float()
-                self.aux_sums[name] = self.aux_sums[name] + value.detach().float()
-            total.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum += loss.detach()
-            n_summed += 1
+            loss, aux = step_fn(next(batches))
+            for name, value in aux.items():
+                loop.aux_sums[name] = loop.aux_sums[name] + value
+            loop.loss_sum += loss
+            loop.n_summed += 1
             evaluate = step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if step % cfg.log_every and step != 1 and not evaluate:
                 continue
-            # -- a log step: the one host sync --------------------------------------------------
-            mean = loss_sum / n_summed
-            if self.world > 1:
-                dist.all_reduce(mean)
-                mean = mean / self.world
-            last_loss = mean.item()
-            now = time.perf_counter()
-            rate = n_summed * tokens_per_step / max(now - started, 1e-9)
-            train_time, started = train_time + now - started, now  # logging below counts as training time
-            aux = {}
-            if self.aux_sums:
-                means = torch.stack(list(self.aux_sums.values())) / n_summed
-                if self.world > 1:
-                    dist.all_reduce(means)
-                    means = means / self.world
-                aux = {f"aux_{name}": value for name, value in zip(self.aux_sums, means.tolist(), strict=True)}
-                self.aux_sums = dict.fromkeys(self.aux_sums, torch.zeros((), device=self.device))
-                last_aux = aux
-            self.log(
-                {"kind": "train", "step": step, "tokens": step * tokens_per_step, "loss": last_loss, "lr": lr,
-                 "tokens_per_s": rate, **aux}
-            )  # fmt: skip
-            bar.update(n_summed)
-            bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
-            loss_sum.zero_()
-            n_summed = 0
-            reference = last_loss if reference is None else reference
-            if not math.isfinite(last_loss) or last_loss > cfg.diverge_factor * reference:
-                status = "diverged"
-                reason = (
-                    f"loss {last_loss:.4g} at step {step} (first loss {reference:.4g}, limit x{cfg.diverge_factor:g})"
-                )
+            started = self.log_step(loop, lr, started, bar)  # the one host sync
+            if loop.status != "ok":
                 break
             if evaluate:
                 paused = time.perf_counter()
-                final_val = self.evaluate()
-                self.log({"kind": "val", "step": step, "tokens": step * tokens_per_step, **final_val})
+                loop.final_val = self.evaluate()
+                self.log({"kind": "val", "step": step, "tokens": step * self.tokens_per_step, **loop.final_val})
                 started += time.perf_counter() - paused  # evaluation is not training time
         bar.close()
-        tokens = step * tokens_per_step
-        return Outcome(
-            status=status,
-            steps=step,
+        return self.result(loop)
+
+    def log_step(self, loop: LoopState, lr: float, started: float, bar: Any) -> float:
+        """Log the mean loss since the last log step (and the auxiliary losses'), and check for divergence.
+        Returns the new start of the training time (what logging took counts as training)."""
+        mean = self.mean_over_ranks(loop.loss_sum / loop.n_summed)
+        loop.last_loss = mean.item()
+        now = time.perf_counter()
+        rate = loop.n_summed * self.tokens_per_step / max(now - started, 1e-9)
+        loop.train_time += now - started
+        aux = {}
+        if loop.aux_sums:
+            means = self.mean_over_ranks(torch.stack(list(loop.aux_sums.values())) / loop.n_summed)
+            aux = {f"aux_{name}": value for name, value in zip(loop.aux_sums, means.tolist(), strict=True)}
+            loop.aux_sums = dict.fromkeys(loop.aux_sums, torch.zeros((), device=self.device))
+            loop.last_aux = aux
+        step = loop.step
+        self.log(
+            {"kind": "train", "step": step, "tokens": step * self.tokens_per_step, "loss": loop.last_loss, "lr": lr,
+             "tokens_per_s": rate, **aux}
+        )  # fmt: skip
+        bar.update(loop.n_summed)
+        bar.set_postfix(loss=f"{loop.last_loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+        loop.loss_sum.zero_()
+        loop.n_summed = 0
+        loop.reference = loop.last_loss if loop.reference is None else loop.reference
+        limit = self.cfg.diverge_factor
+        if not math.isfinite(loop.last_loss) or loop.last_loss > limit * loop.reference:
+            loop.status = "diverged"
+            first = loop.reference
+            loop.reason = f"loss {loop.last_loss:.4g} at step {step} (first loss {first:.4g}, limit x{limit:g})"
+        return now
+
+    def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` averaged over every rank (itself in one process)."""
+        if self.world > 1:
+            dist.all_reduce(value)
+            value = value / self.world
+        return value
+
+    def result(self, loop: LoopState) -> FitResult:
+        tokens = loop.step * self.tokens_per_step
+        return FitResult(
+            status=loop.status,
+            steps=loop.step,
             tokens=tokens,
-            train_time_s=train_time,
-            tokens_per_s=tokens / max(train_time, 1e-9),
-            final={"train_loss": last_loss, **last_aux, **final_val},
-            reason=reason,
+            train_time_s=loop.train_time,
+            tokens_per_s=tokens / max(loop.train_time, 1e-9),
+            final={"train_loss": loop.last_loss, **loop.last_aux, **loop.final_val},
+            reason=loop.reason,
         )
 
     @torch.no_grad()
@@ -402,41 +417,18 @@ class Trainer:
         out: dict[str, float | None] = {}
         # Parts that route tokens (a mixture of experts) keep the tokens per expert of their last forward.
         routers = {name: m for name, m in self.model.named_modules() if hasattr(m, "last_counts")}
-        routed = {name: 0.0 for name in routers}
-        exact_matches = getattr(self.task, "exact_matches", None)  # greedy decoding scored whole (seq2seq tasks)
+        routed: dict[str, Any] = {name: 0.0 for name in routers}
         for factor, batches in self.val_sets.items():
-            # loss sum, count, correct; exact matches and sequences (tasks scored by generation)
-            sums = torch.zeros(5, dtype=torch.float64, device=self.device)
             try:
-                for batch in batches[self.dp_rank :: self.dp]:
-                    batch = batch.to(self.device)
-                    with self.autocast():
-                        logits = forward(self.model, batch).float()
-                        if exact_matches is not None:
-                            sums[3] += exact_matches(self.model, batch)
-                            sums[4] += batch.targets.shape[0]
-                    if factor == 1:
-                        for name, router in routers.items():
-                            routed[name] = routed[name] + router.last_counts.double()
-                    scored = batch.targets != IGNORE
-                    logits, targets = logits[scored], batch.targets[scored]  # (n, v), (n,)
-                    loss = F.cross_entropy(logits, targets, reduction="sum")
-                    correct = (logits.argmax(-1) == targets).sum()
-                    sums[:3] += torch.stack([loss.double(), scored.sum().double(), correct.double()])
+                sums = self.score(batches, routers if factor == 1 else {}, routed)
             except Exception as error:  # a part that cannot run at this length: record, keep training
                 if factor == 1:
                     raise
                 self.eval_errors[f"{factor}x"] = f"{type(error).__name__}: {error}"
                 out.update({metric_name(name, factor): None for name in self.task.metrics})
                 continue
-            if self.world > 1:
-                dist.all_reduce(sums)
-                sums /= self.world // self.dp  # each batch was scored by its tp ranks alike
-            loss_sum, count, correct, exact, sequences = sums.tolist()
-            for name, value in self.task.compute(loss_sum, int(count), int(correct)).items():
+            for name, value in self.task.compute(sums).items():
                 out[metric_name(name, factor)] = value
-            if exact_matches is not None:
-                out[metric_name("exact_match", factor)] = exact / max(sequences, 1)
         for name, counts in routed.items():
             if isinstance(counts, torch.Tensor):
                 if self.world > 1:
@@ -444,6 +436,25 @@ class Trainer:
                 self.routing[name] = (counts / counts.sum()).tolist()
         self.model.train()
         return out
+
+    def score(self, batches: list[Batch], routers: dict[str, nn.Module], routed: dict[str, Any]) -> dict[str, float]:
+        """The task's sums over this rank's share of ``batches``, added up over every rank (``routed``
+        adds up each of ``routers``' tokens per expert)."""
+        sums = {name: torch.zeros((), dtype=torch.float64, device=self.device) for name in self.task.sums}
+        for batch in batches[self.dp_rank :: self.dp]:
+            batch = batch.to(self.device)
+            with self.autocast():
+                logits = self.task.logits(self.model, batch).float()
+                scored = self.task.score(self.model, batch, logits)
+            for name, router in routers.items():
+                routed[name] = routed[name] + router.last_counts.double()
+            for name, value in scored.items():
+                sums[name] = sums[name] + value.to(self.device)
+        total = torch.stack(list(sums.values()))
+        if self.world > 1:
+            dist.all_reduce(total)
+            total /= self.world // self.dp  # each batch was scored by its tp ranks alike
+        return dict(zip(sums, total.tolist(), strict=True))
 
     def peak_memory(self) -> dict[str, Any]:
         """Peak memory in MiB: CUDA allocations on GPU, else the process's peak resident set."""

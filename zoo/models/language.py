@@ -158,13 +158,15 @@ class LanguageModel(TokenModel, Stack):
         return self.training_flops(seq_len, attention_layers=len(self.blocks))
 
 
-def build_model(cfg: Mapping[str, Any] | DictConfig) -> LanguageModel:
+def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpec] | None = None) -> LanguageModel:
     """A model from a config with a ``block`` section and a ``model`` section: ``vocab_size``,
-    ``n_layers``, ``tie_embeddings`` and ``layers`` (per-layer block overrides, ``{3: {attn: mqa}}``)."""
+    ``n_layers``, ``tie_embeddings`` and ``layers`` (per-layer block overrides, ``{3: {attn: mqa}}``).
+    ``specs``: the layers' specs already resolved from this config (:func:`zoo.models.config.layer_specs`)."""
     raw = to_dict(cfg)
     options = model_options(raw)
     block = block_section(raw)
-    specs = layer_specs(block, options["n_layers"], options["layers"], "model.layers")
+    if specs is None:
+        specs = layer_specs(block, options["n_layers"], options["layers"], "model.layers")
     for i, spec in enumerate(specs):
         if spec.dims.cross_attention:
             field = "block.cross_attention" if block.get("cross_attention") else f"model.layers.{i}.cross_attention"

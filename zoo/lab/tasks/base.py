@@ -1,14 +1,17 @@
-"""The task interface the trainer sees: batches of token ids and targets, and named metrics."""
+"""The task interface the trainer sees: batches, how a batch reaches the model and is scored, named
+metrics, and which model the task trains. The defaults are a decoder-only language model's."""
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from zoo.assembly.spec import to_dict
 from zoo.core.errors import ConfigError
@@ -61,13 +64,44 @@ class Task(ABC):
     def info(self) -> dict[str, Any]:
         """What the data is: its source, sizes and a hash (recorded in summary.json)."""
 
+    @classmethod
+    def planned_seq_len(cls, options: Mapping[str, Any]) -> int | None:
+        """The trained length the task will have with ``options``, known before it reads any data
+        (None when the options do not say, or are not valid: the task's constructor then says why)."""
+        seq_len = options.get("seq_len")
+        return seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > 0 else None
+
+    # -- the model ----------------------------------------------------------------------------
+    def build_model(self, raw: Mapping[str, Any], specs: Sequence[Any] | None = None) -> nn.Module:
+        """The model this task trains, from the run config: a decoder-only language model built from
+        ``specs`` (the config's layer specs, already resolved) or from ``raw``."""
+        from zoo.models.language import build_model
+
+        return build_model(raw, specs=specs)
+
+    def logits(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """The logits (b, t, vocab) of ``batch``: a language model reads its ``inputs``."""
+        return model(batch.inputs)
+
     # -- metrics ------------------------------------------------------------------------------
     #: Metric names (without ``val_`` and the length suffix) and whether lower is better.
     metrics: ClassVar[dict[str, str]] = {"loss": "min"}
+    #: The names of the float64 sums :meth:`score` returns for a batch (the trainer adds them up over the
+    #: validation set and across processes, then hands them to :meth:`compute`).
+    sums: ClassVar[tuple[str, ...]] = ("loss_sum", "count", "correct")
 
-    def compute(self, loss_sum: float, count: int, correct: int) -> dict[str, float]:
-        """Metrics from summed cross-entropy (nats), scored positions and correct argmax predictions."""
-        return {"loss": loss_sum / max(count, 1)}
+    def score(self, model: nn.Module, batch: Batch, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One validation batch's sums (float64 scalars, named as :attr:`sums`), from its ``logits``
+        (float32): summed cross-entropy in nats, scored positions and correct argmax predictions."""
+        scored = batch.targets != IGNORE
+        logits, targets = logits[scored], batch.targets[scored]  # (n, v), (n,)
+        loss = F.cross_entropy(logits, targets, reduction="sum")
+        correct = (logits.argmax(-1) == targets).sum()
+        return {"loss_sum": loss.double(), "count": scored.sum().double(), "correct": correct.double()}
+
+    def compute(self, sums: Mapping[str, float]) -> dict[str, float]:
+        """Metrics (named as :attr:`metrics`) from the validation set's :meth:`score` sums."""
+        return {"loss": sums["loss_sum"] / max(sums["count"], 1)}
 
     def metric_names(self) -> list[str]:
         return [metric_name(m, f) for m in self.metrics for f in self.eval_lengths]
@@ -103,12 +137,19 @@ def register_task(name: str, **registration: Any) -> Callable[[TaskT], TaskT]:
 
 def build_task(cfg: Mapping[str, Any] | Any) -> Task:
     """A task from the ``task`` config section; bad names, keys and types raise ConfigError."""
+    cls, options = task_options(cfg)
+    return cls(**options)
+
+
+def task_options(cfg: Mapping[str, Any] | Any) -> tuple[type[Task], dict[str, Any]]:
+    """The ``task`` section checked (name, keys, types, ``eval_lengths``), without reading data:
+    the task's class and the options to build it with."""
     raw = to_dict(cfg) if cfg is not None else {}
     part = TASKS.get(raw.pop("name", None))
     options = resolve_options(part, raw, "task")
     if "eval_lengths" in options:
         options["eval_lengths"] = check_lengths(options["eval_lengths"])
-    return part.cls(**options)
+    return part.cls, options
 
 
 def check_lengths(value: Any) -> tuple[int, ...]:
@@ -125,3 +166,10 @@ def check_lengths(value: Any) -> tuple[int, ...]:
 def positive(field: str, value: int | float) -> None:
     if value <= 0 or (isinstance(value, float) and not math.isfinite(value)):
         raise ConfigError(field, value, "must be positive")
+
+
+def planned_sum(*terms: Any) -> int | None:
+    """The sum of ``terms`` when each is a positive integer (a planned length), else None."""
+    if all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in terms):
+        return sum(terms)
+    return None

@@ -8,13 +8,14 @@ tokens ``[0, n_keys)``, values ``[n_keys, n_keys + n_values)``; keys within a se
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from einops import rearrange
 
 from zoo.core.errors import ConfigError
-from zoo.lab.tasks.base import IGNORE, Batch, Task, positive, register_task
+from zoo.lab.tasks.base import IGNORE, Batch, Task, planned_sum, positive, register_task
 
 #: Validation sequences are drawn from this seed: every run is scored on the same set.
 VAL_SEED = 1234
@@ -62,6 +63,10 @@ class MQARTask(Task):
         self.vocab_size = n_keys + n_values
         self.seq_len = 2 * (n_pairs + n_queries)
 
+    @classmethod
+    def planned_seq_len(cls, options: Mapping[str, Any]) -> int | None:
+        return planned_sum(2 * options.get("n_pairs", 8), 2 * options.get("n_queries", 8))
+
     def sample(self, n: int, generator: torch.Generator, factor: int = 1) -> Batch:
         """``n`` sequences of length ``factor * seq_len``."""
         pairs, queries = self.n_pairs * factor, self.n_queries * factor
@@ -83,8 +88,9 @@ class MQARTask(Task):
         generator = torch.Generator().manual_seed(VAL_SEED + factor)
         return [self.sample(batch_size, generator, factor) for _ in range(n_batches)]
 
-    def compute(self, loss_sum: float, count: int, correct: int) -> dict[str, float]:
-        return {"accuracy": correct / max(count, 1), "loss": loss_sum / max(count, 1)}
+    def compute(self, sums: Mapping[str, float]) -> dict[str, float]:
+        count = max(sums["count"], 1)
+        return {"accuracy": sums["correct"] / count, "loss": sums["loss_sum"] / count}
 
     def info(self) -> dict[str, Any]:
         return {

@@ -7,6 +7,7 @@ import hashlib
 import math
 import os
 import sysconfig
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -135,8 +136,8 @@ class BytesTask(Task):
         windows = rearrange(windows, "(n b) t -> n b t", n=n_batches)
         return [Batch(w[:, :-1], w[:, 1:]) for w in windows]
 
-    def compute(self, loss_sum: float, count: int, correct: int) -> dict[str, float]:
-        loss = loss_sum / max(count, 1)
+    def compute(self, sums: Mapping[str, float]) -> dict[str, float]:
+        loss = sums["loss_sum"] / max(sums["count"], 1)
         return {"bpb": loss / math.log(2), "loss": loss}
 
     def info(self) -> dict[str, Any]:

@@ -11,13 +11,16 @@ Tokens: 0 PAD, 1 BOS, 2 EOS, symbols ``3 .. 3 + n_symbols``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from torch import nn
 
 from zoo.core.errors import ConfigError
-from zoo.lab.tasks.base import IGNORE, Batch, Task, positive, register_task
+from zoo.lab.tasks.base import IGNORE, Batch, Task, planned_sum, positive, register_task
+from zoo.models.seq2seq import build_seq2seq
 
 PAD, BOS, EOS, FIRST_SYMBOL = 0, 1, 2, 3
 #: Validation sequences are drawn from this seed: every run is scored on the same set.
@@ -48,8 +51,7 @@ class TransduceTask(Task):
     """
 
     metrics = {"exact_match": "max", "accuracy": "max", "loss": "min"}
-    #: Trained by zoo.build_seq2seq on Seq2SeqBatch: the trainer calls model(source, inputs, src_mask=...).
-    seq2seq = True
+    sums = (*Task.sums, "exact", "sequences")  # + exact matches and sequences (scored by generation)
 
     def __init__(
         self,
@@ -69,6 +71,10 @@ class TransduceTask(Task):
         self.op, self.n_symbols, self.min_len, self.max_len = op, n_symbols, min_len, max_len
         self.vocab_size = FIRST_SYMBOL + n_symbols
         self.seq_len = max_len + 1  # target positions: the longest target and its EOS
+
+    @classmethod
+    def planned_seq_len(cls, options: Mapping[str, Any]) -> int | None:
+        return planned_sum(options.get("max_len", 12), 1)
 
     def sample(self, n: int, generator: torch.Generator, factor: int = 1) -> Seq2SeqBatch:
         """``n`` pairs with sources of ``factor * min_len .. factor * max_len`` symbols."""
@@ -100,8 +106,27 @@ class TransduceTask(Task):
         generator = torch.Generator().manual_seed(VAL_SEED + factor)
         return [self.sample(batch_size, generator, factor) for _ in range(n_batches)]
 
-    def compute(self, loss_sum: float, count: int, correct: int) -> dict[str, float]:
-        return {"accuracy": correct / max(count, 1), "loss": loss_sum / max(count, 1)}
+    def build_model(self, raw: Mapping[str, Any], specs: Sequence[Any] | None = None) -> nn.Module:
+        """An encoder-decoder (zoo.build_seq2seq: its stacks' specs come from ``raw``'s block and encoder)."""
+        return build_seq2seq(raw)
+
+    def logits(self, model: nn.Module, batch: Seq2SeqBatch) -> torch.Tensor:  # type: ignore[override]
+        """The encoder reads the source under its mask, the decoder ``inputs`` (the teacher-forced target)."""
+        return model(batch.source, batch.inputs, src_mask=batch.source_mask)
+
+    def score(self, model: nn.Module, batch: Seq2SeqBatch, logits: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        sums = super().score(model, batch, logits)
+        sums["exact"] = torch.tensor(float(self.exact_matches(model, batch)), dtype=torch.float64)
+        sums["sequences"] = torch.tensor(float(batch.targets.shape[0]), dtype=torch.float64)
+        return sums
+
+    def compute(self, sums: Mapping[str, float]) -> dict[str, float]:
+        count = max(sums["count"], 1)
+        return {
+            "accuracy": sums["correct"] / count,
+            "loss": sums["loss_sum"] / count,
+            "exact_match": sums["exact"] / max(sums["sequences"], 1),
+        }
 
     @staticmethod
     def exact_matches(model: Any, batch: Seq2SeqBatch) -> int:

@@ -1,0 +1,108 @@
+"""The run config checked in one pass, before any tensor work, and what it resolved to.
+
+:func:`plan_run` checks each section once, each by its owner (the run keys and ``train`` here, the
+logger by :mod:`zoo.lab.trackers`, ``report`` by :mod:`zoo.lab.variants`, the block by
+:mod:`zoo.assembly`, the mesh by :mod:`zoo.lab.scale`, the task's options by its registry), and
+returns a frozen :class:`RunPlan`: the run builds from it and resolves nothing again. ``tune`` is
+checked once before, by :func:`zoo.lab.train.run` (its rate changes ``train.lr``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from zoo.assembly.compose import resolve_composed
+from zoo.assembly.spec import BlockSpec
+from zoo.core.errors import ConfigError
+from zoo.lab.scale import ProcessMesh
+from zoo.lab.tasks import Task
+from zoo.lab.tasks.base import task_options
+from zoo.lab.trackers import check_logger
+from zoo.lab.trainer import TrainConfig, check_run_config
+from zoo.lab.variants import report_options
+from zoo.models.config import block_section, layer_specs, model_options
+from zoo.parts.positions import LearnedPosition
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A checked run config: ``train`` and ``device`` (run keys), ``logger`` (its options, defaults
+    filled in), ``mesh`` (the process mesh, checked against the model), ``model`` (the model
+    section's options), ``specs`` (one resolved block spec per layer) and the task's class and options."""
+
+    train: TrainConfig
+    device: torch.device
+    logger: dict[str, Any]
+    mesh: ProcessMesh
+    model: dict[str, Any]
+    specs: tuple[BlockSpec, ...]
+    task_cls: type[Task]
+    task_options: dict[str, Any]
+
+    def build_task(self) -> Task:
+        """The task (a corpus task reads its data here)."""
+        return self.task_cls(**self.task_options)
+
+
+def plan_run(
+    raw: Mapping[str, Any],
+    choices: Mapping[str, Any],
+    overrides: Sequence[str] = (),
+    *,
+    world: int = 1,
+    torchrun_sweep: bool = False,
+) -> RunPlan:
+    """Check ``raw`` (a resolved run config) section by section; the first mistake raises ConfigError.
+    ``choices`` and ``overrides`` name the option file that set a bad part; ``torchrun_sweep``: this
+    is a sweep launched under torchrun (refused)."""
+    train_cfg, device = check_run_config(raw)
+    logger = check_logger(raw.get("logger"))  # a tracker that is not installed fails here, before any work
+    report_options(raw.get("report"))  # a bad report.baseline or report.correction fails before training
+    # Fail on the block before reading data (a part's name naming the option file that set it).
+    resolve_composed(raw.get("block") or {}, choices, overrides)
+    if torchrun_sweep:
+        raise ConfigError(
+            "hydra.mode",
+            "MULTIRUN",
+            "torchrun trains one configuration; launch sweeps without it (or on submitit with "
+            "hydra.launcher.tasks_per_node: one process per task for each run)",
+        )
+    mesh = ProcessMesh.from_config(raw.get("parallel"), world)  # the mesh's keys against the world size
+    options = model_options(raw)
+    specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
+    task_cls, task_opts = task_options(raw.get("task"))
+    seq_len = task_cls.planned_seq_len(task_opts)
+    lengths = [seq_len * f for f in task_opts.get("eval_lengths", (1,))] if seq_len is not None else []
+    mesh.check_model(specs, options["vocab_size"], lengths)  # parts' plans, divisibility, sequence parallel
+    check_positions_fit(specs, task_opts.get("seq_len"))
+    if mesh.sharded and train_cfg.eval_batches % mesh.dp:
+        raise ConfigError(
+            "train.eval_batches",
+            train_cfg.eval_batches,
+            f"must be a multiple of the data-parallel ways {mesh.dp} under FSDP2 or tensor parallelism "
+            "(every rank runs as many forwards)",
+        )
+    return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts)
+
+
+def check_positions_fit(specs: Sequence[BlockSpec], seq_len: int | None) -> None:
+    """A learned position table at least ``task.seq_len`` long, from the config alone (before the task
+    reads its data); a task without a ``seq_len`` option is not checked here."""
+    max_len = specs[0].dims.max_len
+    if (
+        seq_len is None
+        or max_len is None
+        or not issubclass(specs[0]["pos"].part.cls, LearnedPosition)
+        or max_len >= seq_len
+    ):
+        return
+    raise ConfigError(
+        "block.max_len",
+        max_len,
+        f"below task.seq_len={seq_len}: learned positions need block.max_len >= task.seq_len; "
+        f"set block.max_len={seq_len} or lower task.seq_len",
+    )

@@ -1,0 +1,68 @@
+"""One training step, the same for the trainer and the benchmarks: forward under the trainer's autocast,
+the loss and the parts' auxiliary losses, backward, gradient clipping, the optimizer step, zero_grad."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from zoo.lab.tasks import IGNORE, Batch
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on CUDA; nothing on CPU (float32)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (float32) over the positions whose target is not IGNORE."""
+    flat_logits, flat_targets = rearrange(logits.float(), "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)")
+    return F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE)
+
+
+def lm_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """A decoder-only language model's logits of ``batch`` (what :meth:`Task.logits` does by default)."""
+    return model(batch.inputs)
+
+
+@dataclass
+class Stepper:
+    """What a training step runs on. ``model`` is what the forward calls (a DDP wrapper, say);
+    ``core`` the model itself, whose parts record auxiliary losses (weighted by ``aux_weights``).
+    ``grad_clip`` 0 turns clipping off; ``logits`` is how a batch reaches the model (the task's)."""
+
+    model: nn.Module
+    core: nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    grad_clip: float = 0.0
+    aux_weights: dict[str, float] = field(default_factory=dict)
+    logits: Callable[[nn.Module, Batch], torch.Tensor] = lm_logits
+
+    def __post_init__(self) -> None:
+        self.params = list(self.core.parameters())
+
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Train on ``batch``: its loss (detached, on the device) and each auxiliary loss (unweighted)."""
+        with autocast(self.device):
+            logits = self.logits(self.model, batch)
+        loss = loss_fn(logits, batch.targets)
+        total, aux = loss, {}
+        for name, value in self.core.take_aux_losses().items():  # what the parts recorded in this forward
+            total = total + self.aux_weights[name] * value.float()
+            aux[name] = value.detach().float()
+        total.backward()
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach(), aux
