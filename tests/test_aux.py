@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_train import tiny
+from helpers import tiny
 
 from zoo import MLPS, ConfigError, LanguageModel, resolve_block
 from zoo.core.auxiliary import aux_weights, collect_aux, record_aux

@@ -30,7 +30,7 @@ def test_train_loop_benchmark_measures_the_checkpoint_cost(monkeypatch, capsys):
 
 
 def test_bookkeeping_benchmark_times_the_report_and_tuning_against_the_sweep(monkeypatch, capsys, tmp_path):
-    from test_report import fake_run
+    from helpers import fake_run
 
     for seed in range(3):
         for pos in ("none", "rotary"):

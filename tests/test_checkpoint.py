@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import pickle
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import interrupt, tiny, without_timings
 from safetensors.torch import load_file
-from test_train import tiny, without_timings
 
 import zoo
 from zoo.lab import checkpoint as ckpt
@@ -23,22 +22,6 @@ from zoo.lab.train import run
 # Checkpoints every 3 steps fall between log steps (every 4): the running loss sum must travel too.
 # Dropout draws from torch's generator, the data from the run's own: both must be restored.
 RESUMABLE = ("train.checkpoint_every=3", "train.keep_checkpoints=10", "block.dropout=0.1")
-
-
-def interrupt(src, dst, at_step: int) -> None:
-    """``dst``: ``src`` as a run killed after writing the checkpoint at ``at_step`` would leave it:
-    later checkpoints gone, no final weights, summary ``running``, metrics past the checkpoint and a
-    line cut short."""
-    shutil.copytree(src, dst)
-    for folder in ckpt.checkpoints(dst):
-        if int(folder.name.removeprefix("step_")) > at_step:
-            shutil.rmtree(folder)
-    (dst / ckpt.WEIGHTS).unlink()
-    summary = read_summary(dst)
-    summary.update(status="running", final=None)
-    (dst / "summary.json").write_text(json.dumps(summary))
-    with open(dst / "metrics.jsonl", "a") as f:
-        f.write('{"kind": "train", "step": 1')
 
 
 def test_run_saves_final_weights_that_rebuild_the_model(tmp_path):

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ROOT
 from packaging.specifiers import SpecifierSet
 
-import zoo
 from zoo.testing.cli import parser as contract_parser
 
-ROOT = Path(zoo.__file__).resolve().parent.parent
 CI = ROOT / ".github" / "workflows" / "ci.yml"
 PLUGIN_CI = ROOT / "examples" / "zoo-dyt" / ".github" / "workflows" / "contract.yml"
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+

@@ -66,7 +66,7 @@ def test_compile_key_is_a_bool():
 
 @pytest.mark.slow
 def test_compile_true_trains_as_eager(tmp_path):
-    from test_train import tiny
+    from helpers import tiny
 
     from zoo.lab.records import read_metrics
     from zoo.lab.train import run

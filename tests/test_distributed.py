@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from dist_checks import TRAIN_COMBO, launch, tiny_model
-from test_train import BYTES, TINY, tiny
+from helpers import BYTES, TINY, tiny
 
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.records import read_metrics

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ROOT, tiny_cli
 
 import zoo
 from zoo import AXES
 from zoo.lab.cli import parts_main
 from zoo.lab.sweep import sweep_argv, sweep_names
 
-ROOT = Path(zoo.__file__).resolve().parent.parent
 # adding-a-part.md's commands need the part it adds: tests/test_tutorial.py runs them in a copy.
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "adding-a-part.md")]
 
@@ -52,17 +52,7 @@ def test_docs_show_the_main_commands():
     assert {"zoo-sweep", "zoo-train", "zoo-parts"} <= shown, shown
 
 
-TINY = {
-    "block.d_model": "16",
-    "block.n_heads": "4",
-    "model.n_layers": "1",
-    "task.max_bytes": "20000",
-    "task.seq_len": "16",
-    "train.steps": "1",
-    "train.batch_size": "2",
-    "train.eval_batches": "1",
-    "threads": "1",
-}
+TINY = tiny_cli(steps=1)
 
 
 def first_value(override: str) -> str:

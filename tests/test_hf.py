@@ -106,7 +106,7 @@ def test_mixed_layers_and_tanh_gelu_are_refused(tmp_path):
 
 
 def test_a_run_folder_exports(tmp_path):
-    from test_train import tiny
+    from helpers import tiny
 
     from zoo.lab.train import run
 

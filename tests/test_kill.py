@@ -15,35 +15,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT, as_overrides, tiny_cli, without_timings
 from safetensors.torch import load_file
-from test_train import without_timings
 
-import zoo
 from zoo import compose
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.records import read_metrics
 from zoo.lab.train import run
 
-ROOT = Path(zoo.__file__).resolve().parent.parent
 SWEEP = [
     "-m",
-    "block.d_model=32",
-    "block.n_heads=4",
-    "model.n_layers=1",
-    "task.max_bytes=20000",
-    "task.seq_len=16",
-    "task.val_fraction=0.1",
-    "train.steps=30",
-    "train.batch_size=4",
-    "train.log_every=3",
-    "train.eval_every=10",
-    "train.eval_batches=1",
-    "train.checkpoint_every=3",
-    "train.keep_checkpoints=2",
-    "block.dropout=0.1",
-    "threads=1",
+    *as_overrides(
+        tiny_cli(d_model=32, steps=30, train__batch_size=4, task__val_fraction=0.1, train__log_every=3,
+                 train__eval_every=10, train__checkpoint_every=3, train__keep_checkpoints=2, block__dropout=0.1)
+    ),
     "seed=0,1",
-]
+]  # fmt: skip
 KILLS = 5  # 3 the moment a checkpoint write begins, 2 at random moments
 
 

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-import zoo
-
-ROOT = Path(zoo.__file__).resolve().parent.parent
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 

@@ -14,15 +14,12 @@ from pathlib import Path
 from subprocess import PIPE, STDOUT
 
 import pytest
-from test_sweep import SMALL, zoo_cli
-from test_train import tiny
+from helpers import ROOT, SMALL, tiny, zoo_cli
 
-import zoo
 from zoo.lab.lock import LOCK, RunLock, held, held_runs, holder, wait_for
 from zoo.lab.records import METRICS, SUMMARY
 from zoo.lab.train import run
 
-ROOT = Path(zoo.__file__).resolve().parent.parent
 HOLD = "import sys, time; from zoo.lab.lock import RunLock; assert RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)"  # noqa: E501
 
 

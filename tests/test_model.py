@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import seeded_draws
 
 from zoo import POSITIONS, ConfigError, build_block, build_model, compose
 
@@ -124,25 +125,6 @@ def test_absolute_positions_make_order_visible():
         # The last position sees the same tokens in both: only positions can tell the order.
         differs = not torch.allclose(model(ids)[0, -1], model(swapped)[0, -1])
         assert differs == sees_order, pos
-
-
-def seeded_draws(model: torch.nn.Module, seed: int, residual_std, embed_std: float = 0.02) -> dict[str, torch.Tensor]:
-    """What the documented init gives each matrix and bias, drawn here from (seed, full name, shape) alone:
-    Normal(0, 0.02) (the token embedding: Normal(0, embed_std)), residual outputs (attn.out, cross_attn.out,
-    mlp.down) Normal(0, residual_std) (a number, or a function of the name), zero biases."""
-    from zoo.assembly.init import parameter_seed
-
-    expected = {}
-    for name, p in model.named_parameters():
-        if name.endswith("bias"):
-            expected[name] = torch.zeros_like(p)
-        elif p.ndim >= 2:
-            std = embed_std if name == "embed.weight" else 0.02
-            if name.endswith(("attn.out.weight", "mlp.down.weight")):
-                std = residual_std(name) if callable(residual_std) else residual_std
-            generator = torch.Generator().manual_seed(parameter_seed(seed, name, p.shape))
-            expected[name] = torch.empty(p.shape).normal_(0, std, generator=generator)
-    return expected
 
 
 def test_init_draws_every_weight_from_its_name_with_residual_outputs_scaled_by_depth():

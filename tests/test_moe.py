@@ -153,7 +153,7 @@ def test_match_by_total_or_active_parameters(match):
 
 
 def test_a_moe_run_logs_its_aux_losses_and_routing_and_the_report_plots_it(tmp_path):
-    from test_train import tiny
+    from helpers import tiny
 
     from zoo.lab.records import read_metrics
     from zoo.lab.report import write_report

@@ -20,22 +20,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, as_overrides, tiny_cli
 
-import zoo
-
-ROOT = Path(zoo.__file__).resolve().parent.parent
 PLUGIN = ROOT / "examples" / "zoo-dyt"
-TINY = [
-    "block.d_model=16",
-    "block.n_heads=4",
-    "model.n_layers=1",
-    "task.max_bytes=20000",
-    "task.seq_len=16",
-    "train.steps=2",
-    "train.batch_size=2",
-    "train.eval_batches=1",
-    "threads=1",
-]
+TINY = as_overrides(tiny_cli())
 
 
 def files_in(page: Path, prefix: str) -> dict[str, str]:

@@ -9,34 +9,11 @@ import statistics
 from pathlib import Path
 
 import pytest
+from helpers import fake_run
 from matplotlib.image import imread
 
-from zoo.lab.records import write_json_atomic
 from zoo.lab.report import markdown, report_main, write_report
 from zoo.lab.variants import build_report
-
-
-def fake_run(root: Path, overrides: list[str], status: str = "ok", value: float | None = None, **extra) -> None:
-    """A run folder as zoo-train leaves it: summary.json and metrics.jsonl."""
-    folder = root / ",".join(overrides)
-    metric = extra.pop("metric", {"name": "val_bpb", "mode": "min"})
-    summary = {
-        "status": status,
-        "error": "ConfigError: block.n_heads=5: must divide d_model=32" if status == "failed" else None,
-        "overrides": overrides,
-        "choices": {},
-        "config": {"seed": int(dict(o.split("=") for o in overrides).get("seed", 0))},
-        "parameters": {"total": 1000},
-        "metric": {**metric, "value": value},
-        "final": {} if value is None else {metric["name"]: value, "val_loss": value * 0.69},
-        "tokens_per_s": 5000.0,
-        "wall_time_s": 10.0,
-        **extra,
-    }
-    write_json_atomic(folder / "summary.json", summary)
-    steps = [{"kind": "train", "step": s, "tokens": 100 * s, "loss": 5.0 - s / 10} for s in (1, 5, 10)]
-    steps += [{"kind": "val", "step": s, "tokens": 100 * s, "val_loss": 4.5 - s / 10} for s in (5, 10)]
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
 
 
 def sweep(root: Path) -> None:

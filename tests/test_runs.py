@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from test_train import tiny
+from helpers import tiny
 
 import zoo
 from zoo.core.errors import ConfigError

@@ -115,7 +115,7 @@ def test_init_draws_every_weight_from_its_full_name():
     per-name draw too (not the global generator), each stack's residual outputs scaled by its depth."""
     import math
 
-    from test_model import seeded_draws
+    from helpers import seeded_draws
 
     cfg = compose([*SIZES, "+encoder.n_layers=3", "model.tie_embeddings=false", "preset=llama"])
     torch.manual_seed(5)

@@ -4,53 +4,19 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ROOT, SMALL, interrupt, summaries, without_timings, zoo_cli
 from matplotlib.image import imread
-from test_checkpoint import interrupt
-from test_train import without_timings
 
 import zoo
 from zoo import build_model, compose
 from zoo.lab.records import read_metrics, read_summary
 from zoo.lab.sweep import SWEEPS_DIR, sweep_argv, sweep_main, sweep_names
 from zoo.lab.train import run, run_dirname
-
-ROOT = Path(zoo.__file__).resolve().parent.parent
-SMALL = [
-    "block.d_model=32",
-    "block.n_heads=4",
-    "model.n_layers=2",
-    "task.max_bytes=30000",
-    "task.seq_len=32",
-    "task.val_fraction=0.1",
-    "train.steps=4",
-    "train.batch_size=4",
-    "train.log_every=2",
-    "train.eval_every=2",
-    "train.eval_batches=2",
-    "threads=1",
-]
-
-
-def zoo_cli(
-    module: str, *args: str, cwd: Path, launcher: list[str] | None = None, returncode: int = 0
-) -> subprocess.CompletedProcess:
-    """Run ``python -m <module> args`` (or under ``launcher``) with this checkout first on the path."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    command = [*(launcher or [sys.executable]), "-m", module, *args]
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == returncode, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
-
-
-def summaries(folder: Path) -> dict[str, dict]:
-    return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/summary.json")}
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib
 import pytest
 import yaml
-from test_train import tiny
+from helpers import tiny
 
 from zoo.assembly.compose import CONF_DIR
 from zoo.core.errors import ConfigError

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import tiny, without_timings
 from omegaconf import OmegaConf
 
 from zoo import ConfigError, build_model, compose
@@ -17,33 +18,6 @@ from zoo.lab.records import read_metrics, read_summary
 from zoo.lab.tasks import TASKS, build_task
 from zoo.lab.train import run, run_dirname
 from zoo.lab.trainer import TrainConfig, make_optimizer
-
-TINY = [
-    "block.d_model=32",
-    "block.n_heads=4",
-    "model.n_layers=2",
-    "train.steps=12",
-    "train.batch_size=4",
-    "train.warmup_steps=3",
-    "train.log_every=4",
-    "train.eval_every=6",
-    "train.eval_batches=2",
-    "threads=1",
-    "progress=false",
-]
-
-
-BYTES = ["task.max_bytes=30000", "task.seq_len=32", "task.val_fraction=0.1"]
-
-
-def tiny(*overrides: str, task: str = "bytes") -> dict:
-    """A run config small enough for a few seconds' training."""
-    data = BYTES if task in ("bytes", "lengthgen") else []
-    return OmegaConf.to_container(compose([f"task={task}", *TINY, *data, *overrides]), resolve=True)
-
-
-def without_timings(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records]
 
 
 def test_run_writes_metrics_and_summary(tmp_path):

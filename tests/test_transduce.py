@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_train import tiny
+from helpers import tiny
 
 from zoo import ConfigError, build_seq2seq, compose
 from zoo.lab.records import read_metrics

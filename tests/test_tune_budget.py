@@ -7,9 +7,8 @@ import json
 import math
 
 import pytest
+from helpers import tiny, zoo_cli
 from matplotlib.image import imread
-from test_sweep import zoo_cli
-from test_train import tiny
 
 from zoo.core.errors import ConfigError
 from zoo.lab.train import run

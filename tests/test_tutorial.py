@@ -11,14 +11,13 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT, as_overrides, tiny_cli
 
 import zoo
 from zoo.testing.combos import choices
 
-ROOT = Path(zoo.__file__).resolve().parent.parent
 TUTORIAL = ROOT / "docs" / "adding-a-part.md"
 
 
@@ -59,17 +58,7 @@ def test_tutorial_part_appears_in_zoo_parts_the_contract_suite_and_a_sweep(tmp_p
     variants = sum(len(choices(axis)) - len(zoo.AXES[axis].names()) for axis in others)
     assert len(ids) == len(set(ids)) == product + variants  # the product with dyt, and dyt with each variant
     # And a sweep from the command line trains with it.
-    small = [
-        "block.d_model=32",
-        "block.n_heads=4",
-        "model.n_layers=1",
-        "task.max_bytes=20000",
-        "task.seq_len=16",
-        "train.steps=2",
-        "train.batch_size=2",
-        "train.eval_batches=1",
-        "threads=1",
-    ]
+    small = as_overrides(tiny_cli(d_model=32))
     run("-m", "zoo.lab.train", "-m", "norm=layernorm,dyt", *small, "hydra.sweep.dir=sweep")
     statuses = {p.parent.name: json.loads(p.read_text())["status"] for p in (repo / "sweep").glob("*/summary.json")}
     assert len(statuses) == 2 and set(statuses.values()) == {"ok"}, statuses

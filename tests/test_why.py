@@ -44,3 +44,25 @@ def test_rotary_scores_depend_only_on_relative_position():
 
     torch.testing.assert_close(score(7, 3), score(104, 100), rtol=0, atol=1e-12)
     assert not torch.allclose(score(7, 3), score(7, 5))
+
+
+def test_the_lab_map_names_every_lab_module_and_only_those():
+    import re
+
+    from helpers import ROOT
+
+    page = (ROOT / "docs" / "why.md").read_text()
+    section = page.split("## A map of the lab", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("| `")]
+    named = {
+        name.removesuffix(".py").rstrip("/")
+        for line in table
+        for name in re.findall(r"`([\w/]+(?:\.py)?)`", line.split("|")[1])
+    }
+    lab = ROOT / "zoo" / "lab"
+    modules = {p.stem for p in lab.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in lab.iterdir() if (p / "__init__.py").exists()
+    }
+    assert named == modules, (
+        f"docs/why.md's lab map: missing {sorted(modules - named)}, stale {sorted(named - modules)}"
+    )

@@ -1,0 +1,163 @@
+"""What the test modules share: tiny run configs, the command lines run in a subprocess, fake and
+interrupted run folders, the documented init's draws. Test modules import from here, never from
+each other."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+import zoo
+from zoo import compose
+from zoo.lab import checkpoint as ckpt
+from zoo.lab.records import read_summary, write_json_atomic
+
+#: The checkout (or installed tree) the tests run: its conf/, sweeps/, examples/ and docs/.
+ROOT = Path(zoo.__file__).resolve().parent.parent
+
+#: A model and training run small enough for a few seconds (train.* over zoo's defaults).
+TINY = [
+    "block.d_model=32",
+    "block.n_heads=4",
+    "model.n_layers=2",
+    "train.steps=12",
+    "train.batch_size=4",
+    "train.warmup_steps=3",
+    "train.log_every=4",
+    "train.eval_every=6",
+    "train.eval_batches=2",
+    "threads=1",
+    "progress=false",
+]
+#: The bytes task at a size that reads in milliseconds.
+BYTES = ["task.max_bytes=30000", "task.seq_len=32", "task.val_fraction=0.1"]
+
+#: A sweep's runs on the command line: four steps each (zoo_cli).
+SMALL = [
+    "block.d_model=32",
+    "block.n_heads=4",
+    "model.n_layers=2",
+    *BYTES,
+    "train.steps=4",
+    "train.batch_size=4",
+    "train.log_every=2",
+    "train.eval_every=2",
+    "train.eval_batches=2",
+    "threads=1",
+]
+
+
+def tiny(*overrides: str, task: str = "bytes") -> dict:
+    """A run config small enough for a few seconds' training, composed as ``zoo-train`` would."""
+    data = BYTES if task in ("bytes", "lengthgen") else []
+    return OmegaConf.to_container(compose([f"task={task}", *TINY, *data, *overrides]), resolve=True)
+
+
+def tiny_cli(*, d_model: int = 16, steps: int = 2, **more: Any) -> dict[str, str]:
+    """The smallest run a command line trains (one layer, 16-token windows, a 2-sequence batch), as
+    ``{key: value}``; ``more`` adds or replaces keys (``train__log_every=3`` is ``train.log_every=3``)."""
+    keys = {
+        "block.d_model": d_model,
+        "block.n_heads": 4,
+        "model.n_layers": 1,
+        "task.max_bytes": 20000,
+        "task.seq_len": 16,
+        "train.steps": steps,
+        "train.batch_size": 2,
+        "train.eval_batches": 1,
+        "threads": 1,
+    }
+    keys.update({key.replace("__", "."): value for key, value in more.items()})
+    return {key: str(value) for key, value in keys.items()}
+
+
+def as_overrides(keys: dict[str, str]) -> list[str]:
+    """``{"train.steps": "2"}`` -> ``["train.steps=2"]``."""
+    return [f"{key}={value}" for key, value in keys.items()]
+
+
+def without_timings(records: list[dict]) -> list[dict]:
+    """Metrics records without their wall-clock rates (the rest is deterministic)."""
+    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records]
+
+
+def zoo_cli(
+    module: str, *args: str, cwd: Path, launcher: list[str] | None = None, returncode: int = 0
+) -> subprocess.CompletedProcess:
+    """Run ``python -m <module> args`` (or under ``launcher``) with this checkout first on the path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [*(launcher or [sys.executable]), "-m", module, *args]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == returncode, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def summaries(folder: Path) -> dict[str, dict]:
+    """Every run's summary in a sweep folder, by run folder name."""
+    return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/summary.json")}
+
+
+def interrupt(src: Path, dst: Path, at_step: int) -> None:
+    """``dst``: ``src`` as a run killed after writing the checkpoint at ``at_step`` would leave it:
+    later checkpoints gone, no final weights, summary ``running``, metrics past the checkpoint and a
+    line cut short."""
+    shutil.copytree(src, dst)
+    for folder in ckpt.checkpoints(dst):
+        if int(folder.name.removeprefix("step_")) > at_step:
+            shutil.rmtree(folder)
+    (dst / ckpt.WEIGHTS).unlink()
+    summary = read_summary(dst)
+    summary.update(status="running", final=None)
+    (dst / "summary.json").write_text(json.dumps(summary))
+    with open(dst / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "step": 1')
+
+
+def fake_run(root: Path, overrides: list[str], status: str = "ok", value: float | None = None, **extra: Any) -> None:
+    """A run folder as zoo-train leaves it: summary.json and metrics.jsonl."""
+    folder = root / ",".join(overrides)
+    metric = extra.pop("metric", {"name": "val_bpb", "mode": "min"})
+    summary = {
+        "status": status,
+        "error": "ConfigError: block.n_heads=5: must divide d_model=32" if status == "failed" else None,
+        "overrides": overrides,
+        "choices": {},
+        "config": {"seed": int(dict(o.split("=") for o in overrides).get("seed", 0))},
+        "parameters": {"total": 1000},
+        "metric": {**metric, "value": value},
+        "final": {} if value is None else {metric["name"]: value, "val_loss": value * 0.69},
+        "tokens_per_s": 5000.0,
+        "wall_time_s": 10.0,
+        **extra,
+    }
+    write_json_atomic(folder / "summary.json", summary)
+    steps = [{"kind": "train", "step": s, "tokens": 100 * s, "loss": 5.0 - s / 10} for s in (1, 5, 10)]
+    steps += [{"kind": "val", "step": s, "tokens": 100 * s, "val_loss": 4.5 - s / 10} for s in (5, 10)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+
+
+def seeded_draws(model: torch.nn.Module, seed: int, residual_std, embed_std: float = 0.02) -> dict[str, torch.Tensor]:
+    """What the documented init gives each matrix and bias, drawn here from (seed, full name, shape) alone:
+    Normal(0, 0.02) (the token embedding: Normal(0, embed_std)), residual outputs (attn.out, cross_attn.out,
+    mlp.down) Normal(0, residual_std) (a number, or a function of the name), zero biases."""
+    from zoo.assembly.init import parameter_seed
+
+    expected = {}
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            expected[name] = torch.zeros_like(p)
+        elif p.ndim >= 2:
+            std = embed_std if name == "embed.weight" else 0.02
+            if name.endswith(("attn.out.weight", "mlp.down.weight")):
+                std = residual_std(name) if callable(residual_std) else residual_std
+            generator = torch.Generator().manual_seed(parameter_seed(seed, name, p.shape))
+            expected[name] = torch.empty(p.shape).normal_(0, std, generator=generator)
+    return expected
