@@ -9,8 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_checkpoint import RESUMABLE, interrupt
-from test_train import tiny, without_timings
+from helpers import interrupt, tiny, without_timings
 
 from zoo import ConfigError, build_model, compose
 from zoo.lab.argv import check_overrides
@@ -23,6 +22,8 @@ from zoo.lab.tasks import IGNORE, Batch
 from zoo.lab.train import run
 from zoo.lab.trainer import TrainConfig
 
+# Checkpoints between log steps, dropout on: what a resume must restore (as tests/test_checkpoint.py).
+RESUMABLE = ("train.checkpoint_every=3", "train.keep_checkpoints=10", "block.dropout=0.1")
 OPTIMS = OPTIMIZERS.names()
 SCHEDS = SCHEDULES.names()
 #: A rate each optimizer trains the tiny model at (train.lr means another thing to each: Adafactor scales it by
