@@ -15,7 +15,7 @@ from zoo import ConfigError, build_model, compose
 from zoo.lab.argv import check_overrides
 from zoo.lab.checkpoint import WEIGHTS
 from zoo.lab.cli import LISTED, print_parts
-from zoo.lab.recipe import OPTIMIZERS, SCHEDULES, Recipe, lr_at
+from zoo.lab.recipe import OPTIMIZERS, SCHEDULES, Optimizer, Recipe, lr_at
 from zoo.lab.records import config_hash, read_metrics
 from zoo.lab.step import Stepper, loss_fn, z_loss_fn
 from zoo.lab.tasks import IGNORE, Batch
@@ -86,6 +86,14 @@ def test_bad_options_fail_before_any_tensor_work_naming_field_value_and_what_is_
     summary = run(tiny(*overrides), tmp_path)
     assert summary["status"] == "failed" and message in summary["error"], summary["error"]
     assert "parameters" not in summary  # no model was built
+
+
+def test_a_schedule_is_checked_against_the_steps_a_budget_sets(tmp_path):
+    """train.budget.tokens=256 at 4 x 32 tokens a step sets 2 steps: wsd's decay starts at step 1, before
+    the 3 warmup steps end; refused before training."""
+    summary = run(tiny("schedule=wsd", "train.budget.tokens=256"), tmp_path)
+    assert summary["status"] == "failed" and "steps" not in summary
+    assert "train.warmup_steps=3: must be at most 1 for schedule=wsd" in summary["error"], summary["error"]
 
 
 @pytest.mark.parametrize(("kind", "name", "close"), [("optim", "adamx", "adamw"), ("schedule", "cosin", "cosine")])
@@ -182,6 +190,38 @@ def test_each_optimizer_resumes_from_a_checkpoint_to_the_last_bit(tmp_path, opti
 @pytest.mark.parametrize("schedule", [s for s in SCHEDS if s != "cosine"])  # cosine: tests/test_checkpoint.py
 def test_each_schedule_resumes_from_a_checkpoint_to_the_last_bit(tmp_path, schedule):
     resumes_bit_identically(tmp_path, f"schedule={schedule}")
+
+
+class Probe(torch.optim.SGD):
+    """SGD that records each step's group rates."""
+
+    seen: list[list[float]] = []
+
+    def step(self, closure: None = None) -> None:
+        Probe.seen.append([g["lr"] for g in self.param_groups])
+        return super().step(closure)
+
+
+class RatioProbe(Optimizer):
+    """Two groups at 0.5 and 2 times the main rate (and one without a ratio: 1)."""
+
+    def build(self, model: torch.nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+        params = list(model.parameters())
+        groups = [{"params": params[:1], "lr_ratio": 0.5}, {"params": params[1:2], "lr_ratio": 2.0},
+                  {"params": params[2:]}]  # fmt: skip
+        return Probe(groups, lr=lr)
+
+
+def test_each_group_trains_at_the_scheduled_rate_times_its_lr_ratio(tmp_path):
+    OPTIMIZERS.register("ratio_probe")(RatioProbe)
+    Probe.seen.clear()
+    try:
+        cfg = {**tiny("train.steps=5", "train.log_every=1", "train.eval_every=0"), "optim": {"name": "ratio_probe"}}
+        assert run(cfg, tmp_path)["status"] == "ok"
+    finally:
+        OPTIMIZERS.unregister("ratio_probe")
+    logged = [r["lr"] for r in read_metrics(tmp_path) if r["kind"] == "train"]
+    assert Probe.seen == [[lr * 0.5, lr * 2.0, lr] for lr in logged] and len(logged) == 5
 
 
 # --- Schedules against their formulas -------------------------------------------------------------------------
