@@ -32,7 +32,6 @@ def in_range(field: str, value: float, low: float, high: float, *, closed_high: 
 class AdamW(Optimizer):
     """AdamW (decoupled weight decay): the default; betas from ``train.beta1`` and ``train.beta2``."""
 
-    #: ``train`` keys this optimizer reads (given to the constructor; not ``optim.*`` options).
     train_keys: ClassVar[tuple[str, ...]] = ("beta1", "beta2")
 
     def __init__(self, *, beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8) -> None:
