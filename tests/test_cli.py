@@ -7,16 +7,17 @@ from pathlib import Path
 from zoo import AXES
 from zoo.core.registry import BUILT_IN
 from zoo.lab.cli import LISTED, parts_main, parts_markdown
+from zoo.lab.recipe import OPTIMIZERS, SCHEDULES
 from zoo.lab.tasks import TASKS
 from zoo.lab.trackers import TRACKERS
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_zoo_parts_lists_every_registered_part_task_and_tracker(capsys):
+def test_zoo_parts_lists_every_registered_part_task_tracker_optimizer_and_schedule(capsys):
     parts_main([])
     out = capsys.readouterr().out
-    assert LISTED == {**AXES, "task": TASKS, "logger": TRACKERS}
+    assert LISTED == {**AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES}
     sections = out.split("\n\nplugins")[0].split("\n")
     starts = [i for i, line in enumerate(sections) if not line.startswith(" ")]
     assert [sections[i] for i in starts] == [f"{key}:" for key in LISTED]
