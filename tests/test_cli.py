@@ -26,6 +26,28 @@ def test_zoo_parts_lists_every_registered_part_task_tracker_optimizer_and_schedu
     assert "  wandb        Weights & Biases" in out and "[mode=offline, project=zoo, entity=None, dir=None]" in out
 
 
+def test_zoo_parts_names_a_part_that_declares_no_matrix_blocks(capsys):
+    from torch import nn
+
+    from zoo.core.registry import NORMS
+    from zoo.lab.cli import NO_MATRIX_BLOCKS
+
+    @NORMS.register("opaque")
+    class Opaque(nn.Module):
+        """A norm that says nothing of its weights."""
+
+        def __init__(self, dims) -> None:
+            super().__init__()
+
+    try:
+        parts_main([])
+        out = capsys.readouterr().out
+    finally:
+        NORMS.unregister("opaque")
+    marked = [line.split()[0] for line in out.splitlines() if line.endswith(NO_MATRIX_BLOCKS)]
+    assert marked == ["opaque"], marked  # every built-in part declares its blocks
+
+
 def test_parts_catalogue_is_current():
     assert (ROOT / "docs" / "parts.md").read_text() == parts_markdown(plugins=False), (
         "docs/parts.md is stale: run `zoo-parts --markdown > docs/parts.md` (with no plugin installed)"

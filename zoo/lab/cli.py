@@ -17,7 +17,7 @@ from zoo.assembly.compat import CONTEXTS, check_combination
 from zoo.assembly.compose import compose
 from zoo.assembly.spec import every_option
 from zoo.core.errors import ConfigError
-from zoo.core.interface import hook
+from zoo.core.interface import defines, hook
 from zoo.core.registry import (
     AXES,
     BUILT_IN,
@@ -35,6 +35,9 @@ from zoo.lab.trackers import TRACKERS
 #: What ``zoo-parts`` lists: the block's axes, then the lab's registries by their config key; a new
 #: registry of the lab (its parts registered, plugins included, like the block's) is one entry here.
 LISTED: dict[str, Registry] = {**AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES}
+
+#: Beside a part that does not say how its weights split into logical matrices (zoo.core.interface).
+NO_MATRIX_BLOCKS = "  (declares no matrix_blocks: AdamW for all its parameters under optim=muon)"
 
 EPILOG = """examples:
   zoo-parts --check pos=learned block.max_len=512        # valid in a model? (exit 1 and the reason if not)
@@ -91,6 +94,7 @@ def print_parts() -> None:
                 + (f"  [{options}]" if options else "")
                 + (f"  (needs {needs})" if needs else "")
                 + (f"  (from {part.origin})" if part.origin != BUILT_IN else "")
+                + (NO_MATRIX_BLOCKS if axis in AXES and not defines(part.cls, "matrix_blocks") else "")
             )
     plugins = plugin_entry_points(PARTS_GROUP)
     print("\nplugins (entry points zoo.parts): " + (", ".join(map(describe_plugin, plugins)) or "none installed"))
