@@ -29,12 +29,12 @@ def test_zoo_parts_lists_every_registered_part_task_tracker_optimizer_and_schedu
 def test_zoo_parts_names_a_part_that_declares_no_matrix_blocks(capsys):
     from torch import nn
 
-    from zoo.core.registry import NORMS
+    from zoo.core.registry import MLPS
     from zoo.lab.cli import NO_MATRIX_BLOCKS
 
-    @NORMS.register("opaque")
+    @MLPS.register("opaque")
     class Opaque(nn.Module):
-        """A norm that says nothing of its weights."""
+        """An MLP that says nothing of how its weights split."""
 
         def __init__(self, dims) -> None:
             super().__init__()
@@ -43,8 +43,8 @@ def test_zoo_parts_names_a_part_that_declares_no_matrix_blocks(capsys):
         parts_main([])
         out = capsys.readouterr().out
     finally:
-        NORMS.unregister("opaque")
-    marked = [line.split()[0] for line in out.splitlines() if line.endswith(NO_MATRIX_BLOCKS)]
+        MLPS.unregister("opaque")
+    marked = [line.split()[0] for line in out.splitlines() if NO_MATRIX_BLOCKS in line]
     assert marked == ["opaque"], marked  # every built-in part declares its blocks
 
 

@@ -36,7 +36,9 @@ from zoo.lab.trackers import TRACKERS
 #: registry of the lab (its parts registered, plugins included, like the block's) is one entry here.
 LISTED: dict[str, Registry] = {**AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES}
 
-#: Beside a part that does not say how its weights split into logical matrices (zoo.core.interface).
+#: Beside a mixer (the axes whose parts hold the block's matrices; norms, placements and positions hold
+#: gains, biases and tables) that does not say how its weights split into logical matrices.
+MIXERS = ("attn", "mlp")
 NO_MATRIX_BLOCKS = "  (declares no matrix_blocks: AdamW for all its parameters under optim=muon)"
 
 EPILOG = """examples:
@@ -93,8 +95,8 @@ def print_parts() -> None:
                 f"  {part.name:<{width}}  {part.summary}"
                 + (f"  [{options}]" if options else "")
                 + (f"  (needs {needs})" if needs else "")
+                + (NO_MATRIX_BLOCKS if axis in MIXERS and not defines(part.cls, "matrix_blocks") else "")
                 + (f"  (from {part.origin})" if part.origin != BUILT_IN else "")
-                + (NO_MATRIX_BLOCKS if axis in AXES and not defines(part.cls, "matrix_blocks") else "")
             )
     plugins = plugin_entry_points(PARTS_GROUP)
     print("\nplugins (entry points zoo.parts): " + (", ".join(map(describe_plugin, plugins)) or "none installed"))
