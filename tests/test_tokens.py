@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import tiny
+from helpers import interrupt, tiny, without_timings
 
 from zoo.core.errors import ConfigError
 from zoo.lab.prepare import decode, main, prepare
+from zoo.lab.records import read_metrics
 from zoo.lab.tasks import build_task
 from zoo.lab.tasks.tokens import SPEEDRUN_MAGIC
 
@@ -107,9 +108,9 @@ def test_zoo_folder_windows_metrics_and_bits_per_byte(tmp_path):
     assert [b.inputs.tolist() for b in t.val_batches(2, 2)] == [
         b.inputs.tolist() for b in task(tmp_path / "out").val_batches(2, 2)
     ]
-    assert {f["path"] for f in t.info()["files"]} == {
-        str(tmp_path / "out" / n) for n in ("train_000.bin", "val_000.bin")
-    }
+    info = t.info()
+    assert [f["path"] for f in info["files"]] == [str(tmp_path / "out" / n) for n in ("train_000.bin", "val_000.bin")]
+    assert info["files"][0]["sha256"] == hashlib.sha256((tmp_path / "out/train_000.bin").read_bytes()).hexdigest()
 
 
 def test_nanogpt_and_speedrun_bins_are_read_with_a_held_out_tail(tmp_path):
@@ -164,15 +165,28 @@ def test_a_validation_split_shorter_than_one_window_is_a_clear_error(tmp_path):
         task(tmp_path / "x.bin", vocab_size=50, val_fraction=0.01)
 
 
-def test_prepare_then_train_a_few_steps_reports_bits_per_byte(tmp_path):
+def test_prepare_then_train_reports_bits_per_byte_and_resumes_to_the_last_bit(tmp_path):
     from zoo.lab.train import run
 
     big = (TEXT * 3).replace("x", "y")  # a few KB
     (tmp_path / "in").mkdir()
     (tmp_path / "in/doc.txt").write_text(big)
     prepare([str(tmp_path / "in")], tmp_path / "tok", tokenizer="bpe", vocab_size=300, val_fraction=0.1, progress=False)
-    cfg = tiny("task.path=" + str(tmp_path / "tok"), "task.seq_len=16", "model.vocab_size=300", task="tokens")
-    summary = run(cfg, out_dir=tmp_path / "run")
-    assert summary["status"] == "ok", summary.get("error")
-    assert summary["metric"]["name"] == "val_bpb" and 0 < summary["final"]["val_bpb"] < 20
-    assert os.path.exists(tmp_path / "run/summary.json")
+    cfg = tiny(f"task.path={tmp_path / 'tok'}", "task.seq_len=16", "model.vocab_size=300",
+               "train.checkpoint_every=3", "train.keep_checkpoints=10", task="tokens")  # fmt: skip
+    whole = run(cfg, out_dir=tmp_path / "whole")
+    assert whole["status"] == "ok", whole.get("error")
+    assert whole["metric"]["name"] == "val_bpb" and 0 < whole["final"]["val_bpb"] < 20
+    assert whole["data"]["vocab_size"] == 300 and len(whole["data"]["files"]) == 2
+    interrupt(tmp_path / "whole", tmp_path / "resumed", 6)
+    resumed = run(cfg, out_dir=tmp_path / "resumed")
+    assert resumed["resumed_from"] == [6] and resumed["final"] == whole["final"]  # the same batches after resume
+    assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "whole"))
+
+
+def test_a_model_vocabulary_smaller_than_the_files_is_an_error_naming_model_vocab_size(tmp_path):
+    from zoo.lab.train import run
+
+    prepare([str(corpus(tmp_path / "in"))], tmp_path / "tok", tokenizer="bpe", vocab_size=300, progress=False)
+    summary = run(tiny(f"task.path={tmp_path / 'tok'}", "task.seq_len=16", task="tokens"), out_dir=tmp_path / "r")
+    assert summary["status"] == "failed" and "model.vocab_size=256" in summary["error"] and "300" in summary["error"]

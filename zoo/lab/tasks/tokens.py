@@ -293,12 +293,18 @@ class TokensTask(Task):
         return {"bpb": loss / math.log(2) * tokens / self.val_bytes, "loss": loss}
 
     def info(self) -> dict[str, Any]:
-        files = sorted({s.path for s in self.train + self.val})
+        files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": file_hash(p)} for p in self.paths()]
+        combined = hashlib.sha256(json.dumps([f["sha256"] for f in files]).encode()).hexdigest()
         return {
             "task": self.name,
             "vocab_size": self.vocab_size,
             "train_tokens": sum(map(len, self.train)),
             "val_tokens": sum(map(len, self.val)),
             "val_bytes": self.val_bytes,
-            "files": [{"path": str(p), "bytes": p.stat().st_size, "sha256": file_hash(p)} for p in files],
+            "files": files,
+            "sha256": combined,  # of the files' hashes, in order
         }
+
+    def paths(self) -> list[Path]:
+        """The token files read, each once, in order (training first)."""
+        return list(dict.fromkeys(s.path for s in self.train + self.val))
