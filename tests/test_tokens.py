@@ -16,6 +16,7 @@ from zoo.core.errors import ConfigError
 from zoo.lab.prepare import decode, main, prepare
 from zoo.lab.records import read_metrics
 from zoo.lab.tasks import build_task
+from zoo.lab.tasks import tokens as tokens_module
 from zoo.lab.tasks.tokens import SPEEDRUN_MAGIC
 
 TEXT = "Café déjà vu, 漢字 and emoji 🦒🐘 — naïve façade.\n" * 40 + "def f(x):\n    return x * 2  # ünïcödé\n" * 30
@@ -124,6 +125,17 @@ def test_nanogpt_and_speedrun_bins_are_read_with_a_held_out_tail(tmp_path):
         assert t.val_batches(1, 1)[0].inputs[0].tolist() == list(range(300, 316))  # the tail, header skipped
 
 
+def test_npy_files_are_memory_mapped_and_must_hold_unsigned_tokens(tmp_path):
+    np.save(tmp_path / "train.npy", (np.arange(1000) % 64).astype(np.uint32))
+    np.save(tmp_path / "val.npy", (np.arange(100) % 64).astype(np.uint16))
+    t = task(tmp_path / "train.npy", val_path=str(tmp_path / "val.npy"), vocab_size=64)
+    assert isinstance(t.train[0].data, np.memmap) and sum(map(len, t.val)) == 100
+    assert t.val_batches(1, 1)[0].inputs[0].tolist() == list(range(16))
+    np.save(tmp_path / "bad.npy", np.zeros((10, 10), dtype=np.float32))
+    with pytest.raises(ConfigError, match=r"bad\.npy=.*float32.*one-dimensional array of uint16 or uint32"):
+        task(tmp_path / "bad.npy", vocab_size=64)
+
+
 def test_a_speedrun_header_mismatch_names_the_file(tmp_path):
     speedrun(tmp_path / "s.bin", np.arange(100), magic=1234)
     with pytest.raises(ConfigError, match=r"s\.bin=1234: a speedrun shard starts with magic 20240520"):
@@ -135,7 +147,8 @@ def test_a_speedrun_header_mismatch_names_the_file(tmp_path):
         task(path, vocab_size=500)
 
 
-def test_a_token_past_the_vocabulary_names_the_file_and_offset(tmp_path):
+def test_a_token_past_the_vocabulary_names_the_file_and_offset(tmp_path, monkeypatch):
+    monkeypatch.setattr(tokens_module, "CHUNK", 1000)  # the scan goes in chunks: the offset is the file's
     tokens = np.arange(3000) % 100
     tokens[2345] = 100
     tokens.astype(np.uint16).tofile(tmp_path / "x.bin")

@@ -1,8 +1,8 @@
 """``tokens``: language modelling on pre-tokenized token files, memory-mapped (never loaded whole).
 
 Reads zoo's own format (a folder with ``meta.json`` and train/val shards, written by ``zoo-prepare``),
-nanoGPT's raw ``uint16`` ``.bin`` files and the speedrun's headered ``.bin`` shards (a 256-int32
-header with magic 20240520, then ``uint16`` tokens).
+nanoGPT's raw ``uint16`` ``.bin`` files, the speedrun's headered ``.bin`` shards (a 256-int32
+header with magic 20240520, then ``uint16`` tokens) and one-dimensional ``.npy`` arrays of tokens.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def expand(pattern: str, field: str) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(path.glob("*.bin"))
+        files = sorted(p for p in path.iterdir() if p.suffix in (".bin", ".npy"))
     else:
         files = sorted(Path(p) for p in globbing.glob(str(path)) if Path(p).is_file())
     if not files:
@@ -95,6 +95,17 @@ def map_speedrun(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint16, mode="r", offset=SPEEDRUN_HEADER * 4, shape=(n,))
 
 
+def map_npy(path: Path) -> np.ndarray:
+    """A ``.npy`` file of uint16 or uint32 tokens, memory-mapped (never unpickled)."""
+    try:
+        data = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(path), None, f"a readable .npy file ({e})") from None
+    if data.ndim != 1 or data.dtype not in (np.uint16, np.uint32) or len(data) == 0:
+        raise ConfigError(str(path), f"{data.dtype} {data.shape}", "a one-dimensional array of uint16 or uint32")
+    return data
+
+
 def is_speedrun(path: Path) -> bool:
     with open(path, "rb") as f:
         head = f.read(4)
@@ -105,8 +116,12 @@ def map_bins(files: Sequence[Path], fmt: str) -> list[Segment]:
     """``.bin`` files as segments: ``fmt`` speedrun, nanogpt (raw uint16) or auto (by the magic)."""
     segments = []
     for path in files:
-        speedrun = fmt == "speedrun" or (fmt == "auto" and is_speedrun(path))
-        data = map_speedrun(path) if speedrun else map_raw(path, "uint16")
+        if path.suffix == ".npy" and fmt == "auto":
+            data = map_npy(path)
+        elif fmt == "speedrun" or (fmt == "auto" and is_speedrun(path)):
+            data = map_speedrun(path)
+        else:
+            data = map_raw(path, "uint16")
         segments.append(Segment(path, data, 0, len(data)))
     return segments
 
