@@ -67,6 +67,10 @@ def test_rerunning_on_the_same_input_and_tokenizer_is_a_no_op(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()} == stamps
     prepare([str(src)], tmp_path / "out", tokenizer="bytes", progress=False)  # another tokenizer: redone
     assert json.loads((tmp_path / "out/meta.json").read_text())["vocab_size"] == 256
+    assert not (tmp_path / "out/tokenizer.json").exists()  # the BPE's tokenizer no longer describes the tokens
+    (tmp_path / "out/val_000.bin").unlink()  # a shard gone: redone
+    prepare([str(src)], tmp_path / "out", tokenizer="bytes", progress=False)
+    assert decode(tmp_path / "out", "val")
 
 
 def test_a_local_tokenizer_file_is_used_and_a_bad_one_is_a_clear_error(tmp_path):
@@ -166,6 +170,9 @@ def test_shards_disagreeing_with_meta_json_are_clear_errors(tmp_path):
         task(tmp_path / "out")
     (tmp_path / "out/meta.json").write_text(json.dumps({**meta, "dtype": "int8"}))
     with pytest.raises(ConfigError, match="dtype='int8': one of uint16, uint32"):
+        task(tmp_path / "out")
+    (tmp_path / "out/meta.json").write_text(json.dumps({**meta, "splits": {"train": {"files": ["train_000.bin"]}}}))
+    with pytest.raises(ConfigError, match=r"splits.train=.*shard files with a token count each"):
         task(tmp_path / "out")
     (tmp_path / "out/meta.json").write_text(json.dumps({**meta, "vocab_size": 100}))
     with pytest.raises(ConfigError, match=r"token ids below vocab_size=100 \(meta.json"):

@@ -134,8 +134,11 @@ def up_to_date(out: Path, request: dict[str, Any]) -> bool:
         meta = json.loads((out / META).read_text())
     except (OSError, ValueError):
         return False
-    same = all(meta.get(k) == v for k, v in request.items())
-    return same and all((out / f).is_file() for s in meta["splits"].values() for f in s["files"])
+    if not isinstance(meta, dict) or any(meta.get(k) != v for k, v in request.items()):
+        return False
+    files = [f for s in meta.get("splits", {}).values() for f in s.get("files", [])]
+    files += [meta["tokenizer_file"]] if "tokenizer_file" in meta else []
+    return bool(files) and all((out / f).is_file() for f in files)
 
 
 def prepare(
@@ -167,6 +170,8 @@ def prepare(
     if tok is not None:
         write_atomic(out / TOKENIZER_FILE, tok.to_str())
         meta["tokenizer_file"] = TOKENIZER_FILE
+    else:
+        (out / TOKENIZER_FILE).unlink(missing_ok=True)  # a previous run's, not these tokens'
     for split, part in zip(("train", "val"), split_docs(docs, val_fraction), strict=True):
         ids = encode(tok, part).astype(dtype)
         name = f"{split}_000.bin"

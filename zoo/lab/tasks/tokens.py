@@ -145,11 +145,12 @@ def read_meta(folder: Path) -> dict[str, Any]:
 def map_split(folder: Path, meta: dict[str, Any], split: str) -> list[Segment]:
     """One split's shards, each checked to hold as many ``meta['dtype']`` tokens as meta.json says."""
     entry = meta.get("splits", {}).get(split)
-    if not isinstance(entry, dict) or not entry.get("files"):
-        raise ConfigError(f"{folder / META}: splits.{split}", entry, "a list of shard files with token counts")
+    files, counts = (entry.get("files"), entry.get("shard_tokens")) if isinstance(entry, dict) else (None, None)
+    if not files or not isinstance(counts, list) or len(counts) != len(files):
+        raise ConfigError(f"{folder / META}: splits.{split}", entry, "shard files with a token count each")
     itemsize = np.dtype(DTYPES[meta["dtype"]]).itemsize
     segments = []
-    for name, tokens in zip(entry["files"], entry["shard_tokens"], strict=True):
+    for name, tokens in zip(files, counts, strict=True):
         path = folder / name
         size = path.stat().st_size if path.is_file() else None
         if size != tokens * itemsize:
