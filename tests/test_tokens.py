@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,14 @@ def test_a_local_tokenizer_file_is_used_and_a_bad_one_is_a_clear_error(tmp_path)
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError, match=r"--tokenizer=.*bad.json.*tokenizers library"):
         prepare([str(src)], tmp_path / "x", tokenizer=str(tmp_path / "bad.json"), progress=False)
+
+
+def test_without_the_tokenizers_library_bytes_still_work_and_bpe_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails
+    src = corpus(tmp_path / "in")
+    prepare([str(src)], tmp_path / "bytes", progress=False)
+    with pytest.raises(ConfigError, match=r"--tokenizer='bpe'.*pip install zoo\[tokens\]"):
+        prepare([str(src)], tmp_path / "bpe", tokenizer="bpe", progress=False)
 
 
 def test_a_missing_folder_and_an_empty_corpus_are_clear_errors(tmp_path, capsys):

@@ -72,7 +72,12 @@ def load_tokenizer(spec: str, vocab_size: int, docs: Sequence[str]) -> Any | Non
     """None for ``bytes``; a byte-level BPE trained on ``docs`` for ``bpe``; else a tokenizer.json file."""
     if spec == "bytes":
         return None
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        raise ConfigError(
+            "--tokenizer", spec, "bytes, or install the tokenizers library: pip install zoo[tokens]"
+        ) from None
 
     if spec == "bpe":
         if vocab_size < 256:
