@@ -67,3 +67,13 @@ def test_contract_benchmark_times_a_part_the_whole_and_shards_that_add_up(monkey
     out = capsys.readouterr().out
     assert "| pos=alibi pairwise |" in out and "| every part, pairwise |" in out and "| shard 2/2 |" in out
     assert "slowest shard / whole: " in out and "(ideal 1/2 = 0.50)" in out
+
+
+def test_optim_benchmark_times_muon_against_adamw(monkeypatch, capsys):
+    tiny = "--sizes 16 --layers 1 --seq-len 8 --batch 2 --repeats 1 --threads 1"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["optim.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "optim.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "| adamw |" in out and "| muon |" in out
+    assert "ratio muon / adamw: " in out and "(target <= 1.2)" in out

@@ -7,22 +7,45 @@ from pathlib import Path
 from zoo import AXES
 from zoo.core.registry import BUILT_IN
 from zoo.lab.cli import LISTED, parts_main, parts_markdown
+from zoo.lab.recipe import OPTIMIZERS, SCHEDULES
 from zoo.lab.tasks import TASKS
 from zoo.lab.trackers import TRACKERS
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_zoo_parts_lists_every_registered_part_task_and_tracker(capsys):
+def test_zoo_parts_lists_every_registered_part_task_tracker_optimizer_and_schedule(capsys):
     parts_main([])
     out = capsys.readouterr().out
-    assert LISTED == {**AXES, "task": TASKS, "logger": TRACKERS}
+    assert LISTED == {**AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES}
     sections = out.split("\n\nplugins")[0].split("\n")
     starts = [i for i, line in enumerate(sections) if not line.startswith(" ")]
     assert [sections[i] for i in starts] == [f"{key}:" for key in LISTED]
     for (key, registry), start, end in zip(LISTED.items(), starts, [*starts[1:], len(sections)], strict=True):
         assert [line.split()[0] for line in sections[start + 1 : end]] == registry.names(), key
     assert "  wandb        Weights & Biases" in out and "[mode=offline, project=zoo, entity=None, dir=None]" in out
+
+
+def test_zoo_parts_names_a_part_that_declares_no_matrix_blocks(capsys):
+    from torch import nn
+
+    from zoo.core.registry import NORMS
+    from zoo.lab.cli import NO_MATRIX_BLOCKS
+
+    @NORMS.register("opaque")
+    class Opaque(nn.Module):
+        """A norm that says nothing of its weights."""
+
+        def __init__(self, dims) -> None:
+            super().__init__()
+
+    try:
+        parts_main([])
+        out = capsys.readouterr().out
+    finally:
+        NORMS.unregister("opaque")
+    marked = [line.split()[0] for line in out.splitlines() if line.endswith(NO_MATRIX_BLOCKS)]
+    assert marked == ["opaque"], marked  # every built-in part declares its blocks
 
 
 def test_parts_catalogue_is_current():

@@ -14,7 +14,7 @@ import torch
 from helpers import interrupt, tiny, without_timings
 
 from zoo.core.errors import ConfigError
-from zoo.lab.prepare import decode, main, prepare
+from zoo.lab.prepare import main, prepare, split_text
 from zoo.lab.records import read_metrics
 from zoo.lab.tasks import build_task
 from zoo.lab.tasks import tokens as tokens_module
@@ -46,7 +46,7 @@ def test_decoding_the_shards_gives_back_the_input_text_exactly(tmp_path, tokeniz
     meta = prepare(
         [str(corpus(tmp_path / "in"))], tmp_path / "out", tokenizer=tokenizer, vocab_size=300, progress=False
     )
-    assert decode(tmp_path / "out", "train") + decode(tmp_path / "out", "val") == TEXT
+    assert split_text(tmp_path / "out", "train") + split_text(tmp_path / "out", "val") == TEXT
     assert meta["splits"]["train"]["bytes"] + meta["splits"]["val"]["bytes"] == len(TEXT.encode())
     assert meta["vocab_size"] == (256 if tokenizer == "bytes" else 300)
     if tokenizer == "bpe":
@@ -57,7 +57,7 @@ def test_jsonl_text_fields_are_the_documents(tmp_path):
     lines = [json.dumps({"text": "première ligne 漢"}), "", json.dumps({"text": "second 🦒", "id": 2})]
     (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
     prepare([str(tmp_path / "d.jsonl")], tmp_path / "out", val_fraction=0.3, progress=False)
-    assert decode(tmp_path / "out", "train") + decode(tmp_path / "out", "val") == "première ligne 漢second 🦒"
+    assert split_text(tmp_path / "out", "train") + split_text(tmp_path / "out", "val") == "première ligne 漢second 🦒"
 
 
 def test_rerunning_on_the_same_input_and_tokenizer_is_a_no_op(tmp_path):
@@ -71,7 +71,7 @@ def test_rerunning_on_the_same_input_and_tokenizer_is_a_no_op(tmp_path):
     assert not (tmp_path / "out/tokenizer.json").exists()  # the BPE's tokenizer no longer describes the tokens
     (tmp_path / "out/val_000.bin").unlink()  # a shard gone: redone
     prepare([str(src)], tmp_path / "out", tokenizer="bytes", progress=False)
-    assert decode(tmp_path / "out", "val")
+    assert split_text(tmp_path / "out", "val")
 
 
 def test_a_local_tokenizer_file_is_used_and_a_bad_one_is_a_clear_error(tmp_path):

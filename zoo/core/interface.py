@@ -20,6 +20,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
+import torch
 from torch import nn
 
 from zoo.core.dims import BlockDims
@@ -62,6 +63,15 @@ class PartHooks(Protocol):
     def active_parameters(self) -> int | None:
         """Parameters one token uses, when fewer than all (a mixture of experts); None (the default):
         every parameter (zoo.assembly.match.active_count)."""
+        return None
+
+    def matrix_blocks(self) -> Mapping[str, Mapping[str, torch.Tensor]] | None:
+        """How the built part's fused weights split into logical matrices, for an optimizer that treats
+        each matrix whole (Muon): parameter name relative to the part (``"qkv.weight"``) -> {block name:
+        the indices of its rows (dim -2), over every column}; the blocks tile the rows exactly once. A
+        3-D parameter (an expert bank) splits each leading index alike. Every other 2-D parameter of
+        the part is one logical matrix. None (the default): the part declares nothing, and such an
+        optimizer gives all its parameters the conservative treatment (AdamW)."""
         return None
 
 

@@ -17,7 +17,7 @@ from zoo.assembly.compat import CONTEXTS, check_combination
 from zoo.assembly.compose import compose
 from zoo.assembly.spec import every_option
 from zoo.core.errors import ConfigError
-from zoo.core.interface import hook
+from zoo.core.interface import defines, hook
 from zoo.core.registry import (
     AXES,
     BUILT_IN,
@@ -28,12 +28,16 @@ from zoo.core.registry import (
     package_of,
     plugin_entry_points,
 )
+from zoo.lab.recipe import OPTIMIZERS, SCHEDULES
 from zoo.lab.tasks import TASKS
 from zoo.lab.trackers import TRACKERS
 
 #: What ``zoo-parts`` lists: the block's axes, then the lab's registries by their config key; a new
 #: registry of the lab (its parts registered, plugins included, like the block's) is one entry here.
-LISTED: dict[str, Registry] = {**AXES, "task": TASKS, "logger": TRACKERS}
+LISTED: dict[str, Registry] = {**AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES}
+
+#: Beside a part that does not say how its weights split into logical matrices (zoo.core.interface).
+NO_MATRIX_BLOCKS = "  (declares no matrix_blocks: AdamW for all its parameters under optim=muon)"
 
 EPILOG = """examples:
   zoo-parts --check pos=learned block.max_len=512        # valid in a model? (exit 1 and the reason if not)
@@ -83,18 +87,25 @@ def print_parts() -> None:
         print(f"{axis}:")
         width = max(len(name) for name in registry.names())
         for part in registry.parts():
-            options = ", ".join(f"{k}={v}" for k, v in every_option(part).items())
+            options = ", ".join(f"{k}={v}" for k, v in listed_options(part).items())
             needs = ", ".join(hook(part.cls, "needs"))
             print(
                 f"  {part.name:<{width}}  {part.summary}"
                 + (f"  [{options}]" if options else "")
                 + (f"  (needs {needs})" if needs else "")
                 + (f"  (from {part.origin})" if part.origin != BUILT_IN else "")
+                + (NO_MATRIX_BLOCKS if axis in AXES and not defines(part.cls, "matrix_blocks") else "")
             )
     plugins = plugin_entry_points(PARTS_GROUP)
     print("\nplugins (entry points zoo.parts): " + (", ".join(map(describe_plugin, plugins)) or "none installed"))
     for failure in FAILED_PLUGINS:
         print(f"  {failure}")
+
+
+def listed_options(part: Part) -> dict[str, Any]:
+    """A part's options with their defaults; the ``train`` keys a recipe entry reads as ``train.<key>``."""
+    from_train = getattr(part.cls, "train_keys", ())
+    return {k: f"train.{k}" if k in from_train else v for k, v in every_option(part).items()}
 
 
 def describe_plugin(ep: importlib.metadata.EntryPoint) -> str:

@@ -1,16 +1,16 @@
 """The run config checked in one pass, before any tensor work, and what it resolved to.
 
 :func:`plan_run` checks each section once, each by its owner (the run keys and ``train`` here, the
-logger by :mod:`zoo.lab.trackers`, ``report`` by :mod:`zoo.lab.variants`, the block by
-:mod:`zoo.assembly`, the mesh by :mod:`zoo.lab.scale`, the task's options by its registry), and
-returns a frozen :class:`RunPlan`: the run builds from it and resolves nothing again. ``tune`` is
-checked once before, by :func:`zoo.lab.train.run` (its rate changes ``train.lr``).
+logger by :mod:`zoo.lab.trackers`, ``optim`` and ``schedule`` by :mod:`zoo.lab.recipe`, ``report`` by
+:mod:`zoo.lab.variants`, the block by :mod:`zoo.assembly`, the mesh by :mod:`zoo.lab.scale`, the task's
+options by its registry), and returns a frozen :class:`RunPlan`: the run builds from it and resolves
+nothing again. ``tune`` is checked once before, by :func:`zoo.lab.train.run` (its rate changes ``train.lr``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,6 +18,7 @@ import torch
 from zoo.assembly.compose import resolve_composed
 from zoo.assembly.spec import BlockSpec
 from zoo.core.errors import ConfigError
+from zoo.lab.recipe import Recipe, check_recipe
 from zoo.lab.scale import ProcessMesh
 from zoo.lab.tasks import Task
 from zoo.lab.tasks.base import task_options
@@ -32,7 +33,8 @@ from zoo.parts.positions import LearnedPosition
 class RunPlan:
     """A checked run config: ``train`` and ``device`` (run keys), ``logger`` (its options, defaults
     filled in), ``mesh`` (the process mesh, checked against the model), ``model`` (the model
-    section's options), ``specs`` (one resolved block spec per layer) and the task's class and options."""
+    section's options), ``specs`` (one resolved block spec per layer), the task's class and options, and
+    ``recipe`` (the ``optim`` and ``schedule`` sections, checked)."""
 
     train: TrainConfig
     device: torch.device
@@ -42,6 +44,7 @@ class RunPlan:
     specs: tuple[BlockSpec, ...]
     task_cls: type[Task]
     task_options: dict[str, Any]
+    recipe: Recipe = field(default_factory=Recipe)
 
     def build_task(self) -> Task:
         """The task (a corpus task reads its data here)."""
@@ -72,6 +75,8 @@ def plan_run(
             "hydra.launcher.tasks_per_node: one process per task for each run)",
         )
     mesh = ProcessMesh.from_config(raw.get("parallel"), world)  # the mesh's keys against the world size
+    compile = raw.get("compile", False)
+    recipe = check_recipe(raw, train_cfg, sharded=mesh.sharded, tp=mesh.tp, compile=compile)  # optim=, schedule=
     options = model_options(raw)
     specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
     task_cls, task_opts = task_options(raw.get("task"))
@@ -86,7 +91,7 @@ def plan_run(
             f"must be a multiple of the data-parallel ways {mesh.dp} under FSDP2 or tensor parallelism "
             "(every rank runs as many forwards)",
         )
-    return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts)
+    return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts, recipe)
 
 
 def check_positions_fit(specs: Sequence[BlockSpec], seq_len: int | None) -> None:

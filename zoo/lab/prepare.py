@@ -187,7 +187,7 @@ def prepare(
     return meta
 
 
-def decode(folder: str | Path, split: str) -> str:
+def split_text(folder: str | Path, split: str) -> str:
     """The text of a prepared split, decoded from its shards (the round trip of :func:`prepare`)."""
     folder = Path(folder)
     meta = json.loads((folder / META).read_text())

@@ -23,6 +23,11 @@ METRICS = "metrics.jsonl"
 RUNTIME_KEYS = ("threads", "progress", "logger", "report", "tune", "compile", "parallel")
 #: The same inside the ``train`` section (saving and checkpointing never change a number).
 RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints", "activation_checkpointing")
+#: ``train`` keys added after runs were recorded, left out of the hash at the value that changes nothing
+#: (so an older run folder of the same config is still skipped as done, and its checkpoints resume).
+NEUTRAL_TRAIN_KEYS = {"z_loss": 0.0}
+#: Sections added likewise, left out when they equal the default (zoo.lab.recipe.is_default).
+RECIPE_KEYS = ("optim", "schedule")
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -136,10 +141,20 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def config_hash(config: dict[str, Any]) -> str:
-    """A short hash of what a run computes: its resolved config less the runtime-only keys."""
+    """A short hash of what a run computes: its resolved config less the runtime-only keys, and less the
+    keys added since at their neutral values (:data:`NEUTRAL_TRAIN_KEYS`, the default recipe)."""
+    from zoo.lab.recipe import is_default
+
     semantic = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
+    for key in RECIPE_KEYS:
+        if key in semantic and is_default(key, semantic[key]):
+            del semantic[key]
     if isinstance(semantic.get("train"), dict):
-        semantic["train"] = {k: v for k, v in semantic["train"].items() if k not in RUNTIME_TRAIN_KEYS}
+        semantic["train"] = {
+            k: v
+            for k, v in semantic["train"].items()
+            if k not in RUNTIME_TRAIN_KEYS and not (k in NEUTRAL_TRAIN_KEYS and v == NEUTRAL_TRAIN_KEYS[k])
+        }
     text = json.dumps(clean(semantic), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -1,5 +1,5 @@
 """One training step, the same for the trainer and the benchmarks: forward under the trainer's autocast,
-the loss and the parts' auxiliary losses, backward, gradient clipping, the optimizer step, zero_grad."""
+the loss, the parts' auxiliary losses and the z-loss, backward, gradient clipping, the optimizer step, zero_grad."""
 
 from __future__ import annotations
 
@@ -29,6 +29,14 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE)
 
 
+def z_loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean over the positions whose target is not IGNORE of ``logsumexp(logits)^2`` (float32): the
+    log-partition the z-loss pulls towards 0 (PaLM; OLMo's ``softmax_auxiliary_loss``)."""
+    scored = (targets != IGNORE).float()
+    log_z = torch.logsumexp(logits.float(), dim=-1)
+    return (log_z.square() * scored).sum() / scored.sum().clamp(min=1)
+
+
 def lm_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
     """A decoder-only language model's logits of ``batch`` (what :meth:`Task.logits` does by default)."""
     return model(batch.inputs)
@@ -38,7 +46,8 @@ def lm_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
 class Stepper:
     """What a training step runs on. ``model`` is what the forward calls (a DDP wrapper, say);
     ``core`` the model itself, whose parts record auxiliary losses (weighted by ``aux_weights``).
-    ``grad_clip`` 0 turns clipping off; ``logits`` is how a batch reaches the model (the task's)."""
+    ``grad_clip`` 0 turns clipping off; ``logits`` is how a batch reaches the model (the task's);
+    ``z_loss`` > 0 adds that weight x :func:`z_loss_fn` to the loss (reported as the auxiliary ``z_loss``)."""
 
     model: nn.Module
     core: nn.Module
@@ -47,6 +56,7 @@ class Stepper:
     grad_clip: float = 0.0
     aux_weights: dict[str, float] = field(default_factory=dict)
     logits: Callable[[nn.Module, Batch], torch.Tensor] = lm_logits
+    z_loss: float = 0.0
 
     def __post_init__(self) -> None:
         self.params = list(self.core.parameters())
@@ -60,6 +70,10 @@ class Stepper:
         for name, value in self.core.take_aux_losses().items():  # what the parts recorded in this forward
             total = total + self.aux_weights[name] * value.float()
             aux[name] = value.detach().float()
+        if self.z_loss > 0:
+            z = z_loss_fn(logits, batch.targets)
+            total = total + self.z_loss * z
+            aux["z_loss"] = z.detach()
         total.backward()
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)

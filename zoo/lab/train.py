@@ -281,6 +281,7 @@ def train(
             data_seed=seed * 65_537 + plan.mesh.dp_rank(rank),  # tensor-parallel ranks share their batches
             log=Records(metrics, tracker), progress=raw.get("progress"), rank=rank, world=world,
             save_checkpoint=writer, compile=raw.get("compile", False), parallel=plan.mesh, mesh=mesh,
+            recipe=plan.recipe,
         )  # fmt: skip
         result = fit(trainer, plan, train_cfg, out_dir, resume_from, summary, writer)
     finally:

@@ -1,4 +1,5 @@
-"""The training loop: AdamW, linear warmup then cosine decay, gradient clipping, periodic evaluation.
+"""The training loop: the recipe's optimizer and schedule (``optim=``, ``schedule=``: zoo.lab.recipe; AdamW
+and a cosine by default), gradient clipping, z-loss, periodic evaluation.
 
 Config validation (:func:`check_run_config`) happens before any tensor work. The loop keeps the
 per-step cost to the model's own forward, backward and optimizer step: the loss is summed on the
@@ -24,6 +25,9 @@ from zoo.core.auxiliary import aux_weights
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
 from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
+from zoo.lab.recipe import Recipe, lr_at
+from zoo.lab.recipe.optimizers import AdamW
+from zoo.lab.recipe.schedules import Cosine
 from zoo.lab.scale import ProcessMesh, compile_blocks, parallelize
 from zoo.lab.step import Stepper, autocast
 from zoo.lab.tasks import Batch, Task
@@ -37,7 +41,7 @@ SAVE = ("final", "none")
 #: ``encoder`` an encoder-decoder's encoder section (read by the model builder of a task that trains one).
 RUN_KEYS = {
     "block", "model", "encoder", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report",
-    "compile", "tune", "parallel",
+    "compile", "tune", "parallel", "optim", "schedule",
 }  # fmt: skip
 #: ``train.budget``: what sets a run's steps instead of ``train.steps`` (at most one of them).
 BUDGETS = ("tokens", "flops")
@@ -68,6 +72,7 @@ class TrainConfig:
     budget_flops: float | None = None  # train.budget.flops: steps = flops / (flops per token x tokens per step)
     #: Weights of auxiliary losses by name (zoo.core.auxiliary), over the parts' defaults.
     aux_weights: dict[str, float] = field(default_factory=dict)
+    z_loss: float = 0.0  # weight of the mean squared log-partition of the logits (0: none)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any] | None) -> TrainConfig:
@@ -103,7 +108,7 @@ class TrainConfig:
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
             if getattr(cfg, name) < 1:
                 raise ConfigError(f"train.{name}", getattr(cfg, name), "must be a positive integer")
-        for name in ("warmup_steps", "eval_every", "weight_decay", "grad_clip", "checkpoint_every"):
+        for name in ("warmup_steps", "eval_every", "weight_decay", "grad_clip", "checkpoint_every", "z_loss"):
             if getattr(cfg, name) < 0:
                 raise ConfigError(f"train.{name}", getattr(cfg, name), "must be >= 0")
         if not cfg.lr > 0 or not math.isfinite(cfg.lr):
@@ -134,12 +139,9 @@ class TrainConfig:
         return replace(self, steps=steps), info
 
     def lr_at(self, step: int) -> float:
-        """Learning rate at 0-based ``step``: linear warmup to ``lr``, cosine down to ``lr * min_lr_ratio``."""
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps))
-        low = self.lr * self.min_lr_ratio
-        return low + 0.5 * (self.lr - low) * (1 + math.cos(math.pi * progress))
+        """The default schedule's rate at 0-based ``step`` (``schedule=cosine``: linear warmup to ``lr``,
+        cosine down to ``lr * min_lr_ratio``); a run's own schedule is its recipe's."""
+        return lr_at(Cosine(), step, self)
 
 
 def check_run_config(raw: dict[str, Any]) -> tuple[TrainConfig, torch.device]:
@@ -167,12 +169,12 @@ def check_run_config(raw: dict[str, Any]) -> tuple[TrainConfig, torch.device]:
     return TrainConfig.from_config(raw.get("train")), dev
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (and the embedding), none on biases and norm gains."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+def make_optimizer(model: nn.Module, cfg: TrainConfig, recipe: Recipe | None = None) -> torch.optim.Optimizer:
+    """The recipe's optimizer (default: AdamW with ``cfg``'s betas; weight decay on matrices and the
+    embedding, none on biases and norm gains)."""
+    if recipe is not None:
+        return recipe.build(model, cfg)
+    return AdamW(beta1=cfg.beta1, beta2=cfg.beta2).build(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 @dataclass
@@ -224,7 +226,8 @@ class Trainer:
     """Trains ``model`` on ``task``. Under DDP (``world > 1``) the process group is already initialized,
     every rank built the same model from the same seed, and ``data_seed`` differs by rank.
 
-    ``log`` receives every metrics record (rank 0 passes a writer; other ranks a no-op).
+    ``log`` receives every metrics record (rank 0 passes a writer; other ranks a no-op). ``recipe`` (checked
+    by the plan) gives the optimizer and the schedule; None: the default (AdamW, cosine).
     Every ``cfg.checkpoint_every`` steps the ranks gather a :class:`TrainState` and rank 0 passes it
     to ``save_checkpoint`` (with ``self.model`` and ``self.optimizer``, what it writes beside it);
     :meth:`restore` continues from one.
@@ -246,6 +249,7 @@ class Trainer:
         compile: bool = False,
         parallel: ProcessMesh | None = None,
         mesh: Any = None,
+        recipe: Recipe | None = None,
     ) -> None:
         self.model, self.task, self.cfg, self.device = model.to(device), task, cfg, device
         self.model.checkpoint_blocks = cfg.activation_checkpointing
@@ -259,8 +263,13 @@ class Trainer:
         self.dp_rank, self.dp = self.parallel.dp_rank(rank), self.parallel.dp  # tp ranks share their batches
         self.progress = progress
         self.generator = torch.Generator().manual_seed(data_seed)
-        self.optimizer = make_optimizer(self.model, cfg)
+        self.recipe = recipe or Recipe()
+        self.recipe.check(cfg, sharded=self.sharded, tp=self.parallel.tp, compile=compile)  # steps set by a budget
+        self.schedule = self.recipe.schedule_entry()
+        self.optimizer = self.recipe.build(self.model, cfg)
         self.aux_weights = aux_weights(self.model, cfg.aux_weights)  # the parts' defaults, then train.aux_weights
+        #: The auxiliary values logged: the parts' losses, then the z-loss (train.z_loss > 0).
+        self.aux_names = [*self.aux_weights, *(["z_loss"] if cfg.z_loss > 0 else [])]
         self.tokens_per_step = cfg.batch_size * task.seq_len * self.dp
         #: At the last evaluation, each routing part's fraction of routed tokens per expert (validation, 1x length).
         self.routing: dict[str, list[float]] = {}
@@ -310,7 +319,7 @@ class Trainer:
     def start_loop(self) -> tuple[LoopState, int]:
         """The loop's state at its first step, and that step: 1, or after the restored checkpoint's."""
         zero = torch.zeros((), device=self.device)
-        loop = LoopState(loss_sum=zero.clone(), aux_sums=dict.fromkeys(self.aux_weights, zero))
+        loop = LoopState(loss_sum=zero.clone(), aux_sums=dict.fromkeys(self.aux_names, zero))
         if self.restored is None:
             return loop, 1
         if len(self.restored.ranks) == self.world:  # this rank's running sums (fresh at another world size)
@@ -329,7 +338,7 @@ class Trainer:
         disable = True if self.rank != 0 or self.progress is False else (None if self.progress is None else False)
         loop, first = self.start_loop()
         step_fn = Stepper(self.train_model, self.model, self.optimizer, self.device, cfg.grad_clip,
-                          self.aux_weights, self.task.logits)  # fmt: skip
+                          self.aux_weights, self.task.logits, cfg.z_loss)  # fmt: skip
         bar = tqdm(total=cfg.steps, initial=first - 1, disable=disable, unit="step", dynamic_ncols=True)  # None: TTY
         self.train_model.train()
         batches = self.batches()
@@ -338,9 +347,9 @@ class Trainer:
             loop.step = step
             if self.checkpointing and step > first and (step - 1) % cfg.checkpoint_every == 0:
                 self.checkpoint(step - 1, loop, loop.train_time + time.perf_counter() - started)  # after step - 1
-            lr = cfg.lr_at(step - 1)
+            lr = lr_at(self.schedule, step - 1, cfg)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_ratio", 1.0)  # x 1.0: the same float
             loss, aux = step_fn(next(batches))
             for name, value in aux.items():
                 loop.aux_sums[name] = loop.aux_sums[name] + value

@@ -206,6 +206,12 @@ class Attention(nn.Module):
             self.q_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
             self.k_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
 
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """``qkv``'s rows as the query, key and value matrices (:func:`split_qkv` of its row indices);
+        ``out`` is one matrix."""
+        q, k, v = split_qkv(torch.arange(self.qkv.out_features), self.n_heads, self.n_kv_heads)
+        return {"qkv.weight": {"q": q, "k": k, "v": v}}
+
     def state_size(self, length: int) -> int:
         """Numbers one sample's decoding state holds after ``length`` tokens: a key and a value per
         key/value head."""

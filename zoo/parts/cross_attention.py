@@ -37,6 +37,12 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(dims.d_model, 2 * self.n_kv_heads * self.d_head, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
 
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """``kv``'s rows as the key and the value matrices; ``q`` and ``out`` are one matrix each."""
+        rows = torch.arange(self.kv.out_features)
+        k, v = rearrange(rows, "(g two d) -> two (g d)", two=2, g=self.n_kv_heads)
+        return {"kv.weight": {"k": k, "v": v}}
+
     def memory_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """memory: (b, s, d_model) -> keys and values, each (b, n_kv_heads, s, d_head)."""
         k, v = rearrange(self.kv(memory), "b s (g two d) -> two b g s d", two=2, g=self.n_kv_heads)

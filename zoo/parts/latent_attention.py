@@ -151,6 +151,18 @@ class LatentAttention(nn.Module):
             self.q_up = nn.Linear(q_rank, heads, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
 
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """``kv_down``'s rows as the latent's and the shared rotary key's down-projections; ``kv_up``'s
+        as every head's key and value up-projections; the query projection's (``q`` or ``q_up``) as
+        every head's content and position features. ``q_down`` and ``out`` are one matrix each."""
+        rows = torch.arange(self.kv_rank + self.d_head)
+        blocks = {"kv_down.weight": {"latent": rows[: self.kv_rank], "rope_key": rows[self.kv_rank :]}}
+        halves = rearrange(torch.arange(self.kv_up.out_features), "(h two d) -> two (h d)", two=2, d=self.d_head)
+        blocks["kv_up.weight"] = {"key": halves[0], "value": halves[1]}
+        query = "q.weight" if self.q_rank is None else "q_up.weight"
+        blocks[query] = {"content": halves[0], "position": halves[1]}
+        return blocks
+
     def state_size(self, length: int) -> int:
         """Numbers one sample's decoding state holds after ``length`` tokens: the latent and the shared
         rotary key."""

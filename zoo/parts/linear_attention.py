@@ -265,6 +265,13 @@ class LinearAttention(nn.Module):
         self.heads: torch.Tensor  # (h,) the indices of the heads this module computes (a tp rank: its own)
         self.register_buffer("heads", torch.arange(self.n_heads), persistent=False)
 
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """``qkv``'s rows as the query, key and value matrices (each head's d_key, d_key, d_head rows in
+        turn); ``gate`` and ``out`` are one matrix each."""
+        rows = rearrange(torch.arange(self.qkv.out_features), "(h n) -> h n", h=self.n_heads)
+        q, k, v = (rearrange(part, "h n -> (h n)") for part in rows.split([self.d_key, self.d_key, self.d_head], 1))
+        return {"qkv.weight": {"q": q, "k": k, "v": v}}
+
     def state_size(self, length: int) -> int:
         """Numbers one sample's decoding state holds after any number of tokens: a (d_key, d_head) matrix per head."""
         return self.n_heads * self.d_key * self.d_head

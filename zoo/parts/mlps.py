@@ -59,6 +59,10 @@ class PlainMLP(MLP):
         self.up = nn.Linear(dims.d_model, self.hidden, bias=dims.bias)
         self.down = nn.Linear(self.hidden, dims.d_model, bias=dims.bias)
 
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Nothing fused: ``up`` and ``down`` are one matrix each."""
+        return {}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.drop(self.activation(self.up(x))))
 
@@ -96,6 +100,12 @@ class GatedMLP(MLP):
         super().__init__(dims)
         self.gate_up = nn.Linear(dims.d_model, 2 * self.hidden, bias=dims.bias)
         self.down = nn.Linear(self.hidden, dims.d_model, bias=dims.bias)
+
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """``gate_up``'s interleaved rows as the gate and the up matrices (:func:`split_gate_up`); ``down``
+        is one matrix."""
+        gate, up = split_gate_up(torch.arange(self.gate_up.out_features))
+        return {"gate_up.weight": {"gate": gate, "up": up}}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = rearrange(self.gate_up(x), "... (f two) -> two ... f", two=2)  # (b, t, 2f) -> 2 x (b, t, f)

@@ -149,6 +149,11 @@ class MoE(MLP):
             plan[""] = Chain(gather_sequence(), keep_mine)
         return plan
 
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Nothing fused of its own: ``router`` is one matrix; each expert (and the shared expert) is a
+        part that declares its own."""
+        return {}
+
     def active_parameters(self) -> int:
         """Parameters one token uses: the router, top_k experts and the shared expert."""
         count = self.router.weight.numel() + self.top_k * sum(p.numel() for p in self.experts[0].parameters())

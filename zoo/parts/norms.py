@@ -37,6 +37,11 @@ def build_norm(
     return norm.cls(dims if width is None else replace(dims, d_model=width), **options)
 
 
+def unfused(self: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
+    """A norm's ``matrix_blocks``: nothing fused (its gains and biases are vectors)."""
+    return {}
+
+
 class HasEps:
     """A norm whose ``eps`` option must be positive."""
 
@@ -55,6 +60,7 @@ class LayerNorm(HasEps, nn.LayerNorm):
     """LayerNorm: centre and scale each vector, learned gain (and bias when block.bias)."""
 
     tp_plan = norm_plan  # sequence parallel under parallel.tp > 1
+    matrix_blocks = unfused
 
     def __init__(self, dims: BlockDims, *, eps: float = 1e-5) -> None:
         super().__init__(dims.d_model, eps=eps, bias=dims.bias)
@@ -69,6 +75,7 @@ class RMSNorm(HasEps, nn.Module):
     """RMSNorm: scale each vector by its root mean square, learned gain, no centring."""
 
     tp_plan = norm_plan  # sequence parallel under parallel.tp > 1
+    matrix_blocks = unfused
 
     def __init__(self, dims: BlockDims, *, eps: float = 1e-6) -> None:
         super().__init__()
@@ -94,6 +101,7 @@ class ScaleNorm(HasEps, nn.Module):
     """
 
     tp_plan = norm_plan  # sequence parallel under parallel.tp > 1
+    matrix_blocks = unfused
 
     def __init__(self, dims: BlockDims, *, eps: float = 1e-5) -> None:
         super().__init__()

@@ -37,6 +37,10 @@ class Placement(nn.Module):
         """How many ``norms`` this placement owns for ``n_branches`` branches."""
         return n_branches
 
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Nothing fused: a placement's own parameters are its norms' (parts of their own)."""
+        return {}
+
     # Subclasses define forward(x, branches: Sequence[Branch]) -> x.
 
 

@@ -53,6 +53,10 @@ class Position(nn.Module):
         """
         return None
 
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Nothing fused (a learned table is the model's, through :meth:`embedding`, not a block matrix)."""
+        return {}
+
     def embedding(self) -> nn.Module | None:
         """The module a model applies to its token embeddings, ``(x, positions) -> x + pe``, or None.
 

@@ -10,6 +10,7 @@ with ``@OPTIMIZERS.register("name")`` or ``@SCHEDULES.register("name")`` plus an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -30,6 +31,10 @@ class Optimizer(ABC):
     ``schedule rate x lr_ratio`` every step (1 when absent). ``weight_decay`` is ``train.weight_decay``,
     applied to the groups the optimizer decays.
     """
+
+    #: ``train`` keys the optimizer reads (``adamw``: beta1, beta2): the run passes each to the constructor
+    #: as a keyword argument of that name; they are not ``optim.*`` options (``optim.beta1`` is refused).
+    train_keys: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def build(self, model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -1,0 +1,109 @@
+"""The run's recipe from its ``optim`` and ``schedule`` sections: checked once (before any tensor
+work, by :func:`zoo.lab.plan.plan_run`), then what the trainer builds its optimizer and rates from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from zoo.core.errors import ConfigError
+from zoo.core.options import resolve_options
+from zoo.core.registry import Registry
+from zoo.lab.recipe.base import OPTIMIZERS, SCHEDULES, Optimizer, Schedule
+
+
+class TrainConfig(Protocol):
+    """What the recipe reads of the run's ``train`` section (zoo.lab.trainer.TrainConfig), beside the
+    ``train_keys`` an optimizer names."""
+
+    steps: int
+    lr: float
+    warmup_steps: int
+    min_lr_ratio: float
+    weight_decay: float
+
+
+#: The default entries (``conf/config.yaml``'s ``optim: adamw`` and ``schedule: cosine``).
+DEFAULTS = {"optim": "adamw", "schedule": "cosine"}
+REGISTRIES: dict[str, Registry] = {"optim": OPTIMIZERS, "schedule": SCHEDULES}
+
+
+def train_keys(cls: type) -> tuple[str, ...]:
+    """The ``train`` keys an entry reads (its ``train_keys``: constructor arguments that are not options)."""
+    return tuple(getattr(cls, "train_keys", ()))
+
+
+def section_options(kind: str, section: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """The entry's name and every option (defaults filled in, types checked) of an ``optim`` or
+    ``schedule`` section; a ConfigError for an unknown name or key, or a wrong type."""
+    if isinstance(section, str):
+        section = {"name": section}
+    if not isinstance(section or {}, Mapping):
+        raise ConfigError(kind, section, f"a mapping with a name: one of {', '.join(REGISTRIES[kind].names())}")
+    raw = dict(section or {})
+    name = raw.pop("name", DEFAULTS[kind])
+    part = REGISTRIES[kind].get(name)
+    for key in raw:
+        if key in train_keys(part.cls):
+            raise ConfigError(f"{kind}.{key}", raw[key], f"{kind}={name} reads train.{key}: set that instead")
+    options = resolve_options(part, raw, kind)
+    return name, {k: v for k, v in options.items() if k not in train_keys(part.cls)}
+
+
+def is_default(kind: str, section: Any) -> bool:
+    """Whether a config's ``optim`` or ``schedule`` section computes what leaving it out does (the
+    default entry with its default options): such a section is left out of the config hash."""
+    if section is None:
+        return True
+    try:
+        return section_options(kind, section) == section_options(kind, None)
+    except ConfigError:
+        return False
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A checked optimizer and schedule: ``optim`` and ``schedule`` are their sections (name and options)."""
+
+    optim: dict[str, Any] = field(default_factory=lambda: {"name": DEFAULTS["optim"]})
+    schedule: dict[str, Any] = field(default_factory=lambda: {"name": DEFAULTS["schedule"]})
+
+    def optimizer_entry(self, train: TrainConfig) -> Optimizer:
+        """The ``optim`` entry with its options (and the ``train`` keys it reads)."""
+        name, options = section_options("optim", self.optim)
+        cls = OPTIMIZERS.get(name).cls
+        return cls(**options, **{key: getattr(train, key) for key in train_keys(cls)})
+
+    def schedule_entry(self) -> Schedule:
+        name, options = section_options("schedule", self.schedule)
+        return SCHEDULES.get(name).cls(**options)
+
+    def check(self, train: TrainConfig, *, sharded: bool = False, tp: int = 1, compile: bool = False) -> None:
+        """Every option and combination (with the steps ``train`` has), before any tensor work."""
+        self.optimizer_entry(train).check(sharded=sharded, tp=tp, compile=compile)
+        self.schedule_entry().check(steps=train.steps, warmup_steps=train.warmup_steps)
+
+    def build(self, model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+        """The optimizer over every parameter of ``model`` at ``train.lr`` and ``train.weight_decay``."""
+        return self.optimizer_entry(train).build(model, lr=train.lr, weight_decay=train.weight_decay)
+
+
+def lr_at(schedule: Schedule, step: int, train: TrainConfig) -> float:
+    """``schedule``'s rate at 0-based ``step`` for the steps, rate and warmup of ``train``."""
+    return schedule.lr_at(step, steps=train.steps, lr=train.lr, warmup_steps=train.warmup_steps,
+                          min_lr_ratio=train.min_lr_ratio)  # fmt: skip
+
+
+def check_recipe(raw: Mapping[str, Any], train: TrainConfig, *, sharded: bool, tp: int, compile: bool) -> Recipe:
+    """The run config's ``optim`` and ``schedule`` sections checked (names, options, the mesh, the steps)."""
+    sections = []
+    for kind in ("optim", "schedule"):
+        name, options = section_options(kind, raw.get(kind))
+        sections.append({"name": name, **options})
+    recipe = Recipe(*sections)
+    recipe.check(train, sharded=sharded, tp=tp, compile=compile)
+    return recipe
