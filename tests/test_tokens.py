@@ -1,0 +1,221 @@
+"""task=tokens (token files, memory-mapped) and zoo-prepare (local text to token files)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import interrupt, tiny, without_timings
+
+from zoo.core.errors import ConfigError
+from zoo.lab.prepare import main, prepare, split_text
+from zoo.lab.records import read_metrics
+from zoo.lab.tasks import build_task
+from zoo.lab.tasks import tokens as tokens_module
+from zoo.lab.tasks.tokens import SPEEDRUN_MAGIC
+
+TEXT = "Café déjà vu, 漢字 and emoji 🦒🐘 — naïve façade.\n" * 40 + "def f(x):\n    return x * 2  # ünïcödé\n" * 30
+
+
+def corpus(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "a.txt").write_text(TEXT[: len(TEXT) // 2])
+    (folder / "b.txt").write_text(TEXT[len(TEXT) // 2 :])
+    return folder
+
+
+def task(path: Path | str, **options) -> object:
+    return build_task({"name": "tokens", "path": str(path), "seq_len": 16, **options})
+
+
+def speedrun(path: Path, tokens: np.ndarray, magic: int = SPEEDRUN_MAGIC) -> Path:
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = magic, 1, len(tokens)
+    path.write_bytes(header.tobytes() + tokens.astype(np.uint16).tobytes())
+    return path
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_decoding_the_shards_gives_back_the_input_text_exactly(tmp_path, tokenizer):
+    meta = prepare(
+        [str(corpus(tmp_path / "in"))], tmp_path / "out", tokenizer=tokenizer, vocab_size=300, progress=False
+    )
+    assert split_text(tmp_path / "out", "train") + split_text(tmp_path / "out", "val") == TEXT
+    assert meta["splits"]["train"]["bytes"] + meta["splits"]["val"]["bytes"] == len(TEXT.encode())
+    assert meta["vocab_size"] == (256 if tokenizer == "bytes" else 300)
+    if tokenizer == "bpe":
+        assert meta["splits"]["val"]["tokens"] < meta["splits"]["val"]["bytes"]  # merges compress
+
+
+def test_jsonl_text_fields_are_the_documents(tmp_path):
+    lines = [json.dumps({"text": "première ligne 漢"}), "", json.dumps({"text": "second 🦒", "id": 2})]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    prepare([str(tmp_path / "d.jsonl")], tmp_path / "out", val_fraction=0.3, progress=False)
+    assert split_text(tmp_path / "out", "train") + split_text(tmp_path / "out", "val") == "première ligne 漢second 🦒"
+
+
+def test_rerunning_on_the_same_input_and_tokenizer_is_a_no_op(tmp_path):
+    src = corpus(tmp_path / "in")
+    prepare([str(src)], tmp_path / "out", tokenizer="bpe", vocab_size=300, progress=False)
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
+    prepare([str(src)], tmp_path / "out", tokenizer="bpe", vocab_size=300, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()} == stamps
+    prepare([str(src)], tmp_path / "out", tokenizer="bytes", progress=False)  # another tokenizer: redone
+    assert json.loads((tmp_path / "out/meta.json").read_text())["vocab_size"] == 256
+    assert not (tmp_path / "out/tokenizer.json").exists()  # the BPE's tokenizer no longer describes the tokens
+    (tmp_path / "out/val_000.bin").unlink()  # a shard gone: redone
+    prepare([str(src)], tmp_path / "out", tokenizer="bytes", progress=False)
+    assert split_text(tmp_path / "out", "val")
+
+
+def test_a_local_tokenizer_file_is_used_and_a_bad_one_is_a_clear_error(tmp_path):
+    src = corpus(tmp_path / "in")
+    prepare([str(src)], tmp_path / "bpe", tokenizer="bpe", vocab_size=280, progress=False)
+    prepare([str(src)], tmp_path / "again", tokenizer=str(tmp_path / "bpe/tokenizer.json"), progress=False)
+    assert (tmp_path / "again/train_000.bin").read_bytes() == (tmp_path / "bpe/train_000.bin").read_bytes()
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"--tokenizer=.*bad.json.*tokenizers library"):
+        prepare([str(src)], tmp_path / "x", tokenizer=str(tmp_path / "bad.json"), progress=False)
+
+
+def test_without_the_tokenizers_library_bytes_still_work_and_bpe_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails
+    src = corpus(tmp_path / "in")
+    prepare([str(src)], tmp_path / "bytes", progress=False)
+    with pytest.raises(ConfigError, match=r"--tokenizer='bpe'.*pip install zoo\[tokens\]"):
+        prepare([str(src)], tmp_path / "bpe", tokenizer="bpe", progress=False)
+
+
+def test_a_missing_folder_and_an_empty_corpus_are_clear_errors(tmp_path, capsys):
+    assert main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "INPUT=" in err and "nowhere" in err and "no such file or folder" in err and len(err.splitlines()) == 1
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty/blank.txt").write_text("")
+    with pytest.raises(ConfigError, match="no text found"):
+        prepare([str(tmp_path / "empty")], tmp_path / "o", progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_zoo_folder_windows_metrics_and_bits_per_byte(tmp_path):
+    meta = prepare([str(corpus(tmp_path / "in"))], tmp_path / "out", tokenizer="bpe", vocab_size=300,
+                   val_fraction=0.2, progress=False)  # fmt: skip
+    t = task(tmp_path / "out")
+    assert t.vocab_size == 300 and t.metric == "val_bpb"
+    val = meta["splits"]["val"]
+    out = t.compute({"loss_sum": 2.0 * 10, "count": 10, "correct": 0})
+    assert out["bpb"] == pytest.approx(2.0 / math.log(2) * val["tokens"] / val["bytes"])
+    tokens = np.fromfile(tmp_path / "out/train_000.bin", dtype=np.uint16)
+    batch = t.train_batch(8, torch.Generator().manual_seed(3))
+    slices = np.lib.stride_tricks.sliding_window_view(tokens, 17)
+    windows = torch.cat([batch.inputs, batch.targets[:, -1:]], 1)  # targets are the inputs shifted by one
+    assert torch.equal(batch.inputs[:, 1:], batch.targets[:, :-1])
+    assert all((slices == w.numpy()).all(1).any() for w in windows)  # each window is a slice of the file
+    again = t.train_batch(8, torch.Generator().manual_seed(3))
+    assert torch.equal(batch.inputs, again.inputs)  # the run's generator alone decides the windows
+    assert [b.inputs.tolist() for b in t.val_batches(2, 2)] == [
+        b.inputs.tolist() for b in task(tmp_path / "out").val_batches(2, 2)
+    ]
+    info = t.info()
+    assert [f["path"] for f in info["files"]] == [str(tmp_path / "out" / n) for n in ("train_000.bin", "val_000.bin")]
+    assert info["files"][0]["sha256"] == hashlib.sha256((tmp_path / "out/train_000.bin").read_bytes()).hexdigest()
+
+
+def test_nanogpt_and_speedrun_bins_are_read_with_a_held_out_tail(tmp_path):
+    tokens = np.arange(2000) % 500
+    tokens.astype(np.uint16).tofile(tmp_path / "train.bin")
+    speedrun(tmp_path / "fineweb_train_000001.bin", tokens)
+    for path in ("train.bin", "fineweb_train_*.bin"):
+        t = task(tmp_path / path, vocab_size=500, val_fraction=0.1)
+        assert t.metric == "val_loss" and "val_bpb" not in t.metric_names()
+        assert sum(map(len, t.val)) == 200
+        assert t.val_batches(1, 1)[0].inputs[0].tolist() == list(range(300, 316))  # the tail, header skipped
+
+
+def test_npy_files_are_memory_mapped_and_must_hold_unsigned_tokens(tmp_path):
+    np.save(tmp_path / "train.npy", (np.arange(1000) % 64).astype(np.uint32))
+    np.save(tmp_path / "val.npy", (np.arange(100) % 64).astype(np.uint16))
+    t = task(tmp_path / "train.npy", val_path=str(tmp_path / "val.npy"), vocab_size=64)
+    assert isinstance(t.train[0].data, np.memmap) and sum(map(len, t.val)) == 100
+    assert t.val_batches(1, 1)[0].inputs[0].tolist() == list(range(16))
+    np.save(tmp_path / "bad.npy", np.zeros((10, 10), dtype=np.float32))
+    with pytest.raises(ConfigError, match=r"bad\.npy=.*float32.*one-dimensional array of uint16 or uint32"):
+        task(tmp_path / "bad.npy", vocab_size=64)
+
+
+def test_a_speedrun_header_mismatch_names_the_file(tmp_path):
+    speedrun(tmp_path / "s.bin", np.arange(100), magic=1234)
+    with pytest.raises(ConfigError, match=r"s\.bin=1234: a speedrun shard starts with magic 20240520"):
+        task(tmp_path / "s.bin", vocab_size=500, format="speedrun")
+    path = speedrun(tmp_path / "t.bin", np.arange(100))
+    with open(path, "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(ConfigError, match=r"t\.bin=.*header says 100 tokens"):
+        task(path, vocab_size=500)
+
+
+def test_a_token_past_the_vocabulary_names_the_file_and_offset(tmp_path, monkeypatch):
+    monkeypatch.setattr(tokens_module, "CHUNK", 1000)  # the scan goes in chunks: the offset is the file's
+    tokens = np.arange(3000) % 100
+    tokens[2345] = 100
+    tokens.astype(np.uint16).tofile(tmp_path / "x.bin")
+    with pytest.raises(ConfigError, match=r"x\.bin=100: token ids below vocab_size=100.*offset 2345"):
+        task(tmp_path / "x.bin", vocab_size=100)
+    with pytest.raises(ConfigError, match="task.vocab_size=None"):
+        task(tmp_path / "x.bin")
+
+
+def test_shards_disagreeing_with_meta_json_are_clear_errors(tmp_path):
+    prepare([str(corpus(tmp_path / "in"))], tmp_path / "out", progress=False)
+    meta = json.loads((tmp_path / "out/meta.json").read_text())
+    (tmp_path / "out/meta.json").write_text(json.dumps({**meta, "dtype": "uint32"}))
+    with pytest.raises(ConfigError, match=r"train_000\.bin=\d+: meta.json says \d+ uint32 tokens"):
+        task(tmp_path / "out")
+    (tmp_path / "out/meta.json").write_text(json.dumps({**meta, "dtype": "int8"}))
+    with pytest.raises(ConfigError, match="dtype='int8': one of uint16, uint32"):
+        task(tmp_path / "out")
+    (tmp_path / "out/meta.json").write_text(json.dumps({**meta, "splits": {"train": {"files": ["train_000.bin"]}}}))
+    with pytest.raises(ConfigError, match=r"splits.train=.*shard files with a token count each"):
+        task(tmp_path / "out")
+    (tmp_path / "out/meta.json").write_text(json.dumps({**meta, "vocab_size": 100}))
+    with pytest.raises(ConfigError, match=r"token ids below vocab_size=100 \(meta.json"):
+        task(tmp_path / "out")
+
+
+def test_a_validation_split_shorter_than_one_window_is_a_clear_error(tmp_path):
+    (np.arange(1000) % 50).astype(np.uint16).tofile(tmp_path / "x.bin")
+    with pytest.raises(ConfigError, match=r"validation split \(10 tokens\) holds a window of 17 tokens"):
+        task(tmp_path / "x.bin", vocab_size=50, val_fraction=0.01)
+
+
+def test_prepare_then_train_reports_bits_per_byte_and_resumes_to_the_last_bit(tmp_path):
+    from zoo.lab.train import run
+
+    big = (TEXT * 3).replace("x", "y")  # a few KB
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/doc.txt").write_text(big)
+    prepare([str(tmp_path / "in")], tmp_path / "tok", tokenizer="bpe", vocab_size=300, val_fraction=0.1, progress=False)
+    cfg = tiny(f"task.path={tmp_path / 'tok'}", "task.seq_len=16", "model.vocab_size=300",
+               "train.checkpoint_every=3", "train.keep_checkpoints=10", task="tokens")  # fmt: skip
+    whole = run(cfg, out_dir=tmp_path / "whole")
+    assert whole["status"] == "ok", whole.get("error")
+    assert whole["metric"]["name"] == "val_bpb" and 0 < whole["final"]["val_bpb"] < 20
+    assert whole["data"]["vocab_size"] == 300 and len(whole["data"]["files"]) == 2
+    interrupt(tmp_path / "whole", tmp_path / "resumed", 6)
+    resumed = run(cfg, out_dir=tmp_path / "resumed")
+    assert resumed["resumed_from"] == [6] and resumed["final"] == whole["final"]  # the same batches after resume
+    assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "whole"))
+
+
+def test_a_model_vocabulary_smaller_than_the_files_is_an_error_naming_model_vocab_size(tmp_path):
+    from zoo.lab.train import run
+
+    prepare([str(corpus(tmp_path / "in"))], tmp_path / "tok", tokenizer="bpe", vocab_size=300, progress=False)
+    summary = run(tiny(f"task.path={tmp_path / 'tok'}", "task.seq_len=16", task="tokens"), out_dir=tmp_path / "r")
+    assert summary["status"] == "failed" and "model.vocab_size=256" in summary["error"] and "300" in summary["error"]
