@@ -21,7 +21,7 @@ from zoo.lab.sweep import sweep_main
         (["train.stpes=10"], "train.stpes='10': unknown key 'stpes' of train; did you mean 'steps'? keys: "),
         (["norm=rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'? options: layernorm, rmsnorm"),
         (["-m", "norm=rmsnorm,rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'?"),
-        (["task=nosuchtask"], "task='nosuchtask': unknown task; options: bytes, lengthgen, mqar, transduce"),
+        (["task=nosuchtask"], "task='nosuchtask': unknown task; options: bytes, lengthgen, mqar, tokens, transduce"),
         (["task=mqar", "task.seq_len=8"], "task.seq_len='8': unknown key 'seq_len' of task; keys: "),
     ],
 )
