@@ -4,11 +4,13 @@ each other."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from omegaconf import OmegaConf
 
 import zoo
 from zoo import compose
+from zoo.core.registry import Registry
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.records import read_summary, write_json_atomic
 
@@ -161,3 +164,16 @@ def seeded_draws(model: torch.nn.Module, seed: int, residual_std, embed_std: flo
             generator = torch.Generator().manual_seed(parameter_seed(seed, name, p.shape))
             expected[name] = torch.empty(p.shape).normal_(0, std, generator=generator)
     return expected
+
+
+@contextlib.contextmanager
+def registered(*entries: tuple[Registry, str, type]) -> Iterator[None]:
+    """Throwaway parts (or tasks, trackers, ...) registered for the ``with`` block, gone after it."""
+    for registry, name, cls in entries:
+        registry.register(name)(cls)
+    try:
+        yield
+    finally:
+        for registry, name, _ in entries:
+            if name in registry:
+                registry.unregister(name)

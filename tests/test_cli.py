@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from helpers import registered
+
 from zoo import AXES
 from zoo.core.registry import BUILT_IN
 from zoo.lab.cli import LISTED, parts_main, parts_markdown
@@ -32,18 +34,15 @@ def test_zoo_parts_names_a_part_that_declares_no_matrix_blocks(capsys):
     from zoo.core.registry import MLPS
     from zoo.lab.cli import NO_MATRIX_BLOCKS
 
-    @MLPS.register("opaque")
     class Opaque(nn.Module):
         """An MLP that says nothing of how its weights split."""
 
         def __init__(self, dims) -> None:
             super().__init__()
 
-    try:
+    with registered((MLPS, "opaque", Opaque)):
         parts_main([])
         out = capsys.readouterr().out
-    finally:
-        MLPS.unregister("opaque")
     marked = [line.split()[0] for line in out.splitlines() if NO_MATRIX_BLOCKS in line]
     assert marked == ["opaque"], marked  # every built-in part declares its blocks
 

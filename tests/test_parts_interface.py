@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import registered
 from torch import nn
 
 import zoo
@@ -80,11 +81,8 @@ class BadAttention(nn.Module):
 
 @pytest.fixture
 def bad_parts():
-    NORMS.register("badnorm")(BadNorm)
-    ATTENTIONS.register("badattn")(BadAttention)
-    yield
-    NORMS.unregister("badnorm")
-    ATTENTIONS.unregister("badattn")
+    with registered((NORMS, "badnorm", BadNorm), (ATTENTIONS, "badattn", BadAttention)):
+        yield
 
 
 def test_a_hook_with_a_wrong_signature_is_reported_with_the_part_and_the_hook(bad_parts):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import registered
 from torch import nn
 
 from zoo import AXES, NORMS
@@ -46,11 +47,8 @@ class Overflowing(nn.Module):
 
 @pytest.fixture
 def broken_norms():
-    NORMS.register("leaky")(Leaky)
-    NORMS.register("overflowing")(Overflowing)
-    yield
-    NORMS.unregister("leaky")
-    NORMS.unregister("overflowing")
+    with registered((NORMS, "leaky", Leaky), (NORMS, "overflowing", Overflowing)):
+        yield
 
 
 @pytest.mark.parametrize("coverage", ["full", "pairwise"])

@@ -299,6 +299,11 @@ def formatted(value: Callable[[Variant], float | None], spec: str = ",") -> Cell
     return lambda r, v, k: "" if (x := value(v)) is None else format(x, spec)
 
 
+def mean_column(header: str, key: str, spec: str) -> Column:
+    """The mean over seeds of the summaries' ``key``: the number in report.csv, shown in ``spec``."""
+    return Column(header, key, lambda r, v, k: v.mean_of(key), formatted(lambda v: v.mean_of(key), spec))
+
+
 def stat_value(report: Report, variant: Variant, key: str) -> Any:
     cells = stat_cells(comparison(report, variant), report.baseline_label, is_baseline(report, variant))
     return cells[STAT_COLUMNS.index(key)]
@@ -360,18 +365,8 @@ COLUMNS: list[Column] = [
     Column("lr (tuned)", None, lambda r, v, k: v.tuned_lr, formatted(lambda v: v.tuned_lr, ".3g"), when=tuned),
     Column("steps", None, lambda r, v, k: f"{v.mean_of('steps') or 0:,.0f}", when=budgeted),
     Column("FLOPs", None, lambda r, v, k: flops_text(v.mean_of("flops")), when=budgeted),
-    Column(
-        "tokens/s",
-        "tokens_per_s",
-        lambda r, v, k: v.mean_of("tokens_per_s"),
-        formatted(lambda v: v.mean_of("tokens_per_s"), ",.0f"),
-    ),  # fmt: skip
-    Column(
-        "wall s",
-        "wall_time_s",
-        lambda r, v, k: v.mean_of("wall_time_s"),
-        formatted(lambda v: v.mean_of("wall_time_s"), ".1f"),
-    ),  # fmt: skip
+    mean_column("tokens/s", "tokens_per_s", ",.0f"),
+    mean_column("wall s", "wall_time_s", ".1f"),
     Column(None, "flops_per_token", lambda r, v, k: flops_per_token(v)),
     Column("status", "status", lambda r, v, k: v.status),
     Column(None, "{key}", stat_value, each=lambda r: STAT_COLUMNS),
