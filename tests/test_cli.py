@@ -100,3 +100,11 @@ def test_a_docstring_summary_is_its_first_sentence_even_when_it_wraps():
     wrapped = type("Wrapped", (), {"__doc__": "Scale each vector, e.g. by its norm, then\n    shift it. More here."})
     names.register("wrapped")(wrapped)
     assert names.get("wrapped").summary == "Scale each vector, e.g. by its norm, then shift it."
+
+
+def test_a_summary_shows_code_in_single_backticks():
+    from zoo.core.registry import first_sentence
+
+    assert first_sentence("Decay over the last ``decay_fraction`` of the steps.") == (
+        "Decay over the last `decay_fraction` of the steps."
+    )

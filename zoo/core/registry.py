@@ -153,8 +153,9 @@ class Registry:
 
 def first_sentence(doc: str) -> str:
     """The first sentence of a docstring's first paragraph, on one line: up to the first ``.``, ``!`` or
-    ``?`` that ends the paragraph or is followed by a capital (so ``e.g. by`` does not end it)."""
-    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    ``?`` that ends the paragraph or is followed by a capital (so ``e.g. by`` does not end it), with
+    reST's double backticks as Markdown's single ones (it is shown in a terminal and in docs/parts.md)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split()).replace("``", "`")
     match = re.match(r"(.*?[.!?])(?=\s+[A-Z]|$)", paragraph)
     return match.group(1) if match else paragraph
 
