@@ -79,7 +79,8 @@ def test_a_single_zoo_train_into_a_held_folder_fails_and_writes_nothing(tmp_path
 @pytest.mark.slow
 def test_two_sweeps_at_once_into_one_folder_train_each_run_once(tmp_path):
     # Two identical sweeps of 3 runs, started together: each run is trained by one of them (its start line
-    # is logged once in all), the other skips it while it trains and waits for it; both reports hold all 3.
+    # is logged once in all), the other skips it while it trains (waiting for it if still held at its end);
+    # both reports hold all 3.
     folder = tmp_path / "sweep"
     steps = [a for a in SMALL if not a.startswith(("train.steps", "train.eval_every"))]
     args = ["quick", "pos=none", "mlp=gelu", "seed=0,1,2", *steps, "train.steps=60", "train.eval_every=30",
@@ -104,5 +105,6 @@ def test_two_sweeps_at_once_into_one_folder_train_each_run_once(tmp_path):
         assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 60  # each step once
         assert json.loads((folder / name / SUMMARY).read_text())["status"] == "ok"
     assert "another process trains this run folder" in logs  # the sweeps met on a run
-    assert "waiting for" in logs
+    # Whether the sweep that skipped a run still finds it held when it ends (and logs "waiting for") depends
+    # on timing; wait_for itself is checked deterministically above, against a child holding the lock.
     assert held_runs(folder) == [] and not list(folder.glob(f"*/{LOCK}"))
