@@ -236,6 +236,15 @@ def log_end(summary: dict[str, Any], out_dir: Path | None, writes: bool) -> None
         log.info("%s %s: %s", shown(out_dir), summary["status"], metric_text(summary))
 
 
+def build_task(plan: RunPlan) -> Task:
+    """The plan's task, refused when its vocabulary does not fit the model's embedding."""
+    task = plan.build_task()
+    vocab = plan.model["vocab_size"]
+    if task.vocab_size > vocab:
+        raise ConfigError("model.vocab_size", vocab, f"at least task {task.name!r}'s vocabulary ({task.vocab_size})")
+    return task
+
+
 def train(
     raw: dict[str, Any],
     summary: dict[str, Any],
@@ -255,10 +264,7 @@ def train(
     threads = raw.get("threads") or default_threads(parallel_jobs)
     torch.set_num_threads(threads)
     device = take_device(plan.device, world, local_rank)
-    task = plan.build_task()
-    vocab = plan.model["vocab_size"]
-    if task.vocab_size > vocab:
-        raise ConfigError("model.vocab_size", vocab, f"at least task {task.name!r}'s vocabulary ({task.vocab_size})")
+    task = build_task(plan)
     seed = raw.get("seed", 0)
     torch.manual_seed(seed)  # the same initial model on every rank
     model = task.build_model(raw, plan.specs)
