@@ -539,17 +539,17 @@ def test_bad_report_test_names_the_key_value_and_choices(tmp_path, capsys):
     assert exit_.value.code == 1 and "report.test='ttest': one of auto, t, permutation" in capsys.readouterr().err
 
 
-def test_the_report_plot_tracker_and_checkpoint_functions_fit_on_a_screen():
+def test_every_function_in_the_package_fits_on_a_screen():
     import ast
 
-    import zoo.lab.checkpoint
-    import zoo.lab.plots
-    import zoo.lab.report
-    import zoo.lab.trackers
+    import zoo
 
-    for module in (zoo.lab.report, zoo.lab.plots, zoo.lab.trackers, zoo.lab.checkpoint):
-        tree = ast.parse(Path(module.__file__).read_text())
-        for node in ast.walk(tree):
+    package = Path(zoo.__file__).parent
+    too_long = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 length = node.end_lineno - node.lineno + 1
-                assert length <= 60, f"{module.__name__}.{node.name}: {length} lines"
+                if length > 60:
+                    too_long.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.name}: {length} lines")
+    assert not too_long, "\n".join(too_long)
