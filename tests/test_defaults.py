@@ -14,6 +14,8 @@ from zoo.core.dims import BlockDims
 from zoo.lab.trainer import TrainConfig
 from zoo.models.config import MODEL_DEFAULTS, model_options
 
+#: train.branch: the plan's (zoo.lab.branch), not TrainConfig's; off by default.
+BRANCH = {"branch": {"from": None, "step": None}}
 CONFIG = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
 
 
@@ -27,7 +29,7 @@ def python_defaults(cls: type) -> dict:
     [
         ("block", python_defaults(BlockDims)),
         ("model", MODEL_DEFAULTS),
-        ("train", {**python_defaults(TrainConfig), "budget": {"tokens": None, "flops": None}}),
+        ("train", {**python_defaults(TrainConfig), "budget": {"tokens": None, "flops": None}, **BRANCH}),
     ],
 )
 def test_the_config_trees_defaults_are_the_python_defaults(section, defaults):

@@ -18,6 +18,7 @@ import torch
 from zoo.assembly.compose import resolve_composed
 from zoo.assembly.spec import BlockSpec
 from zoo.core.errors import ConfigError
+from zoo.lab.branch import Branch, check_branch
 from zoo.lab.recipe import Recipe, check_recipe
 from zoo.lab.scale import ProcessMesh
 from zoo.lab.tasks import Task
@@ -34,7 +35,8 @@ class RunPlan:
     """A checked run config: ``train`` and ``device`` (run keys), ``logger`` (its options, defaults
     filled in), ``mesh`` (the process mesh, checked against the model), ``model`` (the model
     section's options), ``specs`` (one resolved block spec per layer), the task's class and options, and
-    ``recipe`` (the ``optim`` and ``schedule`` sections, checked)."""
+    ``recipe`` (the ``optim`` and ``schedule`` sections, checked), ``branch`` (``train.branch``: the checkpoint
+    of another run this one starts from, checked against it; None for a run from step 0)."""
 
     train: TrainConfig
     device: torch.device
@@ -45,6 +47,7 @@ class RunPlan:
     task_cls: type[Task]
     task_options: dict[str, Any]
     recipe: Recipe = field(default_factory=Recipe)
+    branch: Branch | None = None
 
     def build_task(self) -> Task:
         """The task (a corpus task reads its data here)."""
@@ -77,6 +80,7 @@ def plan_run(
     mesh = ProcessMesh.from_config(raw.get("parallel"), world)  # the mesh's keys against the world size
     compile = raw.get("compile", False)
     recipe = check_recipe(raw, train_cfg, sharded=mesh.sharded, tp=mesh.tp, compile=compile)  # optim=, schedule=
+    branch = check_branch(dict(raw), train_cfg, recipe, world=world)  # train.branch: against its source run
     options = model_options(raw)
     specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
     task_cls, task_opts = task_options(raw.get("task"))
@@ -91,7 +95,7 @@ def plan_run(
             f"must be a multiple of the data-parallel ways {mesh.dp} under FSDP2 or tensor parallelism "
             "(every rank runs as many forwards)",
         )
-    return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts, recipe)
+    return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts, recipe, branch)
 
 
 def check_positions_fit(specs: Sequence[BlockSpec], seq_len: int | None) -> None:

@@ -25,7 +25,7 @@ RUNTIME_KEYS = ("threads", "progress", "logger", "report", "tune", "compile", "p
 RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints", "activation_checkpointing")
 #: ``train`` keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (so an older run folder of the same config is still skipped as done, and its checkpoints resume).
-NEUTRAL_TRAIN_KEYS = {"z_loss": 0.0}
+NEUTRAL_TRAIN_KEYS: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}}
 #: Sections added likewise, left out when they equal the default (zoo.lab.recipe.is_default).
 RECIPE_KEYS = ("optim", "schedule")
 
@@ -140,9 +140,9 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def config_hash(config: dict[str, Any]) -> str:
-    """A short hash of what a run computes: its resolved config less the runtime-only keys, and less the
-    keys added since at their neutral values (:data:`NEUTRAL_TRAIN_KEYS`, the default recipe)."""
+def semantic_config(config: dict[str, Any]) -> dict[str, Any]:
+    """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
+    at their neutral values (:data:`NEUTRAL_TRAIN_KEYS`, the default recipe)."""
     from zoo.lab.recipe import is_default
 
     semantic = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
@@ -155,7 +155,12 @@ def config_hash(config: dict[str, Any]) -> str:
             for k, v in semantic["train"].items()
             if k not in RUNTIME_TRAIN_KEYS and not (k in NEUTRAL_TRAIN_KEYS and v == NEUTRAL_TRAIN_KEYS[k])
         }
-    text = json.dumps(clean(semantic), sort_keys=True)
+    return semantic
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """A short hash of what a run computes (:func:`semantic_config`)."""
+    text = json.dumps(clean(semantic_config(config)), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -16,6 +16,7 @@ import datetime
 import functools
 import hashlib
 import importlib.metadata
+import json
 import logging
 import os
 import platform
@@ -40,6 +41,7 @@ from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.registry import AXES
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.argv import exit_on_bad_overrides
+from zoo.lab.branch import load_branch, source_metrics
 from zoo.lab.exit_status import exit_if_a_run_failed
 from zoo.lab.lock import RunLock, holder
 from zoo.lab.plan import RunPlan, plan_run
@@ -50,6 +52,7 @@ from zoo.lab.records import (
     config_hash,
     keep_metrics_until,
     read_summary,
+    write_atomic,
     write_json_atomic,
 )
 from zoo.lab.tasks import Task
@@ -261,6 +264,8 @@ def train(
     rank, world, local_rank = dist_env()
     torchrun_sweep = world > 1 and multirun and submitit_tasks() == 1
     plan = plan_run(raw, summary["choices"], summary["overrides"], world=world, torchrun_sweep=torchrun_sweep)
+    if plan.branch is not None:
+        summary["branch"] = plan.branch.record()  # train.branch: the run and checkpoint this one starts from
     threads = raw.get("threads") or default_threads(parallel_jobs)
     torch.set_num_threads(threads)
     device = take_device(plan.device, world, local_rank)
@@ -359,7 +364,10 @@ def open_records(
         )
     if resume_from is not None and out_dir is not None:
         keep_metrics_until(out_dir, ckpt.read_state(resume_from)["step"])  # the curve continues after it
-    metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None, append=resume_from is not None)
+    elif plan.branch is not None and out_dir is not None:  # a branch's curve starts with its source's
+        write_atomic(out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in source_metrics(plan.branch)))
+    append = resume_from is not None or plan.branch is not None
+    metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None, append=append)
     tracker = Tracker()
     if out_dir is not None:  # rank 0: one tracker run per run folder, beside the sweep's others
         tracker = open_tracker(plan.logger, out_dir.parent if multirun else out_dir, out_dir.name, summary)
@@ -404,6 +412,10 @@ def fit(
     """Resume (from ``resume_from``), train, and save the final weights; ``summary`` records the result."""
     model, rank, world, sharded = trainer.model, trainer.rank, trainer.world, plan.mesh.sharded
     summary["resumed_from"] = []
+    if resume_from is None and plan.branch is not None:  # a branch's first process: its source's checkpoint
+        trainer.restore(load_branch(plan.branch, model, trainer.optimizer, world=world))
+        if rank == 0:
+            log.info("%s: branched from %s", shown(out_dir), plan.branch.folder)
     if resume_from is not None:
         state = ckpt.load_checkpoint(
             resume_from, model, trainer.optimizer, config_hash=summary["config_hash"], world_size=world

@@ -78,10 +78,13 @@ class TrainConfig:
     def from_config(cls, raw: dict[str, Any] | None) -> TrainConfig:
         raw = dict(raw or {})
         budget = raw.pop("budget", None) or {}
+        raw.pop("branch", None)  # train.branch: checked by the plan (zoo.lab.branch)
         names = [f.name for f in fields(cls) if not f.name.startswith("budget_")]
         for key in raw:
             if key not in names:
-                raise ConfigError(f"train.{key}", raw[key], f"unknown key; allowed: {', '.join([*names, 'budget'])}")
+                raise ConfigError(
+                    f"train.{key}", raw[key], f"unknown key; allowed: {', '.join([*names, 'budget', 'branch'])}"
+                )
         hints = {"int": int, "float": float, "str": str, "bool": bool}
         values = {
             f.name: check_type(f"train.{f.name}", raw[f.name], hints[f.type])

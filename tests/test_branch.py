@@ -1,0 +1,144 @@
+"""Branches (``train.branch.from=DIR train.branch.step=N``): a run continued from another run's checkpoint
+under its own steps and schedule is that run's continuation to the last bit (the WSD budgets from one run),
+records where it came from, and refuses, before any model is built, a source it cannot continue."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import interrupt, tiny, without_timings
+from safetensors.torch import load_file
+
+from zoo.lab.checkpoint import WEIGHTS
+from zoo.lab.records import config_hash, read_metrics
+from zoo.lab.train import run
+
+#: A WSD run whose checkpoints (every 3 steps, all kept) lie in its stable phase up to step 9 at 12 steps.
+WSD = ("schedule=wsd", "train.checkpoint_every=3", "train.keep_checkpoints=10", "block.dropout=0.1")
+
+
+def branch(source, step: int, *overrides: str) -> dict:
+    return tiny(*WSD, f"train.branch.from={source}", f"train.branch.step={step}", *overrides)
+
+
+def same_weights(a, b) -> bool:
+    x, y = load_file(a / WEIGHTS), load_file(b / WEIGHTS)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 12-step WSD run (the direct run), and a 24-step one (the long stable run to branch from)."""
+    root = tmp_path_factory.mktemp("branch")
+    for steps in (12, 24):
+        done = run(tiny(*WSD, f"train.steps={steps}"), root / f"wsd{steps}")
+        assert done["status"] == "ok", done["error"]
+    return root
+
+
+@pytest.mark.parametrize("source_steps", [12, 24])
+def test_a_branch_from_the_stable_phase_is_the_direct_run_to_the_last_bit(runs, tmp_path, source_steps):
+    """Branched at step 9 of a WSD run of 12 or 24 steps (both at the peak rate up to step 9) and decayed to
+    12 steps: the 12-step run's metrics, curve and weights, bit for bit."""
+    direct = runs / "wsd12"
+    source = runs / f"wsd{source_steps}"
+    done = run(branch(source, 9, "train.steps=12"), tmp_path / "branch")
+    assert done["status"] == "ok", done["error"]
+    whole = run(tiny(*WSD, "train.steps=12"), direct)  # skipped as done: its summary
+    assert done["final"] == whole["final"] and done["steps"] == 12
+    assert without_timings(read_metrics(tmp_path / "branch")) == without_timings(read_metrics(direct))
+    assert same_weights(tmp_path / "branch", direct)
+    assert done["branch"] == {"from": str(source), "config_hash": config_hash(run_config(source)), "step": 9}
+    assert done["config_hash"] != whole["config_hash"]  # another run than the direct one (it started elsewhere)
+
+
+def run_config(folder) -> dict:
+    import json
+
+    return json.loads((folder / "summary.json").read_text())["config"]
+
+
+def test_a_branch_with_its_own_decay_differs_from_its_source_after_the_branch_step_only(runs, tmp_path):
+    """Decayed over 6 steps from step 9 of the 24-step run: the source's curve up to step 9, then its own."""
+    done = run(branch(runs / "wsd24", 9, "train.steps=15", "schedule.decay_fraction=0.4"), tmp_path / "b")
+    assert done["status"] == "ok", done["error"]
+    mine, theirs = read_metrics(tmp_path / "b"), read_metrics(runs / "wsd24")
+    upto = [r for r in theirs if r["step"] <= 9]
+    assert without_timings(mine[: len(upto)]) == without_timings(upto)
+    after = [r for r in mine if r["kind"] == "train" and r["step"] > 9]
+    assert after and all(r["lr"] < 3e-3 for r in after)  # decaying (train.lr's default peak is 3e-3)
+    source_lr = {r["step"]: r["lr"] for r in theirs if r["kind"] == "train"}
+    assert source_lr[12] == 3e-3  # where the source stayed at the peak
+
+
+def test_a_killed_branch_resumes_from_its_own_checkpoint(runs, tmp_path):
+    whole = run(branch(runs / "wsd24", 6, "train.steps=12"), tmp_path / "whole")
+    assert whole["status"] == "ok", whole["error"]
+    interrupt(tmp_path / "whole", tmp_path / "resumed", 9)
+    resumed = run(branch(runs / "wsd24", 6, "train.steps=12"), tmp_path / "resumed")
+    assert resumed["status"] == "ok" and resumed["resumed_from"][-1] == 9
+    assert resumed["final"] == whole["final"] and same_weights(tmp_path / "whole", tmp_path / "resumed")
+    assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "whole"))
+
+
+def test_the_branch_keys_leave_the_config_hash_of_other_runs_as_it_was():
+    cfg = tiny()
+    assert cfg["train"]["branch"] == {"from": None, "step": None}
+    before = {**cfg, "train": {k: v for k, v in cfg["train"].items() if k != "branch"}}
+    assert config_hash(cfg) == config_hash(before)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("from=NOWHERE", "step=9"), "NOWHERE': a run folder (summary.json, checkpoints/): not a folder"),
+        (("from=EMPTY", "step=9"), "a run folder (summary.json, checkpoints/): no summary.json"),
+        (("from=wsd24", "step=5"), "train.branch.step=5: the step of an intact checkpoint of "),
+        (("from=wsd24", "step=12"), "train.branch.step=12: in 1..11: below train.steps=12"),
+        (("from=wsd24",), "train.branch.from="),
+        (("from=wsd24", "step=9", "block.d_ff=64"), "it differs in block.d_ff: None there, 64 here"),
+        (("from=wsd24", "step=9", "seed=1"), "it differs in seed: 0 there, 1 here"),
+        (("from=wsd24", "step=9", "optim=sgd"), "it differs in optim.dampening"),
+        (("from=wsd24", "step=9", "train.lr=0.01"), "it differs in train.lr: 0.003 there, 0.01 here"),
+        (("from=wsd24", "step=9", "schedule=cosine"), "train.branch.step=9: a checkpoint of "),
+        (("from=wsd24", "step=9", "train.warmup_steps=4"), "at step 0 it trained at lr 0.001, this run's"),
+        (("from=wsd24", "step=9", "train.budget.tokens=2000"), "train.budget="),
+    ],
+)
+def test_a_branch_it_cannot_continue_is_refused_before_any_model_is_built(runs, tmp_path, overrides, message):
+    (tmp_path / "EMPTY").mkdir()
+    keys = []
+    for o in overrides:
+        key, value = o.split("=", 1)
+        if key in ("from", "step"):
+            value = {"NOWHERE": str(tmp_path / "NOWHERE"), "EMPTY": str(tmp_path / "EMPTY")}.get(value) or (
+                str(runs / value) if key == "from" else value
+            )
+            key = f"train.branch.{key}"
+        keys.append(f"{key}={value}")
+    done = run(tiny(*WSD, *keys), tmp_path / "run")
+    assert done["status"] == "failed" and message in done["error"], done["error"]
+    assert "parameters" not in done  # refused before the model was built
+
+
+def test_a_checkpoint_inside_the_decay_is_refused_naming_where_it_starts(runs, tmp_path):
+    """At decay_fraction=0.5 the 12-step run decays from step 6 (its rate first below the peak at step 7): its
+    step-9 checkpoint is inside the decay, and a longer branch would not continue it."""
+    src = run(tiny(*WSD, "schedule.decay_fraction=0.5"), tmp_path / "src")
+    assert src["status"] == "ok", src["error"]
+    done = run(branch(tmp_path / "src", 9, "train.steps=24", "schedule.decay_fraction=0.5"), tmp_path / "b")
+    assert done["status"] == "failed" and "parameters" not in done
+    assert "at step 7 it trained at lr" in done["error"] and "its decay starts at step 6" in done["error"]
+    last = run(branch(tmp_path / "src", 6, "train.steps=16", "schedule.decay_fraction=0.25"), tmp_path / "ok")
+    assert last["status"] == "ok", last["error"]  # its last stable checkpoint: steps 0-5 trained as 16 steps' do
+
+
+def test_a_damaged_checkpoint_is_not_branched_from(runs, tmp_path):
+    import shutil
+
+    shutil.copytree(runs / "wsd24", tmp_path / "src")
+    victim = tmp_path / "src" / "checkpoints" / "step_000009" / "optimizer.safetensors"
+    victim.write_bytes(victim.read_bytes()[:-8])
+    done = run(branch(tmp_path / "src", 9, "train.steps=12"), tmp_path / "b")
+    assert done["status"] == "failed" and "train.branch.step=9: the step of an intact checkpoint" in done["error"]
+    assert "3, 6, 12, 15, 18, 21" in done["error"]
