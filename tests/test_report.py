@@ -553,3 +553,31 @@ def test_every_function_in_the_package_fits_on_a_screen():
                 if length > 60:
                     too_long.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.name}: {length} lines")
     assert not too_long, "\n".join(too_long)
+
+
+def optimizer_runs(root, tuned: bool, optims=("adamw", "muon")) -> None:
+    """Two optimizers x 3 seeds, each run's config naming its optimizer (and its tune.lr choice when ``tuned``)."""
+    for seed in range(3):
+        for i, name in enumerate(optims):
+            extra = (
+                {"tune": {"lr": 0.01, "searched": {"0.01": 3.0}, "seeds": [0], "metric": "val_bpb"}} if tuned else {}
+            )
+            fake_run(root, [f"optim={name}", f"seed={seed}"], value=3.0 + 0.1 * i + 0.01 * seed, **extra)
+            path = root / f"optim={name},seed={seed}" / "summary.json"
+            data = json.loads(path.read_text())
+            data["config"]["optim"] = {"name": name}
+            path.write_text(json.dumps(data))
+
+
+def test_optimizers_compared_without_tune_lr_are_warned_about_in_the_report_and_on_stderr(tmp_path, capsys):
+    optimizer_runs(tmp_path / "shared", tuned=False)
+    report_main([str(tmp_path / "shared"), "--no-plots"])
+    err = capsys.readouterr().err
+    warning = "Warning: these runs differ in optim (adamw, muon) without tune.lr"
+    assert warning in (tmp_path / "shared" / "report.md").read_text() and warning in err
+    optimizer_runs(tmp_path / "tuned", tuned=True)  # each at its own tuned rate: fair
+    report_main([str(tmp_path / "tuned"), "--no-plots"])
+    assert "Warning" not in capsys.readouterr().err + (tmp_path / "tuned" / "report.md").read_text()
+    optimizer_runs(tmp_path / "one", tuned=False, optims=("muon",))  # one optimizer: nothing to warn about
+    report_main([str(tmp_path / "one"), "--no-plots"])
+    assert "Warning" not in capsys.readouterr().err + (tmp_path / "one" / "report.md").read_text()

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import csv
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +137,24 @@ def fairness_lines(report: Report) -> list[str]:
     return [""] + lines if lines else []
 
 
+def optimizer_of(run: Any) -> str:
+    """The run's ``optim`` name (``adamw``, the default, when its config names none)."""
+    section = (run.summary.get("config") or {}).get("optim")
+    return str(section.get("name", "adamw")) if isinstance(section, dict) else str(section or "adamw")
+
+
+def warning_lines(report: Report) -> list[str]:
+    """What the report can tell makes its comparison unfair: optimizers compared at one shared rate."""
+    names = sorted({optimizer_of(r) for r in report.runs})
+    if len(names) < 2 or any((r.summary.get("tune") or {}).get("lr") for r in report.runs):
+        return []
+    return [
+        f"Warning: these runs differ in optim ({', '.join(names)}) without tune.lr: each optimizer at one shared "
+        "train.lr, which means another step to each, is not a fair comparison; tune each one's rate with a grid "
+        "wide enough for all (tune.lr=[...], docs/sweeps.md#fair-comparisons)."
+    ]
+
+
 def active_params(variant: Any) -> int | None:
     """Parameters one token uses (``active_parameters`` in a run's summary; less than the total for a
     mixture of experts)."""
@@ -224,6 +243,7 @@ def markdown(report: Report) -> str:
         "",
         *statistics_lines(report),
         *fairness_lines(report),
+        *(["", *warned] if (warned := warning_lines(report)) else []),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -439,6 +459,8 @@ def write_report(
 def write_built(report: Report, plots: bool = True) -> str:
     """Write the report's files (Markdown, CSVs and, with ``plots``, PNGs) into its root; returns the Markdown."""
     text = markdown(report)
+    for line in warning_lines(report):
+        print(f"zoo-report: {report.root}: {line}", file=sys.stderr)
     for stale in ("effects.csv", "interactions.png", "lr.png"):  # from an earlier report of more axes
         (report.root / stale).unlink(missing_ok=True)
     (report.root / "report.md").write_text(text)
