@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import interrupt, tiny, without_timings
+from helpers import fake_run, interrupt, tiny, without_timings
 from safetensors.torch import load_file
 
 from zoo.lab.checkpoint import WEIGHTS
 from zoo.lab.records import config_hash, read_metrics
 from zoo.lab.train import run
+from zoo.lab.variants import build_report
 
 #: A WSD run whose checkpoints (every 3 steps, all kept) lie in its stable phase up to step 9 at 12 steps.
 WSD = ("schedule=wsd", "train.checkpoint_every=3", "train.keep_checkpoints=10", "block.dropout=0.1")
@@ -142,3 +143,15 @@ def test_a_damaged_checkpoint_is_not_branched_from(runs, tmp_path):
     done = run(branch(tmp_path / "src", 9, "train.steps=12"), tmp_path / "b")
     assert done["status"] == "failed" and "train.branch.step=9: the step of an intact checkpoint" in done["error"]
     assert "3, 6, 12, 15, 18, 21" in done["error"]
+
+
+def test_the_report_pairs_branches_of_each_seeds_own_source_run_by_seed(tmp_path):
+    """Each seed branches from its own long run: the source folder is not an axis, the branch step is."""
+    for seed in range(3):
+        fake_run(tmp_path, ["schedule=cosine", f"seed={seed}"], value=3.0 + 0.01 * seed)
+        source = f"train.branch.from=runs/long{seed}"
+        fake_run(tmp_path, ["schedule=wsd", source, "train.branch.step=80", f"seed={seed}"], value=2.9 + 0.01 * seed)
+    report = build_report(tmp_path)
+    assert report.axes == ["schedule", "train.branch.step"] and len(report.variants) == 2
+    wsd = report.variant(("wsd", "80"))
+    assert wsd is not None and len(wsd.by_seed("val_bpb")) == 3

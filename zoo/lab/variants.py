@@ -21,7 +21,8 @@ from zoo.lab.records import METRICS, SUMMARY, read_summary_checked
 from zoo.lab.stats import CORRECTIONS, TESTS, Comparison, apply_holm, chosen_test, compare, difference_range
 
 #: Override keys that never define a variant: seeds are averaged over, the sweep file names the folder.
-NOT_AXES = {"seed", "sweeps"}
+#: ``train.branch.from``: a branch's source run, one per seed (each seed's long run), so not what makes a variant.
+NOT_AXES = {"seed", "sweeps", "train.branch.from"}
 #: A run's value for an axis that its parts do not use.
 UNUSED = "unused"
 
