@@ -364,7 +364,7 @@ def open_records(
         )
     if resume_from is not None and out_dir is not None:
         keep_metrics_until(out_dir, ckpt.read_state(resume_from)["step"])  # the curve continues after it
-    elif plan.branch is not None and out_dir is not None:  # a branch's curve starts with its source's
+    elif plan.branch is not None and out_dir is not None:  # a branch's curve begins with its parent's
         write_atomic(out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in source_metrics(plan.branch)))
     append = resume_from is not None or plan.branch is not None
     metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None, append=append)
@@ -412,7 +412,7 @@ def fit(
     """Resume (from ``resume_from``), train, and save the final weights; ``summary`` records the result."""
     model, rank, world, sharded = trainer.model, trainer.rank, trainer.world, plan.mesh.sharded
     summary["resumed_from"] = []
-    if resume_from is None and plan.branch is not None:  # a branch's first process: its source's checkpoint
+    if resume_from is None and plan.branch is not None:  # a branch's first process: the checkpoint it branches from
         trainer.restore(load_branch(plan.branch, model, trainer.optimizer, world=world))
         if rank == 0:
             log.info("%s: branched from %s", shown(out_dir), plan.branch.folder)
