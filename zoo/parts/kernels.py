@@ -75,13 +75,15 @@ def attend(
     backend: Backend,
     dropout: float = 0.0,
     softcap: float | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """The attention kernel every attention part shares: softmax(q k^T / sqrt(d) + mask) v.
+    """The attention kernel every attention part shares: softmax(scale q k^T + mask) v.
 
     q: (b, h, t_q, d); k, v: (b, g, t_k, d) with g dividing h (query head i reads key/value head
     i // (h / g)); mask: an additive float mask broadcasting to (b, h, t_q, t_k), or None;
     ``is_causal``: a top-left causal mask instead (never together with ``mask``). ``dropout`` is the
-    attention-weight dropout to apply (pass 0.0 in eval). -> (b, h, t_q, d).
+    attention-weight dropout to apply (pass 0.0 in eval). ``scale``: the score multiplier, None for
+    1 / sqrt(d) (μP passes 1 / d). -> (b, h, t_q, d).
 
     ``sdpa``: torch's fused scaled_dot_product_attention (GQA without copying keys). ``math``: explicit
     scores in at least float32, optional soft-capping, softmax, weights @ v (the reference).
@@ -92,12 +94,13 @@ def attend(
             raise ValueError("softcap needs the math backend (SDPA has no hook to cap the scores)")
         # Never both attn_mask and is_causal: CPU would silently apply both.
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, enable_gqa=group > 1
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, enable_gqa=group > 1, scale=scale
         )
     k = repeat(k, "b g t d -> b (g r) t d", r=group)  # grouped: query head h reads kv head h // group
     v = repeat(v, "b g t d -> b (g r) t d", r=group)
     dtype = torch.promote_types(q.dtype, torch.float32)  # scores in at least float32 (float64 stays)
-    scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)) / math.sqrt(q.shape[-1])
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype))
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if is_causal:
@@ -126,6 +129,7 @@ def attend_at(
     window: int | None = None,
     softcap: float | None = None,
     preallocated: bool = False,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Self-attention of queries at cache slots ``slots`` (t_q,) to the keys at slots 0..t_k-1.
 
@@ -134,7 +138,7 @@ def attend_at(
     slots (causality, the window) and ``key_mask``; with neither padding, bias, window nor cached
     keys, the plain causal case goes to the fused kernel's ``is_causal``. ``preallocated``: the keys
     include empty slots after the last query (a static cache), which the causal mask must hide.
-    -> (b, h, t_q, d_v).
+    ``scale``: as for ``attend``. -> (b, h, t_q, d_v).
     """
     time = q.shape[-2]
     k_slots = torch.arange(k.shape[-2], device=q.device)
@@ -154,4 +158,5 @@ def attend_at(
         backend=backend,
         dropout=dropout,
         softcap=softcap,
+        scale=scale,
     )
