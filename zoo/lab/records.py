@@ -25,7 +25,7 @@ RUNTIME_KEYS = ("threads", "progress", "logger", "report", "tune", "compile", "p
 RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints", "activation_checkpointing")
 #: ``train`` keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (so an older run folder of the same config is still skipped as done, and its checkpoints resume).
-NEUTRAL_TRAIN_KEYS: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}}
+NEUTRAL_TRAIN_KEYS: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}, "probe_every": 0}
 #: Sections added likewise, left out when they equal the default (zoo.lab.recipe.is_default).
 RECIPE_KEYS = ("optim", "schedule")
 
