@@ -36,7 +36,7 @@ from zoo.core.registry import Registry
 log = logging.getLogger("zoo.lab.trackers")
 
 INSTALL = 'pip install -e ".[trackers]"'
-PLOTS = ("curves.png", "final.png")
+PLOTS = ("curves.png", "final.png", "probes.png")  # those a report wrote
 
 #: Trackers by name (``logger=<name>``): the same registry (names, did-you-mean errors, ``zoo-parts``
 #: listing, plugins) and option checking as the block's parts.
