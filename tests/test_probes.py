@@ -253,3 +253,12 @@ def test_a_step_at_a_huge_rate_is_a_spike_at_the_next_step(tmp_path, monkeypatch
         "count": 0,
         "steps": [],
     }
+
+
+def test_a_mixer_without_logits_is_skipped_by_name(tmp_path):
+    summary = run(tiny("attn=linear", "train.steps=4", "train.probe_every=4", "train.eval_every=0"), tmp_path)
+    assert summary["status"] == "ok", summary["error"]
+    (probe,) = [r for r in read_metrics(tmp_path) if r["kind"] == "probe"]
+    assert probe["no_logits"] == {"0": "LinearAttention", "1": "LinearAttention"}
+    assert probe["attn_logit_max"] == probe["attn_entropy"] == [None, None]
+    assert all(v > 0 for v in probe["resid_rms"]) and math.isfinite(probe["log_z"])
