@@ -45,6 +45,8 @@ RUN_KEYS = {
     "block", "model", "encoder", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report",
     "compile", "tune", "parallel", "optim", "schedule",
 }  # fmt: skip
+#: ``train`` keys that must be >= 0 (0: off, where it turns something off).
+NON_NEGATIVE = ("warmup_steps", "eval_every", "weight_decay", "grad_clip", "checkpoint_every", "z_loss", "probe_every")
 #: ``train.budget``: what sets a run's steps instead of ``train.steps`` (at most one of them).
 BUDGETS = ("tokens", "flops")
 
@@ -114,15 +116,7 @@ class TrainConfig:
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
             if getattr(cfg, name) < 1:
                 raise ConfigError(f"train.{name}", getattr(cfg, name), "must be a positive integer")
-        for name in (
-            "warmup_steps",
-            "eval_every",
-            "weight_decay",
-            "grad_clip",
-            "checkpoint_every",
-            "z_loss",
-            "probe_every",
-        ):
+        for name in NON_NEGATIVE:
             if getattr(cfg, name) < 0:
                 raise ConfigError(f"train.{name}", getattr(cfg, name), "must be >= 0")
         if not cfg.lr > 0 or not math.isfinite(cfg.lr):
