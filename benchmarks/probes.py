@@ -8,7 +8,8 @@ Both sides are the quick sweep's run (d_model 64, 4 heads, 2 layers, seq_len 64,
 evaluations, and on the probed side every probe). Runs alternate (plain, probed, plain, ...) so drift
 in machine load hits both alike. Reported: each side's median wall time, the median per round of
 probed / plain (paired: back to back), and the probes' own time (summed around each probe record)
-over the probed run's wall time. Target: probes at probe_every=10 cost at most 5% of the run's time.
+over the probed run's, in wall and in this process's CPU seconds (on a busy machine the CPU share is the
+steadier figure; with one thread it is the work). Target: probes at probe_every=10 cost at most 5% of the run's time.
 """
 
 from __future__ import annotations
@@ -26,25 +27,30 @@ from zoo.lab.tasks import build_task
 from zoo.lab.trainer import TrainConfig, Trainer, check_run_config
 
 
-def fit_seconds(raw: dict, task, train_cfg: TrainConfig, device: torch.device) -> tuple[float, float, int]:
-    """(wall s of Trainer.fit, s spent in probes, probe records) for one run of ``train_cfg``."""
+def fit_seconds(
+    raw: dict, task, train_cfg: TrainConfig, device: torch.device
+) -> tuple[float, float, float, float, int]:
+    """(wall s of Trainer.fit, its CPU s, wall s spent in probes, their CPU s, probe records) for one run
+    of ``train_cfg`` (CPU: this process's, which a busy machine's other work does not inflate)."""
     torch.manual_seed(0)
     model = build_model(raw)
     records: list[dict] = []
     trainer = Trainer(model, task, train_cfg, device=device, data_seed=0, progress=False, log=records.append)
-    spent = [0.0]
+    spent = [0.0, 0.0]
     probe = trainer.probe
 
     def timed(step: int) -> float:
+        cpu = time.process_time()
         took = probe(step)
         spent[0] += took
+        spent[1] += time.process_time() - cpu
         return took
 
     trainer.probe = timed  # type: ignore[method-assign]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     trainer.fit()
-    wall = time.perf_counter() - start
-    return wall, spent[0], sum(r["kind"] == "probe" for r in records)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return wall, cpu, spent[0], spent[1], sum(r["kind"] == "probe" for r in records)
 
 
 def main() -> None:
@@ -71,14 +77,18 @@ def main() -> None:
     raw = OmegaConf.to_container(cfg, resolve=True)
     train_cfg, device = check_run_config(raw)
     task = build_task(raw["task"])
-    plain, probed, spent, ratios = [], [], [], []
+    plain, probed, spent, spent_cpu, ratios, ratios_cpu = [], [], [], [], [], []
     for _ in range(args.repeats):
-        base, _, _ = fit_seconds(raw, task, replace(train_cfg, probe_every=0), device)
-        wall, probes_s, count = fit_seconds(raw, task, replace(train_cfg, probe_every=args.probe_every), device)
+        base, base_cpu, _, _, _ = fit_seconds(raw, task, replace(train_cfg, probe_every=0), device)
+        wall, cpu, probes_s, probes_cpu, count = fit_seconds(
+            raw, task, replace(train_cfg, probe_every=args.probe_every), device
+        )
         plain.append(base)
         probed.append(wall)
         spent.append(probes_s / wall)
+        spent_cpu.append(probes_cpu / cpu)
         ratios.append(wall / base)
+        ratios_cpu.append(cpu / base_cpu)
     print(
         f"model: d_model={args.d_model} heads={args.heads} layers={args.layers} T={args.seq_len} batch={args.batch} "
         f"steps={args.steps} device={args.device} threads={torch.get_num_threads()} {' '.join(args.overrides)}"
@@ -90,8 +100,12 @@ def main() -> None:
         f"| probe_every={args.probe_every} ({count} probes) | {statistics.median(probed):.3f} | "
         f"{', '.join(f'{x:.3f}' for x in probed)} |"
     )
-    print(f"ratio probed / plain: {statistics.median(ratios):.3f} median per round")
-    print(f"probes' own time / the probed run's: {100 * statistics.median(spent):.2f}% median (target <= 5%)")
+    median = statistics.median
+    print(f"ratio probed / plain: {median(ratios):.3f} wall, {median(ratios_cpu):.3f} CPU, median per round")
+    print(
+        f"probes' own time / the probed run's: {100 * median(spent):.2f}% wall, {100 * median(spent_cpu):.2f}% CPU, "
+        "median (target <= 5%)"
+    )
 
 
 if __name__ == "__main__":

@@ -85,4 +85,4 @@ def test_probes_benchmark_times_a_probed_run_against_a_plain_one(monkeypatch, ca
     runpy.run_path(str(BENCHMARKS / "probes.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "| probe_every=0 |" in out and "| probe_every=3 (2 probes) |" in out
-    assert "ratio probed / plain: " in out and "% median (target <= 5%)" in out
+    assert "ratio probed / plain: " in out and "% CPU, median (target <= 5%)" in out

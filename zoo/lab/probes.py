@@ -32,7 +32,6 @@ from torch import nn
 
 from zoo.assembly.block import Block
 from zoo.core.interface import hook
-from zoo.lab.step import loss_fn
 from zoo.lab.tasks import IGNORE, Batch
 
 #: The keys of a probe record besides ``kind``, ``step`` and ``tokens`` (other tools read them).
@@ -67,7 +66,7 @@ def layer_stats(block: Block, x: torch.Tensor, out: torch.Tensor) -> tuple[torch
     if scores is None:
         return None, None, rms
     weights = torch.softmax(scores, dim=-1)  # over keys; blocked keys (-inf) get 0
-    entropy = -torch.special.xlogy(weights, weights).sum(-1)  # (b, h, t); 0 log 0 = 0
+    entropy = torch.special.entr(weights).sum(-1)  # (b, h, t): -sum p log p, 0 log 0 = 0
     return scores.max(), entropy.mean(), rms
 
 
@@ -87,8 +86,7 @@ def forward_probe(model: nn.Module, logits_of: Callable[[nn.Module, Batch], torc
     finally:
         for handle in handles:
             handle.remove()
-    scored = batch.targets != IGNORE
-    tail = [logits[scored].max(), torch.logsumexp(logits, dim=-1)[scored].mean(), loss_fn(logits, batch.targets)]
+    tail = output_stats(logits, batch.targets)
     known = [v for row in stats for v in row if v is not None] + tail
     values = iter(torch.stack(known).tolist())  # one read back
     layers = [[next(values) if v is not None else None for v in row] for row in stats]
@@ -96,6 +94,16 @@ def forward_probe(model: nn.Module, logits_of: Callable[[nn.Module, Batch], torc
     out["no_logits"] = {str(i): type(b.attn).__name__ for i, b in enumerate(blocks) if stats[i][0] is None}
     out["logit_max"], out["log_z"], out["loss"] = (next(values) for _ in tail)
     return out
+
+
+def output_stats(logits: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
+    """[largest logit, mean log-partition, cross-entropy] over the scored tokens of logits (b, t, v)."""
+    scored = targets != IGNORE
+    log_z = torch.logsumexp(logits, dim=-1)  # (b, t)
+    target = logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (b, t); IGNORE rows unused
+    count = scored.sum()
+    loss = torch.where(scored, log_z - target, 0.0).sum() / count  # -log softmax at the target, as loss_fn
+    return [logits.amax(-1).masked_fill(~scored, -torch.inf).max(), torch.where(scored, log_z, 0.0).sum() / count, loss]
 
 
 class Probes:
