@@ -25,7 +25,7 @@ from zoo.core.auxiliary import aux_weights
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
 from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
-from zoo.lab.probes import Probes
+from zoo.lab.probes import Probes, eval_mode
 from zoo.lab.recipe import Recipe, lr_at
 from zoo.lab.recipe.optimizers import AdamW
 from zoo.lab.recipe.schedules import Cosine
@@ -495,8 +495,13 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
-        """Every validation metric, at each evaluated length (batches shared out across ranks)."""
-        self.model.eval()
+        """Every validation metric, at each evaluated length (batches shared out across ranks); the model's
+        modes as they were after."""
+        with eval_mode(self.model):
+            return self.evaluated()
+
+    def evaluated(self) -> dict[str, float | None]:
+        """:meth:`evaluate`'s metrics, the model in eval mode."""
         out: dict[str, float | None] = {}
         # Parts that route tokens (a mixture of experts) keep the tokens per expert of their last forward.
         routers = {name: m for name, m in self.model.named_modules() if hasattr(m, "last_counts")}
@@ -517,7 +522,6 @@ class Trainer:
                 if self.world > 1:
                     dist.all_reduce(counts)
                 self.routing[name] = (counts / counts.sum()).tolist()
-        self.model.train()
         return out
 
     def score(self, batches: list[Batch], routers: dict[str, nn.Module], routed: dict[str, Any]) -> dict[str, float]:
