@@ -62,12 +62,13 @@ def layer_stats(block: Block, x: torch.Tensor, out: torch.Tensor) -> tuple[torch
     """(max attention logit, mean attention entropy, output RMS) of one block, on the device; the first two
     None when its mixer has no logits. ``x``: the mixer's input, ``out``: the block's output."""
     rms = out.float().square().mean().sqrt()
-    scores = hook(block.attn, "attention_logits")(x)
-    if scores is None:
-        return None, None, rms
-    weights = torch.softmax(scores, dim=-1)  # over keys; blocked keys (-inf) get 0
-    entropy = torch.special.entr(weights).sum(-1)  # (b, h, t): -sum p log p, 0 log 0 = 0
-    return scores.max(), entropy.mean(), rms
+    with torch.inference_mode():  # tensors made here are read here and dropped
+        scores = hook(block.attn, "attention_logits")(x)
+        if scores is None:
+            return None, None, rms
+        weights = torch.softmax(scores, dim=-1)  # over keys; blocked keys (-inf) get 0
+        entropy = torch.special.entr(weights).sum(-1)  # (b, h, t): -sum p log p, 0 log 0 = 0
+        return scores.max().clone(), entropy.mean().clone(), rms
 
 
 @torch.no_grad()

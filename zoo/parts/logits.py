@@ -31,13 +31,14 @@ def masked_logits(
     ``bias`` the position's score bias; ``softcap`` as the kernel applies it (before the bias).
     -> (b, h, t, t), -inf where a key is blocked (later keys when ``causal``, outside ``window``).
     """
-    k = repeat(k, "b g t d -> b (g r) t d", r=q.shape[1] // k.shape[1])  # query head h reads kv head h // r
+    if k.shape[1] != q.shape[1]:
+        k = repeat(k, "b g t d -> b (g r) t d", r=q.shape[1] // k.shape[1])  # query head h reads kv head h // r
     dtype = torch.promote_types(q.dtype, torch.float32)
-    scores = scaled(torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)), q.shape[-1], scale)
+    scores = scaled(q.to(dtype) @ k.to(dtype).transpose(-1, -2), q.shape[-1], scale)  # (b, h, t, t), a new tensor
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if bias is not None:
-        scores = scores + bias.to(dtype)
+        scores += bias.to(dtype)
     slots = torch.arange(q.shape[-2], device=q.device)
     mask = allowed_mask(slots, slots, causal, None, window)
-    return scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+    return scores if mask is None else scores.masked_fill_(~mask, float("-inf"))
