@@ -62,16 +62,15 @@ def layer_stats(block: Block, x: torch.Tensor, out: torch.Tensor) -> tuple[torch
     """(max attention logit, mean attention entropy, output RMS) of one block, on the device; the first two
     None when its mixer has no logits. ``x``: the mixer's input, ``out``: the block's output."""
     rms = out.float().square().mean().sqrt()
-    with torch.inference_mode():  # tensors made here are read here and dropped
-        scores = hook(block.attn, "attention_logits")(x)
-        if scores is None:
-            return None, None, rms
-        weights = torch.softmax(scores, dim=-1)  # over keys; blocked keys (-inf) get 0
-        entropy = torch.special.entr(weights).sum(-1)  # (b, h, t): -sum p log p, 0 log 0 = 0
-        return scores.max().clone(), entropy.mean().clone(), rms
+    scores = hook(block.attn, "attention_logits")(x)
+    if scores is None:
+        return None, None, rms
+    weights = torch.softmax(scores, dim=-1)  # over keys; blocked keys (-inf) get 0
+    entropy = torch.special.entr(weights).sum(-1)  # (b, h, t): -sum p log p, 0 log 0 = 0
+    return scores.max(), entropy.mean(), rms
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no gradients, no version counters: what it computes is read back and dropped
 def forward_probe(model: nn.Module, logits_of: Callable[[nn.Module, Batch], torch.Tensor], batch: Batch) -> dict:
     """The per-layer and output values of a probe record for ``batch``."""
     blocks = blocks_of(model)
@@ -107,6 +106,11 @@ def output_stats(logits: torch.Tensor, targets: torch.Tensor) -> list[torch.Tens
     return [logits.amax(-1).masked_fill(~scored, -torch.inf).max(), torch.where(scored, log_z, 0.0).sum() / count, loss]
 
 
+def squared_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Each tensor's squared L2 norm, in float32 at least, as one tensor (one fused call per device and dtype)."""
+    return torch.stack([n.float() for n in torch._foreach_norm(tensors)]).square()
+
+
 class Probes:
     """The probes of one run: ``due(step)`` says when; :meth:`snapshot` (after the backward of such a step,
     before clipping and the optimizer step) keeps the gradient norms and the weights before the update;
@@ -140,17 +144,14 @@ class Probes:
     def snapshot(self) -> None:
         """Before the optimizer step: each key's gradient norm, and a copy of the weights."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self.grads = self.sums(torch.stack([g.float().square().sum() for g in grads]))
-        self.before = [p.detach().clone() for p in self.params]
+        self.grads = self.sums(squared_norms(grads))
+        self.before = torch._foreach_mul([p.detach() for p in self.params], 1.0)  # copies
 
     @torch.no_grad()
     def update_ratios(self) -> dict[str, float | None]:
         """Per key: the RMS of the step's update over the RMS of the weights before it (None: zero weights)."""
-        deltas = torch.stack(
-            [(p.float() - b.float()).square().sum() for p, b in zip(self.params, self.before, strict=True)]
-        )
-        weights = self.sums(torch.stack([b.float().square().sum() for b in self.before]))
-        updates = self.sums(deltas)
+        weights = self.sums(squared_norms(self.before))
+        updates = self.sums(squared_norms(torch._foreach_sub([p.detach() for p in self.params], self.before)))
         return {key: updates[key] / weights[key] if weights[key] else None for key in self.keys}  # type: ignore[operator]
 
     def record(self, logits_of: Callable[[nn.Module, Batch], torch.Tensor], batch: Batch) -> dict[str, Any]:
