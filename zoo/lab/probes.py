@@ -129,6 +129,7 @@ class Probes:
         for i, p in enumerate(self.params):
             if p.ndim >= 2:
                 self.keys[names.get(id(p), f"param{i}")] = [i]
+        self.members: torch.Tensor | None = None
         self.grads: dict[str, float | None] = {}
         self.before: list[torch.Tensor] = []
 
@@ -137,8 +138,12 @@ class Probes:
 
     def sums(self, squares: torch.Tensor) -> dict[str, float | None]:
         """Per key: the root of the sum of its parameters' ``squares`` (one value per parameter)."""
-        totals = [squares[index].sum() for index in self.keys.values()]
-        return {key: value**0.5 for key, value in zip(self.keys, torch.stack(totals).tolist(), strict=True)}
+        if self.members is None or self.members.device != squares.device:  # (keys, params): 1 where a key covers one
+            self.members = torch.zeros(len(self.keys), len(self.params), device=squares.device)
+            for row, index in enumerate(self.keys.values()):
+                self.members[row, index] = 1.0
+        totals = (self.members.double() @ squares.double()).tolist()  # one product, one read back
+        return {key: value**0.5 for key, value in zip(self.keys, totals, strict=True)}
 
     @torch.no_grad()
     def snapshot(self) -> None:

@@ -34,7 +34,8 @@ def masked_logits(
     if k.shape[1] != q.shape[1]:
         k = repeat(k, "b g t d -> b (g r) t d", r=q.shape[1] // k.shape[1])  # query head h reads kv head h // r
     dtype = torch.promote_types(q.dtype, torch.float32)
-    scores = scaled(q.to(dtype) @ k.to(dtype).transpose(-1, -2), q.shape[-1], scale)  # (b, h, t, t), a new tensor
+    # The kernel's scale on the queries (fewer numbers than the scores; the same product up to rounding).
+    scores = scaled(q.to(dtype), q.shape[-1], scale) @ k.to(dtype).transpose(-1, -2)  # (b, h, t, t), a new tensor
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if bias is not None:
