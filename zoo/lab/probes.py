@@ -66,7 +66,7 @@ def layer_stats(block: Block, x: torch.Tensor, out: torch.Tensor) -> tuple[torch
     if scores is None:
         return None, None, rms
     weights = torch.softmax(scores, dim=-1)  # over keys; blocked keys (-inf) get 0
-    entropy = torch.special.entr(weights).sum(-1)  # (b, h, t): -sum p log p, 0 log 0 = 0
+    entropy = torch.special.entr(weights, out=weights).sum(-1)  # (b, h, t): -sum p log p, 0 log 0 = 0
     return scores.max(), entropy.mean(), rms
 
 
