@@ -20,12 +20,10 @@ from zoo.core.errors import ConfigError
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.records import read_summary
 from zoo.lab.tasks import build_task
+from zoo.lab.tokenizer import BYTE_TASKS, Codec, run_codec
 from zoo.lab.trainer import TrainConfig, Trainer
 from zoo.models import hf
 from zoo.models.language import LanguageModel, build_model
-
-#: Tasks whose tokens are bytes: prompts are text, samples are decoded as UTF-8.
-BYTE_TASKS = ("bytes",)
 
 
 class LoadedRun(NamedTuple):
@@ -35,6 +33,22 @@ class LoadedRun(NamedTuple):
     config: dict[str, Any]
 
 
+def run_folder(path: str | Path) -> Path:
+    """The run folder of a run folder or of one of its ``checkpoints/step_<N>`` folders."""
+    path = Path(path)
+    return path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
+
+
+def load_codec(path: str | Path) -> Codec:
+    """How the run at ``path`` turns text into token ids and back: UTF-8 for bytes, its verified
+    tokenizer.json for a tokens run that has one, else token ids (:mod:`zoo.lab.tokenizer`)."""
+    run_dir = run_folder(path)
+    summary = read_summary(run_dir)
+    if summary is None or "config" not in summary:
+        raise ConfigError("run", str(run_dir), "a run folder with a summary.json (zoo-train writes one)")
+    return run_codec(run_dir, summary)
+
+
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     """The trained model of a run folder (its ``model.safetensors``), or of one of its checkpoints
     (``<run>/checkpoints/step_<N>``), rebuilt from the config in the run's ``summary.json``.
@@ -42,8 +56,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     The weights are checked against the ``manifest.json`` beside them first: a file that is truncated or
     altered raises :class:`zoo.lab.checkpoint.IntegrityError` (a ConfigError) naming it and what is wrong.
     Weights written before manifests load with a warning. Nothing read is a pickle."""
-    path = Path(path)
-    run_dir = path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
+    path, run_dir = Path(path), run_folder(path)
     weights = path / ckpt.WEIGHTS
     summary = read_summary(run_dir)
     if summary is None or "config" not in summary:
@@ -73,31 +86,25 @@ def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path) -> Path:
 
 
 def text_to_tokens(prompt: str, config: dict[str, Any]) -> list[int]:
-    """A prompt as the token ids of the run's task: UTF-8 bytes for a byte-level task, else ids separated by spaces."""
-    if config["task"]["name"] in BYTE_TASKS:
-        return list(prompt.encode("utf-8"))
-    try:
-        return [int(token) for token in prompt.split()]
-    except ValueError:
-        allowed = "token ids separated by spaces (this run's task is not byte-level)"
-        raise ConfigError("prompt", prompt, allowed) from None
+    """A prompt as token ids by the run's task alone: UTF-8 bytes for a byte-level task, else ids
+    separated by spaces (:func:`load_codec` also reads a run's tokenizer)."""
+    return Codec("bytes" if config["task"]["name"] in BYTE_TASKS else "ids").encode(prompt)
 
 
 def tokens_to_text(ids: Sequence[int], config: dict[str, Any]) -> str:
-    """Token ids as text: UTF-8 (undecodable bytes replaced) for a byte-level task, else the ids separated by spaces."""
-    if config["task"]["name"] in BYTE_TASKS:
-        return bytes(ids).decode("utf-8", errors="replace")
-    return " ".join(str(i) for i in ids)
+    """Token ids as text by the run's task alone: UTF-8 (undecodable bytes replaced) for a byte-level
+    task, else the ids separated by spaces."""
+    return Codec("bytes" if config["task"]["name"] in BYTE_TASKS else "ids").decode(ids)
 
 
 def generate_main(argv: Sequence[str] | None = None) -> None:
     """``zoo-generate DIR PROMPT``: continue PROMPT with the run's model (KV-cached sampling)."""
     parser = argparse.ArgumentParser(
         prog="zoo-generate",
-        description="Sample from a trained run: byte-level runs take and print text, others token ids.",
+        description="Sample from a trained run: text in and out for bytes and tokenizer runs, else token ids.",
     )
     parser.add_argument("run", help="a run folder (or one of its checkpoints/step_<N> folders)")
-    parser.add_argument("prompt", help="text (byte-level runs) or token ids separated by spaces")
+    parser.add_argument("prompt", help="text (bytes or tokenizer runs) or token ids separated by spaces")
     parser.add_argument("--max-new-tokens", type=int, default=100)
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy (argmax)")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
@@ -105,8 +112,9 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     try:
-        model, config = load_run(args.run, args.device)
-        ids = text_to_tokens(args.prompt, config)
+        model, _ = load_run(args.run, args.device)
+        codec = load_codec(args.run)
+        ids = codec.encode(args.prompt)
         if not ids:
             raise ConfigError("prompt", args.prompt, "at least one token")
         vocab = model.embed.num_embeddings
@@ -119,10 +127,17 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
         )
     except ConfigError as error:
         sys.exit(f"zoo-generate: {error}")
-    if config["task"]["name"] in BYTE_TASKS:
-        print(args.prompt + tokens_to_text(new[0].tolist(), config))
-    else:
-        print(tokens_to_text(new[0].tolist(), config))
+    print(continuation(codec, args.prompt, ids, new[0].tolist()))
+
+
+def continuation(codec: Codec, prompt: str, ids: Sequence[int], new: Sequence[int]) -> str:
+    """What zoo-generate prints: the prompt and its continuation as text (bytes: the prompt as typed;
+    a tokenizer: prompt and new tokens decoded together, so no character is cut), else the new ids."""
+    if codec.kind == "bytes":
+        return prompt + codec.decode(new)
+    if codec.kind == "tokenizer":
+        return codec.decode([*ids, *new])
+    return codec.decode(new)
 
 
 # -- zoo-eval -------------------------------------------------------------------------------------
@@ -185,7 +200,5 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
 
 
 def load_run_config(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    run_dir = path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
-    summary = read_summary(run_dir) or {}
+    summary = read_summary(run_folder(path)) or {}
     return summary["config"]
