@@ -8,6 +8,7 @@ re-evaluate it on its task at any length (``zoo-eval``), export it (:func:`to_hf
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,13 +173,20 @@ def evaluate_run(
 
 
 def eval_main(argv: Sequence[str] | None = None) -> None:
-    """``zoo-eval DIR [--lengths 1,2,4]``: the run's validation metrics, one row per length."""
+    """``zoo-eval DIR [--lengths 1,2,4]``: the run's validation metrics, one row per length; with
+    ``--harness TASKS``: lm-evaluation-harness tasks instead, through the run's tokenizer."""
     parser = argparse.ArgumentParser(prog="zoo-eval", description="Re-evaluate a trained run on its task.")
     parser.add_argument("run", help="a run folder (or one of its checkpoints/step_<N> folders)")
     parser.add_argument("--lengths", default=None, help="multiples of the trained length, e.g. 1,2,4")
     parser.add_argument("--batches", type=int, default=None, help="validation batches (default: the run's)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--harness", default=None, help="lm-eval tasks separated by commas (pip install zoo[eval])")
+    parser.add_argument("--include-path", default=None, help="a folder of lm-eval task YAML files (--harness)")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many documents per task (--harness)")
+    parser.add_argument("--batch-size", type=int, default=8, help="requests per forward pass (--harness)")
     args = parser.parse_args(argv)
+    if args.harness is not None:
+        return harness_main(args)
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else None
         metrics, errors = evaluate_run(args.run, lengths, args.device, args.batches)
@@ -197,6 +205,42 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
         print(f"| {factor}x | {factor * task.seq_len} | " + " | ".join(shown) + " |")
     for factor, error in errors.items():
         print(f"{factor}: {error}")
+
+
+def load_harness() -> Any:
+    """zoo.lab.harness, imported by name: lm-eval is an optional extra, and zoo.lab.harness imports this module."""
+    try:
+        return importlib.import_module("zoo.lab.harness")
+    except ImportError as e:
+        raise ConfigError("lm-eval", None, f"installed: pip install zoo[eval] ({e})") from None
+
+
+def harness_main(args: argparse.Namespace) -> None:
+    """``zoo-eval DIR --harness TASKS``: lm-eval's results table for the run (zoo.lab.harness)."""
+    tasks = [t for t in args.harness.split(",") if t]
+    try:
+        if not tasks:
+            raise ConfigError("--harness", args.harness, "lm-eval task names separated by commas")
+        harness = load_harness()
+        results = harness.evaluate(
+            args.run, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,
+            device=args.device,
+        )  # fmt: skip
+    except ConfigError as error:
+        sys.exit(f"zoo-eval: {error}")
+    from lm_eval.utils import make_table
+
+    print(make_table(results))
+
+
+def lm_eval_main() -> None:
+    """``zoo-lm-eval ARGS``: lm-eval's own command line with the ``zoo`` model registered
+    (``zoo-lm-eval --model zoo --model_args run=DIR --tasks TASKS``)."""
+    try:
+        harness = load_harness()
+    except ConfigError as error:
+        sys.exit(f"zoo-lm-eval: {error}")
+    harness.main()
 
 
 def load_run_config(path: str | Path) -> dict[str, Any]:
