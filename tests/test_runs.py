@@ -181,3 +181,17 @@ def test_a_tokenizer_whose_sha256_differs_from_the_summarys_is_refused(bpe_run, 
     (tmp_path / "run/summary.json").write_text(json.dumps(summary))
     with pytest.raises(ConfigError, match=r"gone.json': the run's tokenizer.json"):
         load_codec(tmp_path / "run")
+
+
+def test_a_tokens_run_on_prepared_bytes_takes_and_prints_text(tmp_path, capsys):
+    from zoo.lab.prepare import prepare
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/doc.txt").write_text("def déjà(x):\n    return x + 1\n" * 300)
+    prepare([str(tmp_path / "in")], tmp_path / "tok", val_fraction=0.1, progress=False)  # --tokenizer bytes
+    summary = run(tiny(f"task.path={tmp_path / 'tok'}", "task.seq_len=16", task="tokens"), tmp_path / "run")
+    assert summary["data"]["tokenizer"] == {"kind": "bytes", "vocab_size": 256}
+    generate_main([str(tmp_path / "run"), "déjà", "--max-new-tokens", "6", "--temperature", "0"])
+    model, _ = zoo.load_run(tmp_path / "run")
+    greedy = model.generate(torch.tensor([list("déjà".encode())]), 6, temperature=0.0, use_cache=False)
+    assert capsys.readouterr().out == "déjà" + bytes(greedy[0].tolist()).decode("utf-8", errors="replace") + "\n"

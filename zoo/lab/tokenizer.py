@@ -2,7 +2,8 @@
 
 A ``tokens`` run trained on a ``zoo-prepare`` folder with a ``tokenizer.json`` records it in
 ``summary.json`` (``data.tokenizer``: path, sha256, vocab_size) and keeps a copy in the run folder,
-so that the folder carries what its text needs. The copy (else the recorded path) is read only when
+so that the folder carries what its text needs; one on a folder of UTF-8 bytes (``--tokenizer bytes``)
+records ``{"kind": "bytes", "vocab_size": 256}``. The copy (else the recorded path) is read only when
 its sha256 is the recorded one: a ``tokenizer.json`` is JSON, parsed by the ``tokenizers`` library,
 never unpickled. Byte-level runs use UTF-8; other runs have no text, only token ids.
 """
@@ -35,8 +36,8 @@ def tokenizer_record(path: Path, vocab_size: int) -> dict[str, Any]:
 def copy_to_run(out_dir: Path, data: dict[str, Any]) -> None:
     """Copy the data's tokenizer (``data['tokenizer']``, if any) into the run folder ``out_dir``."""
     record = data.get("tokenizer")
-    if record is not None and Path(record["path"]).is_file() and not (out_dir / RUN_TOKENIZER).is_file():
-        shutil.copyfile(record["path"], out_dir / RUN_TOKENIZER)
+    if record is not None and "path" in record and Path(record["path"]).is_file():
+        shutil.copyfile(record["path"], out_dir / RUN_TOKENIZER)  # this run's (a re-run's replaces it)
 
 
 class Codec:
@@ -93,6 +94,8 @@ def run_codec(run_dir: str | Path, summary: dict[str, Any]) -> Codec:
     record = (summary.get("data") or {}).get("tokenizer")
     if record is None:
         return Codec("ids")
+    if isinstance(record, dict) and record.get("kind") == "bytes":  # zoo-prepare --tokenizer bytes
+        return Codec("bytes")
     path = verified_file(Path(run_dir), record)
     try:
         from tokenizers import Tokenizer

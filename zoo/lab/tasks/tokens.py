@@ -242,7 +242,7 @@ class TokensTask(Task):
         positive("task.seq_len", seq_len)
         if not 0 < val_fraction < 1:
             raise ConfigError("task.val_fraction", val_fraction, "must be in (0, 1)")
-        self.seq_len, self.val_bytes, self.tokenizer_file = seq_len, None, None
+        self.seq_len, self.val_bytes, self.tokenizer_file, self.byte_tokens = seq_len, None, None, False
         self.train, self.val = self.load(path, val_path, format, vocab_size, val_fraction)
         if self.val_bytes is None:
             self.metrics = {"loss": "min"}
@@ -265,6 +265,7 @@ class TokensTask(Task):
             self.val_bytes = meta["splits"]["val"].get("bytes")
             if isinstance(meta.get("tokenizer_file"), str):
                 self.tokenizer_file = folder / meta["tokenizer_file"]
+            self.byte_tokens = (meta.get("tokenizer") or {}).get("kind") == "bytes"  # zoo-prepare's UTF-8 bytes
             source = f"{META}'s vocab_size"
         else:
             if vocab_size is None:
@@ -314,9 +315,11 @@ class TokensTask(Task):
     def info(self) -> dict[str, Any]:
         files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": file_hash(p)} for p in self.paths()]
         combined = hashlib.sha256(json.dumps([f["sha256"] for f in files]).encode()).hexdigest()
-        tokenizer = (
-            {} if self.tokenizer_file is None else {"tokenizer": tokenizer_record(self.tokenizer_file, self.vocab_size)}
-        )
+        tokenizer: dict[str, Any] = {}
+        if self.tokenizer_file is not None:
+            tokenizer["tokenizer"] = tokenizer_record(self.tokenizer_file, self.vocab_size)
+        elif self.byte_tokens:
+            tokenizer["tokenizer"] = {"kind": "bytes", "vocab_size": 256}
         return {
             "task": self.name,
             "vocab_size": self.vocab_size,
