@@ -90,3 +90,16 @@ def test_probes_benchmark_times_a_probed_run_against_a_plain_one(monkeypatch, ca
     out = capsys.readouterr().out
     assert "| probe_every=0 |" in out and "| probe_every=3 (2 probes) |" in out
     assert "CPU: probed / plain " in out and "% of its fit (median; target <= 5%)" in out
+
+
+def test_data_benchmark_times_the_token_loader_and_zoo_prepare(monkeypatch, capsys, tmp_path):
+    for n in range(3):
+        (tmp_path / f"{n}.txt").write_text("def f(x):\n    return x * 2  # ünï\n" * 300)
+    tiny = f"--input {tmp_path} --glob *.txt --steps 2 --repeats 1 --workers 1 2 --vocab-size 300"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["data.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "data.py"), run_name="__main__")  # the two loaders were checked equal
+    out = capsys.readouterr().out
+    assert "| task=tokens (memory-mapped) |" in out and "| in memory |" in out
+    assert "ratio memory-mapped / in memory: " in out and "(target <= 1.02)" in out
+    assert "| bytes | 2 |" in out and "| bpe 2" in out and "target: >= 10 MB/s on 2 cores" in out

@@ -4,7 +4,9 @@
 commands run as written with tiny sizes added (one grid point per swept key, one training step),
 except on a cluster (SLURM) or a GPU, where they are composed and validated only;
 `zoo-generate` and `zoo-eval` run as written on a tiny run trained in place of the folder they
-name. `zoo-contract` runs on a slice of what it names. `python benchmarks/...` scripts answer
+name. `zoo-prepare` runs as written with a small folder of text standing in for `--stdlib`, and a
+`task=tokens` run's `task.path` that does not exist is such a folder, prepared (a BPE when the command
+sets `model.vocab_size`). `zoo-contract` runs on a slice of what it names. `python benchmarks/...` scripts answer
 ``--help``. `pip` and `pytest` lines are what `.ci/run` runs.
 """
 
@@ -89,6 +91,41 @@ def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str])
     assert statuses and set(statuses) == {"ok"}, statuses
 
 
+#: A small Python source: what stands in for the standard library in the documented commands.
+SOURCE = 'def main(argv):\n    """Déjà vu."""\n    return [x * 2 for x in argv]  # ünï\n\n' * 600
+
+
+def small_stdlib(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in range(3):
+        (folder / f"mod{n}.py").write_text(SOURCE[n:])
+    return folder
+
+
+def run_prepare(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``zoo-prepare`` command as written, its ``--stdlib`` a small folder, its ``--out`` under tmp_path."""
+    from zoo.lab import prepare
+
+    monkeypatch.setattr(prepare, "stdlib_dir", lambda: small_stdlib(tmp_path / "stdlib"))
+    args = [str(tmp_path / a) if i and args[i - 1] == "--out" else a for i, a in enumerate(args)]
+    assert prepare.main(args) == 0
+    assert (Path(args[args.index("--out") + 1]) / "meta.json").is_file()
+
+
+def tokens_folder(overrides: list[str], tmp_path: Path) -> None:
+    """A documented ``task=tokens task.path=DIR`` run's folder, prepared under tmp_path if it is not there."""
+    from zoo.lab.prepare import prepare
+
+    keys = dict(a.split("=", 1) for a in overrides if "=" in a)
+    path = keys.get("task.path")
+    if keys.get("task") != "tokens" or path is None or Path(path).is_absolute() or (tmp_path / path).exists():
+        return
+    vocab = int(keys.get("model.vocab_size", 256))
+    tokenizer = "bpe" if vocab > 256 else "bytes"
+    prepare([str(small_stdlib(tmp_path / "stdlib"))], tmp_path / path, tokenizer=tokenizer, vocab_size=vocab,
+            progress=False)  # fmt: skip
+
+
 def run_contract_slice(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """A ``zoo-contract`` command as written, on a slice: its pairwise set's first of 16 shards, with the
     example plugin's part (``norm=dyt``, not installed here) standing in as rmsnorm; it must pass."""
@@ -104,7 +141,7 @@ def run_contract_slice(args: list[str], capsys: pytest.CaptureFixture[str]) -> N
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[f"{p}: {c[:60]}" for p, c in COMMANDS])
-def test_doc_command_works(page, command, capsys, tmp_path):
+def test_doc_command_works(page, command, capsys, tmp_path, monkeypatch):
     command = re.split(r" [|>] ", command.split("&& ")[-1])[0]  # the zoo command, not a pipe or redirect
     words = shlex.split(command)
     program, args = words[0], words[1:]
@@ -125,8 +162,11 @@ def test_doc_command_works(page, command, capsys, tmp_path):
         args = [str(tmp_path / "run"), *args[1:]]  # the documented run folder -> the tiny one
         (generate_main if program == "zoo-generate" else eval_main)(args)
         assert capsys.readouterr().out.strip()
+    elif program == "zoo-prepare":
+        run_prepare(args, tmp_path, monkeypatch)
     elif program in ("zoo-train", "zoo-sweep"):
         overrides = [a for a in args if a != "-m" and not a.startswith(("hydra.", "hydra/"))]
+        tokens_folder(overrides, tmp_path)
         # A multirun's first grid point (the others differ only in values the registry checks too).
         overrides = [first_value(a) if "=" in a else a for a in overrides]
         if program == "zoo-sweep":

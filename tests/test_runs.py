@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -10,7 +13,7 @@ from helpers import tiny
 
 import zoo
 from zoo.core.errors import ConfigError
-from zoo.lab.runs import eval_main, evaluate_run, generate_main, text_to_tokens, tokens_to_text
+from zoo.lab.runs import eval_main, evaluate_run, generate_main, load_codec, text_to_tokens, tokens_to_text
 from zoo.lab.train import run
 from zoo.models import language
 
@@ -119,3 +122,76 @@ def test_a_prompt_becomes_tokens_and_tokens_become_text_by_the_runs_task(task, t
     else:
         with pytest.raises(ConfigError, match="prompt='three'"):
             text_to_tokens("three", config)
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory):
+    """A tokens run on a 300-token BPE of a small text (zoo-prepare), and its prepared folder."""
+    pytest.importorskip("tokenizers")
+    from zoo.lab.prepare import prepare
+
+    root = tmp_path_factory.mktemp("bpe")
+    (root / "in").mkdir()
+    (root / "in/doc.txt").write_text("def déjà(x):\n    return x + 1  # ünï 🦒\n" * 200)
+    prepare([str(root / "in")], root / "tok", tokenizer="bpe", vocab_size=300, val_fraction=0.1, progress=False)
+    cfg = tiny(f"task.path={root / 'tok'}", "task.seq_len=16", "model.vocab_size=300", task="tokens")
+    summary = run(cfg, root / "run")
+    assert summary["status"] == "ok", summary.get("error")
+    return root, summary
+
+
+def test_a_tokens_run_records_its_tokenizer_and_keeps_a_copy(bpe_run):
+    root, summary = bpe_run
+    record = summary["data"]["tokenizer"]
+    raw = (root / "tok/tokenizer.json").read_bytes()
+    assert record == {"path": str((root / "tok/tokenizer.json").resolve()), "sha256": hashlib.sha256(raw).hexdigest(),
+                      "vocab_size": json.loads((root / "tok/meta.json").read_text())["vocab_size"]}  # fmt: skip
+    assert (root / "run/tokenizer.json").read_bytes() == raw
+
+
+def test_zoo_generate_encodes_and_decodes_through_the_runs_tokenizer(bpe_run, capsys):
+    from tokenizers import Tokenizer
+
+    root, _ = bpe_run
+    prompt = "def déjà(x):\n"
+    generate_main([str(root / "run"), prompt, "--max-new-tokens", "10", "--temperature", "0"])
+    text = capsys.readouterr().out.removesuffix("\n")
+    tok = Tokenizer.from_file(str(root / "tok/tokenizer.json"))  # independently of zoo's wrapper
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    assert len(ids) < len(prompt.encode())  # BPE merges, not bytes
+    model, _ = zoo.load_run(root / "run")
+    greedy = model.generate(torch.tensor([ids]), 10, temperature=0.0, use_cache=False)[0].tolist()
+    assert text == tok.decode(ids + greedy) and text.startswith(prompt)
+    assert load_codec(root / "run").decode(ids) == prompt  # the round trip, non-ASCII included
+
+
+def test_a_tokenizer_whose_sha256_differs_from_the_summarys_is_refused(bpe_run, tmp_path):
+    root, _ = bpe_run
+    shutil.copytree(root / "run", tmp_path / "run")
+    (tmp_path / "run/tokenizer.json").unlink()  # without the copy: the recorded path, verified as well
+    assert load_codec(tmp_path / "run").encode("def") == load_codec(root / "run").encode("def")
+    original = json.loads((root / "run/tokenizer.json").read_text())
+    original["model"]["vocab"] = {k: (v + 1) % 300 for k, v in original["model"]["vocab"].items()}
+    (tmp_path / "run/tokenizer.json").write_text(json.dumps(original))  # another tokenizer, same size
+    with pytest.raises(SystemExit, match=r"zoo-generate: tokenizer='.*tokenizer.json': sha256 [0-9a-f]{16}\.\.\."):
+        generate_main([str(tmp_path / "run"), "def", "--max-new-tokens", "2"])
+    (tmp_path / "run/tokenizer.json").unlink()
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    summary["data"]["tokenizer"]["path"] = str(tmp_path / "gone.json")
+    (tmp_path / "run/summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ConfigError, match=r"gone.json': the run's tokenizer.json"):
+        load_codec(tmp_path / "run")
+
+
+def test_a_tokens_run_on_prepared_bytes_takes_and_prints_text(tmp_path, capsys):
+    from zoo.lab.prepare import prepare
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/doc.txt").write_text("def déjà(x):\n    return x + 1\n" * 300)
+    prepare([str(tmp_path / "in")], tmp_path / "tok", val_fraction=0.1, progress=False)  # --tokenizer bytes
+    summary = run(tiny(f"task.path={tmp_path / 'tok'}", "task.seq_len=16", task="tokens"), tmp_path / "run")
+    assert summary["data"]["tokenizer"] == {"kind": "bytes", "vocab_size": 256}
+    generate_main([str(tmp_path / "run"), "déjà", "--max-new-tokens", "6", "--temperature", "0"])
+    model, _ = zoo.load_run(tmp_path / "run")
+    greedy = model.generate(torch.tensor([list("déjà".encode())]), 6, temperature=0.0, use_cache=False)
+    assert capsys.readouterr().out == "déjà" + bytes(greedy[0].tolist()).decode("utf-8", errors="replace") + "\n"

@@ -219,3 +219,89 @@ def test_a_model_vocabulary_smaller_than_the_files_is_an_error_naming_model_voca
     prepare([str(corpus(tmp_path / "in"))], tmp_path / "tok", tokenizer="bpe", vocab_size=300, progress=False)
     summary = run(tiny(f"task.path={tmp_path / 'tok'}", "task.seq_len=16", task="tokens"), out_dir=tmp_path / "r")
     assert summary["status"] == "failed" and "model.vocab_size=256" in summary["error"] and "300" in summary["error"]
+
+
+DOCS = ["première ligne 漢", "", "second 🦒 — naïve", "def f(x):\n    return x\n" * 20, "façade"]
+
+
+def test_parquet_files_give_their_text_field_and_bad_fields_are_clear_errors(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="Parquet input needs pyarrow: pip install zoo[parquet]")
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    table = pa.table({"body": DOCS, "id": list(range(len(DOCS)))})
+    pq.write_table(table.slice(0, 3), tmp_path / "in/a.parquet")
+    pq.write_table(table.slice(3), tmp_path / "in/b.parquet")  # a folder's Parquet files are read, not skipped
+    main([str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--text-field", "body", "--val-fraction", "0.3"])
+    assert split_text(tmp_path / "out", "train") + split_text(tmp_path / "out", "val") == "".join(DOCS)
+    with pytest.raises(ConfigError, match=r"a.parquet: --text-field='text': one of its columns: body, id"):
+        prepare([str(tmp_path / "in")], tmp_path / "x", progress=False)
+    with pytest.raises(ConfigError, match=r"a.parquet: row 0 'id'=0: a string"):
+        prepare([str(tmp_path / "in")], tmp_path / "x", text_field="id", progress=False)
+
+
+def test_a_saved_datasets_folder_is_read_offline_split_after_split(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets", reason="datasets folders need datasets: pip install zoo[datasets]")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    datasets.Dataset.from_dict({"content": DOCS[:3]}).save_to_disk(str(tmp_path / "one"))
+    splits = {"train": datasets.Dataset.from_dict({"content": DOCS[:3]}),
+              "test": datasets.Dataset.from_dict({"content": DOCS[3:]})}  # fmt: skip
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "dict"))
+    prepare([str(tmp_path / "one")], tmp_path / "a", text_field="content", val_fraction=0.3, progress=False)
+    assert split_text(tmp_path / "a", "train") + split_text(tmp_path / "a", "val") == "".join(DOCS[:3])
+    prepare([str(tmp_path / "dict")], tmp_path / "b", text_field="content", val_fraction=0.3, progress=False)
+    assert split_text(tmp_path / "b", "train") + split_text(tmp_path / "b", "val") == "".join(DOCS)
+    with pytest.raises(ConfigError, match=r"dict \(train\): --text-field='text': one of its columns: content"):
+        prepare([str(tmp_path / "dict")], tmp_path / "c", progress=False)
+
+
+def test_a_tokenizer_folder_is_its_tokenizer_json(tmp_path):
+    src = corpus(tmp_path / "in")
+    prepare([str(src)], tmp_path / "bpe", tokenizer="bpe", vocab_size=280, progress=False)
+    (tmp_path / "hf").mkdir()  # a Hugging Face tokenizer folder: tokenizer.json and its configs
+    (tmp_path / "hf/tokenizer.json").write_bytes((tmp_path / "bpe/tokenizer.json").read_bytes())
+    (tmp_path / "hf/tokenizer_config.json").write_text("{}")
+    prepare([str(src)], tmp_path / "again", tokenizer=str(tmp_path / "hf"), progress=False)
+    assert (tmp_path / "again/train_000.bin").read_bytes() == (tmp_path / "bpe/train_000.bin").read_bytes()
+    (tmp_path / "hf/tokenizer.json").unlink()
+    with pytest.raises(ConfigError, match=r"--tokenizer=.*hf': a Hugging Face tokenizer folder holds tokenizer.json"):
+        prepare([str(src)], tmp_path / "x", tokenizer=str(tmp_path / "hf"), progress=False)
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_workers_write_the_same_files_as_one_process(tmp_path, tokenizer):
+    src = corpus(tmp_path / "in")
+    for n in range(6):
+        (src / f"c{n}.txt").write_text(TEXT[n * 50 : n * 50 + 700])
+    for workers in (1, 3):
+        prepare([str(src)], tmp_path / f"w{workers}", tokenizer=tokenizer, vocab_size=300, workers=workers,
+                progress=False)  # fmt: skip
+    for name in ("meta.json", "train_000.bin", "val_000.bin"):
+        assert (tmp_path / f"w3/{name}").read_bytes() == (tmp_path / f"w1/{name}").read_bytes(), name
+    (src / "bad.jsonl").write_text('{"text": 3}\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:1=.*a JSON object with a 'text' string"):  # from a worker
+        prepare([str(src)], tmp_path / "bad", tokenizer=tokenizer, workers=2, progress=False)
+
+
+def test_a_folders_file_that_is_not_utf8_is_skipped_and_a_named_one_is_an_error(tmp_path, capsys):
+    src = corpus(tmp_path / "in")
+    (src / "latin1.txt").write_bytes("café".encode("latin-1"))
+    assert main([str(src), "--out", str(tmp_path / "out")]) == 0
+    assert "1 files skipped (not UTF-8)" in capsys.readouterr().out
+    assert split_text(tmp_path / "out", "train") + split_text(tmp_path / "out", "val") == TEXT
+    with pytest.raises(ConfigError, match=r"latin1.txt': UTF-8 text"):
+        prepare([str(src / "latin1.txt")], tmp_path / "x", progress=False)
+
+
+def test_stdlib_reads_the_standard_librarys_python_sources(tmp_path, monkeypatch):
+    from zoo.lab import prepare as prepare_module
+
+    src = corpus(tmp_path / "lib")
+    (src / "mod.py").write_text("import os\n" * 50)
+    (src / "site-packages").mkdir()
+    (src / "site-packages/pkg.py").write_text("installed, not the standard library\n")
+    monkeypatch.setattr(prepare_module, "stdlib_dir", lambda: src)
+    assert main(["--stdlib", "--out", str(tmp_path / "out"), "--val-fraction", "0.1"]) == 0
+    assert split_text(tmp_path / "out", "train") + split_text(tmp_path / "out", "val") == "import os\n" * 50
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "none")])  # neither INPUT nor --stdlib

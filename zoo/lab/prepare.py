@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
+import multiprocessing
+import os
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,37 +20,76 @@ from tqdm import tqdm
 
 from zoo.core.errors import ConfigError
 from zoo.lab.records import write_atomic, write_json_atomic
-from zoo.lab.tasks.text import walk
+from zoo.lab.tasks.text import stdlib_dir, walk
 from zoo.lab.tasks.tokens import FORMAT, META
 
 TOKENIZER_FILE = "tokenizer.json"
 
 
+def is_dataset_folder(path: Path) -> bool:
+    """A folder written by Hugging Face ``datasets``' ``save_to_disk`` (a Dataset or a DatasetDict)."""
+    return (path / "dataset_dict.json").is_file() or (
+        (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    )
+
+
 def source_files(inputs: Sequence[str], pattern: str) -> list[Path]:
-    """The input files: each file given, and each folder's files matching ``pattern`` (sorted)."""
+    """The input sources: each file given, each ``datasets`` folder whole, and each other folder's files
+    matching ``pattern`` (sorted)."""
     files: list[Path] = []
     for item in inputs:
         path = Path(item).expanduser()
-        if path.is_file():
+        if path.is_file() or (path.is_dir() and is_dataset_folder(path)):
             files.append(path)
         elif path.is_dir():
             files += [path / rel for rel in sorted(walk(path, pattern))]
         else:
-            raise ConfigError("INPUT", item, "no such file or folder; give text or .jsonl files or folders")
+            raise ConfigError("INPUT", item, "no such file or folder; give text, .jsonl or .parquet files or folders")
     return files
 
 
-def read_documents(path: Path) -> list[str]:
-    """A text file as one document, or a ``.jsonl`` file's ``text`` fields; binaries (NUL bytes) as none."""
-    raw = path.read_bytes()
-    if b"\0" in raw:
-        return []
+def optional(module: str, extra: str, what: str) -> Any:
+    """``module`` imported, or a ConfigError saying which extra to install for ``what``."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError("INPUT", str(path), f"UTF-8 text ({e})") from None
-    if path.suffix != ".jsonl":
-        return [text] if text else []
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError("INPUT", what, f"the {module} library: pip install zoo[{extra}]") from None
+
+
+def text_column(values: Sequence[Any], source: str, field: str) -> list[str]:
+    """A column's strings as documents (empty ones dropped); a non-string is a ConfigError naming the row."""
+    for row, value in enumerate(values):
+        if not isinstance(value, str):
+            shown = value if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+            raise ConfigError(f"{source}: row {row} {field!r}", shown, "a string (--text-field)")
+    return [v for v in values if v]
+
+
+def read_parquet(path: Path, field: str) -> list[str]:
+    """A Parquet file's ``field`` column (pyarrow)."""
+    parquet = optional("pyarrow.parquet", "parquet", str(path))
+    names = parquet.ParquetFile(path).schema_arrow.names
+    if field not in names:
+        raise ConfigError(f"{path}: --text-field", field, f"one of its columns: {', '.join(names)}")
+    return text_column(parquet.read_table(path, columns=[field]).column(field).to_pylist(), str(path), field)
+
+
+def read_dataset(path: Path, field: str) -> list[str]:
+    """A ``save_to_disk`` folder's ``field`` column, read offline; a DatasetDict's splits one after the other
+    (in ``dataset_dict.json``'s order)."""
+    datasets = optional("datasets", "datasets", str(path))
+    loaded = datasets.load_from_disk(str(path))
+    parts = [(str(path), loaded)] if isinstance(loaded, datasets.Dataset) else list(loaded.items())
+    docs: list[str] = []
+    for name, part in parts:
+        if field not in part.column_names:
+            columns = ", ".join(part.column_names)
+            raise ConfigError(f"{path} ({name}): --text-field", field, f"one of its columns: {columns}")
+        docs += text_column(list(part[field]), f"{path} ({name})", field)
+    return docs
+
+
+def read_jsonl(path: Path, text: str, field: str) -> list[str]:
     docs = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -54,18 +97,54 @@ def read_documents(path: Path) -> list[str]:
         try:
             record = json.loads(line)
         except ValueError:
-            raise ConfigError(f"{path}:{n}", line[:40], "a JSON object with a 'text' string") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ConfigError(f"{path}:{n}", line[:40], "a JSON object with a 'text' string")
-        docs.append(record["text"])
+            raise ConfigError(f"{path}:{n}", line[:40], f"a JSON object with a {field!r} string") from None
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise ConfigError(f"{path}:{n}", line[:40], f"a JSON object with a {field!r} string")
+        docs.append(record[field])
     return docs
+
+
+def read_documents(path: Path, field: str = "text", strict: bool = True) -> list[str] | None:
+    """A text file as one document; the ``field`` strings of a ``.jsonl`` or ``.parquet`` file or a
+    ``datasets`` folder; binaries (NUL bytes) as none; a file that is not UTF-8 is an error (``strict``:
+    a file named as INPUT), else None (a folder's file, skipped)."""
+    if path.is_dir():
+        return read_dataset(path, field)
+    if path.suffix == ".parquet":
+        return read_parquet(path, field)
+    raw = path.read_bytes()
+    if b"\0" in raw:
+        return []
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not strict:
+            return None
+        raise ConfigError("INPUT", str(path), f"UTF-8 text ({e})") from None
+    if path.suffix != ".jsonl":
+        return [text] if text else []
+    return read_jsonl(path, text, field)
 
 
 def sources_hash(files: Sequence[Path]) -> str:
     h = hashlib.sha256()
     for path in files:
-        h.update(str(path.resolve()).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+        inside = [path / rel for rel in sorted(walk(path, "*"))] if path.is_dir() else [path]
+        for item in inside:
+            h.update(str(item.resolve()).encode() + b"\0" + hashlib.sha256(item.read_bytes()).digest())
     return h.hexdigest()
+
+
+def tokenizer_file(spec: str) -> Path:
+    """The ``tokenizer.json`` that ``--tokenizer PATH`` names: the file, or the one in a tokenizer folder."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / TOKENIZER_FILE).is_file():
+            raise ConfigError("--tokenizer", spec, f"a Hugging Face tokenizer folder holds {TOKENIZER_FILE}")
+        return path / TOKENIZER_FILE
+    if not path.is_file():
+        raise ConfigError("--tokenizer", spec, "bytes, bpe, a local tokenizer.json file or a tokenizer folder")
+    return path
 
 
 def load_tokenizer(spec: str, vocab_size: int, docs: Sequence[str]) -> Any | None:
@@ -89,9 +168,7 @@ def load_tokenizer(spec: str, vocab_size: int, docs: Sequence[str]) -> Any | Non
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=False)
         tok.train_from_iterator(docs, trainer=trainer)
         return tok
-    path = Path(spec).expanduser()
-    if not path.is_file():
-        raise ConfigError("--tokenizer", spec, "bytes, bpe or a local tokenizer.json file")
+    path = tokenizer_file(spec)
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the library raises a bare Exception on a bad file
@@ -105,7 +182,8 @@ def encode(tokenizer: Any | None, docs: Sequence[str]) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     if tokenizer is None:
         return np.frombuffer("".join(docs).encode(), dtype=np.uint8).astype(np.int64)
-    ids = [np.asarray(e.ids, dtype=np.int64) for e in tokenizer.encode_batch(list(docs), add_special_tokens=False)]
+    batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # the same ids, no offsets (0.20+)
+    ids = [np.asarray(e.ids, dtype=np.int64) for e in batch(list(docs), add_special_tokens=False)]
     return np.concatenate(ids)
 
 
@@ -129,9 +207,8 @@ def tokenizer_id(spec: str, vocab_size: int) -> dict[str, Any]:
     """What the output depends on besides the input: the tokenizer asked for (a file by its hash)."""
     if spec in ("bytes", "bpe"):
         return {"kind": spec, "vocab_size": 256 if spec == "bytes" else vocab_size}
-    path = Path(spec).expanduser()
-    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-    return {"kind": "file", "source": str(path), "sha256": digest}
+    path = tokenizer_file(spec)
+    return {"kind": "file", "source": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
 def up_to_date(out: Path, request: dict[str, Any]) -> bool:
@@ -146,6 +223,79 @@ def up_to_date(out: Path, request: dict[str, Any]) -> bool:
     return bool(files) and all((out / f).is_file() for f in files)
 
 
+def read_all(
+    files: Sequence[Path], explicit: set[Path], field: str, workers: int, progress: bool
+) -> tuple[list[str], int]:
+    """The documents of ``files`` in order (read by ``workers`` processes), and how many folder files
+    were skipped for not being UTF-8 (a file in ``explicit``, named as INPUT, is an error instead)."""
+    docs, skipped, strict = [], 0, [path in explicit for path in files]
+    bar = tqdm(total=len(files), desc="reading", unit="file", disable=not progress)
+    with pool_of(workers) as pool:
+        for part in pool.map(read_reporting, files, [field] * len(files), strict, chunksize=16):
+            if isinstance(part, tuple):  # a worker's ConfigError, raised here
+                raise ConfigError(*part)
+            docs += part or []
+            skipped += part is None
+            bar.update()
+    bar.close()
+    return docs, skipped
+
+
+def read_reporting(path: Path, field: str, strict: bool) -> list[str] | None | tuple[str, Any, str]:
+    """:func:`read_documents`, a ConfigError returned as its (field, value, allowed): it crosses processes."""
+    try:
+        return read_documents(path, field, strict)
+    except ConfigError as e:
+        return (e.field, e.value, e.allowed)
+
+
+class Serial:
+    """A stand-in for a process pool with one worker: ``map`` in this process."""
+
+    def __enter__(self) -> Serial:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def map(self, fn: Any, *iterables: Any, chunksize: int = 1) -> Any:
+        return map(fn, *iterables)
+
+
+def pool_of(workers: int, tokenizer: Any | None = None) -> Any:
+    """``workers`` forked processes (each with its own copy of ``tokenizer``, one thread each), or this one."""
+    if workers <= 1:
+        return Serial()
+    spec = None if tokenizer is None else tokenizer.to_str()
+    context = multiprocessing.get_context("fork")  # no re-import of zoo and torch, as spawn would
+    return ProcessPoolExecutor(workers, mp_context=context, initializer=start_worker, initargs=(spec,))
+
+
+WORKER_TOKENIZER: list[Any] = []
+
+
+def start_worker(spec: str | None) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
+    if spec is not None:
+        from tokenizers import Tokenizer
+
+        WORKER_TOKENIZER[:] = [Tokenizer.from_str(spec)]
+
+
+def encode_in_worker(docs: Sequence[str]) -> np.ndarray:
+    return encode(WORKER_TOKENIZER[0] if WORKER_TOKENIZER else None, docs)
+
+
+def encode_all(tokenizer: Any | None, docs: Sequence[str], workers: int) -> np.ndarray:
+    """:func:`encode` of ``docs``, by ``workers`` processes over runs of documents (the same ids)."""
+    if tokenizer is None or workers <= 1 or len(docs) < 2:
+        return encode(tokenizer, docs)
+    bounds = np.linspace(0, len(docs), min(len(docs), 4 * workers) + 1).astype(int)
+    chunks = [docs[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    with pool_of(workers, tokenizer) as pool:
+        return np.concatenate(list(pool.map(encode_in_worker, chunks)))
+
+
 def prepare(
     inputs: Sequence[str],
     out: str | Path,
@@ -154,31 +304,40 @@ def prepare(
     vocab_size: int = 4096,
     val_fraction: float = 0.02,
     pattern: str = "*",
+    text_field: str = "text",
+    workers: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Tokenize ``inputs`` into ``out``; the folder's meta.json (unchanged when it was up to date)."""
     if not 0 < val_fraction < 1:
         raise ConfigError("--val-fraction", val_fraction, "must be in (0, 1)")
+    if workers < 1:
+        raise ConfigError("--workers", workers, "a positive number of processes")
     out, files = Path(out), source_files(inputs, pattern)
     request = {"sources": sources_hash(files), "tokenizer": tokenizer_id(tokenizer, vocab_size)}
     request["val_fraction"] = val_fraction
+    if text_field != "text":
+        request["text_field"] = text_field
     if up_to_date(out, request):
         return json.loads((out / META).read_text())
-    docs = [d for path in tqdm(files, desc="reading", unit="file", disable=not progress) for d in read_documents(path)]
+    explicit = {Path(item).expanduser() for item in inputs}
+    docs, skipped = read_all(files, explicit, text_field, workers, progress)
     if not any(docs):
-        raise ConfigError("INPUT", list(inputs), f"no text found (files matching {pattern!r}, or .jsonl 'text' fields)")
+        raise ConfigError(
+            "INPUT", list(inputs), f"no text found (files matching {pattern!r}, or {text_field!r} fields)"
+        )
     tok = load_tokenizer(tokenizer, vocab_size, docs)
     vocab = 256 if tok is None else tok.get_vocab_size()
     dtype = "uint16" if vocab <= 1 << 16 else "uint32"
     meta = {"format": FORMAT, "version": 1, **request, "vocab_size": vocab, "dtype": dtype, "splits": {}}
-    meta["files"] = len(files)
+    meta["files"], meta["skipped_not_utf8"] = len(files) - skipped, skipped
     if tok is not None:
         write_atomic(out / TOKENIZER_FILE, tok.to_str())
         meta["tokenizer_file"] = TOKENIZER_FILE
     else:
         (out / TOKENIZER_FILE).unlink(missing_ok=True)  # a previous run's, not these tokens'
     for split, part in zip(("train", "val"), split_docs(docs, val_fraction), strict=True):
-        ids = encode(tok, part).astype(dtype)
+        ids = encode_all(tok, part, workers).astype(dtype)
         name = f"{split}_000.bin"
         write_atomic(out / name, ids.tobytes())
         nbytes = sum(len(d.encode()) for d in part)
@@ -201,27 +360,36 @@ def split_text(folder: str | Path, split: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="zoo-prepare", description=__doc__)
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="text or .jsonl files, or folders of them")
+    parser.add_argument(
+        "inputs", nargs="*", metavar="INPUT", help="text, .jsonl or .parquet files, datasets folders, folders"
+    )
+    parser.add_argument("--stdlib", action="store_true", help="read this Python's standard library too (as task=bytes)")
     parser.add_argument("--out", required=True, help="the output folder (shards, meta.json, tokenizer.json)")
-    parser.add_argument("--tokenizer", default="bytes", help="bytes, bpe (trained on the input) or a tokenizer.json")
+    parser.add_argument(
+        "--tokenizer", default="bytes", help="bytes, bpe (trained on the input), a tokenizer.json or its folder"
+    )
     parser.add_argument("--vocab-size", type=int, default=4096, help="the BPE's vocabulary size (--tokenizer bpe)")
     parser.add_argument("--val-fraction", type=float, default=0.02, help="the text's tail held out for validation")
-    parser.add_argument("--glob", default="*", help="the files to read from a folder (default: all, binaries skipped)")
+    parser.add_argument(
+        "--glob", default=None, help="the files to read from a folder (default: all; *.py with --stdlib)"
+    )
+    parser.add_argument("--text-field", default="text", help="the text field of .jsonl, .parquet and datasets inputs")
+    parser.add_argument("--workers", type=int, default=1, help="processes reading files and tokenizing")
     args = parser.parse_args(argv)
+    inputs = [*args.inputs, *([str(stdlib_dir())] if args.stdlib else [])]
+    if not inputs:
+        parser.error("give INPUT files or folders, or --stdlib")
     try:
         meta = prepare(
-            args.inputs,
-            args.out,
-            tokenizer=args.tokenizer,
-            vocab_size=args.vocab_size,
-            val_fraction=args.val_fraction,
-            pattern=args.glob,
-        )
+            inputs, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size, val_fraction=args.val_fraction,
+            pattern=args.glob or ("*.py" if args.stdlib else "*"), text_field=args.text_field, workers=args.workers,
+        )  # fmt: skip
     except ConfigError as e:
         print(f"zoo-prepare: {e}", file=sys.stderr)
         return 2
     splits = ", ".join(f"{k} {v['tokens']} tokens / {v['bytes']} bytes" for k, v in meta["splits"].items())
-    print(f"{args.out}: vocab_size {meta['vocab_size']}; {splits}")
+    skipped = f"; {meta['skipped_not_utf8']} files skipped (not UTF-8)" if meta.get("skipped_not_utf8") else ""
+    print(f"{args.out}: vocab_size {meta['vocab_size']}; {splits}{skipped}")
     return 0
 
 

@@ -8,6 +8,7 @@ re-evaluate it on its task at any length (``zoo-eval``), export it (:func:`to_hf
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,12 +21,10 @@ from zoo.core.errors import ConfigError
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.records import read_summary
 from zoo.lab.tasks import build_task
+from zoo.lab.tokenizer import BYTE_TASKS, Codec, run_codec
 from zoo.lab.trainer import TrainConfig, Trainer
 from zoo.models import hf
 from zoo.models.language import LanguageModel, build_model
-
-#: Tasks whose tokens are bytes: prompts are text, samples are decoded as UTF-8.
-BYTE_TASKS = ("bytes",)
 
 
 class LoadedRun(NamedTuple):
@@ -35,6 +34,22 @@ class LoadedRun(NamedTuple):
     config: dict[str, Any]
 
 
+def run_folder(path: str | Path) -> Path:
+    """The run folder of a run folder or of one of its ``checkpoints/step_<N>`` folders."""
+    path = Path(path)
+    return path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
+
+
+def load_codec(path: str | Path) -> Codec:
+    """How the run at ``path`` turns text into token ids and back: UTF-8 for bytes, its verified
+    tokenizer.json for a tokens run that has one, else token ids (:mod:`zoo.lab.tokenizer`)."""
+    run_dir = run_folder(path)
+    summary = read_summary(run_dir)
+    if summary is None or "config" not in summary:
+        raise ConfigError("run", str(run_dir), "a run folder with a summary.json (zoo-train writes one)")
+    return run_codec(run_dir, summary)
+
+
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     """The trained model of a run folder (its ``model.safetensors``), or of one of its checkpoints
     (``<run>/checkpoints/step_<N>``), rebuilt from the config in the run's ``summary.json``.
@@ -42,8 +57,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     The weights are checked against the ``manifest.json`` beside them first: a file that is truncated or
     altered raises :class:`zoo.lab.checkpoint.IntegrityError` (a ConfigError) naming it and what is wrong.
     Weights written before manifests load with a warning. Nothing read is a pickle."""
-    path = Path(path)
-    run_dir = path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
+    path, run_dir = Path(path), run_folder(path)
     weights = path / ckpt.WEIGHTS
     summary = read_summary(run_dir)
     if summary is None or "config" not in summary:
@@ -73,31 +87,25 @@ def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path) -> Path:
 
 
 def text_to_tokens(prompt: str, config: dict[str, Any]) -> list[int]:
-    """A prompt as the token ids of the run's task: UTF-8 bytes for a byte-level task, else ids separated by spaces."""
-    if config["task"]["name"] in BYTE_TASKS:
-        return list(prompt.encode("utf-8"))
-    try:
-        return [int(token) for token in prompt.split()]
-    except ValueError:
-        allowed = "token ids separated by spaces (this run's task is not byte-level)"
-        raise ConfigError("prompt", prompt, allowed) from None
+    """A prompt as token ids by the run's task alone: UTF-8 bytes for a byte-level task, else ids
+    separated by spaces (:func:`load_codec` also reads a run's tokenizer)."""
+    return Codec("bytes" if config["task"]["name"] in BYTE_TASKS else "ids").encode(prompt)
 
 
 def tokens_to_text(ids: Sequence[int], config: dict[str, Any]) -> str:
-    """Token ids as text: UTF-8 (undecodable bytes replaced) for a byte-level task, else the ids separated by spaces."""
-    if config["task"]["name"] in BYTE_TASKS:
-        return bytes(ids).decode("utf-8", errors="replace")
-    return " ".join(str(i) for i in ids)
+    """Token ids as text by the run's task alone: UTF-8 (undecodable bytes replaced) for a byte-level
+    task, else the ids separated by spaces."""
+    return Codec("bytes" if config["task"]["name"] in BYTE_TASKS else "ids").decode(ids)
 
 
 def generate_main(argv: Sequence[str] | None = None) -> None:
     """``zoo-generate DIR PROMPT``: continue PROMPT with the run's model (KV-cached sampling)."""
     parser = argparse.ArgumentParser(
         prog="zoo-generate",
-        description="Sample from a trained run: byte-level runs take and print text, others token ids.",
+        description="Sample from a trained run: text in and out for bytes and tokenizer runs, else token ids.",
     )
     parser.add_argument("run", help="a run folder (or one of its checkpoints/step_<N> folders)")
-    parser.add_argument("prompt", help="text (byte-level runs) or token ids separated by spaces")
+    parser.add_argument("prompt", help="text (bytes or tokenizer runs) or token ids separated by spaces")
     parser.add_argument("--max-new-tokens", type=int, default=100)
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy (argmax)")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
@@ -105,8 +113,9 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     try:
-        model, config = load_run(args.run, args.device)
-        ids = text_to_tokens(args.prompt, config)
+        model, _ = load_run(args.run, args.device)
+        codec = load_codec(args.run)
+        ids = codec.encode(args.prompt)
         if not ids:
             raise ConfigError("prompt", args.prompt, "at least one token")
         vocab = model.embed.num_embeddings
@@ -119,10 +128,17 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
         )
     except ConfigError as error:
         sys.exit(f"zoo-generate: {error}")
-    if config["task"]["name"] in BYTE_TASKS:
-        print(args.prompt + tokens_to_text(new[0].tolist(), config))
-    else:
-        print(tokens_to_text(new[0].tolist(), config))
+    print(continuation(codec, args.prompt, ids, new[0].tolist()))
+
+
+def continuation(codec: Codec, prompt: str, ids: Sequence[int], new: Sequence[int]) -> str:
+    """What zoo-generate prints: the prompt and its continuation as text (bytes: the prompt as typed;
+    a tokenizer: prompt and new tokens decoded together, so no character is cut), else the new ids."""
+    if codec.kind == "bytes":
+        return prompt + codec.decode(new)
+    if codec.kind == "tokenizer":
+        return codec.decode([*ids, *new])
+    return codec.decode(new)
 
 
 # -- zoo-eval -------------------------------------------------------------------------------------
@@ -157,13 +173,20 @@ def evaluate_run(
 
 
 def eval_main(argv: Sequence[str] | None = None) -> None:
-    """``zoo-eval DIR [--lengths 1,2,4]``: the run's validation metrics, one row per length."""
+    """``zoo-eval DIR [--lengths 1,2,4]``: the run's validation metrics, one row per length; with
+    ``--harness TASKS``: lm-evaluation-harness tasks instead, through the run's tokenizer."""
     parser = argparse.ArgumentParser(prog="zoo-eval", description="Re-evaluate a trained run on its task.")
     parser.add_argument("run", help="a run folder (or one of its checkpoints/step_<N> folders)")
     parser.add_argument("--lengths", default=None, help="multiples of the trained length, e.g. 1,2,4")
     parser.add_argument("--batches", type=int, default=None, help="validation batches (default: the run's)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--harness", default=None, help="lm-eval tasks separated by commas (pip install zoo[eval])")
+    parser.add_argument("--include-path", default=None, help="a folder of lm-eval task YAML files (--harness)")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many documents per task (--harness)")
+    parser.add_argument("--batch-size", type=int, default=8, help="requests per forward pass (--harness)")
     args = parser.parse_args(argv)
+    if args.harness is not None:
+        return harness_main(args)
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else None
         metrics, errors = evaluate_run(args.run, lengths, args.device, args.batches)
@@ -184,8 +207,42 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
         print(f"{factor}: {error}")
 
 
+def load_harness() -> Any:
+    """zoo.lab.harness, imported by name: lm-eval is an optional extra, and zoo.lab.harness imports this module."""
+    try:
+        return importlib.import_module("zoo.lab.harness")
+    except ImportError as e:
+        raise ConfigError("lm-eval", None, f"installed: pip install zoo[eval] ({e})") from None
+
+
+def harness_main(args: argparse.Namespace) -> None:
+    """``zoo-eval DIR --harness TASKS``: lm-eval's results table for the run (zoo.lab.harness)."""
+    tasks = [t for t in args.harness.split(",") if t]
+    try:
+        if not tasks:
+            raise ConfigError("--harness", args.harness, "lm-eval task names separated by commas")
+        harness = load_harness()
+        results = harness.evaluate(
+            args.run, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,
+            device=args.device,
+        )  # fmt: skip
+    except ConfigError as error:
+        sys.exit(f"zoo-eval: {error}")
+    from lm_eval.utils import make_table
+
+    print(make_table(results))
+
+
+def lm_eval_main() -> None:
+    """``zoo-lm-eval ARGS``: lm-eval's own command line with the ``zoo`` model registered
+    (``zoo-lm-eval --model zoo --model_args run=DIR --tasks TASKS``)."""
+    try:
+        harness = load_harness()
+    except ConfigError as error:
+        sys.exit(f"zoo-lm-eval: {error}")
+    harness.main()
+
+
 def load_run_config(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    run_dir = path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
-    summary = read_summary(run_dir) or {}
+    summary = read_summary(run_folder(path)) or {}
     return summary["config"]

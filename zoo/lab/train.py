@@ -56,6 +56,7 @@ from zoo.lab.records import (
     write_json_atomic,
 )
 from zoo.lab.tasks import Task
+from zoo.lab.tokenizer import copy_to_run
 from zoo.lab.trackers import Tracker, open_tracker
 from zoo.lab.trainer import FitResult, TrainConfig, Trainer
 from zoo.lab.tune import TUNE_DIR, choose_lr, tune_options
@@ -355,6 +356,7 @@ def open_records(
     if out_dir is not None:
         write_json_atomic(out_dir / SUMMARY, summary)  # status "running": a killed run is re-run on resume
         ckpt.remove_weights(out_dir)  # weights on disk are always this config's
+        copy_to_run(out_dir, summary["data"])  # the text's tokenizer travels with the run folder
     if dist_env()[0] == 0:
         choices = ", ".join(f"{k}={v}" for k, v in summary["choices"].items() if v is not None)
         data = summary["data"].get("sha256", "generated")[:12]

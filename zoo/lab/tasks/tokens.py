@@ -22,6 +22,7 @@ from einops import rearrange
 
 from zoo.core.errors import ConfigError
 from zoo.lab.tasks.base import Batch, Task, positive, register_task
+from zoo.lab.tokenizer import tokenizer_record
 
 META = "meta.json"
 FORMAT = "zoo-tokens"
@@ -241,7 +242,7 @@ class TokensTask(Task):
         positive("task.seq_len", seq_len)
         if not 0 < val_fraction < 1:
             raise ConfigError("task.val_fraction", val_fraction, "must be in (0, 1)")
-        self.seq_len, self.val_bytes = seq_len, None
+        self.seq_len, self.val_bytes, self.tokenizer_file, self.byte_tokens = seq_len, None, None, False
         self.train, self.val = self.load(path, val_path, format, vocab_size, val_fraction)
         if self.val_bytes is None:
             self.metrics = {"loss": "min"}
@@ -262,6 +263,9 @@ class TokensTask(Task):
                 raise ConfigError("task.vocab_size", vocab_size, f"null or {META}'s {meta['vocab_size']}")
             train, val = map_split(folder, meta, "train"), map_split(folder, meta, "val")
             self.val_bytes = meta["splits"]["val"].get("bytes")
+            if isinstance(meta.get("tokenizer_file"), str):
+                self.tokenizer_file = folder / meta["tokenizer_file"]
+            self.byte_tokens = (meta.get("tokenizer") or {}).get("kind") == "bytes"  # zoo-prepare's UTF-8 bytes
             source = f"{META}'s vocab_size"
         else:
             if vocab_size is None:
@@ -311,6 +315,11 @@ class TokensTask(Task):
     def info(self) -> dict[str, Any]:
         files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": file_hash(p)} for p in self.paths()]
         combined = hashlib.sha256(json.dumps([f["sha256"] for f in files]).encode()).hexdigest()
+        tokenizer: dict[str, Any] = {}
+        if self.tokenizer_file is not None:
+            tokenizer["tokenizer"] = tokenizer_record(self.tokenizer_file, self.vocab_size)
+        elif self.byte_tokens:
+            tokenizer["tokenizer"] = {"kind": "bytes", "vocab_size": 256}
         return {
             "task": self.name,
             "vocab_size": self.vocab_size,
@@ -319,6 +328,7 @@ class TokensTask(Task):
             "val_bytes": self.val_bytes,
             "files": files,
             "sha256": combined,  # of the files' hashes, in order
+            **tokenizer,  # the text's tokenizer.json (zoo-generate and zoo-eval read it)
         }
 
     def paths(self) -> list[Path]:

@@ -1,0 +1,147 @@
+"""Data throughput: task=tokens' memory-mapped loader against in-memory data, and zoo-prepare's speed.
+
+    python benchmarks/data.py                          # the quick sweep's size; the standard library
+    python benchmarks/data.py --data data/stdlib-bpe   # the loader on a prepared folder (its vocabulary)
+    python benchmarks/data.py --no-prepare --repeats 7 # the loader only
+
+Loader: two Trainers train the quick sweep's model (d_model 64, 4 heads, 2 layers, seq_len 64,
+batch 24, threads 1) on the same token folder, one through ``task=tokens`` (shards memory-mapped,
+each window read from the file by ``Windows.take``), one on the same tokens held in memory as one
+tensor and windows cut from it by indexing. Both draw the same windows (checked equal first) from
+the same generator, so they compute the same steps; runs alternate (memmap, memory, memmap, ...)
+and the ratio of step times is the median of each round's. Target: <= 1.02.
+
+zoo-prepare: the standard library's ``.py`` sources (``zoo-prepare --stdlib``, what ``task=bytes``
+reads, here all of it) prepared in this process (Python's start and imports not counted) with the
+byte tokenizer and with a 4,096-token BPE (its training counted), by ``--workers`` processes: input
+MB per second of wall time. Target: >= 10 MB/s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from zoo import build_model, compose
+from zoo.lab.prepare import prepare, source_files
+from zoo.lab.tasks import Batch, build_task
+from zoo.lab.tasks.text import stdlib_dir
+from zoo.lab.trainer import TrainConfig, Trainer, check_run_config
+
+
+class InMemory:
+    """A tokens task's training windows cut from its tokens held in memory (one tensor per shard)."""
+
+    def __init__(self, task) -> None:
+        self.task = task
+        self.windows = task.train_windows
+        self.data = [
+            torch.from_numpy(np.asarray(s.data[s.start : s.end], dtype=np.int64)) for s in self.windows.segments
+        ]
+        self.offsets = torch.tensor([0, *self.windows.counts[:-1].tolist()])
+        self.steps = torch.arange(self.windows.length)
+
+    def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
+        indices = torch.randint(0, self.windows.n, (batch_size,), generator=generator)  # as TokensTask draws them
+        if len(self.data) == 1:  # one shard: one gather
+            windows = self.data[0][indices[:, None] + self.steps]  # (b, t + 1)
+        else:
+            which = torch.searchsorted(torch.from_numpy(self.windows.counts), indices, right=True)
+            rows = [self.data[w][i - self.offsets[w] + self.steps] for i, w in zip(indices, which, strict=True)]
+            windows = torch.stack(rows)  # (b, t + 1)
+        return Batch(windows[:, :-1], windows[:, 1:])
+
+    def __getattr__(self, name: str):
+        return getattr(self.task, name)
+
+
+def step_seconds(raw: dict, task, train_cfg: TrainConfig) -> float:
+    """Seconds per training step of a Trainer (its own timing: evaluation excluded)."""
+    torch.manual_seed(0)
+    trainer = Trainer(build_model(raw), task, train_cfg, device=torch.device("cpu"), data_seed=0, progress=False)
+    outcome = trainer.fit()
+    return outcome.train_time_s / train_cfg.steps
+
+
+def loader(folder: Path, args: argparse.Namespace) -> None:
+    task_cfg = {"name": "tokens", "path": str(folder), "seq_len": 64}
+    vocab = build_task(task_cfg).vocab_size
+    cfg = compose(
+        ["task=tokens", f"task.path={folder}", "task.seq_len=64", "block.d_model=64", "block.n_heads=4",
+         "model.n_layers=2", f"model.vocab_size={vocab}", "train.batch_size=24", f"train.steps={args.steps}",
+         "train.warmup_steps=20", "train.eval_every=0", "train.eval_batches=1", "threads=1", "progress=false"]
+    )  # fmt: skip
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    train_cfg, _ = check_run_config(raw)
+    mapped = build_task(raw["task"])
+    memory = InMemory(mapped)
+    a, b = (t.train_batch(24, torch.Generator().manual_seed(0)) for t in (mapped, memory))
+    assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets), "the two loaders differ"
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    for _ in range(200):
+        mapped.train_batch(24, g)
+    per_batch = (time.perf_counter() - start) / 200
+    rounds = [(step_seconds(raw, mapped, train_cfg), step_seconds(raw, memory, train_cfg)) for _ in range(args.repeats)]
+    ratio = statistics.median(m / r for m, r in rounds)
+    mapped_s, memory_s = statistics.median(m for m, _ in rounds), statistics.median(r for _, r in rounds)
+    print(f"loader: {folder} (vocab {vocab}, {sum(map(len, mapped.train)):,} training tokens), quick sweep's model, "
+          f"{args.steps} steps x {args.repeats} rounds, threads 1, load {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print("| data | ms / step (median) | all rounds |")
+    print("|---|---|---|")
+    print(f"| task=tokens (memory-mapped) | {1e3 * mapped_s:.2f} | {', '.join(f'{1e3 * m:.2f}' for m, _ in rounds)} |")
+    print(f"| in memory | {1e3 * memory_s:.2f} | {', '.join(f'{1e3 * r:.2f}' for _, r in rounds)} |")
+    print(f"memory-mapped batch alone: {1e3 * per_batch:.3f} ms ({per_batch / memory_s:.2%} of an in-memory step)")
+    print(f"ratio memory-mapped / in memory: {ratio:.4f} median per round (target <= 1.02)")
+
+
+def preparing(inputs: list[str], pattern: str, args: argparse.Namespace) -> None:
+    files = source_files(inputs, pattern)
+    mb = sum(f.stat().st_size for f in files) / 1e6
+    print(f"\nzoo-prepare: {len(files)} files, {mb:.1f} MB ({inputs[0]}, {pattern}), load {os.getloadavg()[0]:.2f}")
+    print("| tokenizer | workers | seconds | MB/s |")
+    print("|---|---|---|---|")
+    for tokenizer in ("bytes", "bpe"):
+        for workers in args.workers:
+            with tempfile.TemporaryDirectory() as out:
+                start = time.perf_counter()
+                meta = prepare(inputs, out, tokenizer=tokenizer, vocab_size=args.vocab_size, pattern=pattern,
+                               workers=workers, progress=False)  # fmt: skip
+                seconds = time.perf_counter() - start
+            name = "bytes" if tokenizer == "bytes" else f"bpe {meta['vocab_size']:,}"
+            print(f"| {name} | {workers} | {seconds:.2f} | {mb / seconds:.1f} |")
+    print("target: >= 10 MB/s on 2 cores")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=None, help="a zoo-prepare folder for the loader (default: the stdlib, bytes)")
+    parser.add_argument("--input", default=None, help="the text zoo-prepare reads (default: the standard library)")
+    parser.add_argument("--glob", default="*.py")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--no-prepare", action="store_true", help="time the loader only")
+    args = parser.parse_args()
+    inputs = [args.input or str(stdlib_dir())]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.data) if args.data else Path(tmp) / "tokens"
+        if not args.data:
+            prepare(inputs, folder, pattern=args.glob, progress=False)
+        loader(folder, args)
+    if not args.no_prepare:
+        preparing(inputs, args.glob, args)
+
+
+if __name__ == "__main__":
+    main()
