@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from zoo.lab.checkpoint import WEIGHTS
 from zoo.lab.records import config_hash, read_metrics
-from zoo.lab.train import run
 from zoo.lab.report import report_main
+from zoo.lab.train import run
 from zoo.lab.variants import UNSET, build_report
 
 #: A WSD run whose checkpoints (every 3 steps, all kept) lie in its stable phase up to step 9 at 12 steps.

@@ -18,6 +18,7 @@ from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
 from zoo.lab.records import METRICS, SUMMARY, read_summary_checked
+from zoo.lab.sensitivity import LrStudy, lr_study
 from zoo.lab.stats import CORRECTIONS, TESTS, Comparison, apply_holm, chosen_test, compare, difference_range
 
 #: Override keys that never define a variant: seeds are averaged over, the sweep file names the folder.
@@ -166,6 +167,7 @@ class Report:
     dropped: list[Dropped] = field(default_factory=list)  # run folders left out: their summary could not be read
     comparisons: dict[tuple[str, ...], Comparison] = field(default_factory=dict)  # variant key -> vs baseline
     effects: list[Effect] = field(default_factory=list)  # per axis value, pooled over the other axes
+    lr: LrStudy | None = None  # the tuning runs (tune.lr, <root>/tune) across the rate grid, with the sensitivity
 
     @property
     def runs(self) -> list[Run]:
@@ -413,5 +415,14 @@ def build_report(
     if correction == "holm":
         apply_holm(list(comparisons.values()), mode)
         apply_holm([e.comparison for e in effects], mode)
-    return Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option, dropped,
-                  comparisons, effects)  # fmt: skip
+    return with_lr(Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option,
+                          dropped, comparisons, effects))  # fmt: skip
+
+
+def with_lr(report: Report) -> Report:
+    """``report`` with its ``lr``: the sweep's tuning runs (``<root>/tune``, zoo/lab/tune.py) per variant across
+    the rate grid, with the learning-rate sensitivity (zoo/lab/sensitivity.py); None when it has none."""
+    tune = report.root / "tune"  # zoo.lab.tune.TUNE_DIR (which imports this module)
+    runs = scan(tune)[0] if tune.is_dir() else []
+    report.lr = lr_study(report, runs) if runs else None
+    return report
