@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.core.errors import ConfigError
 from zoo.lab.fixed import fixed_line
 from zoo.lab.lock import report_lock
+from zoo.lab.peaks import PEAKS, Peak
 from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_routing
 from zoo.lab.records import read_metrics
 from zoo.lab.sensitivity import LrCurve
@@ -259,6 +260,7 @@ def markdown(report: Report) -> str:
         lines += ["", f"The baseline {report.baseline_label} has no ok run: nothing to compare with."]
     lines += effects_lines(report)
     lines += lr_lines(report)
+    lines += peak_lines(report)
     lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/fixed.py)
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]
     if problems:
@@ -356,6 +358,88 @@ def lr_lines(report: Report) -> list[str]:
                  sensitivity_text(report, variant, ""), lr_delta_text(report, variant)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+#: What a peak's verdict says (lower is not "better" for a logit in itself: it is what stays bounded).
+PEAK_VERDICTS = {"better": "lower", "worse": "higher"}
+#: report.csv's names of the probes' peaks (zoo/lab/peaks.py).
+PEAK_NAMES = {"attn_logit_max": "attn_logit_peak", "log_z": "log_z_peak"}
+
+
+def peak_of(report: Report, variant: Variant, key: str) -> Peak | None:
+    return report.peaks.get(variant.key, {}).get(key)
+
+
+def peak_text(peak: Peak | None) -> str:
+    """``1.2e+04 [3.1e+03, 4.6e+04]``: the mean over seeds (geometric for a logit) and its interval."""
+    if peak is None:
+        return ""
+    mean, low, high = peak.summary()
+    if mean is None:
+        return ""
+    return f"{mean:.4g}" + (f" [{low:.4g}, {high:.4g}]" if low is not None and high is not None else "")
+
+
+def peak_delta_text(report: Report, variant: Variant, key: str) -> str:
+    if (peak := peak_of(report, variant, key)) is None:
+        return ""
+    if is_baseline(report, variant):
+        return "baseline"
+    c = peak.comparison
+    verdict = "" if c is None else PEAK_VERDICTS.get(c.verdict, verdict_text(c))
+    return " ".join(x for x in (interval_text(c), verdict) if x)
+
+
+def peak_lines(report: Report) -> list[str]:
+    """The probes' peaks over training per variant (train.probe_every), each against the baseline's."""
+    if not report.peaks:
+        return []
+    lines = [
+        "",
+        "Probes (train.probe_every, probes.png): per run, the largest attention logit (over layers, heads, "
+        "positions and every probe record of training) and the largest mean output log-partition (log Z). "
+        f"Attention logit: the geometric mean over seeds [{CONFIDENCE:.0%} t interval of the mean log10], Δ: "
+        "the variant's log10 minus the baseline's, paired by seed; log Z: the mean [t interval] and the paired "
+        "difference. lower or higher: the interval excludes 0.",
+        "",
+        f"| variant | max attn logit | Δ log10 vs {report.baseline_label} [{CONFIDENCE:.0%} CI] | max log Z | "
+        f"Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI] |",
+        "|---|---|---|---|---|",
+    ]
+    for variant in report.variants:
+        if variant.key in report.peaks:
+            cells = [report.label(variant)]
+            for key in PEAKS:
+                cells += [peak_text(peak_of(report, variant, key)), peak_delta_text(report, variant, key)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def peak_columns(report: Report) -> list[str]:
+    """report.csv's peak columns: each key's mean and interval, its difference from the baseline's (log10 for
+    the attention logit) with its interval, and the verdict."""
+    out = []
+    for key, log in PEAKS.items():
+        name, delta = PEAK_NAMES[key], "log10_delta" if log else "delta"
+        out += [name, f"{name}_ci_low", f"{name}_ci_high", f"{name}_{delta}", f"{name}_{delta}_ci_low",
+                f"{name}_{delta}_ci_high", f"{name}_verdict"]  # fmt: skip
+    return out
+
+
+def peak_cell(report: Report, variant: Variant, column: str) -> Any:
+    key = next(k for k, name in PEAK_NAMES.items() if column.startswith(name + "_") or column == name)
+    peak = peak_of(report, variant, key)
+    if peak is None:
+        return None
+    rest = column.removeprefix(PEAK_NAMES[key]).lstrip("_")
+    if rest in ("", "ci_low", "ci_high"):
+        return peak.summary()[["", "ci_low", "ci_high"].index(rest)]
+    if rest == "verdict":
+        return "baseline" if is_baseline(report, variant) else (peak.comparison.verdict if peak.comparison else None)
+    c = peak.comparison
+    if c is None:
+        return None
+    return {"delta": c.delta_mean, "delta_ci_low": c.low, "delta_ci_high": c.high}[rest.removeprefix("log10_")]
 
 
 #: report.csv's statistics columns (stable names: other tools read them).
@@ -565,6 +649,7 @@ COLUMNS: list[Column] = [
     Column(None, "lr_sensitivity_ci_high", lambda r, v, k: sensitivity(r, v, 2)),
     Column(None, "lr_sensitivity_seeds", lambda r, v, k: len(c.per_seed) if (c := lr_curve(r, v)) else None),
     Column(None, "lr_sensitivity_{key}", lr_delta_cell, each=lambda r: LR_DELTA_COLUMNS),
+    Column(None, "{key}", peak_cell, each=peak_columns),
     Column(None, "spikes", lambda r, v, k: spikes_mean(v)),
     Column(None, "spiked_runs", lambda r, v, k: spiked_runs(v)),
 ]

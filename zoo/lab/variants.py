@@ -17,6 +17,7 @@ from typing import Any
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
+from zoo.lab.peaks import Peak, variant_peaks
 from zoo.lab.records import METRICS, SUMMARY, read_summary_checked
 from zoo.lab.sensitivity import LrStudy, lr_study
 from zoo.lab.stats import CORRECTIONS, TESTS, Comparison, apply_holm, chosen_test, compare, difference_range
@@ -168,6 +169,7 @@ class Report:
     comparisons: dict[tuple[str, ...], Comparison] = field(default_factory=dict)  # variant key -> vs baseline
     effects: list[Effect] = field(default_factory=list)  # per axis value, pooled over the other axes
     lr: LrStudy | None = None  # the tuning runs (tune.lr, <root>/tune) across the rate grid, with the sensitivity
+    peaks: dict[tuple[str, ...], dict[str, Peak]] = field(default_factory=dict)  # variant key -> probe key -> peak
 
     @property
     def runs(self) -> list[Run]:
@@ -415,14 +417,16 @@ def build_report(
     if correction == "holm":
         apply_holm(list(comparisons.values()), mode)
         apply_holm([e.comparison for e in effects], mode)
-    return with_lr(Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option,
+    return with_studies(Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option,
                           dropped, comparisons, effects))  # fmt: skip
 
 
-def with_lr(report: Report) -> Report:
-    """``report`` with its ``lr``: the sweep's tuning runs (``<root>/tune``, zoo/lab/tune.py) per variant across
-    the rate grid, with the learning-rate sensitivity (zoo/lab/sensitivity.py); None when it has none."""
+def with_studies(report: Report) -> Report:
+    """``report`` with its ``lr``, the sweep's tuning runs (``<root>/tune``, zoo/lab/tune.py) per variant across
+    the rate grid with the learning-rate sensitivity (zoo/lab/sensitivity.py), None without any; and its
+    ``peaks``, the probes' largest values over training (zoo/lab/peaks.py), empty without probes."""
     tune = report.root / "tune"  # zoo.lab.tune.TUNE_DIR (which imports this module)
     runs = scan(tune)[0] if tune.is_dir() else []
     report.lr = lr_study(report, runs) if runs else None
+    report.peaks = variant_peaks(report)
     return report
