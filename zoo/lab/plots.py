@@ -273,10 +273,14 @@ def plot_lr(report: Report, path: Path) -> Figure:
                     ax.plot(p.rate, interval[0], "x", color=color, ms=10, mew=2)
                 else:
                     ax.plot(p.rate, 0.97, "x", color=color, ms=10, mew=2, transform=ax.get_xaxis_transform())
+    limit_bands(ax, [p.interval() for c in curves for p in c.points])
     initial = [x for c in curves for x in c.initial.values()]
-    if initial:
-        ax.axhline(statistics.fmean(initial), color="gray", ls=":", lw=1.2, label="at initialization (mean)")
-    limit_bands(ax, [p.interval() for c in curves for p in c.points], initial)
+    if initial:  # drawn where it falls inside the curves' range; named with its value either way
+        at = statistics.fmean(initial)
+        low, high = ax.get_ylim()
+        where = "" if low <= at <= high else (", above the axis" if at > high else ", below the axis")
+        ax.axhline(at, color="gray", ls=":", lw=1.2, label=f"at initialization: {at:.4g} (mean{where})")
+        ax.set_ylim(low, high)
     ax.set_xscale("log")
     better = "lower" if study.mode == "min" else "higher"
     ax.set_xlabel("peak learning rate (train.lr, log scale)")
@@ -294,14 +298,13 @@ def plot_lr(report: Report, path: Path) -> Figure:
     return fig
 
 
-def limit_bands(ax: Any, intervals: list[tuple[float, float, float] | None], initial: list[float]) -> None:
-    """Keep the y axis on the means (and the initial metric): a band over two seeds can be far wider than
-    the curves; it is cut at a quarter of the means' span beyond them."""
+def limit_bands(ax: Any, intervals: list[tuple[float, float, float] | None]) -> None:
+    """Keep the y axis on the means: a band over two seeds can be far wider than the curves; it is cut at a
+    quarter of the means' span beyond them."""
     known = [i for i in intervals if i is not None]
     if not known:
         return
-    means = [i[0] for i in known] + ([statistics.fmean(initial)] if initial else [])
-    low, high = min(means), max(means)
+    low, high = min(i[0] for i in known), max(i[0] for i in known)
     span = (high - low) or abs(high) * 0.05 or 0.1
     bottom = min(max(min(i[1] for i in known), low - 0.25 * span), low - 0.05 * span)
     ax.set_ylim(bottom, max(min(max(i[2] for i in known), high + 0.25 * span), high + 0.05 * span))
