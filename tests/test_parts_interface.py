@@ -18,7 +18,7 @@ from zoo import ATTENTIONS, NORMS, ConfigError, build_block, check_combination
 from zoo.core.dims import BlockDims
 from zoo.core.errors import IncompatibleParts
 from zoo.core.interface import DEFAULTS, HOOKS, PROTOCOLS, defines, every_part_error, hook, hook_errors
-from zoo.parts import kernels
+from zoo.parts import kernels, logits
 from zoo.parts.attention import Attention
 from zoo.parts.norms import LayerNorm, RMSNorm, build_norm
 from zoo.parts.positions import Position
@@ -246,3 +246,66 @@ def test_the_attention_kernels_live_in_their_own_module():
         if re.search(r"^def (attend|additive|allowed_mask)\b", p.read_text(), re.M)
     ]
     assert [p.name for p in defined] == ["kernels.py"]
+
+
+# --- Attention logits: what each attention's kernel scores, or a declared None ---------------------
+
+
+def attention_cases() -> list[tuple[str, dict[str, Any]]]:
+    """Every registered attention, as registered and in each of its variants."""
+    return [(p.name, opts) for p in ATTENTIONS.parts() for opts in ({}, *p.variants.values())]
+
+
+def kernel_scores(block: nn.Module, x: torch.Tensor, monkeypatch) -> torch.Tensor | None:
+    """The pre-softmax scores the block's attention computes in its forward, from what it hands the kernel
+    (q, k, scale, softcap, mask), rebuilt here: (b, h, t, t), blocked keys -inf; None: it calls no kernel."""
+    seen = []
+    real = kernels.attend
+    monkeypatch.setattr(
+        kernels, "attend", lambda q, k, v, mask, **kw: seen.append((q, k, mask, kw)) or real(q, k, v, mask, **kw)
+    )
+    block.attn(x)
+    monkeypatch.setattr(kernels, "attend", real)
+    if not seen:
+        return None
+    ((q, k, mask, kw),) = seen
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).double()
+    scale = kw["scale"] if kw.get("scale") is not None else q.shape[-1] ** -0.5
+    scores = q.double() @ k.transpose(-1, -2) * scale
+    if kw.get("softcap") is not None:
+        scores = kw["softcap"] * torch.tanh(scores / kw["softcap"])
+    t = scores.shape[-1]
+    if kw["is_causal"]:
+        mask = torch.zeros(t, t).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), torch.finfo(torch.float32).min)
+    if mask is not None:
+        blocked = mask <= torch.finfo(mask.dtype).min / 4
+        scores = (scores + mask.double().masked_fill(blocked, 0)).masked_fill(blocked, -torch.inf)
+    return scores
+
+
+@pytest.mark.parametrize(("attn", "options"), attention_cases(), ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("pos", ["none", "rotary", "alibi"])
+def test_every_attention_declares_the_logits_its_kernel_scores_or_none(attn, options, pos, monkeypatch):
+    """The ``attention_logits`` hook gives the scores the forward's kernel softmaxes (after qk-norm,
+    positions, the score scale, softcap, bias and mask); a part calling no softmax kernel declares None.
+    A score scale set on the part (muP's 1/d) is followed; a planted scale in the hook is caught."""
+    cfg = block_cfg(attn={"name": attn, **options}, pos=pos)
+    if check_combination(cfg) is not None:
+        pytest.skip(check_combination(cfg))
+    torch.manual_seed(0)
+    block = build_block(cfg).eval()
+    x = torch.randn(2, 6, TINY["d_model"]) * 3
+    with torch.no_grad():
+        got, want = hook(block.attn, "attention_logits")(x), kernel_scores(block, x, monkeypatch)
+        assert (got is None) == (want is None), attn
+        if got is None:
+            return
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+        block.attn.scale = 1 / block.attn.d_head  # the part's scale: forward and the hook alike
+        torch.testing.assert_close(
+            hook(block.attn, "attention_logits")(x).double(), kernel_scores(block, x, monkeypatch), rtol=1e-5, atol=1e-5
+        )
+        block.attn.scale = None
+        monkeypatch.setattr(logits, "scaled", lambda s, d, scale: s / d)  # planted: 1/d for the kernel's 1/sqrt(d)
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(hook(block.attn, "attention_logits")(x).double(), want, rtol=1e-5, atol=1e-5)

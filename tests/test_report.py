@@ -581,3 +581,28 @@ def test_optimizers_compared_without_tune_lr_are_warned_about_in_the_report_and_
     optimizer_runs(tmp_path / "one", tuned=False, optims=("muon",))  # one optimizer: nothing to warn about
     report_main([str(tmp_path / "one"), "--no-plots"])
     assert "Warning" not in capsys.readouterr().err + (tmp_path / "one" / "report.md").read_text()
+
+
+def test_probes_plot_the_largest_attention_logit_and_log_z_per_variant_only_when_recorded(tmp_path):
+    from zoo.lab.plots import PROBE_PANELS, probe_curve
+    from zoo.lab.records import read_metrics
+
+    for pos, scale in (("none", 10.0), ("rotary", 1.0)):
+        for seed in (0, 1):
+            fake_run(tmp_path, [f"pos={pos}", f"seed={seed}"], value=3.0)
+            probes = [{"kind": "probe", "step": s, "tokens": 100 * s, "log_z": 5.0 - s / 10 + seed,
+                       "attn_logit_max": [scale * s * (seed + 1), None, 1.0]} for s in (5, 10)]  # fmt: skip
+            with open(tmp_path / f"pos={pos},seed={seed}" / "metrics.jsonl", "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in probes))
+    (tmp_path / "probes.png").write_bytes(b"stale")
+    write_report(tmp_path)
+    assert imread(tmp_path / "probes.png").shape[1] > 800
+    runs = [read_metrics(tmp_path / f"pos=none,seed={seed}") for seed in (0, 1)]
+    (_, _, top), (_, _, log_z) = PROBE_PANELS
+    assert probe_curve(runs, top) == ([5, 10], [75.0, 150.0])  # max over layers (a null layer skipped), mean of seeds
+    assert probe_curve(runs, log_z) == ([5, 10], [5.0, 4.5])
+    for seed in (0, 1):  # no probes: no probes.png (and the stale one gone)
+        for pos in ("none", "rotary"):
+            fake_run(tmp_path, [f"pos={pos}", f"seed={seed}"], value=3.0)
+    write_report(tmp_path)
+    assert not (tmp_path / "probes.png").exists()

@@ -96,8 +96,8 @@ def test_a_sweep_on_submitit_trains_each_run_on_several_processes(tmp_path):
 @pytest.mark.slow
 def test_torchrun_ddp_two_cpu_processes_and_resume(tmp_path):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    # Checkpoints after steps 1, 2 and 3; dropout draws from each rank's own generator.
-    resumable = ["train.checkpoint_every=1", "train.keep_checkpoints=3", "block.dropout=0.1"]
+    # Checkpoints after steps 1, 2 and 3; dropout draws from each rank's own generator; probes on rank 0.
+    resumable = ["train.checkpoint_every=1", "train.keep_checkpoints=3", "block.dropout=0.1", "train.probe_every=2"]
     zoo_cli("zoo.train", *SMALL, *resumable, "hydra.run.dir=ddp", cwd=tmp_path, launcher=launcher)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp"]  # rank 1 wrote nothing
     summary = read_summary(tmp_path / "ddp")
@@ -105,7 +105,8 @@ def test_torchrun_ddp_two_cpu_processes_and_resume(tmp_path):
     assert summary["ranks_in_sync"] is True  # same init on both ranks, gradients averaged
     assert summary["tokens"] == 2 * 4 * 4 * 32  # two ranks' batches per step
     records = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["kind"] == "val"] == [2, 4]
+    assert [r["step"] for r in records if r["kind"] == "val"] == [0, 2, 4]
+    assert [r["step"] for r in records if r["kind"] == "probe"] == [2, 4]  # one per probe step, not one per rank
     # Killed after the checkpoint of step 1 (mid log interval): both ranks resume from it, to the same numbers.
     interrupt(tmp_path / "ddp", tmp_path / "resumed", at_step=1)
     zoo_cli("zoo.train", *SMALL, *resumable, "hydra.run.dir=resumed", cwd=tmp_path, launcher=launcher)

@@ -26,7 +26,7 @@ matplotlib.use("Agg")
 
 def train_logged(tmp_path, logger: str) -> tuple[dict, list[dict]]:
     """A tiny run with ``logger``; its summary and its metrics.jsonl records."""
-    cfg = tiny(f"logger={logger}", "train.log_every=2", "train.eval_every=6")
+    cfg = tiny(f"logger={logger}", "train.log_every=2", "train.eval_every=6", "train.probe_every=6")
     summary = run(cfg, tmp_path / "run", choices={"attn": "mha", "task": "bytes"})  # as zoo-train passes them
     assert summary["status"] == "ok", summary.get("error")
     return summary, read_metrics(tmp_path / "run")
@@ -59,7 +59,16 @@ def test_tensorboard_scalars_hparams_and_report_images(tmp_path):
         steps, values = zip(*series(records, kind, key), strict=True)
         assert tuple(e.step for e in events.Scalars(tag)) == steps
         assert [e.value for e in events.Scalars(tag)] == pytest.approx(values, rel=1e-6)  # float32 in event files
-    assert events.Scalars("final/val_bpb")[0].value == pytest.approx(summary["final"]["val_bpb"])
+    probes = [r for r in records if r["kind"] == "probe"]  # numbers in lists and mappings, each its own scalar
+    for tag, value in (
+        ("probe/attn_logit_max/1", lambda r: r["attn_logit_max"][1]),
+        ("probe/grad_norm/total", lambda r: r["grad_norm"]["total"]),
+        ("probe/log_z", lambda r: r["log_z"]),
+    ):
+        assert [(e.step, e.value) for e in events.Scalars(tag)] == [
+            (r["step"], pytest.approx(value(r), rel=1e-6)) for r in probes
+        ]
+    assert len(probes) == 2 and events.Scalars("final/val_bpb")[0].value == pytest.approx(summary["final"]["val_bpb"])
     start = [
         plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
         for content in events.PluginTagToContent("hparams").values()
@@ -159,11 +168,15 @@ def recorder():
 
 
 def test_a_tracker_registered_outside_zoo_gets_the_runs_records_and_the_report(tmp_path, recorder):
-    cfg = {**tiny("train.log_every=2", "train.eval_every=6"), "logger": {"name": "recorder", "tag": "t1"}}
+    cfg = {
+        **tiny("train.log_every=2", "train.eval_every=6", "train.probe_every=4"),
+        "logger": {"name": "recorder", "tag": "t1"},
+    }
     summary = run(cfg, tmp_path / "run")
     assert summary["status"] == "ok", summary.get("error")
     assert recorder["opened"] == [(tmp_path / "run", "run", "t1", "running")]
     assert recorder["records"] == read_metrics(tmp_path / "run") and len(recorder["records"]) > 4
+    assert [r["step"] for r in recorder["records"] if r["kind"] == "probe"] == [4, 8, 12]  # the probes too
     assert recorder["finished"] == ["ok"]
     report_plots(tmp_path)
     log_report(check_logger({"name": "recorder"}), tmp_path)

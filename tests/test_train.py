@@ -34,8 +34,10 @@ def test_run_writes_metrics_and_summary(tmp_path):
     assert summary["versions"]["torch"] == torch.__version__ and summary["config"]["train"]["steps"] == 12
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records if r["kind"] == "train"] == [1, 4, 6, 8, 12]
-    assert [r["step"] for r in records if r["kind"] == "val"] == [6, 12]
-    assert {"loss", "lr", "tokens_per_s", "tokens"} <= set(records[0])
+    assert [r["step"] for r in records if r["kind"] == "val"] == [0, 6, 12]  # 0: the initial weights
+    assert summary["initial"] == {k: v for k, v in records[0].items() if k not in ("kind", "step", "tokens")}
+    assert {"loss", "lr", "tokens_per_s", "tokens", "grad_norm", "grad_norm_max"} <= set(records[1])
+    assert summary["spikes"] == {"count": 0, "steps": []}
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "manifest.json",  # model.safetensors' sha256
         "metrics.jsonl",
@@ -46,7 +48,7 @@ def test_run_writes_metrics_and_summary(tmp_path):
 
 def test_training_lowers_the_loss(tmp_path):
     summary = run(tiny("train.steps=30", "train.eval_every=0", "train.lr=1e-2"), tmp_path)
-    first = read_metrics(tmp_path)[0]["loss"]
+    first = next(r for r in read_metrics(tmp_path) if r["kind"] == "train")["loss"]
     assert first == pytest.approx(math.log(256), abs=0.3)  # uniform over bytes at init
     assert summary["final"]["val_loss"] < first - 1.0
 
@@ -317,7 +319,7 @@ def test_a_task_with_its_own_metric_trains_without_a_trainer_change(tmp_path):
         cfg["task"] = {**cfg["task"], "name": "margin", "metric": "val_margin"}
         summary = run(cfg, tmp_path)
         assert summary["status"] == "ok", summary["error"]
-        assert len(computed) == 2 and len(scored) == 2 * 2  # two evaluations of train.eval_batches=2 batches
+        assert len(computed) == 3 and len(scored) == 3 * 2  # three evaluations (0: the initial weights) of 2 batches
         last = scored[-2:]  # the final evaluation's batches, added up in order
         assert computed[-1] == {name: last[0][name] + last[1][name] for name in MarginTask.sums}
         margin = computed[-1]["margin_sum"] / computed[-1]["count"]
@@ -357,19 +359,24 @@ def test_the_trainer_and_the_run_entry_name_no_task():
 
 def test_a_checkpoint_records_the_loops_running_values_as_before(tmp_path):
     """state.json's ``loop`` keeps its keys (checkpoints written before still resume): the first loss,
-    the last logged one, the last evaluation, steps summed since the last log and the training time."""
+    the last logged one, the last evaluation, steps summed since the last log and the training time;
+    and, added since (an older checkpoint resumes without them), the initial evaluation and the logged
+    curve of loss and gradient norms the spike score reads."""
     from zoo.lab import checkpoint as ckpt
 
     summary = run(tiny("train.checkpoint_every=4", "train.keep_checkpoints=5", "train.log_every=3"), tmp_path)
     assert summary["status"] == "ok"
     loop = ckpt.read_state(ckpt.step_dir(tmp_path, 8))["state"]["loop"]
-    assert set(loop) == {"n_summed", "reference", "last_loss", "final_val", "train_time"}
+    assert set(loop) == {"n_summed", "reference", "last_loss", "final_val", "train_time", "initial", "curve"}
     records = read_metrics(tmp_path)
     train = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}  # logged at 1, 3, 6, 9, 12
     val = next(r for r in records if r["kind"] == "val" and r["step"] == 6)
     assert loop["reference"] == train[1] and loop["last_loss"] == train[6] and loop["n_summed"] == 2
     assert loop["final_val"] == {k: v for k, v in val.items() if k.startswith("val_")}
     assert 0 < loop["train_time"] < summary["train_time_s"]
+    assert loop["initial"] == summary["initial"]
+    grads = {r["step"]: r["grad_norm_max"] for r in records if r["kind"] == "train"}
+    assert loop["curve"] == [[s, train[s], grads[s]] for s in (1, 3, 6)]
 
 
 def test_a_run_checks_each_section_once_and_builds_from_what_it_resolved(tmp_path, monkeypatch):

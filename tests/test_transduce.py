@@ -61,4 +61,4 @@ def test_zoo_train_trains_an_encoder_decoder_on_the_task(tmp_path):
     assert summary["parameters"]["attention"] > 0 and 0 <= summary["final"]["val_exact_match"] <= 1
     assert summary["metric"]["name"] == "val_exact_match" and summary["metric"]["mode"] == "max"
     vals = [r for r in read_metrics(tmp_path) if r["kind"] == "val"]
-    assert [r["step"] for r in vals] == [3, 6] and all("val_accuracy" in r for r in vals)
+    assert [r["step"] for r in vals] == [0, 3, 6] and all("val_accuracy" in r for r in vals)

@@ -88,6 +88,12 @@ def plan_run(
     lengths = [seq_len * f for f in task_opts.get("eval_lengths", (1,))] if seq_len is not None else []
     mesh.check_model(specs, options["vocab_size"], lengths)  # parts' plans, divisibility, sequence parallel
     check_positions_fit(specs, task_opts.get("seq_len"))
+    if mesh.sharded and train_cfg.probe_every:
+        raise ConfigError(
+            "train.probe_every",
+            train_cfg.probe_every,
+            "0 under FSDP2 or tensor parallelism (probes read whole weights)",
+        )
     if mesh.sharded and train_cfg.eval_batches % mesh.dp:
         raise ConfigError(
             "train.eval_batches",

@@ -76,6 +76,63 @@ def clip_outliers(ax: Any) -> None:
         ax.set_ylim(low - pad, high + 3 * pad)
 
 
+#: probes.png's panels: (title, y label, the value of a probe record; zoo.lab.probes).
+PROBE_PANELS = (
+    ("max attention logit (max over layers)", "pre-softmax q·k scale", lambda r: top(r.get("attn_logit_max"))),
+    ("output log-partition (mean log Z, what z-loss penalizes)", "log Z (nats)", lambda r: r.get("log_z")),
+)
+
+
+def top(values: Any) -> float | None:
+    """The largest number of a per-layer list (None entries: layers without logits), or None."""
+    known = [v for v in values or [] if isinstance(v, (int, float))]
+    return max(known) if known else None
+
+
+def probe_curve(runs_metrics: list[list[dict[str, Any]]], value: Any) -> tuple[list[int], list[float]]:
+    """(steps, mean over the runs) of ``value(record)`` over their ``probe`` records."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for records in runs_metrics:
+        for r in records:
+            got = value(r) if r.get("kind") == "probe" else None
+            if isinstance(got, (int, float)) and math.isfinite(got):
+                by_step[r["step"]].append(got)
+    xs = sorted(by_step)
+    return xs, [statistics.fmean(by_step[x]) for x in xs]
+
+
+def plot_probes(report: Report, path: Path, metrics: dict[Path, list[dict[str, Any]]]) -> bool:
+    """The probes (train.probe_every) against steps: the largest attention logit over layers and the output
+    logits' mean log-partition, one line per variant (mean over seeds). False (nothing written): no probes."""
+    shown = report.variants[:MAX_CURVES]
+    curves = []
+    for variant in shown:
+        records = [metrics.get(r.path, []) for r in variant.runs if r.status != "failed"]
+        curves.append([probe_curve(records, value) for _, _, value in PROBE_PANELS])
+    if not any(xs for panels in curves for xs, _ in panels):
+        return False
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    axes = fig.subplots(1, len(PROBE_PANELS))
+    for variant, panels, color in zip(shown, curves, palette(len(shown)), strict=True):
+        for ax, (xs, ys) in zip(axes, panels, strict=True):
+            ax.plot(xs, ys, color=color, lw=1.6, marker="o", ms=3, label=short_label(report, variant))
+    for ax, (title, label, _) in zip(axes, PROBE_PANELS, strict=True):
+        ax.set_title(title, fontsize="medium")
+        ax.set_xlabel("training step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+        ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+        if ys and min(ys) > 0 and max(ys) / min(ys) > 30:  # logits growing by orders of magnitude
+            ax.set_yscale("log")
+    more = f" (best {len(shown)} of {len(report.variants)})" if len(report.variants) > len(shown) else ""
+    fig.suptitle(f"{report.root.name}: probes on the first validation batch, mean over seeds{more}")
+    handles, labels = axes[0].get_legend_handles_labels()
+    columns = min(len(handles), max(1, 150 // max(len(label) for label in labels)))
+    fig.legend(handles, labels, loc="outside lower center", fontsize="small", ncols=columns, title="variant")
+    fig.savefig(path, dpi=110)
+    return True
+
+
 #: Verdict colours of the final plot's difference panel.
 VERDICT_COLORS = {"better": "tab:green", "worse": "tab:red", "within noise": "tab:gray", "too few seeds": "silver"}
 

@@ -21,8 +21,9 @@ METRICS = "metrics.jsonl"
 #: Keys of the run config that change how fast a run goes or what it leaves on disk (or how the report reads
 #: it), not what it computes.
 RUNTIME_KEYS = ("threads", "progress", "logger", "report", "tune", "compile", "parallel")
-#: The same inside the ``train`` section (saving and checkpointing never change a number).
-RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints", "activation_checkpointing")
+#: The same inside the ``train`` section (saving, checkpointing and probing never change a number: a run with
+#: ``probe_every`` set is the same experiment, its checkpoints resume either way, and a finished run is done).
+RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints", "activation_checkpointing", "probe_every")
 #: ``train`` keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (so an older run folder of the same config is still skipped as done, and its checkpoints resume).
 NEUTRAL_TRAIN_KEYS: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}}

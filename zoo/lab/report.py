@@ -28,7 +28,7 @@ from zoo.core.errors import ConfigError
 from zoo.lab.fixed import fixed_line
 from zoo.lab.lock import report_lock
 from zoo.lab.peaks import PEAKS, Peak
-from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_routing
+from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_probes, plot_routing
 from zoo.lab.records import read_metrics
 from zoo.lab.sensitivity import LrCurve
 from zoo.lab.stats import (
@@ -724,12 +724,14 @@ def write_built(report: Report, plots: bool = True) -> str:
     text = markdown(report)
     for line in warning_lines(report):
         print(f"zoo-report: {report.root}: {line}", file=sys.stderr)
-    for stale in ("effects.csv", "interactions.png", "lr.png"):  # from an earlier report of more axes
+    for stale in ("effects.csv", "interactions.png", "lr.png", "probes.png"):  # from an earlier report of more axes
         (report.root / stale).unlink(missing_ok=True)
     (report.root / "report.md").write_text(text)
     write_csv(report)
     if plots:
-        plot_curves(report, report.root / "curves.png", {r.path: read_metrics(r.path) for r in report.runs})
+        metrics = {r.path: read_metrics(r.path) for r in report.runs}
+        plot_curves(report, report.root / "curves.png", metrics)
+        plot_probes(report, report.root / "probes.png", metrics)  # only when some run has probes (train.probe_every)
         plot_final(report, report.root / "final.png")
         if len(report.axes) >= 2:
             plot_interactions(report, report.root / "interactions.png")
@@ -743,7 +745,7 @@ def written(root: Path, plots: bool) -> list[Path]:
     """The report's files in ``root`` (those this report wrote)."""
     names = ["report.md", "report.csv", "runs.csv", "effects.csv"]
     if plots:
-        names += ["curves.png", "final.png", "interactions.png", "lr.png"]
+        names += ["curves.png", "final.png", "interactions.png", "lr.png", "probes.png"]
     return [root / n for n in names if (root / n).exists()]
 
 

@@ -47,7 +47,10 @@ class Stepper:
     """What a training step runs on. ``model`` is what the forward calls (a DDP wrapper, say);
     ``core`` the model itself, whose parts record auxiliary losses (weighted by ``aux_weights``).
     ``grad_clip`` 0 turns clipping off; ``logits`` is how a batch reaches the model (the task's);
-    ``z_loss`` > 0 adds that weight x :func:`z_loss_fn` to the loss (reported as the auxiliary ``z_loss``)."""
+    ``z_loss`` > 0 adds that weight x :func:`z_loss_fn` to the loss (reported as the auxiliary ``z_loss``).
+    After each step ``grad_norm`` holds the gradients' total norm before clipping (on the device: the one
+    clipping computes, else computed for it); ``before_step``, when set, runs after backward, before clipping
+    and the optimizer step (the trainer's probes read the gradients and weights there)."""
 
     model: nn.Module
     core: nn.Module
@@ -57,9 +60,11 @@ class Stepper:
     aux_weights: dict[str, float] = field(default_factory=dict)
     logits: Callable[[nn.Module, Batch], torch.Tensor] = lm_logits
     z_loss: float = 0.0
+    before_step: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.params = list(self.core.parameters())
+        self.grad_norm: torch.Tensor | None = None
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Train on ``batch``: its loss (detached, on the device) and each auxiliary loss (unweighted)."""
@@ -75,8 +80,14 @@ class Stepper:
             total = total + self.z_loss * z
             aux["z_loss"] = z.detach()
         total.backward()
+        if self.before_step is not None:
+            self.before_step()
         if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None], foreach=True)
+        full = getattr(norm, "full_tensor", None)  # a DTensor (FSDP2, tensor parallel): the whole model's norm
+        self.grad_norm = (full() if full is not None else norm).detach()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach(), aux

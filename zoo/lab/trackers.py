@@ -36,7 +36,7 @@ from zoo.core.registry import Registry
 log = logging.getLogger("zoo.lab.trackers")
 
 INSTALL = 'pip install -e ".[trackers]"'
-PLOTS = ("curves.png", "final.png")
+PLOTS = ("curves.png", "final.png", "probes.png")  # those a report wrote
 
 #: Trackers by name (``logger=<name>``): the same registry (names, did-you-mean errors, ``zoo-parts``
 #: listing, plugins) and option checking as the block's parts.
@@ -119,7 +119,11 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def numeric(record: Mapping[str, Any]) -> dict[str, float]:
-    """A metrics record's values worth plotting: ``train`` records' loss as ``train_loss``."""
+    """A metrics record's values worth plotting: ``train`` records' loss as ``train_loss``; a ``probe``
+    record's every number under ``probe/``, lists by index and mappings by key (``probe/attn_logit_max/0``,
+    ``probe/grad_norm/total``; zoo.lab.probes), its None values (a layer without logits) left out."""
+    if record.get("kind") == "probe":
+        return {f"probe/{k}": v for k, v in flat_numbers(record).items() if k not in ("step", "tokens")}
     prefix = "train_" if record.get("kind") == "train" else ""
     out = {}
     for key, value in record.items():
@@ -127,6 +131,20 @@ def numeric(record: Mapping[str, Any]) -> dict[str, float]:
             continue
         out[f"{prefix}{key}" if key == "loss" else key] = float(value)
     return out
+
+
+def flat_numbers(value: Any, prefix: str = "") -> dict[str, float]:
+    """Every number in nested lists and mappings, by ``/``-joined path."""
+    if isinstance(value, Mapping):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return {prefix: float(value)} if ok else {}
+    return {
+        k: v for key, item in items for k, v in flat_numbers(item, f"{prefix}/{key}" if prefix else str(key)).items()
+    }
 
 
 def hparams(summary: dict[str, Any]) -> dict[str, Any]:

@@ -25,10 +25,12 @@ from zoo.core.auxiliary import aux_weights
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
 from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
+from zoo.lab.probes import Probes, eval_mode
 from zoo.lab.recipe import Recipe, lr_at
 from zoo.lab.recipe.optimizers import AdamW
 from zoo.lab.recipe.schedules import Cosine
 from zoo.lab.scale import ProcessMesh, compile_blocks, parallelize
+from zoo.lab.spikes import spikes
 from zoo.lab.step import Stepper, autocast
 from zoo.lab.tasks import Batch, Task
 from zoo.lab.tasks.base import metric_name
@@ -43,6 +45,8 @@ RUN_KEYS = {
     "block", "model", "encoder", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report",
     "compile", "tune", "parallel", "optim", "schedule",
 }  # fmt: skip
+#: ``train`` keys that must be >= 0 (0: off, where it turns something off).
+NON_NEGATIVE = ("warmup_steps", "eval_every", "weight_decay", "grad_clip", "checkpoint_every", "z_loss", "probe_every")
 #: ``train.budget``: what sets a run's steps instead of ``train.steps`` (at most one of them).
 BUDGETS = ("tokens", "flops")
 
@@ -73,6 +77,7 @@ class TrainConfig:
     #: Weights of auxiliary losses by name (zoo.core.auxiliary), over the parts' defaults.
     aux_weights: dict[str, float] = field(default_factory=dict)
     z_loss: float = 0.0  # weight of the mean squared log-partition of the logits (0: none)
+    probe_every: int = 0  # steps between probe records (zoo.lab.probes; 0: none)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any] | None) -> TrainConfig:
@@ -111,7 +116,7 @@ class TrainConfig:
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
             if getattr(cfg, name) < 1:
                 raise ConfigError(f"train.{name}", getattr(cfg, name), "must be a positive integer")
-        for name in ("warmup_steps", "eval_every", "weight_decay", "grad_clip", "checkpoint_every", "z_loss"):
+        for name in NON_NEGATIVE:
             if getattr(cfg, name) < 0:
                 raise ConfigError(f"train.{name}", getattr(cfg, name), "must be >= 0")
         if not cfg.lr > 0 or not math.isfinite(cfg.lr):
@@ -191,6 +196,8 @@ class FitResult:
     tokens_per_s: float
     final: dict[str, float | None]
     reason: str | None = None
+    initial: dict[str, float | None] = field(default_factory=dict)  # validation of the initial weights (step 0)
+    spikes: dict[str, Any] = field(default_factory=dict)  # zoo.lab.spikes: {"count", "steps"}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -199,16 +206,24 @@ class FitResult:
 @dataclass
 class LoopState:
     """The loop's running values. A checkpoint keeps those in :data:`SAVED` (``state.json``'s ``loop``:
-    the same on every rank); ``loss_sum`` and ``aux_sums`` are per rank, on the device."""
+    the same on every rank; ``initial`` and ``curve`` are missing from older checkpoints); ``loss_sum``,
+    ``aux_sums`` and the gradient norms since the last log step are per rank, on the device."""
 
-    SAVED: ClassVar[tuple[str, ...]] = ("n_summed", "reference", "last_loss", "final_val", "train_time")
+    SAVED: ClassVar[tuple[str, ...]] = (
+        "n_summed", "reference", "last_loss", "final_val", "train_time", "initial", "curve",
+    )  # fmt: skip
 
     n_summed: int = 0  # steps summed into loss_sum since the last log step
     reference: float | None = None  # the first logged loss (divergence is judged against it)
     last_loss: float | None = None
     final_val: dict[str, float | None] = field(default_factory=dict)  # the last evaluation's metrics
+    initial: dict[str, float | None] = field(default_factory=dict)  # the evaluation of the initial weights
     train_time: float = 0.0  # seconds of training (no evaluation) up to the last log step
     loss_sum: torch.Tensor | None = None
+    grad_sum: torch.Tensor | None = None  # the steps' gradient norms (before clipping) since the last log step
+    grad_max: torch.Tensor | None = None  # ... and the largest of them
+    #: ``[step, loss, grad_norm_max]`` of every log step (zoo.lab.spikes reads it).
+    curve: list[list[float | None]] = field(default_factory=list)
     aux_sums: dict[str, torch.Tensor] = field(default_factory=dict)  # each auxiliary loss since the last log
     last_aux: dict[str, float] = field(default_factory=dict)  # their means at the last log step
     step: int = 0
@@ -222,7 +237,8 @@ class LoopState:
     def restore(self, loop: dict[str, Any]) -> None:
         """Take the values a checkpoint recorded (:meth:`saved`)."""
         for name in self.SAVED:
-            setattr(self, name, loop[name])
+            if name in loop:  # "initial", "curve": not in checkpoints written before they were recorded
+                setattr(self, name, loop[name])
 
 
 class Trainer:
@@ -288,6 +304,10 @@ class Trainer:
         self.save_checkpoint = save_checkpoint
         self.checkpointing = cfg.checkpoint_every > 0 and (save_checkpoint is not None or world > 1)
         self.restored: TrainState | None = None
+        #: train.probe_every > 0: rank 0's probes (zoo.lab.probes) on the first validation batch.
+        self.probes = (
+            Probes(self.model, self.optimizer, cfg.probe_every, cfg.steps) if cfg.probe_every and rank == 0 else None
+        )
 
     def restore(self, state: TrainState) -> None:
         """Continue from ``state`` (model and optimizer already loaded): this rank's generators now;
@@ -300,6 +320,8 @@ class Trainer:
         """Gather every rank's generators and running loss; rank 0 hands the state to ``save_checkpoint``."""
         assert loop.loss_sum is not None
         mine = {"rng": rng_state(self.generator, self.device), "loss_sum": loop.loss_sum.detach().cpu().clone()}
+        if loop.grad_sum is not None and loop.grad_max is not None:
+            mine.update(grad_sum=loop.grad_sum.detach().cpu().clone(), grad_max=loop.grad_max.detach().cpu().clone())
         if loop.aux_sums:
             mine["aux_sums"] = {name: value.detach().cpu().clone() for name, value in loop.aux_sums.items()}
         ranks = [mine]
@@ -323,14 +345,18 @@ class Trainer:
         """The loop's state at its first step, and that step: 1, or after the restored checkpoint's."""
         zero = torch.zeros((), device=self.device)
         loop = LoopState(loss_sum=zero.clone(), aux_sums=dict.fromkeys(self.aux_names, zero))
+        loop.grad_sum, loop.grad_max = zero.clone(), zero.clone()
         if self.restored is None:
             return loop, 1
+        loop.restore(self.restored.loop)
         if len(self.restored.ranks) == self.world:  # this rank's running sums (fresh at another world size)
             mine = self.restored.ranks[self.rank]
             loop.loss_sum += mine["loss_sum"].to(self.device)
             for name, value in mine.get("aux_sums", {}).items():
                 loop.aux_sums[name] = value.to(self.device)
-        loop.restore(self.restored.loop)
+            unknown = torch.full((), math.nan if loop.n_summed else 0.0, device=self.device)  # an older checkpoint
+            loop.grad_sum = mine.get("grad_sum", unknown).to(self.device)
+            loop.grad_max = mine.get("grad_max", unknown).to(self.device)
         return loop, self.restored.step + 1
 
     def fit(self) -> FitResult:
@@ -345,6 +371,8 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=first - 1, disable=disable, unit="step", dynamic_ncols=True)  # None: TTY
         self.train_model.train()
         batches = self.batches()
+        if first == 1:
+            self.evaluate_initial(loop)
         started = time.perf_counter()
         for step in range(first, cfg.steps + 1):
             loop.step = step
@@ -353,11 +381,12 @@ class Trainer:
             lr = lr_at(self.schedule, step - 1, cfg)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_ratio", 1.0)  # x 1.0: the same float
+            probing = self.probes is not None and self.probes.due(step)
+            step_fn.before_step = self.probes.snapshot if probing else None  # type: ignore[union-attr]
             loss, aux = step_fn(next(batches))
-            for name, value in aux.items():
-                loop.aux_sums[name] = loop.aux_sums[name] + value
-            loop.loss_sum += loss
-            loop.n_summed += 1
+            if probing:
+                started += self.probe(step)  # probing is not training time
+            self.add_step(loop, loss, aux, step_fn.grad_norm)
             evaluate = step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if step % cfg.log_every and step != 1 and not evaluate:
                 continue
@@ -371,6 +400,33 @@ class Trainer:
                 started += time.perf_counter() - paused  # evaluation is not training time
         bar.close()
         return self.result(loop)
+
+    def add_step(
+        self, loop: LoopState, loss: torch.Tensor, aux: dict[str, torch.Tensor], grad_norm: torch.Tensor | None
+    ) -> None:
+        """Add a step's loss, auxiliary losses and gradient norm to the sums since the last log step (on the device)."""
+        for name, value in aux.items():
+            loop.aux_sums[name] = loop.aux_sums[name] + value
+        loop.loss_sum += loss
+        if grad_norm is not None and loop.grad_sum is not None and loop.grad_max is not None:
+            loop.grad_sum = loop.grad_sum + grad_norm
+            loop.grad_max = torch.maximum(loop.grad_max, grad_norm)
+        loop.n_summed += 1
+
+    def evaluate_initial(self, loop: LoopState) -> None:
+        """The validation metrics of the initial weights: a ``val`` record at step 0 and ``loop.initial``
+        (no random draw and no weight change: the run trains as it would without)."""
+        loop.initial = self.evaluate()
+        self.log({"kind": "val", "step": 0, "tokens": 0, **loop.initial})
+
+    def probe(self, step: int) -> float:
+        """Log a probe record after ``step`` (zoo.lab.probes); returns the seconds it took."""
+        assert self.probes is not None
+        began = time.perf_counter()
+        batch = self.val_sets[1][0].to(self.device)  # the first validation batch, at the training length
+        values = self.probes.record(self.task.logits, batch)
+        self.log({"kind": "probe", "step": step, "tokens": step * self.tokens_per_step, **values})
+        return time.perf_counter() - began
 
     def log_step(self, loop: LoopState, lr: float, started: float, bar: Any) -> float:
         """Log the mean loss since the last log step (and the auxiliary losses'), and check for divergence.
@@ -387,10 +443,12 @@ class Trainer:
             loop.aux_sums = dict.fromkeys(loop.aux_sums, torch.zeros((), device=self.device))
             loop.last_aux = aux
         step = loop.step
+        grads = self.grad_norms(loop)
         self.log(
             {"kind": "train", "step": step, "tokens": step * self.tokens_per_step, "loss": loop.last_loss, "lr": lr,
-             "tokens_per_s": rate, **aux}
+             "tokens_per_s": rate, **grads, **aux}
         )  # fmt: skip
+        loop.curve.append([step, loop.last_loss, grads["grad_norm_max"]])
         bar.update(loop.n_summed)
         bar.set_postfix(loss=f"{loop.last_loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
         loop.loss_sum.zero_()
@@ -402,6 +460,17 @@ class Trainer:
             first = loop.reference
             loop.reason = f"loss {loop.last_loss:.4g} at step {step} (first loss {first:.4g}, limit x{limit:g})"
         return now
+
+    def grad_norms(self, loop: LoopState) -> dict[str, float | None]:
+        """The mean and the largest gradient norm (before clipping) of the steps since the last log step (the
+        same on every rank: the gradients are averaged before); the sums start again. NaN: unknown."""
+        assert loop.grad_sum is not None and loop.grad_max is not None
+        mean, top = torch.stack([loop.grad_sum / loop.n_summed, loop.grad_max]).tolist()
+        loop.grad_sum, loop.grad_max = torch.zeros_like(loop.grad_sum), torch.zeros_like(loop.grad_max)
+        return {
+            "grad_norm": mean if math.isfinite(mean) else None,
+            "grad_norm_max": top if math.isfinite(top) else None,
+        }
 
     def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` averaged over every rank (itself in one process)."""
@@ -420,12 +489,19 @@ class Trainer:
             tokens_per_s=tokens / max(loop.train_time, 1e-9),
             final={"train_loss": loop.last_loss, **loop.last_aux, **loop.final_val},
             reason=loop.reason,
+            initial=loop.initial,
+            spikes=spikes(loop.curve),
         )
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
-        """Every validation metric, at each evaluated length (batches shared out across ranks)."""
-        self.model.eval()
+        """Every validation metric, at each evaluated length (batches shared out across ranks); the model's
+        modes as they were after."""
+        with eval_mode(self.model):
+            return self.evaluated()
+
+    def evaluated(self) -> dict[str, float | None]:
+        """:meth:`evaluate`'s metrics, the model in eval mode."""
         out: dict[str, float | None] = {}
         # Parts that route tokens (a mixture of experts) keep the tokens per expert of their last forward.
         routers = {name: m for name, m in self.model.named_modules() if hasattr(m, "last_counts")}
@@ -446,7 +522,6 @@ class Trainer:
                 if self.world > 1:
                     dist.all_reduce(counts)
                 self.routing[name] = (counts / counts.sum()).tolist()
-        self.model.train()
         return out
 
     def score(self, batches: list[Batch], routers: dict[str, nn.Module], routed: dict[str, Any]) -> dict[str, float]:

@@ -20,6 +20,7 @@ from zoo.core.registry import ATTENTIONS, NORMS
 from zoo.core.tp import ColwiseParallel, Plan, gather_sequence, has_plan, heads_norm, prefixed, row_output
 from zoo.parts.cross_attention import CrossAttention
 from zoo.parts.kernels import Backend, attend_at
+from zoo.parts.logits import masked_logits
 from zoo.parts.norms import build_norm
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState, query_slots
@@ -201,6 +202,8 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dims.d_model, width, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
         self.window, self.softcap = window, softcap
+        #: The kernel's score multiplier (None: 1 / sqrt(d_head)); forward and attention_logits both read it.
+        self.scale: float | None = None
         self.q_norm = self.k_norm = None
         if qk_norm != "none":  # per head: a norm over d_head features, sharing the block norm's options (eps)
             self.q_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
@@ -216,6 +219,29 @@ class Attention(nn.Module):
         """Numbers one sample's decoding state holds after ``length`` tokens: a key and a value per
         key/value head."""
         return 2 * self.n_kv_heads * self.d_head * length
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: (b, t, d_model) -> queries (b, h, t, d), keys and values (b, g, t, d): after qk-norm and
+        the position's rotation at ``positions`` (slots (t,) or per-sample ids (b, t))."""
+        # One reshape for all heads: per key/value group g, n = r query heads + its key + its value.
+        # g is n_kv_heads, or this rank's share of them under tensor parallelism (whole groups).
+        group = self.n_heads // self.n_kv_heads + 2
+        heads = rearrange(self.qkv(x), "b t (g n d) -> b g n t d", n=group, d=self.d_head)
+        q = rearrange(heads[:, :, :-2], "b g r t d -> b (g r) t d")  # query head g * r + i
+        k, v = heads[:, :, -2], heads[:, :, -1]  # (b, g, t, d) each
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, over d_head
+        q, k = self.position.rotate(q, k, positions)
+        return q, k, v
+
+    def attention_logits(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Pre-softmax scores of ``x`` (b, t, d_model) as one sequence (the ``attention_logits`` hook): q k^T at
+        the kernel's ``scale`` after qk-norm and positions, with the score bias, softcap and mask. -> (b, h, t, t)."""
+        slots = torch.arange(x.shape[1], device=x.device)
+        q, k, _ = self.project(x, slots)
+        bias = self.position.score_bias(slots, slots)
+        return masked_logits(q, k, scale=self.scale, causal=self.causal, bias=bias, window=self.window,
+                             softcap=self.softcap)  # fmt: skip
 
     def forward(
         self,
@@ -236,16 +262,7 @@ class Attention(nn.Module):
         time = x.shape[1]
         state = None if cache is None else cache.mixer_state(KVCache)
         slots = query_slots(state, time, x.device)  # absolute indices of the queries (t,)
-
-        # One reshape for all heads: per key/value group g, n = r query heads + its key + its value.
-        # g is n_kv_heads, or this rank's share of them under tensor parallelism (whole groups).
-        group = self.n_heads // self.n_kv_heads + 2
-        heads = rearrange(self.qkv(x), "b t (g n d) -> b g n t d", n=group, d=self.d_head)
-        q = rearrange(heads[:, :, :-2], "b g r t d -> b (g r) t d")  # query head g * r + i
-        k, v = heads[:, :, -2], heads[:, :, -1]  # (b, g, t, d) each
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # per head, over d_head
-        q, k = self.position.rotate(q, k, slots if positions is None else positions)
+        q, k, v = self.project(x, slots if positions is None else positions)
         k_positions = positions
         if state is not None:
             k, v = state.append(k, v, positions)
@@ -265,6 +282,7 @@ class Attention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             window=self.window,
             softcap=self.softcap,
+            scale=self.scale,
         )
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
 

@@ -65,6 +65,12 @@ def additive(mask: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.
     return out
 
 
+def scaled(scores: torch.Tensor, d: int, scale: float | None) -> torch.Tensor:
+    """Raw scores q k^T of d features times the kernel's score scale: ``scale``, or 1 / sqrt(d) when None
+    (the math path's, and the attention probes', one definition of it)."""
+    return scores / math.sqrt(d) if scale is None else scores * scale
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -99,8 +105,7 @@ def attend(
     k = repeat(k, "b g t d -> b (g r) t d", r=group)  # grouped: query head h reads kv head h // group
     v = repeat(v, "b g t d -> b (g r) t d", r=group)
     dtype = torch.promote_types(q.dtype, torch.float32)  # scores in at least float32 (float64 stays)
-    scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype))
-    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
+    scores = scaled(torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)), q.shape[-1], scale)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if is_causal:

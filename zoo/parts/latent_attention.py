@@ -26,6 +26,7 @@ from zoo.core.tp import (
     row_output,
 )
 from zoo.parts.kernels import Backend, attend_at
+from zoo.parts.logits import masked_logits
 from zoo.parts.norms import build_norm
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState, query_slots
@@ -138,6 +139,9 @@ class LatentAttention(nn.Module):
         self.kv_rank = 4 * self.d_head if kv_rank is None else kv_rank
         self.causal, self.dropout, self.backend = dims.causal, dims.dropout, backend
         self.position = position
+        #: The kernel's score multiplier (None: 1 / sqrt(2 d_head), the query's width); forward and
+        #: attention_logits both read it.
+        self.scale: float | None = None
         heads = self.n_heads * 2 * self.d_head  # per head: two d_head halves (content, position / key, value)
         self.kv_down = nn.Linear(dims.d_model, self.kv_rank + self.d_head, bias=dims.bias)
         self.kv_norm = build_norm(latent_norm, dims, width=self.kv_rank)
@@ -174,6 +178,32 @@ class LatentAttention(nn.Module):
             return self.q(x)
         return self.q_up(self.q_norm(self.q_down(x)))
 
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: (b, t, d_model) -> queries (b, h, t, 2 d_head: content, then rotated position features), the
+        normalized latents (b, t, kv_rank) and the rotated shared key (b, 1, t, d_head), at ``positions``."""
+        latent, rope_key = self.kv_down(x).split([self.kv_rank, self.d_head], dim=-1)
+        latent = self.kv_norm(latent)  # (b, t, kv_rank)
+        q = rearrange(self.queries(x), "b t (h two d) -> two b h t d", d=self.d_head, two=2)  # h: this rank's heads
+        q_content, q_position = q[0], q[1]  # (b, h, t, d) each
+        rope_key = rearrange(rope_key, "b t d -> b 1 t d")  # one key shared by every head
+        q_position, rope_key = self.position.rotate(q_position, rope_key, positions)
+        return torch.cat([q_content, q_position], dim=-1), latent, rope_key
+
+    def keys_values(self, latent: torch.Tensor, rope_key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latents (b, s, kv_rank) and shared keys (b, 1, s, d_head) -> every head's keys (b, h, s, 2 d_head)
+        and values (b, h, s, d_head)."""
+        k_content, v = rearrange(self.kv_up(latent), "b s (h two d) -> two b h s d", d=self.d_head, two=2)
+        return torch.cat([k_content, rope_key.expand(-1, k_content.shape[1], -1, -1)], dim=-1), v
+
+    def attention_logits(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Pre-softmax scores of ``x`` (b, t, d_model) as one sequence (the ``attention_logits`` hook): content
+        and rotary features together, q k^T at the kernel's ``scale``, with the score bias and mask. -> (b, h, t, t)."""
+        slots = torch.arange(x.shape[1], device=x.device)
+        q, latent, rope_key = self.project(x, slots)
+        k, _ = self.keys_values(latent, rope_key)
+        bias = self.position.score_bias(slots, slots)
+        return masked_logits(q, k, scale=self.scale, causal=self.causal, bias=bias)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -186,22 +216,16 @@ class LatentAttention(nn.Module):
         state = None if cache is None else cache.mixer_state(LatentCache)
         time = x.shape[1]
         slots = query_slots(state, time, x.device)  # (t,)
-        latent, rope_key = self.kv_down(x).split([self.kv_rank, self.d_head], dim=-1)
-        latent = self.kv_norm(latent)  # (b, t, kv_rank)
-        q = rearrange(self.queries(x), "b t (h two d) -> two b h t d", d=self.d_head, two=2)  # h: this rank's heads
-        q_content, q_position = q[0], q[1]  # (b, h, t, d) each
-        rope_key = rearrange(rope_key, "b t d -> b 1 t d")  # one key shared by every head
-        q_position, rope_key = self.position.rotate(q_position, rope_key, slots if positions is None else positions)
+        q, latent, rope_key = self.project(x, slots if positions is None else positions)
         k_positions = positions
         if state is not None:
             latent, rope_key = state.append(latent, rope_key, positions)
             k_positions = state.key_positions()
-        k_content, v = rearrange(self.kv_up(latent), "b s (h two d) -> two b h s d", d=self.d_head, two=2)
-        k = torch.cat([k_content, rope_key.expand(-1, k_content.shape[1], -1, -1)], dim=-1)  # (b, h, s, 2d)
+        k, v = self.keys_values(latent, rope_key)  # (b, h, s, 2d), (b, h, s, d)
         if self.backend == "sdpa":  # fused kernels want values as wide as keys: zeros, sliced off below
             v = F.pad(v, (0, self.d_head))
         y = attend_at(
-            torch.cat([q_content, q_position], dim=-1),
+            q,
             k,
             v,
             slots=slots,
@@ -213,5 +237,6 @@ class LatentAttention(nn.Module):
             position=self.position,
             backend=self.backend,
             dropout=self.dropout if self.training else 0.0,
+            scale=self.scale,
         )
         return self.out(rearrange(y[..., : self.d_head], "b h t d -> b t (h d)"))

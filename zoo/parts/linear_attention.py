@@ -285,6 +285,10 @@ class LinearAttention(nn.Module):
             return repeat(fixed, "h -> b h t", b=x.shape[0], t=x.shape[1])
         return x.new_zeros(x.shape[0], len(self.heads), x.shape[1])
 
+    def attention_logits(self, x: torch.Tensor) -> torch.Tensor | None:
+        """None: no softmax, so no attention logits (probes skip this mixer by name)."""
+        return None
+
     def forward(
         self,
         x: torch.Tensor,

@@ -1,0 +1,264 @@
+"""Probes (``train.probe_every``), every run's step-0 validation and its spike score: the probe values
+against an independent computation from the saved weights and the probe batch (a planted bug in the
+logit scale fails it), probes and the step-0 validation changing nothing a run computes, a run with
+probes resuming bit for bit (also from a checkpoint written before these values were recorded), and
+the spike detector on planted spikes."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import interrupt, tiny, without_timings
+from safetensors.torch import load_file
+
+import zoo.parts.attention
+from zoo.core.errors import ConfigError
+from zoo.lab import checkpoint as ckpt
+from zoo.lab import trainer as trainer_module
+from zoo.lab.plan import plan_run
+from zoo.lab.probes import PROBE_KEYS, Probes, forward_probe
+from zoo.lab.records import config_hash, read_metrics
+from zoo.lab.spikes import MIN_HISTORY, spike_indices, spikes
+from zoo.lab.step import Stepper
+from zoo.lab.tasks import build_task
+from zoo.lab.train import run
+from zoo.lab.trainer import LoopState, Trainer
+from zoo.models.language import build_model
+
+#: Grouped heads (2 query heads per key/value head), no positions: the scores are q k^T / sqrt(d) alone.
+PROBED = ("pos=none", "attn=gqa", "train.probe_every=6")
+
+
+def probe_batch(cfg: dict):
+    """The probe batch: the first validation batch at the training length."""
+    return build_task(cfg["task"]).val_batches(cfg["train"]["batch_size"], cfg["train"]["eval_batches"], 1)[0]
+
+
+def from_weights(cfg: dict, state: dict[str, torch.Tensor], batch) -> dict[str, list[float] | float]:
+    """The probe's values from the weights alone: each layer's attention scores from its qkv weight and the
+    normalized input (the model carries the residual stream there), the output logits' statistics."""
+    model = build_model(cfg)
+    model.load_state_dict(state)
+    model.eval()
+    inputs: dict[int, torch.Tensor] = {}
+    for i, block in enumerate(model.blocks):
+        block.attn.register_forward_pre_hook(lambda m, a, i=i: inputs.__setitem__(i, a[0]))
+    with torch.no_grad():
+        logits = model(batch.inputs)
+    n_heads, n_kv, width = cfg["block"]["n_heads"], 2, cfg["block"]["d_model"]
+    d, r = width // n_heads, n_heads // n_kv
+    tops, entropies = [], []
+    for i in range(len(model.blocks)):
+        weight, bias = state[f"blocks.{i}.attn.qkv.weight"], state[f"blocks.{i}.attn.qkv.bias"]
+        qkv = (inputs[i] @ weight.T + bias).view(*inputs[i].shape[:2], n_kv, r + 2, d)  # per kv group: r q, k, v
+        q = qkv[:, :, :, :r].reshape(*inputs[i].shape[:2], n_heads, d).transpose(1, 2)  # head g * r + j
+        k = qkv[:, :, :, r].repeat_interleave(r, dim=2).transpose(1, 2)  # head h reads group h // r
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+        t = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -math.inf)
+        p = scores.softmax(-1)
+        tops.append(scores.max().item())
+        entropies.append(-(p * p.clamp_min(1e-30).log()).sum(-1).mean().item())
+    flat = logits.reshape(-1, logits.shape[-1])
+    loss = F.cross_entropy(flat, batch.targets.flatten()).item()
+    return {"attn_logit_max": tops, "attn_entropy": entropies, "logit_max": flat.max().item(),
+            "log_z": flat.logsumexp(-1).mean().item(), "loss": loss}  # fmt: skip
+
+
+def assert_matches(probe: dict, expected: dict) -> None:
+    for key, value in expected.items():
+        assert probe[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("probed")
+    summary = run(tiny(*PROBED), folder)
+    assert summary["status"] == "ok", summary["error"]
+    return folder
+
+
+def test_probe_values_are_what_the_saved_weights_give_on_the_probe_batch(probed):
+    cfg = tiny(*PROBED)
+    probes = [r for r in read_metrics(probed) if r["kind"] == "probe"]
+    assert [r["step"] for r in probes] == [6, 12] and all(set(PROBE_KEYS) <= set(r) for r in probes)
+    last = probes[-1]
+    assert len(last["attn_logit_max"]) == len(last["resid_rms"]) == 2 and last["no_logits"] == {}
+    state, batch = load_file(probed / ckpt.WEIGHTS), probe_batch(cfg)  # the final weights: after step 12
+    assert_matches(last, from_weights(cfg, state, batch))
+    assert last["attn_entropy"][0] < math.log(32)  # below uniform over the longest row
+    model = build_model(cfg)
+    model.load_state_dict(state)
+    again = forward_probe(model, build_task(cfg["task"]).logits, batch)  # recomputed from the file
+    assert again == {k: last[k] for k in again}
+
+
+def test_a_planted_bug_in_the_logit_scale_fails_the_check(probed, monkeypatch):
+    cfg = tiny(*PROBED)
+    state, batch = load_file(probed / ckpt.WEIGHTS), probe_batch(cfg)
+    real = zoo.parts.attention.masked_logits
+    planted = lambda q, k, **kw: real(q, k, **{**kw, "scale": 1 / q.shape[-1]})  # noqa: E731  1/d for 1/sqrt(d)
+    monkeypatch.setattr(zoo.parts.attention, "masked_logits", planted)
+    model = build_model(cfg)
+    model.load_state_dict(state)
+    wrong = forward_probe(model, build_task(cfg["task"]).logits, batch)
+    with pytest.raises(AssertionError, match="attn_logit_max"):
+        assert_matches(wrong, from_weights(cfg, state, batch))
+
+
+def test_update_ratio_and_gradient_norms_against_sgd_by_hand():
+    """Under plain SGD the update is -lr x gradient: its RMS over the weight's is lr |g| / |w| per key."""
+    torch.manual_seed(0)
+    model = build_model(tiny("pos=none"))
+    lr = 0.1
+    blocks = {id(p) for p in model.blocks.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in blocks]
+    optimizer = torch.optim.SGD([{"params": list(model.blocks.parameters())}, {"params": rest}], lr=lr)
+    probes = Probes(model, optimizer, every=1, steps=1)
+    step = Stepper(model, model, optimizer, torch.device("cpu"), grad_clip=0.5, before_step=probes.snapshot)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grads: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        p.register_hook(lambda g, name=name: grads.__setitem__(name, g.clone()))
+    cfg = tiny("pos=none")
+    batch = build_task(cfg["task"]).train_batch(4, torch.Generator().manual_seed(0))
+    step(batch)
+    record = probes.record(build_task(cfg["task"]).logits, probe_batch(cfg))
+    name = "blocks.1.attn.qkv.weight"
+    raw = grads[name].norm().item()
+    assert record["grad_norm"][name] == pytest.approx(raw, rel=1e-5)  # before clipping
+    total = math.sqrt(sum(g.square().sum().item() for g in grads.values()))
+    assert record["grad_norm"]["total"] == pytest.approx(total, rel=1e-5) == step.grad_norm.item()
+    coef = min(1.0, 0.5 / (total + 1e-6))  # what clipping applied
+    assert record["update_ratio"][name] == pytest.approx(lr * coef * raw / before[name].norm().item(), rel=1e-4)
+    embed = lr * coef * grads["embed.weight"].norm().item() / before["embed.weight"].norm().item()
+    assert record["update_ratio"]["embed.weight"] == pytest.approx(embed, rel=1e-4)
+    names = [n for n, p in model.named_parameters() if id(p) not in blocks]
+    moved = math.sqrt(sum(grads[n].square().sum().item() for n in names)) * lr * coef
+    assert record["update_ratio"]["group1"] == pytest.approx(
+        moved / math.sqrt(sum(before[n].square().sum().item() for n in names)), rel=1e-4
+    )
+
+
+def test_probes_and_the_step0_validation_change_nothing_the_run_computes(tmp_path, monkeypatch):
+    """With dropout (each step draws from the generators; eval mode would draw nothing): probes every 5 steps,
+    and a run without the step-0 validation, end with the weights and curves of the default run."""
+    common = ("block.dropout=0.1", "train.log_every=1")
+    base = run(tiny(*common), tmp_path / "base")
+    probed = run(tiny(*common, "train.probe_every=5"), tmp_path / "probes")
+    monkeypatch.setattr(Trainer, "evaluate_initial", lambda self, loop: None)
+    bare = run(tiny(*common), tmp_path / "no_initial")
+    weights = {d: load_file(tmp_path / d / ckpt.WEIGHTS) for d in ("base", "probes", "no_initial")}
+    for other in ("probes", "no_initial"):
+        assert weights[other].keys() == weights["base"].keys()
+        assert all(torch.equal(weights[other][k], v) for k, v in weights["base"].items()), other
+    assert probed["final"] == base["final"] == bare["final"] and probed["spikes"] == base["spikes"]
+    curves = {d: without_timings(read_metrics(tmp_path / d)) for d in ("base", "probes", "no_initial")}
+    assert [r for r in curves["probes"] if r["kind"] != "probe"] == curves["base"]
+    assert curves["no_initial"] == curves["base"][1:] and curves["base"][0]["step"] == 0
+    assert base["initial"] == {k: v for k, v in curves["base"][0].items() if k not in ("kind", "step", "tokens")}
+    assert base["initial"]["val_loss"] == pytest.approx(math.log(256), abs=0.3)  # uniform over bytes at init
+    assert probed["config_hash"] == base["config_hash"]  # the same experiment (train.probe_every is runtime)
+
+
+def test_a_run_with_probes_resumes_bit_for_bit(tmp_path):
+    overrides = ("train.probe_every=2", "train.checkpoint_every=5", "train.log_every=3", "block.dropout=0.1")
+    whole = run(tiny(*overrides), tmp_path / "whole")
+    interrupt(tmp_path / "whole", tmp_path / "resumed", at_step=5)  # mid log interval, after a probe step
+    resumed = run(tiny(*overrides), tmp_path / "resumed", resume=True)
+    assert resumed["resumed_from"] == [5] and resumed["final"] == whole["final"]
+    assert resumed["initial"] == whole["initial"] and resumed["spikes"] == whole["spikes"]
+    assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "whole"))
+    a, b = load_file(tmp_path / "whole" / ckpt.WEIGHTS), load_file(tmp_path / "resumed" / ckpt.WEIGHTS)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_checkpoint_written_before_initial_and_gradient_norms_resumes(tmp_path, monkeypatch):
+    """Checkpoints as the trainer wrote them before: no ``initial`` or ``curve`` in the loop, no gradient
+    sums per rank. The run resumes to the same weights; what it cannot know is left empty or None."""
+    overrides = ("train.checkpoint_every=5", "train.log_every=3")
+    whole = run(tiny(*overrides), tmp_path / "whole")
+    old = ("n_summed", "reference", "last_loss", "final_val", "train_time")
+    monkeypatch.setattr(LoopState, "SAVED", old)
+    checkpoint = Trainer.checkpoint
+
+    def older(self, step, loop, train_time):  # the ranks' running sums without the gradient norms
+        sums = loop.grad_sum
+        loop.grad_sum = None
+        checkpoint(self, step, loop, train_time)
+        loop.grad_sum = sums
+
+    monkeypatch.setattr(Trainer, "checkpoint", older)
+    run(tiny(*overrides), tmp_path / "old")
+    monkeypatch.undo()
+    saved = ckpt.read_state(ckpt.latest_checkpoint(tmp_path / "old"))["state"]
+    assert "initial" not in saved["loop"] and "grad_sum" not in saved["ranks"][0]
+    interrupt(tmp_path / "old", tmp_path / "resumed", at_step=5)
+    resumed = run(tiny(*overrides), tmp_path / "resumed", resume=True)
+    assert resumed["status"] == "ok" and resumed["final"] == whole["final"] and resumed["initial"] == {}
+    a, b = load_file(tmp_path / "whole" / ckpt.WEIGHTS), load_file(tmp_path / "resumed" / ckpt.WEIGHTS)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    train = {r["step"]: r for r in read_metrics(tmp_path / "resumed") if r["kind"] == "train"}
+    assert train[6]["grad_norm"] is None and train[9]["grad_norm"] is not None  # steps 5 and 6: not all known
+
+
+def test_probes_are_refused_by_name_under_fsdp2_and_tensor_parallel():
+    cfg = tiny("train.probe_every=5", "parallel.dp_shard=2")
+    with pytest.raises(ConfigError, match="train.probe_every=5: 0 under FSDP2 or tensor parallelism"):
+        plan_run(cfg, {}, [], world=2)
+
+
+def test_probe_every_is_out_of_the_config_hash():
+    assert config_hash(tiny("train.probe_every=10")) == config_hash(tiny())
+
+
+# --- Spikes --------------------------------------------------------------------------------------------
+
+
+def smooth(n: int, seed: int = 0) -> list[float]:
+    """A falling loss curve with a little noise, as a healthy run logs it."""
+    rng = random.Random(seed)
+    return [2.0 + 3.0 * math.exp(-i / 15) + rng.gauss(0, 0.01) for i in range(n)]
+
+
+def test_a_smooth_series_has_no_spike_and_a_planted_one_is_found_where_it_is():
+    for seed in range(20):
+        assert spike_indices(smooth(200, seed)) == []
+        rising = [1.0 + 0.01 * i + random.Random(seed).gauss(0, 0.02) for i in range(200)]  # a norm growing steadily
+        assert spike_indices(rising) == []
+    series = smooth(100)
+    series[60] += 1.0  # one bad step
+    assert spike_indices(series) == [60]
+    assert spike_indices([5.0] * MIN_HISTORY + [50.0]) == [MIN_HISTORY]  # judged from MIN_HISTORY values on
+    assert spike_indices([5.0] * (MIN_HISTORY - 1) + [50.0]) == []
+    assert spike_indices([1.0, None, 1.0, 1.0, 1.0, 1.0, 1.0, float("nan"), 9.0]) == [8]  # unknowns skipped
+    curve = [[s, loss, 1.0] for s, loss in zip(range(10, 1010, 10), series, strict=True)]
+    curve[80][2] = 30.0  # a gradient-norm spike alone
+    assert spikes(curve) == {"count": 2, "steps": [610, 810]}
+
+
+def test_a_step_at_a_huge_rate_is_a_spike_at_the_next_step(tmp_path, monkeypatch):
+    """The rate x 300 for step 16 only: the loss of step 17 (the first forward after it) jumps."""
+    lr_at = trainer_module.lr_at
+    monkeypatch.setattr(trainer_module, "lr_at", lambda s, i, cfg: lr_at(s, i, cfg) * (300 if i == 15 else 1))
+    summary = run(tiny("train.steps=24", "train.log_every=1", "train.eval_every=0"), tmp_path / "spiked")
+    assert summary["spikes"]["steps"][:1] == [17] and summary["status"] == "ok"
+    monkeypatch.undo()
+    assert run(tiny("train.steps=24", "train.log_every=1", "train.eval_every=0"), tmp_path / "smooth")["spikes"] == {
+        "count": 0,
+        "steps": [],
+    }
+
+
+def test_a_mixer_without_logits_is_skipped_by_name(tmp_path):
+    summary = run(tiny("attn=linear", "train.steps=4", "train.probe_every=4", "train.eval_every=0"), tmp_path)
+    assert summary["status"] == "ok", summary["error"]
+    (probe,) = [r for r in read_metrics(tmp_path) if r["kind"] == "probe"]
+    assert probe["no_logits"] == {"0": "LinearAttention", "1": "LinearAttention"}
+    assert probe["attn_logit_max"] == probe["attn_entropy"] == [None, None]
+    assert all(v > 0 for v in probe["resid_rms"]) and math.isfinite(probe["log_z"])
