@@ -11,8 +11,9 @@ from safetensors.torch import load_file
 
 from zoo.lab.checkpoint import WEIGHTS
 from zoo.lab.records import config_hash, read_metrics
+from zoo.lab.report import report_main
 from zoo.lab.train import run
-from zoo.lab.variants import build_report
+from zoo.lab.variants import UNSET, build_report
 
 #: A WSD run whose checkpoints (every 3 steps, all kept) lie in its stable phase up to step 9 at 12 steps.
 WSD = ("schedule=wsd", "train.checkpoint_every=3", "train.keep_checkpoints=10", "block.dropout=0.1")
@@ -146,7 +147,8 @@ def test_a_damaged_checkpoint_is_not_branched_from(runs, tmp_path):
 
 
 def test_the_report_pairs_branches_of_each_seeds_own_source_run_by_seed(tmp_path):
-    """Each seed branches from its own long run: the source folder is not an axis, the branch step is."""
+    """Each seed branches from its own long run: the source folder is not an axis, the branch step is (a run that
+    is not a branch reads ``unset`` for it)."""
     for seed in range(3):
         fake_run(tmp_path, ["schedule=cosine", f"seed={seed}"], value=3.0 + 0.01 * seed)
         source = f"train.branch.from=runs/long{seed}"
@@ -155,3 +157,23 @@ def test_the_report_pairs_branches_of_each_seeds_own_source_run_by_seed(tmp_path
     assert report.axes == ["schedule", "train.branch.step"] and len(report.variants) == 2
     wsd = report.variant(("wsd", "80"))
     assert wsd is not None and len(wsd.by_seed("val_bpb")) == 3
+    assert sorted(v.key for v in report.variants) == [("cosine", UNSET), ("wsd", "80")]
+
+
+def test_a_partial_baseline_completes_from_the_runs_it_names(tmp_path, capsys):
+    """``--baseline schedule=cosine`` in a sweep whose first job is a branch: the cosine runs' own branch step
+    (``unset``), not the first job's (``20``, which no cosine run has: nothing to compare with)."""
+    for seed in range(3):
+        for job, step in enumerate((20, 40)):
+            fake_run(tmp_path, ["schedule=wsd", f"train.branch.from=runs/long{seed}", f"train.branch.step={step}",
+                                f"seed={seed}"], value=2.9 + 0.01 * seed + 0.2 * job, job=3 * seed + job)  # fmt: skip
+        fake_run(tmp_path, ["schedule=cosine", f"seed={seed}"], value=3.0 + 0.02 * seed, job=3 * seed + 2)
+    assert build_report(tmp_path).baseline == ("wsd", "20")  # job 0's values by default
+    report = build_report(tmp_path, baseline={"schedule": "cosine"})
+    assert report.baseline == ("cosine", UNSET)
+    assert {report.label(k): c.verdict for k, c in report.comparisons.items()} == {
+        "schedule=wsd train.branch.step=20": "better", "schedule=wsd train.branch.step=40": "worse"}  # fmt: skip
+    report_main([str(tmp_path), "--no-plots", "--baseline", "schedule=cosine"])
+    text = (tmp_path / "report.md").read_text()
+    assert "nothing to compare with" not in text and "| cosine | unset |" in text
+    assert "baseline schedule=cosine train.branch.step=unset" in text

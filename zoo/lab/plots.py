@@ -303,39 +303,68 @@ def plot_interactions(report: Report, path: Path) -> Figure:
     return fig
 
 
-def plot_lr(report: Report, tuning: Report, path: Path) -> Figure:
-    """Learning-rate sensitivity: the tuning runs' validation metric against the rate (log scale), one line
-    per variant of the sweep, the rate each kept circled."""
-    m = tuning.metric
-    chosen = {v.key: v.tuned_lr for v in report.variants}
-    lines: dict[tuple[str, ...], list[tuple[float, float]]] = {}
-    for variant in tuning.variants:
-        run = variant.runs[0]
-        rate = float((run.summary.get("config") or {}).get("train", {}).get("lr"))
-        key = tuple(run.value(a) for a in report.axes)
-        values = variant.values(m)
-        lines.setdefault(key, []).append((rate, statistics.fmean(values) if values else float("nan")))
-    fig = Figure(figsize=(8.5, 4.8), layout="constrained")
+def plot_lr(report: Report, path: Path) -> Figure:
+    """The tuning runs' validation metric against the learning rate (log scale), one line per variant of the
+    sweep: the mean over the tune seeds that finished ok with its 95% interval as a band, the best rate
+    circled, and an x where some run diverged or failed (at the top of the axes where none finished)."""
+    study = report.lr
+    assert study is not None
+    fig = Figure(figsize=(9, 5), layout="constrained")
     ax = fig.subplots()
-    for (key, points), color in zip(sorted(lines.items()), palette(len(lines)), strict=True):
-        points.sort()
-        label = report.label(key)
-        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=color, lw=1.6, ms=4, label=label)
-        best = chosen.get(key)
-        ax.plot([p[0] for p in points if p[0] == best], [p[1] for p in points if p[0] == best], "o", ms=12,
-                mfc="none", mec=color, mew=2)  # fmt: skip
+    curves = list(study.curves.values())
+    for curve, color in zip(curves, palette(len(curves)), strict=True):
+        label = report.label(curve.key)
+        if (s := curve.sensitivity()) is not None:
+            label += f" (sensitivity {s[0]:.3f})"
+        points = [(p.rate, *interval) for p in curve.points if (interval := p.interval()) is not None]
+        if points:
+            xs, ys, lo, hi = zip(*points, strict=True)
+            ax.plot(xs, ys, "o-", color=color, lw=1.6, ms=4, label=label)
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.18, lw=0)
+        for rate, mean, *_ in points:
+            if rate == curve.best_lr:
+                ax.plot(rate, mean, "o", ms=12, mfc="none", mec=color, mew=2)
+        for p in curve.points:
+            if len(p.values) < len(study.seeds):
+                if (interval := p.interval()) is not None:
+                    ax.plot(p.rate, interval[0], "x", color=color, ms=10, mew=2)
+                else:
+                    ax.plot(p.rate, 0.97, "x", color=color, ms=10, mew=2, transform=ax.get_xaxis_transform())
+    limit_bands(ax, [p.interval() for c in curves for p in c.points])
+    initial = [x for c in curves for x in c.initial.values()]
+    if initial:  # drawn where it falls inside the curves' range; named with its value either way
+        at = statistics.fmean(initial)
+        low, high = ax.get_ylim()
+        where = "" if low <= at <= high else (", above the axis" if at > high else ", below the axis")
+        ax.axhline(at, color="gray", ls=":", lw=1.2, label=f"at initialization: {at:.4g} (mean{where})")
+        ax.set_ylim(low, high)
     ax.set_xscale("log")
-    better = "lower" if tuning.mode == "min" else "higher"
-    ax.set_xlabel("peak learning rate (train.lr)")
-    ax.set_ylabel(f"{m} ({better} is better)")
+    better = "lower" if study.mode == "min" else "higher"
+    ax.set_xlabel("peak learning rate (train.lr, log scale)")
+    ax.set_ylabel(f"{study.metric} ({better} is better)")
     ax.grid(alpha=0.3, which="both")
-    if len(lines) > 6:
+    if len(curves) > 6:
         fig.legend(fontsize="small", loc="outside right upper")
     else:
         ax.legend(fontsize="small")
-    ax.set_title(f"{report.root.name}: learning-rate sensitivity (tuning seeds; circled: the rate kept)")
+    seeds = len(study.seeds)
+    band = f"band: {CONFIDENCE:.0%} interval over {seeds} seeds" if seeds > 1 else "one seed: no band"
+    ax.set_title(f"{report.root.name}: {study.metric} against the learning rate (tuning runs; {band};\n"
+                 f"circled: the best rate; x: some run diverged or failed)", fontsize="medium")  # fmt: skip
     fig.savefig(path, dpi=110)
     return fig
+
+
+def limit_bands(ax: Any, intervals: list[tuple[float, float, float] | None]) -> None:
+    """Keep the y axis on the means: a band over two seeds can be far wider than the curves; it is cut at a
+    quarter of the means' span beyond them."""
+    known = [i for i in intervals if i is not None]
+    if not known:
+        return
+    low, high = min(i[0] for i in known), max(i[0] for i in known)
+    span = (high - low) or abs(high) * 0.05 or 0.1
+    bottom = min(max(min(i[1] for i in known), low - 0.25 * span), low - 0.05 * span)
+    ax.set_ylim(bottom, max(min(max(i[2] for i in known), high + 0.25 * span), high + 0.05 * span))
 
 
 def short_label(report: Report, variant: Variant) -> str:

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import csv
 import logging
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.core.errors import ConfigError
 from zoo.lab.fixed import fixed_line
 from zoo.lab.lock import report_lock
+from zoo.lab.peaks import PEAKS, Peak
 from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_probes, plot_routing
 from zoo.lab.records import read_metrics
+from zoo.lab.sensitivity import LrCurve
 from zoo.lab.stats import (
     CONFIDENCE,
     CORRECTIONS,
@@ -127,7 +130,9 @@ def fairness_lines(report: Report) -> list[str]:
         )
     tuned = [r.summary["tune"] for r in report.runs if (r.summary.get("tune") or {}).get("lr")]
     if tuned:
-        rates = sorted({float(rate) for t in tuned for rate in t.get("searched", {})})
+        rates = sorted({float(rate) for t in tuned for rate in t.get("searched", {})}) or (
+            report.lr.rates if report.lr else []
+        )
         seeds = tuned[0].get("seeds")
         lines.append(
             f"Learning rate tuned per variant (tune.lr): each tried at {', '.join(f'{r:g}' for r in rates)} on seed "
@@ -254,6 +259,8 @@ def markdown(report: Report) -> str:
     if base is None or not base.by_seed(m):
         lines += ["", f"The baseline {report.baseline_label} has no ok run: nothing to compare with."]
     lines += effects_lines(report)
+    lines += lr_lines(report)
+    lines += peak_lines(report)
     lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/fixed.py)
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]
     if problems:
@@ -285,6 +292,154 @@ def effects_lines(report: Report) -> list[str]:
         cells = [e.axis, e.value, e.baseline, interval_text(c), verdict_text(c), str(c.pairs), str(c.units)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def point_text(point: Any, seeds: int) -> str:
+    """One rate's cell: ``3.1234 [3.1000, 3.1468]`` over the seeds that finished ok, and how many did when not all."""
+    interval = point.interval()
+    if interval is None:
+        return f"none ok ({point.runs} run{'s' if point.runs != 1 else ''})"
+    mean, low, high = interval
+    ok = "" if len(point.values) == seeds else f" ({len(point.values)}/{seeds} ok)"
+    return fmt(mean) + (f" [{low:.4f}, {high:.4f}]" if low != high else "") + ok
+
+
+def sensitivity_lines(report: Report) -> list[str]:
+    """What the sensitivity is, or why it is not computed."""
+    study = report.lr
+    assert study is not None
+    m = study.metric
+    if study.mode == "min":
+        how = f"the mean over the rates of min({m} at the rate, {m} at initialization) less the least of them"
+    else:
+        how = f"the greatest over the rates of max({m} at the rate, {m} at initialization) less their mean"
+    lines = [
+        f"Sensitivity (Wortsman et al. 2023), per seed: {how} (a run that diverged, failed or is missing counts at "
+        f"initialization; 0: the best at every rate, lower is better); its mean over seeds [{CONFIDENCE:.0%} t "
+        f"interval], and Δ: each variant's minus the baseline's, paired by seed [{TEST_TEXT[report.test]}]. "
+        f"Best lr: the best mean {m} over the seeds among the rates where every seed finished ok."
+    ]
+    if not study.computed:
+        lines.append(
+            f"Sensitivity not computed: no tuning run records its {m} at initialization (summary `initial`, "
+            f"from the step-0 validation of newer runs); retrain the tuning runs to get it."
+        )
+    for curve in study.curves.values():
+        if curve.missing and curve.per_seed:
+            seeds = ", ".join(str(s) for s in curve.missing)
+            lines.append(f"{report.label(curve.key)}: seed {seeds} record no `initial`: its sensitivity is over the "
+                         f"other seeds.")  # fmt: skip
+    return lines
+
+
+def lr_lines(report: Report) -> list[str]:
+    """The learning-rate section (tuning runs under tune/): per variant the best rate, the metric at each
+    rate over the tune seeds, the sensitivity and its difference from the baseline's."""
+    study = report.lr
+    if study is None or not study.curves:
+        return []
+    seeds = len(study.seeds)
+    lines = [
+        "",
+        f"Learning rate: the tuning runs ({TUNE_DIR}/), each variant at {len(study.rates)} rates on {seeds} "
+        f"seed{'s' if seeds != 1 else ''} ({', '.join(str(s) for s in study.seeds)}); each rate's {study.metric} "
+        f"is the mean [{CONFIDENCE:.0%} t interval] over the seeds that finished ok (lr.png).",
+        *sensitivity_lines(report),
+        "",
+        "| variant | best lr | "
+        + " | ".join(f"lr {r:g}" for r in study.rates)
+        + f" | lr sensitivity [{CONFIDENCE:.0%} CI] | Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI] |",
+        "|" + "---|" * (len(study.rates) + 4),
+    ]
+    for variant in report.variants:
+        if (curve := lr_curve(report, variant)) is None:
+            continue
+        cells = [report.label(variant), fmt_rate(curve.best_lr), *(point_text(p, seeds) for p in curve.points),
+                 sensitivity_text(report, variant, ""), lr_delta_text(report, variant)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+#: What a peak's verdict says (lower is not "better" for a logit in itself: it is what stays bounded).
+PEAK_VERDICTS = {"better": "lower", "worse": "higher"}
+#: report.csv's names of the probes' peaks (zoo/lab/peaks.py).
+PEAK_NAMES = {"attn_logit_max": "attn_logit_peak", "log_z": "log_z_peak"}
+
+
+def peak_of(report: Report, variant: Variant, key: str) -> Peak | None:
+    return report.peaks.get(variant.key, {}).get(key)
+
+
+def peak_text(peak: Peak | None) -> str:
+    """``1.2e+04 [3.1e+03, 4.6e+04]``: the mean over seeds (geometric for a logit) and its interval."""
+    if peak is None:
+        return ""
+    mean, low, high = peak.summary()
+    if mean is None:
+        return ""
+    return f"{mean:.4g}" + (f" [{low:.4g}, {high:.4g}]" if low is not None and high is not None else "")
+
+
+def peak_delta_text(report: Report, variant: Variant, key: str) -> str:
+    if (peak := peak_of(report, variant, key)) is None:
+        return ""
+    if is_baseline(report, variant):
+        return "baseline"
+    c = peak.comparison
+    verdict = "" if c is None else PEAK_VERDICTS.get(c.verdict, verdict_text(c))
+    return " ".join(x for x in (interval_text(c), verdict) if x)
+
+
+def peak_lines(report: Report) -> list[str]:
+    """The probes' peaks over training per variant (train.probe_every), each against the baseline's."""
+    if not report.peaks:
+        return []
+    lines = [
+        "",
+        "Probes (train.probe_every, probes.png): per run, the largest attention logit (over layers, heads, "
+        "positions and every probe record of training) and the largest mean output log-partition (log Z). "
+        f"Attention logit: the geometric mean over seeds [{CONFIDENCE:.0%} t interval of the mean log10], Δ: "
+        "the variant's log10 minus the baseline's, paired by seed; log Z: the mean [t interval] and the paired "
+        "difference. lower or higher: the interval excludes 0.",
+        "",
+        f"| variant | max attn logit | Δ log10 vs {report.baseline_label} [{CONFIDENCE:.0%} CI] | max log Z | "
+        f"Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI] |",
+        "|---|---|---|---|---|",
+    ]
+    for variant in report.variants:
+        if variant.key in report.peaks:
+            cells = [report.label(variant)]
+            for key in PEAKS:
+                cells += [peak_text(peak_of(report, variant, key)), peak_delta_text(report, variant, key)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def peak_columns(report: Report) -> list[str]:
+    """report.csv's peak columns: each key's mean and interval, its difference from the baseline's (log10 for
+    the attention logit) with its interval, and the verdict."""
+    out = []
+    for key, log in PEAKS.items():
+        name, delta = PEAK_NAMES[key], "log10_delta" if log else "delta"
+        out += [name, f"{name}_ci_low", f"{name}_ci_high", f"{name}_{delta}", f"{name}_{delta}_ci_low",
+                f"{name}_{delta}_ci_high", f"{name}_verdict"]  # fmt: skip
+    return out
+
+
+def peak_cell(report: Report, variant: Variant, column: str) -> Any:
+    key = next(k for k, name in PEAK_NAMES.items() if column.startswith(name + "_") or column == name)
+    peak = peak_of(report, variant, key)
+    if peak is None:
+        return None
+    rest = column.removeprefix(PEAK_NAMES[key]).lstrip("_")
+    if rest in ("", "ci_low", "ci_high"):
+        return peak.summary()[["", "ci_low", "ci_high"].index(rest)]
+    if rest == "verdict":
+        return "baseline" if is_baseline(report, variant) else (peak.comparison.verdict if peak.comparison else None)
+    c = peak.comparison
+    if c is None:
+        return None
+    return {"delta": c.delta_mean, "delta_ci_low": c.low, "delta_ci_high": c.high}[rest.removeprefix("log10_")]
 
 
 #: report.csv's statistics columns (stable names: other tools read them).
@@ -349,6 +504,91 @@ def budgeted(report: Report) -> bool:
     return any(v.budget is not None for v in report.variants)
 
 
+def lr_curve(report: Report, variant: Variant) -> LrCurve | None:
+    """The variant's tuning runs across the rate grid (zoo/lab/sensitivity.py), or None without tune.lr runs."""
+    return report.lr.curves.get(variant.key) if report.lr is not None else None
+
+
+def studied(report: Report) -> bool:
+    return report.lr is not None and bool(report.lr.curves)
+
+
+def sensitive(report: Report) -> bool:
+    return report.lr is not None and report.lr.computed
+
+
+def best_lr(report: Report, variant: Variant) -> float | None:
+    return c.best_lr if (c := lr_curve(report, variant)) else None
+
+
+def fmt_rate(rate: float | None) -> str:
+    return "" if rate is None else f"{rate:.3g}"
+
+
+def sensitivity(report: Report, variant: Variant, i: int) -> float | None:
+    """The variant's learning-rate sensitivity: mean over seeds (``i`` 0), its interval's low (1) or high (2)."""
+    values = c.sensitivity() if (c := lr_curve(report, variant)) else None
+    return values[i] if values else None
+
+
+def sensitivity_text(report: Report, variant: Variant, key: str) -> str:
+    """``0.1234 [0.1000, 0.1468]`` (mean over seeds and its interval), the mean alone for one seed, or empty."""
+    mean, low, high = (sensitivity(report, variant, i) for i in range(3))
+    return fmt(mean) + (f" [{low:.4f}, {high:.4f}]" if low is not None and high is not None else "")
+
+
+def lr_delta_text(report: Report, variant: Variant) -> str:
+    """The variant's sensitivity minus the baseline's with its paired interval and the verdict, or ``baseline``."""
+    if is_baseline(report, variant):
+        return "baseline" if sensitivity(report, variant, 0) is not None else ""
+    c = lr_curve(report, variant)
+    return " ".join(x for x in (interval_text(c.comparison), verdict_text(c.comparison)) if x) if c else ""
+
+
+#: report.csv's columns of the sensitivity against the baseline's (``lr_sensitivity_delta`` ...).
+LR_DELTA_COLUMNS = ["delta", "delta_ci_low", "delta_ci_high", "verdict"]
+
+
+def lr_delta_cell(report: Report, variant: Variant, key: str) -> Any:
+    if is_baseline(report, variant):
+        return "baseline" if key == "verdict" and sensitivity(report, variant, 0) is not None else None
+    c = comparison_of_lr(report, variant)
+    if c is None:
+        return None
+    return {"delta": c.delta_mean, "delta_ci_low": c.low, "delta_ci_high": c.high, "verdict": c.verdict}[key]
+
+
+def comparison_of_lr(report: Report, variant: Variant) -> Comparison | None:
+    return c.comparison if (c := lr_curve(report, variant)) else None
+
+
+def spike_counts(variant: Variant) -> list[int]:
+    """Each run's loss and gradient-norm spikes (summary ``spikes.count``), over the runs that recorded one."""
+    counts = [(r.summary.get("spikes") or {}) for r in variant.runs if isinstance(r.summary.get("spikes"), dict)]
+    return [int(c["count"]) for c in counts if isinstance(c.get("count"), int) and not isinstance(c["count"], bool)]
+
+
+def spikes_mean(variant: Variant) -> float | None:
+    counts = spike_counts(variant)
+    return statistics.fmean(counts) if counts else None
+
+
+def spiked_runs(variant: Variant) -> str:
+    """``1/3``: the runs with a spike, of those that recorded the score (empty when none did)."""
+    counts = spike_counts(variant)
+    return f"{sum(c > 0 for c in counts)}/{len(counts)}" if counts else ""
+
+
+def spikes_text(report: Report, variant: Variant, key: str) -> str:
+    mean = spikes_mean(variant)
+    return "" if mean is None else f"{mean:.2g}; {spiked_runs(variant)}"
+
+
+def spiky(report: Report) -> bool:
+    """Whether some run recorded its spike score (summary ``spikes``)."""
+    return any(spike_counts(v) for v in report.variants)
+
+
 #: The variants table, in order: each column of report.md and report.csv is one entry (a column in both
 #: files, or in one: their orders differ where the Markdown groups the comparison before the timings).
 COLUMNS: list[Column] = [
@@ -383,6 +623,12 @@ COLUMNS: list[Column] = [
         ],
     ),  # fmt: skip
     Column("lr (tuned)", None, lambda r, v, k: v.tuned_lr, formatted(lambda v: v.tuned_lr, ".3g"), when=tuned),
+    Column("best lr", None, lambda r, v, k: best_lr(r, v), lambda r, v, k: fmt_rate(best_lr(r, v)), when=studied),
+    Column(
+        "lr sensitivity [{ci:.0%} CI]", None, lambda r, v, k: sensitivity(r, v, 0), sensitivity_text, when=sensitive
+    ),  # fmt: skip
+    Column("Δ lr sensitivity vs {baseline}", None, lambda r, v, k: lr_delta_text(r, v), when=sensitive),
+    Column("spikes (mean; runs)", None, lambda r, v, k: spikes_mean(v), spikes_text, when=spiky),
     Column("steps", None, lambda r, v, k: f"{v.mean_of('steps') or 0:,.0f}", when=budgeted),
     Column("FLOPs", None, lambda r, v, k: flops_text(v.mean_of("flops")), when=budgeted),
     mean_column("tokens/s", "tokens_per_s", ",.0f"),
@@ -397,6 +643,15 @@ COLUMNS: list[Column] = [
     Column(None, "pass", lambda r, v, k: pass_text(v, r, threshold_of(r))),
     Column(None, "pass_threshold", lambda r, v, k: threshold_of(r)),
     Column(None, "clipped", lambda r, v, k: clipped_cell(comparison(r, v))),
+    Column(None, "best_lr", lambda r, v, k: best_lr(r, v)),
+    Column(None, "lr_sensitivity", lambda r, v, k: sensitivity(r, v, 0)),
+    Column(None, "lr_sensitivity_ci_low", lambda r, v, k: sensitivity(r, v, 1)),
+    Column(None, "lr_sensitivity_ci_high", lambda r, v, k: sensitivity(r, v, 2)),
+    Column(None, "lr_sensitivity_seeds", lambda r, v, k: len(c.per_seed) if (c := lr_curve(r, v)) else None),
+    Column(None, "lr_sensitivity_{key}", lr_delta_cell, each=lambda r: LR_DELTA_COLUMNS),
+    Column(None, "{key}", peak_cell, each=peak_columns),
+    Column(None, "spikes", lambda r, v, k: spikes_mean(v)),
+    Column(None, "spiked_runs", lambda r, v, k: spiked_runs(v)),
 ]
 
 
@@ -421,8 +676,9 @@ def write_csv(report: Report) -> None:
     with open(report.root / "runs.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(
-            ["run_dir", *report.axes, "seed", "status", m, "parameters", "tokens_per_s", "wall_time_s", "error", "pass"]
-        )
+            ["run_dir", *report.axes, "seed", "status", m, "parameters", "tokens_per_s", "wall_time_s", "error", "pass",
+             "spikes"]
+        )  # fmt: skip
         for v in report.variants:
             for r in v.runs:
                 value = (r.summary.get("final") or {}).get(m)
@@ -430,11 +686,18 @@ def write_csv(report: Report) -> None:
                 writer.writerow(
                     [relative_to(r.path, report.root), *v.key, r.seed, r.status, value,
                      (r.summary.get("parameters") or {}).get("total"), r.summary.get("tokens_per_s"),
-                     r.summary.get("wall_time_s"), r.summary.get("error") or r.summary.get("reason"), passed]
+                     r.summary.get("wall_time_s"), r.summary.get("error") or r.summary.get("reason"), passed,
+                     run_spikes(r.summary)]
                 )  # fmt: skip
         for d in report.dropped:  # no summary to read the axes from: the folder and the reason
             writer.writerow([relative_to(d.path, report.root), *[""] * len(report.axes), "", "not read", "", "", "",
-                             "", d.reason, ""])  # fmt: skip
+                             "", d.reason, "", ""])  # fmt: skip
+
+
+def run_spikes(summary: dict[str, Any]) -> Any:
+    """A run's spike count (summary ``spikes.count``), empty when it recorded none."""
+    spikes = summary.get("spikes")
+    return spikes.get("count") if isinstance(spikes, dict) else None
 
 
 def clipped_cell(c: Comparison | None) -> str:
@@ -472,8 +735,8 @@ def write_built(report: Report, plots: bool = True) -> str:
         plot_final(report, report.root / "final.png")
         if len(report.axes) >= 2:
             plot_interactions(report, report.root / "interactions.png")
-        if (report.root / TUNE_DIR).is_dir() and any(v.tuned_lr is not None for v in report.variants):
-            plot_lr(report, build_report(report.root / TUNE_DIR, baseline={}), report.root / "lr.png")
+        if studied(report):  # tune.lr's runs under tune/
+            plot_lr(report, report.root / "lr.png")
         plot_routing(report, report.root / "routing.png")  # only when some run routes tokens (mlp=moe)
     return text
 

@@ -17,7 +17,9 @@ from typing import Any
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
+from zoo.lab.peaks import Peak, variant_peaks
 from zoo.lab.records import METRICS, SUMMARY, read_summary_checked
+from zoo.lab.sensitivity import LrStudy, lr_study
 from zoo.lab.stats import CORRECTIONS, TESTS, Comparison, apply_holm, chosen_test, compare, difference_range
 
 #: Override keys that never define a variant: seeds are averaged over, the sweep file names the folder.
@@ -25,6 +27,9 @@ from zoo.lab.stats import CORRECTIONS, TESTS, Comparison, apply_holm, chosen_tes
 NOT_AXES = {"seed", "sweeps", "train.branch.from"}
 #: A run's value for an axis that its parts do not use.
 UNUSED = "unused"
+#: A run's value for an axis it leaves unset (null or absent in its config: a run that is not a branch has no
+#: ``train.branch.step``), so that it reads as a value of its own rather than an empty cell.
+UNSET = "unset"
 
 
 def unused_axes(config: dict[str, Any]) -> list[str]:
@@ -60,7 +65,8 @@ class Run:
 
     def value(self, key: str) -> str:
         """The run's setting for a swept key: its override, its group choice, or its config value;
-        ``unused`` for an axis its parts do not use (a norm-free placement's ``norm``)."""
+        ``unused`` for an axis its parts do not use (a norm-free placement's ``norm``); ``unset`` for one its
+        config leaves null or does not have."""
         if key in (self.summary.get("unused_axes") or ()):
             return UNUSED
         if key in self.overrides:
@@ -71,7 +77,7 @@ class Run:
         node: Any = self.summary.get("config") or {}
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        return "" if node is None else str(node)
+        return UNSET if node is None else str(node)
 
 
 @dataclass
@@ -162,6 +168,8 @@ class Report:
     dropped: list[Dropped] = field(default_factory=list)  # run folders left out: their summary could not be read
     comparisons: dict[tuple[str, ...], Comparison] = field(default_factory=dict)  # variant key -> vs baseline
     effects: list[Effect] = field(default_factory=list)  # per axis value, pooled over the other axes
+    lr: LrStudy | None = None  # the tuning runs (tune.lr, <root>/tune) across the rate grid, with the sensitivity
+    peaks: dict[tuple[str, ...], dict[str, Peak]] = field(default_factory=dict)  # variant key -> probe key -> peak
 
     @property
     def runs(self) -> list[Run]:
@@ -295,15 +303,18 @@ def first_values(runs: Sequence[Run], axes: Sequence[str]) -> dict[str, str]:
 
 
 def choose_baseline(runs: Sequence[Run], axes: Sequence[str], given: dict[str, str] | None) -> tuple[str, ...]:
-    """The baseline variant's key: ``given`` values, the sweep's first value for the axes it leaves out."""
-    values = first_values(runs, axes)
-    for axis, value in (given or {}).items():
+    """The baseline variant's key: ``given`` values; the axes it leaves out completed from the runs that match
+    it (the first launched of them), so ``schedule=cosine`` picks the cosine runs' own ``train.branch.step``
+    (``unset``) rather than the sweep's first value; from every run when no run matches all of ``given``."""
+    given = given or {}
+    for axis, value in given.items():
         if axis not in axes:
             raise ConfigError("report.baseline", f"{axis}={value}", f"a swept axis; axes: {', '.join(axes) or 'none'}")
         seen = sorted({r.value(axis) for r in runs})
         if value not in seen:
             raise ConfigError("report.baseline", f"{axis}={value}", f"one of {axis}'s values: {', '.join(seen)}")
-        values[axis] = value
+    matching = [r for r in runs if all(r.value(a) == v for a, v in given.items())]
+    values = {**first_values(matching or runs, axes), **given}
     return tuple(values[a] for a in axes)
 
 
@@ -406,5 +417,16 @@ def build_report(
     if correction == "holm":
         apply_holm(list(comparisons.values()), mode)
         apply_holm([e.comparison for e in effects], mode)
-    return Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option, dropped,
-                  comparisons, effects)  # fmt: skip
+    return with_studies(Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option,
+                          dropped, comparisons, effects))  # fmt: skip
+
+
+def with_studies(report: Report) -> Report:
+    """``report`` with its ``lr``, the sweep's tuning runs (``<root>/tune``, zoo/lab/tune.py) per variant across
+    the rate grid with the learning-rate sensitivity (zoo/lab/sensitivity.py), None without any; and its
+    ``peaks``, the probes' largest values over training (zoo/lab/peaks.py), empty without probes."""
+    tune = report.root / "tune"  # zoo.lab.tune.TUNE_DIR (which imports this module)
+    runs = scan(tune)[0] if tune.is_dir() else []
+    report.lr = lr_study(report, runs) if runs else None
+    report.peaks = variant_peaks(report)
+    return report
