@@ -193,6 +193,8 @@ class Attention(nn.Module):
         self.n_heads = dims.n_heads
         self.n_kv_heads = dims.n_heads if n_kv_heads is None else n_kv_heads
         self.d_head = dims.d_head
+        #: The softmax's score multiplier; None: 1 / sqrt(d_head) (μP sets sqrt(d_head_base) / d_head).
+        self.score_scale: float | None = None
         self.causal = dims.causal
         self.dropout = dims.dropout
         self.backend = backend
@@ -265,6 +267,7 @@ class Attention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             window=self.window,
             softcap=self.softcap,
+            scale=self.score_scale,
         )
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
 

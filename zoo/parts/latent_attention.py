@@ -135,6 +135,8 @@ class LatentAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.n_heads, self.d_head = dims.n_heads, dims.d_head
+        #: The softmax's score multiplier; None: 1 / sqrt(2 d_head) (μP sets sqrt(2 d_head_base) / (2 d_head)).
+        self.score_scale: float | None = None
         self.kv_rank = 4 * self.d_head if kv_rank is None else kv_rank
         self.causal, self.dropout, self.backend = dims.causal, dims.dropout, backend
         self.position = position
@@ -213,5 +215,6 @@ class LatentAttention(nn.Module):
             position=self.position,
             backend=self.backend,
             dropout=self.dropout if self.training else 0.0,
+            scale=self.score_scale,
         )
         return self.out(rearrange(y[..., : self.d_head], "b h t d -> b t (h d)"))
