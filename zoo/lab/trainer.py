@@ -41,7 +41,7 @@ SAVE = ("final", "none")
 #: ``encoder`` an encoder-decoder's encoder section (read by the model builder of a task that trains one).
 RUN_KEYS = {
     "block", "model", "encoder", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report",
-    "compile", "tune", "parallel", "optim", "schedule",
+    "compile", "tune", "parallel", "optim", "schedule", "param",
 }  # fmt: skip
 #: ``train.budget``: what sets a run's steps instead of ``train.steps`` (at most one of them).
 BUDGETS = ("tokens", "flops")
