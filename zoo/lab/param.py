@@ -82,8 +82,10 @@ def check_param(
     block = raw.get("block") or {}
     pos = block.get("pos") or {}
     if (pos.get("name") if isinstance(pos, Mapping) else pos) == "sinusoidal":
-        raise ConfigError("block.pos", "sinusoidal", "scales the token embedding by sqrt(d_model) in the "
-                          "forward, which μP's input rule does not cover: use learned, rotary, alibi or none")  # fmt: skip
+        raise ConfigError(
+            "block.pos", "sinusoidal", "scales the token embedding by sqrt(d_model) in the forward, which "
+            "μP's input rule does not cover: use learned, rotary, alibi or none",
+        )  # fmt: skip
     return infer_for(raw, options["base_width"])
 
 

@@ -93,7 +93,9 @@ def plan_run(
     mesh.check_model(specs, options["vocab_size"], lengths)  # parts' plans, divisibility, sequence parallel
     check_positions_fit(specs, task_opts.get("seq_len"))
     custom_model = task_cls.build_model is not Task.build_model
-    param = check_param(raw, optimizer=recipe.optim["name"], dp_shard=mesh.dp_shard, tp=mesh.tp, custom_model=custom_model)
+    param = check_param(
+        raw, optimizer=recipe.optim["name"], dp_shard=mesh.dp_shard, tp=mesh.tp, custom_model=custom_model
+    )
     if mesh.sharded and train_cfg.eval_batches % mesh.dp:
         raise ConfigError(
             "train.eval_batches",
