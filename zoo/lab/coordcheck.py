@@ -10,8 +10,9 @@ scores (its logits, scale included) and of the output logits, averaged over the 
 stay flat as width grows; under the standard parametrization they grow. Writes ``coordcheck.csv``
 and ``coordcheck.png`` into ``--out`` and exits 1 when a μP curve's slope of log mean|x| against log
 width exceeds ``--tolerance`` at any step (``--check standard`` judges the standard curves instead).
-A curve that shrinks with width passes: μP's attention and output logits start near zero at large
-width and grow to a width-independent size as they train.
+``--covering`` runs the check on every row of the contract's covering set (the overrides
+applied to each) and exits 1 when one fails. A curve that shrinks with width passes: μP's attention
+and output logits start near zero at large width and grow to a width-independent size as they train.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import json
 import math
 import sys
 from collections.abc import Iterator, Sequence
@@ -30,10 +32,12 @@ from einops import repeat
 from omegaconf import OmegaConf
 
 from zoo.assembly.compose import compose_with_choices
+from zoo.core.errors import ConfigError
 from zoo.lab.param import parametrize
 from zoo.lab.plan import plan_run
 from zoo.lab.tasks.base import IGNORE
 from zoo.parts import kernels
+from zoo.testing.combos import covering_combinations, node
 
 #: Slope of log mean|x| against log width above which a μP curve fails (printed with the verdict).
 TOLERANCE = 0.25
@@ -172,6 +176,35 @@ def verdict(rows: Sequence[Row], tolerance: float, judged: str = "mup") -> list[
     ]
 
 
+def combination_overrides(combo: dict[str, str]) -> list[str]:
+    """The overrides that select a covering-set row (``attn=mha+qknorm``: attn=mha, block.attn.qk_norm=...)."""
+    found = []
+    for axis, label in combo.items():
+        options = node(axis, label)
+        found.append(f"{axis}={options.pop('name')}")
+        found += [f"block.{axis}.{key}={json.dumps(value)}" for key, value in options.items()]
+    return found
+
+
+def covering(args: argparse.Namespace, widths: list[int]) -> int:
+    """The check for every row of the contract's covering set over ``args.overrides``: 1 when one fails
+    (a row param=mup refuses, or the parts cannot combine, is listed and skipped)."""
+    failed = []
+    for combo in covering_combinations():
+        label = " ".join(f"{a}={v}" for a, v in combo.items())
+        overrides = [*args.overrides, *combination_overrides(combo)]
+        try:
+            runs = [averaged(overrides, p, w, widths[0], args.steps, args.seeds) for p in PARAMS for w in widths]
+        except ConfigError as error:
+            print(f"skip {label}: {error}")
+            continue
+        failures = verdict([row for run in runs for row in run], args.tolerance, args.check)
+        print(f"{'FAIL' if failures else 'ok'} {label}" + (f": {failures[0]}" if failures else ""))
+        failed += [label] if failures else []
+    print(f"coordcheck over the covering set: {len(failed)} failed (tolerance {args.tolerance:+.3f})")
+    return 1 if failed else 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zoo-coordcheck", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="config overrides, as for zoo-train")
@@ -193,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(widths) < 2 or args.steps < 1 or args.seeds < 1:
         print("zoo-coordcheck: needs two widths or more, --steps >= 1 and --seeds >= 1", file=sys.stderr)
         return 2
+    if args.covering:
+        return covering(args, widths)
     runs = [averaged(args.overrides, p, w, widths[0], args.steps, args.seeds) for p in PARAMS for w in widths]
     rows = [row for run in runs for row in run]
     args.out.mkdir(parents=True, exist_ok=True)
