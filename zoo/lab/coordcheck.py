@@ -213,6 +213,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=3, help="seeds each mean |x| is averaged over")
     p.add_argument("--out", type=Path, default=Path("runs/coordcheck"), help="folder for coordcheck.csv and .png")
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest μP slope against log width")
+    p.add_argument("--covering", action="store_true", help="every row of the contract's covering set (no files)")
     p.add_argument(
         "--check", choices=PARAMS, default="mup", help="whose curves must be flat (standard: to see it fail)"
     )
