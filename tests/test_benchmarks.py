@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import runpy
 import sys
 from pathlib import Path
@@ -103,3 +104,31 @@ def test_data_benchmark_times_the_token_loader_and_zoo_prepare(monkeypatch, caps
     assert "| task=tokens (memory-mapped) |" in out and "| in memory |" in out
     assert "ratio memory-mapped / in memory: " in out and "(target <= 1.02)" in out
     assert "| bytes | 2 |" in out and "| bpe 2" in out and "target: >= 10 MB/s on 2 cores" in out
+
+
+def test_mup_transfer_finds_the_best_rate_per_width_and_the_regret(monkeypatch, capsys, tmp_path):
+    """Fake runs where the standard best rate halves as width doubles and μP's stays: the table says so."""
+    import json
+
+    for param, shift in (("standard", True), ("mup", False)):
+        for width in (32, 64, 128):
+            best = 0.004 * 64 / width if shift else 0.004
+            for lr in (0.001, 0.002, 0.004, 0.008):
+                for seed in (0, 1):
+                    folder = tmp_path / f"{param}-{width}-{lr}-{seed}"
+                    folder.mkdir()
+                    value = 3.0 + abs(math.log2(lr / best)) * 0.1 + seed * 0.01
+                    config = {"param": {"name": param}, "block": {"d_model": width}, "train": {"lr": lr}, "seed": seed}
+                    summary = {"status": "ok", "config": config, "metric": {"name": "val_bpb", "value": value}}
+                    (folder / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(
+        sys, "argv", ["mup_transfer.py", str(tmp_path), "--base", "64", "--out", str(tmp_path / "t.png")]
+    )
+    runpy.run_path(str(BENCHMARKS / "mup_transfer.py"), run_name="__main__")
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in capsys.readouterr().out.splitlines()}
+    assert rows[("standard", "32")].split("|")[-3].strip() == "0.008"  # the best rate moved
+    assert rows[("standard", "128")].split("|")[-3].strip() == "0.002"
+    assert rows[("standard", "128")].split("|")[-2].strip().startswith("+0.1000")  # one octave off: 0.1 worse
+    assert all(rows[("mup", str(w))].split("|")[-3].strip() == "0.004" for w in (32, 64, 128))
+    assert rows[("mup", "128")].split("|")[-2].strip().startswith("+0.0000")
+    assert (tmp_path / "t.png").stat().st_size > 5_000

@@ -6,7 +6,7 @@ except on a cluster (SLURM) or a GPU, where they are composed and validated only
 `zoo-generate` and `zoo-eval` run as written on a tiny run trained in place of the folder they
 name. `zoo-prepare` runs as written with a small folder of text standing in for `--stdlib`, and a
 `task=tokens` run's `task.path` that does not exist is such a folder, prepared (a BPE when the command
-sets `model.vocab_size`). `zoo-contract` runs on a slice of what it names. `python benchmarks/...` scripts answer
+sets `model.vocab_size`). `zoo-contract` runs on a slice of what it names, `zoo-coordcheck` at two tiny widths. `python benchmarks/...` scripts answer
 ``--help``. `pip` and `pytest` lines are what `.ci/run` runs.
 """
 
@@ -178,6 +178,13 @@ def test_doc_command_works(page, command, capsys, tmp_path, monkeypatch):
             run_tiny(program, args, tmp_path, task_keys=set(composed.task))
     elif program == "zoo-contract":
         run_contract_slice(args, capsys)
+    elif program == "zoo-coordcheck":  # its overrides at tiny sizes, two widths, one step
+        from zoo.lab.coordcheck import main, parser
+
+        overrides = parser().parse_intermixed_args(args).overrides  # exits 2 on an option it does not take
+        tiny = [f"{k}={v}" for k, v in TINY.items()]
+        small = ["--widths", "16,32", "--steps", "1", "--seeds", "1", "--out", str(tmp_path)]
+        assert main([*overrides, *tiny, *small]) in (0, 1) and (tmp_path / "coordcheck.png").is_file()
     else:  # python benchmarks/<script>.py
         script = ROOT / words[1]
         done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)

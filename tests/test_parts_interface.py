@@ -301,11 +301,11 @@ def test_every_attention_declares_the_logits_its_kernel_scores_or_none(attn, opt
         if got is None:
             return
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
-        block.attn.scale = 1 / block.attn.d_head  # the part's scale: forward and the hook alike
+        block.attn.score_scale = 1 / block.attn.d_head  # the part's scale: forward and the hook alike
         torch.testing.assert_close(
             hook(block.attn, "attention_logits")(x).double(), kernel_scores(block, x, monkeypatch), rtol=1e-5, atol=1e-5
         )
-        block.attn.scale = None
+        block.attn.score_scale = None
         monkeypatch.setattr(logits, "scaled", lambda s, d, scale: s / d)  # planted: 1/d for the kernel's 1/sqrt(d)
         with pytest.raises(AssertionError):
             torch.testing.assert_close(hook(block.attn, "attention_logits")(x).double(), want, rtol=1e-5, atol=1e-5)

@@ -16,9 +16,11 @@ from typing import Any
 import torch
 
 from zoo.assembly.compose import resolve_composed
+from zoo.assembly.mup import MuP
 from zoo.assembly.spec import BlockSpec
 from zoo.core.errors import ConfigError
 from zoo.lab.branch import Branch, check_branch
+from zoo.lab.param import check_param
 from zoo.lab.recipe import Recipe, check_recipe
 from zoo.lab.scale import ProcessMesh
 from zoo.lab.tasks import Task
@@ -36,7 +38,8 @@ class RunPlan:
     filled in), ``mesh`` (the process mesh, checked against the model), ``model`` (the model
     section's options), ``specs`` (one resolved block spec per layer), the task's class and options, and
     ``recipe`` (the ``optim`` and ``schedule`` sections, checked), ``branch`` (``train.branch``: the checkpoint
-    of another run this one starts from, checked against it; None for a run from step 0)."""
+    of another run this one starts from, checked against it; None for a run from step 0), ``mup``
+    (``param=mup``: every parameter's μP scaling, zoo.assembly.mup; None under ``param=standard``)."""
 
     train: TrainConfig
     device: torch.device
@@ -48,6 +51,7 @@ class RunPlan:
     task_options: dict[str, Any]
     recipe: Recipe = field(default_factory=Recipe)
     branch: Branch | None = None
+    mup: MuP | None = None
 
     def build_task(self) -> Task:
         """The task (a corpus task reads its data here)."""
@@ -94,6 +98,10 @@ def plan_run(
             train_cfg.probe_every,
             "0 under FSDP2 or tensor parallelism (probes read whole weights)",
         )
+    custom_model = task_cls.build_model is not Task.build_model
+    param = check_param(
+        raw, optimizer=recipe.optim["name"], dp_shard=mesh.dp_shard, tp=mesh.tp, custom_model=custom_model
+    )
     if mesh.sharded and train_cfg.eval_batches % mesh.dp:
         raise ConfigError(
             "train.eval_batches",
@@ -101,7 +109,7 @@ def plan_run(
             f"must be a multiple of the data-parallel ways {mesh.dp} under FSDP2 or tensor parallelism "
             "(every rank runs as many forwards)",
         )
-    return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts, recipe, branch)
+    return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts, recipe, branch, param)
 
 
 def check_positions_fit(specs: Sequence[BlockSpec], seq_len: int | None) -> None:

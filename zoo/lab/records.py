@@ -29,6 +29,8 @@ RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints", "activatio
 NEUTRAL_TRAIN_KEYS: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}}
 #: Sections added likewise, left out when they equal the default (zoo.lab.recipe.is_default).
 RECIPE_KEYS = ("optim", "schedule")
+#: ``param`` (zoo.lab.param), left out likewise at ``param=standard``.
+PARAM_KEY = "param"
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -143,13 +145,16 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def semantic_config(config: dict[str, Any]) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
-    at their neutral values (:data:`NEUTRAL_TRAIN_KEYS`, the default recipe)."""
+    at their neutral values (:data:`NEUTRAL_TRAIN_KEYS`, the default recipe, ``param=standard``)."""
+    from zoo.lab import param
     from zoo.lab.recipe import is_default
 
     semantic = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
     for key in RECIPE_KEYS:
         if key in semantic and is_default(key, semantic[key]):
             del semantic[key]
+    if PARAM_KEY in semantic and param.is_default(semantic[PARAM_KEY]):
+        del semantic[PARAM_KEY]
     if isinstance(semantic.get("train"), dict):
         semantic["train"] = {
             k: v

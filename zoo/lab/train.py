@@ -44,6 +44,7 @@ from zoo.lab.argv import exit_on_bad_overrides
 from zoo.lab.branch import load_branch, source_metrics
 from zoo.lab.exit_status import exit_if_a_run_failed
 from zoo.lab.lock import RunLock, holder
+from zoo.lab.param import parametrize
 from zoo.lab.plan import RunPlan, plan_run
 from zoo.lab.records import (
     METRICS,
@@ -273,7 +274,7 @@ def train(
     task = build_task(plan)
     seed = raw.get("seed", 0)
     torch.manual_seed(seed)  # the same initial model on every rank
-    model = task.build_model(raw, plan.specs)
+    model = parametrize(task.build_model(raw, plan.specs), plan.mup)  # param=mup: zoo.lab.param
     torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
     train_cfg = describe(summary, plan, task, model, world)
     summary.update(device=str(device), threads=threads, world_size=world)

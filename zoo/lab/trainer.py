@@ -43,7 +43,7 @@ SAVE = ("final", "none")
 #: ``encoder`` an encoder-decoder's encoder section (read by the model builder of a task that trains one).
 RUN_KEYS = {
     "block", "model", "encoder", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report",
-    "compile", "tune", "parallel", "optim", "schedule",
+    "compile", "tune", "parallel", "optim", "schedule", "param",
 }  # fmt: skip
 #: ``train`` keys that must be >= 0 (0: off, where it turns something off).
 NON_NEGATIVE = ("warmup_steps", "eval_every", "weight_decay", "grad_clip", "checkpoint_every", "z_loss", "probe_every")

@@ -81,6 +81,8 @@ class TokenModel(nn.Module):
 
     embed: nn.Embedding
     head: nn.Linear | None
+    #: The logits' multiplier (μP: base width / width, zoo.assembly.mup); None: none.
+    logit_scale: float | None = None
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -112,8 +114,10 @@ class TokenModel(nn.Module):
         weight = self.embed.weight if self.head is None else self.head.weight
         if isinstance(weight, DTensor):
             h = DTensor.from_local(h, weight.device_mesh, [Replicate()], run_check=False)
-            return F.linear(h, weight).full_tensor()
-        return F.linear(h, weight)
+            logits = F.linear(h, weight).full_tensor()
+        else:
+            logits = F.linear(h, weight)
+        return logits if self.logit_scale is None else logits * self.logit_scale
 
     def training_flops(self, seq_len: int, attention_layers: int) -> int:
         """Training FLOPs (forward + backward) per token at context ``seq_len``.

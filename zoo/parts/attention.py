@@ -194,6 +194,9 @@ class Attention(nn.Module):
         self.n_heads = dims.n_heads
         self.n_kv_heads = dims.n_heads if n_kv_heads is None else n_kv_heads
         self.d_head = dims.d_head
+        #: The softmax's score multiplier, read by forward and attention_logits alike; None: 1 / sqrt(d_head)
+        #: (μP sets sqrt(d_head_base) / d_head).
+        self.score_scale: float | None = None
         self.causal = dims.causal
         self.dropout = dims.dropout
         self.backend = backend
@@ -202,8 +205,6 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dims.d_model, width, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
         self.window, self.softcap = window, softcap
-        #: The kernel's score multiplier (None: 1 / sqrt(d_head)); forward and attention_logits both read it.
-        self.scale: float | None = None
         self.q_norm = self.k_norm = None
         if qk_norm != "none":  # per head: a norm over d_head features, sharing the block norm's options (eps)
             self.q_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
@@ -240,7 +241,7 @@ class Attention(nn.Module):
         slots = torch.arange(x.shape[1], device=x.device)
         q, k, _ = self.project(x, slots)
         bias = self.position.score_bias(slots, slots)
-        return masked_logits(q, k, scale=self.scale, causal=self.causal, bias=bias, window=self.window,
+        return masked_logits(q, k, scale=self.score_scale, causal=self.causal, bias=bias, window=self.window,
                              softcap=self.softcap)  # fmt: skip
 
     def forward(
@@ -282,7 +283,7 @@ class Attention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             window=self.window,
             softcap=self.softcap,
-            scale=self.scale,
+            scale=self.score_scale,
         )
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
 

@@ -31,6 +31,8 @@ class CrossAttention(nn.Module):
         self.n_heads = dims.n_heads
         self.n_kv_heads = dims.n_heads if n_kv_heads is None else n_kv_heads
         self.d_head = dims.d_head
+        #: The softmax's score multiplier; None: 1 / sqrt(d_head) (μP sets sqrt(d_head_base) / d_head).
+        self.score_scale: float | None = None
         self.dropout = dims.dropout
         self.backend = backend
         self.q = nn.Linear(dims.d_model, self.n_heads * self.d_head, bias=dims.bias)
@@ -75,5 +77,5 @@ class CrossAttention(nn.Module):
         if memory_mask is not None:
             mask = additive(rearrange(memory_mask.bool(), "b s -> b 1 1 s"), None, q.dtype)
         dropout = self.dropout if self.training else 0.0
-        y = attend(q, k, v, mask, is_causal=False, backend=self.backend, dropout=dropout)
+        y = attend(q, k, v, mask, is_causal=False, backend=self.backend, dropout=dropout, scale=self.score_scale)
         return self.out(rearrange(y, "b h t d -> b t (h d)"))

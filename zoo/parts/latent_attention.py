@@ -136,12 +136,11 @@ class LatentAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.n_heads, self.d_head = dims.n_heads, dims.d_head
+        #: The softmax's score multiplier; None: 1 / sqrt(2 d_head) (μP sets sqrt(2 d_head_base) / (2 d_head)).
+        self.score_scale: float | None = None
         self.kv_rank = 4 * self.d_head if kv_rank is None else kv_rank
         self.causal, self.dropout, self.backend = dims.causal, dims.dropout, backend
         self.position = position
-        #: The kernel's score multiplier (None: 1 / sqrt(2 d_head), the query's width); forward and
-        #: attention_logits both read it.
-        self.scale: float | None = None
         heads = self.n_heads * 2 * self.d_head  # per head: two d_head halves (content, position / key, value)
         self.kv_down = nn.Linear(dims.d_model, self.kv_rank + self.d_head, bias=dims.bias)
         self.kv_norm = build_norm(latent_norm, dims, width=self.kv_rank)
@@ -202,7 +201,7 @@ class LatentAttention(nn.Module):
         q, latent, rope_key = self.project(x, slots)
         k, _ = self.keys_values(latent, rope_key)
         bias = self.position.score_bias(slots, slots)
-        return masked_logits(q, k, scale=self.scale, causal=self.causal, bias=bias)
+        return masked_logits(q, k, scale=self.score_scale, causal=self.causal, bias=bias)
 
     def forward(
         self,
@@ -237,6 +236,6 @@ class LatentAttention(nn.Module):
             position=self.position,
             backend=self.backend,
             dropout=self.dropout if self.training else 0.0,
-            scale=self.scale,
+            scale=self.score_scale,
         )
         return self.out(rearrange(y[..., : self.d_head], "b h t d -> b t (h d)"))

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from zoo.assembly.mup import lr_ratios
 from zoo.core.errors import ConfigError
 from zoo.core.options import resolve_options
 from zoo.core.registry import Registry
@@ -88,8 +89,33 @@ class Recipe:
         self.schedule_entry().check(steps=train.steps, warmup_steps=train.warmup_steps)
 
     def build(self, model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
-        """The optimizer over every parameter of ``model`` at ``train.lr`` and ``train.weight_decay``."""
-        return self.optimizer_entry(train).build(model, lr=train.lr, weight_decay=train.weight_decay)
+        """The optimizer over every parameter of ``model`` at ``train.lr`` and ``train.weight_decay``;
+        under ``param=mup`` each group split by the parameters' μP rate multipliers (:func:`scaled_groups`)."""
+        optimizer = self.optimizer_entry(train).build(model, lr=train.lr, weight_decay=train.weight_decay)
+        ratios = lr_ratios(model, self.optim["name"])
+        return optimizer if ratios is None else scaled_groups(optimizer, ratios)
+
+
+def scaled_groups(optimizer: torch.optim.Optimizer, ratios: Mapping[int, float]) -> torch.optim.Optimizer:
+    """The same optimizer with each param group split by its parameters' rate multipliers (``ratios``:
+    id(parameter) -> multiplier): ``lr_ratio`` and ``lr`` multiplied, ``weight_decay`` divided (the decay
+    per step, rate x decay, unchanged). Groups of multiplier 1 keep their options as they were."""
+    groups = []
+    for group in optimizer.param_groups:
+        options = {k: v for k, v in group.items() if k != "params"}
+        by_ratio: dict[float, list[nn.Parameter]] = {}
+        for p in group["params"]:
+            by_ratio.setdefault(ratios.get(id(p), 1.0), []).append(p)
+        for ratio, params in by_ratio.items():
+            scaled = dict(options) if ratio == 1.0 else {
+                **options, "lr": options["lr"] * ratio, "lr_ratio": options.get("lr_ratio", 1.0) * ratio,
+                "weight_decay": options.get("weight_decay", 0.0) / ratio,
+            }  # fmt: skip
+            groups.append({**scaled, "params": params})
+    optimizer.param_groups.clear()  # still without state: the split groups replace the built ones
+    for group in groups:
+        optimizer.add_param_group(group)
+    return optimizer
 
 
 def lr_at(schedule: Schedule, step: int, train: TrainConfig) -> float:
