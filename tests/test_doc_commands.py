@@ -6,8 +6,8 @@ except on a cluster (SLURM) or a GPU, where they are composed and validated only
 `zoo-generate` and `zoo-eval` run as written on a tiny run trained in place of the folder they
 name. `zoo-prepare` runs as written with a small folder of text standing in for `--stdlib`, and a
 `task=tokens` run's `task.path` that does not exist is such a folder, prepared (a BPE when the command
-sets `model.vocab_size`). `zoo-contract` runs on a slice of what it names, `zoo-coordcheck` at two tiny widths. `python benchmarks/...` scripts answer
-``--help``. `pip` and `pytest` lines are what `.ci/run` runs.
+sets `model.vocab_size`). `zoo-contract` runs on a slice of what it names, `zoo-coordcheck` at two tiny
+widths. `python benchmarks/...` scripts answer ``--help``. `pip` and `pytest` lines are what `.ci/run` runs.
 """
 
 from __future__ import annotations
