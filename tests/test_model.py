@@ -210,7 +210,8 @@ def test_a_sinusoidal_model_draws_its_token_embedding_at_d_model_to_the_minus_ha
     for name, value in expected.items():
         torch.testing.assert_close(dict(model.named_parameters())[name].detach(), value, rtol=0, atol=0, msg=name)
     ids = torch.randint(0, 256, (4, 16))
-    tokens = model.pos_embed(model.embed(ids), torch.zeros(16, dtype=torch.long)) - model.pos_embed.table(
-        1, torch.device("cpu"), torch.float32
-    )[0]
+    tokens = (
+        model.pos_embed(model.embed(ids), torch.zeros(16, dtype=torch.long))
+        - model.pos_embed.table(1, torch.device("cpu"), torch.float32)[0]
+    )
     assert 0.8 < tokens.std().item() < 1.2

@@ -300,6 +300,8 @@ def test_linear_attention_chunked_recurrent_and_quadratic_forms_equal_the_naive_
     expected = naive_linear(reference, x)
     for name, y in forms.items():
         torch.testing.assert_close(y, expected, rtol=0, atol=1e-10, msg=lambda m, name=name: f"{name}: {m}")
+
+
 def naive_moe(layer, x: torch.Tensor) -> torch.Tensor:
     """A mixture of experts one token at a time: its router scores, its top_k experts, their weighted
     outputs (and the shared expert's) summed. No sorting, no grouping, no batching across tokens."""
