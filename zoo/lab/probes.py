@@ -58,10 +58,37 @@ def blocks_of(model: nn.Module) -> list[Block]:
     return [m for m in model.modules() if isinstance(m, Block)]
 
 
+def shared_projection(project: Callable[..., Any]) -> Callable[..., Any]:
+    """``project`` computing once per input: a call with the tensor ``x`` of the call before it, at the same
+    positions, returns that call's result (the forward's queries and keys, for ``attention_logits``)."""
+    last: list[Any] = []  # [x, positions, result] of the latest call
+
+    def once(x: torch.Tensor, positions: torch.Tensor) -> Any:
+        if not (last and last[0] is x and last[1].shape == positions.shape and torch.equal(last[1], positions)):
+            last[:] = [x, positions, project(x, positions)]
+        return last[2]
+
+    return once
+
+
+@contextlib.contextmanager
+def shared_projections(mixers: list[nn.Module]) -> Iterator[None]:
+    """Within: each mixer with a ``project(x, positions)`` step (softmax attention, MLA) projects an input
+    once, so that its ``attention_logits`` on the forward's input reuses the forward's queries and keys."""
+    patched = [m for m in mixers if callable(getattr(m, "project", None))]
+    for mixer in patched:
+        mixer.project = shared_projection(mixer.project)  # an instance attribute over the method
+    try:
+        yield
+    finally:
+        for mixer in patched:
+            del mixer.project
+
+
 def layer_stats(block: Block, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """(max attention logit, mean attention entropy, output RMS) of one block, on the device; the first two
     None when its mixer has no logits. ``x``: the mixer's input, ``out``: the block's output."""
-    rms = out.float().square().mean().sqrt()
+    rms = torch.linalg.vector_norm(out.float()) / out.numel() ** 0.5
     scores = hook(block.attn, "attention_logits")(x)
     if scores is None:
         return None, None, rms
@@ -80,7 +107,7 @@ def forward_probe(model: nn.Module, logits_of: Callable[[nn.Module, Batch], torc
         handles.append(block.attn.register_forward_pre_hook(lambda m, a, i=i: seen.setdefault(i, []).append(a[0])))
         handles.append(block.register_forward_hook(lambda m, a, out, i=i: seen.setdefault(i, []).append(out)))
     try:
-        with eval_mode(model):
+        with eval_mode(model), shared_projections([block.attn for block in blocks]):
             logits = logits_of(model, batch).float()
             stats = [layer_stats(block, *seen[i][:2]) if i in seen else (None,) * 3 for i, block in enumerate(blocks)]
     finally:
@@ -136,28 +163,29 @@ class Probes:
     def due(self, step: int) -> bool:
         return step % self.every == 0 or step == self.steps
 
-    def sums(self, squares: torch.Tensor) -> dict[str, float | None]:
-        """Per key: the root of the sum of its parameters' ``squares`` (one value per parameter)."""
+    def sums(self, squares: torch.Tensor) -> list[Any]:
+        """Per key, in key order: the root of the sum of its parameters' ``squares`` ((params,) or
+        (params, n): n sums per key)."""
         if self.members is None or self.members.device != squares.device:  # (keys, params): 1 where a key covers one
-            self.members = torch.zeros(len(self.keys), len(self.params), device=squares.device)
+            self.members = torch.zeros(len(self.keys), len(self.params), dtype=torch.float64, device=squares.device)
             for row, index in enumerate(self.keys.values()):
                 self.members[row, index] = 1.0
-        totals = (self.members.double() @ squares.double()).tolist()  # one product, one read back
-        return {key: value**0.5 for key, value in zip(self.keys, totals, strict=True)}
+        return (self.members @ squares.double()).sqrt().tolist()  # one product, one read back
 
     @torch.no_grad()
     def snapshot(self) -> None:
         """Before the optimizer step: each key's gradient norm, and a copy of the weights."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self.grads = self.sums(squared_norms(grads))
+        self.grads = dict(zip(self.keys, self.sums(squared_norms(grads)), strict=True))
         self.before = torch._foreach_mul([p.detach() for p in self.params], 1.0)  # copies
 
     @torch.no_grad()
     def update_ratios(self) -> dict[str, float | None]:
         """Per key: the RMS of the step's update over the RMS of the weights before it (None: zero weights)."""
-        weights = self.sums(squared_norms(self.before))
-        updates = self.sums(squared_norms(torch._foreach_sub([p.detach() for p in self.params], self.before)))
-        return {key: updates[key] / weights[key] if weights[key] else None for key in self.keys}  # type: ignore[operator]
+        diffs = torch._foreach_sub([p.detach() for p in self.params], self.before)
+        squares = squared_norms(self.before + diffs).view(2, -1).T  # (params, 2): weight, update
+        pairs = zip(self.keys, self.sums(squares), strict=True)  # one fused norm, one product, one read back
+        return {key: update / weight if weight else None for key, (weight, update) in pairs}
 
     def record(self, logits_of: Callable[[nn.Module, Batch], torch.Tensor], batch: Batch) -> dict[str, Any]:
         """The probe record's values after a step that took a :meth:`snapshot`."""
