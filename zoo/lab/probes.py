@@ -93,7 +93,9 @@ def layer_stats(block: Block, x: torch.Tensor, out: torch.Tensor) -> tuple[torch
     if scores is None:
         return None, None, rms
     weights = torch.softmax(scores, dim=-1)  # over keys; blocked keys (-inf) get 0
-    entropy = torch.special.entr(weights, out=weights).sum(-1)  # (b, h, t): -sum p log p, 0 log 0 = 0
+    # (b, h, t): -sum p log p; p at least the smallest normal number in the log, so 0 log 0 = 0 (vectorized
+    # clamp, log and product: faster than the element-wise torch.special.entr)
+    entropy = weights.clamp_min(torch.finfo(weights.dtype).tiny).log_().mul_(weights).sum(-1).neg_()
     return scores.max(), entropy.mean(), rms
 
 
