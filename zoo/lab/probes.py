@@ -58,31 +58,45 @@ def blocks_of(model: nn.Module) -> list[Block]:
     return [m for m in model.modules() if isinstance(m, Block)]
 
 
-def shared_projection(project: Callable[..., Any]) -> Callable[..., Any]:
-    """``project`` computing once per input: a call with the tensor ``x`` of the call before it, at the same
-    positions, returns that call's result (the forward's queries and keys, for ``attention_logits``)."""
-    last: list[Any] = []  # [x, positions, result] of the latest call
+#: The mixers' projection steps a probe forward computes once per input: softmax attention's and MLA's
+#: ``project(x, positions)`` (queries and keys), MLA's ``keys_values(latent, rope_key)``.
+SHARED_STEPS = ("project", "keys_values")
 
-    def once(x: torch.Tensor, positions: torch.Tensor) -> Any:
-        if not (last and last[0] is x and last[1].shape == positions.shape and torch.equal(last[1], positions)):
-            last[:] = [x, positions, project(x, positions)]
-        return last[2]
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether tensors ``a`` and ``b`` are one tensor, or hold the same numbers in the same shape."""
+    if a is b:
+        return True
+    tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    return tensors and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+
+
+def computed_once(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` with the result of the call before it for the same tensor arguments (``same``)."""
+    last: list[Any] = []  # [arguments, result] of the latest call
+
+    def once(*args: torch.Tensor, **kwargs: Any) -> Any:
+        if kwargs:  # not a call the forward or attention_logits makes: computed as it is
+            return step(*args, **kwargs)
+        if not (last and len(last[0]) == len(args) and all(map(same, last[0], args))):
+            last[:] = [args, step(*args)]
+        return last[1]
 
     return once
 
 
 @contextlib.contextmanager
 def shared_projections(mixers: list[nn.Module]) -> Iterator[None]:
-    """Within: each mixer with a ``project(x, positions)`` step (softmax attention, MLA) projects an input
-    once, so that its ``attention_logits`` on the forward's input reuses the forward's queries and keys."""
-    patched = [m for m in mixers if callable(getattr(m, "project", None))]
-    for mixer in patched:
-        mixer.project = shared_projection(mixer.project)  # an instance attribute over the method
+    """Within: each mixer's :data:`SHARED_STEPS` run once per input, so that its ``attention_logits`` on the
+    forward's input reuses the forward's queries and keys (the same numbers, computed once)."""
+    patched = [(m, name) for m in mixers for name in SHARED_STEPS if callable(getattr(m, name, None))]
+    for mixer, name in patched:
+        setattr(mixer, name, computed_once(getattr(mixer, name)))  # an instance attribute over the method
     try:
         yield
     finally:
-        for mixer in patched:
-            del mixer.project
+        for mixer, name in patched:
+            delattr(mixer, name)
 
 
 def layer_stats(block: Block, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
