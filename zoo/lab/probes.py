@@ -17,8 +17,8 @@ keys of :data:`PROBE_KEYS` (besides ``kind``, ``step`` and ``tokens``):
 
 Probes run without gradients, in float32 without autocast, the model in eval mode (each module's mode
 restored after), on rank 0 only; the attention scores come from each mixer's ``attention_logits`` hook
-(zoo.core.interface). They draw no random numbers and change no weight, so a run with probes trains
-exactly as one without.
+(zoo.core.interface), which reuses the probe forward's queries and keys (:func:`shared_projections`).
+They draw no random numbers and change no weight, so a run with probes trains exactly as one without.
 """
 
 from __future__ import annotations
