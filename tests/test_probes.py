@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 import zoo.parts.attention
 from zoo.core.errors import ConfigError
 from zoo.lab import checkpoint as ckpt
+from zoo.lab import probes
 from zoo.lab import trainer as trainer_module
 from zoo.lab.plan import plan_run
 from zoo.lab.probes import PROBE_KEYS, Probes, forward_probe
@@ -109,6 +110,35 @@ def test_a_planted_bug_in_the_logit_scale_fails_the_check(probed, monkeypatch):
     wrong = forward_probe(model, build_task(cfg["task"]).logits, batch)
     with pytest.raises(AssertionError, match="attn_logit_max"):
         assert_matches(wrong, from_weights(cfg, state, batch))
+
+
+@pytest.mark.parametrize("attn", ["gqa", "mla"])
+def test_the_probe_forward_projects_each_layer_once_and_gives_what_projecting_twice_gives(attn, monkeypatch):
+    """attention_logits reuses the forward's queries and keys: one projection per layer, not two, and the
+    same record as with every step computed again (probes.SHARED_STEPS emptied)."""
+    cfg = tiny(f"attn={attn}", "pos=rotary")
+    torch.manual_seed(0)
+    model, batch, logits_of = build_model(cfg), probe_batch(cfg), build_task(cfg["task"]).logits
+    cls = type(model.blocks[0].attn)
+    calls, real = [], cls.project
+    monkeypatch.setattr(cls, "project", lambda self, *a: calls.append(self) or real(self, *a))
+    shared = forward_probe(model, logits_of, batch)
+    assert len(calls) == len(model.blocks) and "project" not in vars(model.blocks[0].attn)  # restored after
+    calls.clear()
+    monkeypatch.setattr(probes, "SHARED_STEPS", ())
+    assert forward_probe(model, logits_of, batch) == shared
+    assert len(calls) == 2 * len(model.blocks)  # the forward's and attention_logits's
+
+
+def test_a_shared_step_computes_again_for_other_numbers_only():
+    calls = []
+    step = probes.computed_once(lambda x, positions: calls.append(1) or x * 2 + positions)
+    x, slots = torch.randn(2, 3), torch.arange(3)
+    first = step(x, slots)
+    assert step(x, torch.arange(3)) is first and len(calls) == 1  # the same numbers: the result before
+    for other in ((x + 1, slots), (x, slots.flip(0)), (x[:, :2], slots[:2]), (x.double(), slots)):
+        assert torch.equal(step(*other), other[0] * 2 + other[1])  # another input: computed for it
+    assert len(calls) == 5
 
 
 def test_update_ratio_and_gradient_norms_against_sgd_by_hand():

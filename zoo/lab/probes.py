@@ -17,8 +17,8 @@ keys of :data:`PROBE_KEYS` (besides ``kind``, ``step`` and ``tokens``):
 
 Probes run without gradients, in float32 without autocast, the model in eval mode (each module's mode
 restored after), on rank 0 only; the attention scores come from each mixer's ``attention_logits`` hook
-(zoo.core.interface). They draw no random numbers and change no weight, so a run with probes trains
-exactly as one without.
+(zoo.core.interface), which reuses the probe forward's queries and keys (:func:`shared_projections`).
+They draw no random numbers and change no weight, so a run with probes trains exactly as one without.
 """
 
 from __future__ import annotations
@@ -58,15 +58,58 @@ def blocks_of(model: nn.Module) -> list[Block]:
     return [m for m in model.modules() if isinstance(m, Block)]
 
 
+#: The mixers' projection steps a probe forward computes once per input: softmax attention's and MLA's
+#: ``project(x, positions)`` (queries and keys), MLA's ``keys_values(latent, rope_key)``.
+SHARED_STEPS = ("project", "keys_values")
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether tensors ``a`` and ``b`` are one tensor, or hold the same numbers in the same shape."""
+    if a is b:
+        return True
+    tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    return tensors and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+
+
+def computed_once(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` with the result of the call before it for the same tensor arguments (``same``)."""
+    last: list[Any] = []  # [arguments, result] of the latest call
+
+    def once(*args: torch.Tensor, **kwargs: Any) -> Any:
+        if kwargs:  # not a call the forward or attention_logits makes: computed as it is
+            return step(*args, **kwargs)
+        if not (last and len(last[0]) == len(args) and all(map(same, last[0], args))):
+            last[:] = [args, step(*args)]
+        return last[1]
+
+    return once
+
+
+@contextlib.contextmanager
+def shared_projections(mixers: list[nn.Module]) -> Iterator[None]:
+    """Within: each mixer's :data:`SHARED_STEPS` run once per input, so that its ``attention_logits`` on the
+    forward's input reuses the forward's queries and keys (the same numbers, computed once)."""
+    patched = [(m, name) for m in mixers for name in SHARED_STEPS if callable(getattr(m, name, None))]
+    for mixer, name in patched:
+        setattr(mixer, name, computed_once(getattr(mixer, name)))  # an instance attribute over the method
+    try:
+        yield
+    finally:
+        for mixer, name in patched:
+            delattr(mixer, name)
+
+
 def layer_stats(block: Block, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """(max attention logit, mean attention entropy, output RMS) of one block, on the device; the first two
     None when its mixer has no logits. ``x``: the mixer's input, ``out``: the block's output."""
-    rms = out.float().square().mean().sqrt()
+    rms = torch.linalg.vector_norm(out.float()) / out.numel() ** 0.5
     scores = hook(block.attn, "attention_logits")(x)
     if scores is None:
         return None, None, rms
     weights = torch.softmax(scores, dim=-1)  # over keys; blocked keys (-inf) get 0
-    entropy = torch.special.entr(weights, out=weights).sum(-1)  # (b, h, t): -sum p log p, 0 log 0 = 0
+    # (b, h, t): -sum p log p; p at least the smallest normal number in the log, so 0 log 0 = 0 (vectorized
+    # clamp, log and product: faster than the element-wise torch.special.entr)
+    entropy = weights.clamp_min(torch.finfo(weights.dtype).tiny).log_().mul_(weights).sum(-1).neg_()
     return scores.max(), entropy.mean(), rms
 
 
@@ -80,7 +123,7 @@ def forward_probe(model: nn.Module, logits_of: Callable[[nn.Module, Batch], torc
         handles.append(block.attn.register_forward_pre_hook(lambda m, a, i=i: seen.setdefault(i, []).append(a[0])))
         handles.append(block.register_forward_hook(lambda m, a, out, i=i: seen.setdefault(i, []).append(out)))
     try:
-        with eval_mode(model):
+        with eval_mode(model), shared_projections([block.attn for block in blocks]):
             logits = logits_of(model, batch).float()
             stats = [layer_stats(block, *seen[i][:2]) if i in seen else (None,) * 3 for i, block in enumerate(blocks)]
     finally:
@@ -136,28 +179,29 @@ class Probes:
     def due(self, step: int) -> bool:
         return step % self.every == 0 or step == self.steps
 
-    def sums(self, squares: torch.Tensor) -> dict[str, float | None]:
-        """Per key: the root of the sum of its parameters' ``squares`` (one value per parameter)."""
+    def sums(self, squares: torch.Tensor) -> list[Any]:
+        """Per key, in key order: the root of the sum of its parameters' ``squares`` ((params,) or
+        (params, n): n sums per key)."""
         if self.members is None or self.members.device != squares.device:  # (keys, params): 1 where a key covers one
-            self.members = torch.zeros(len(self.keys), len(self.params), device=squares.device)
+            self.members = torch.zeros(len(self.keys), len(self.params), dtype=torch.float64, device=squares.device)
             for row, index in enumerate(self.keys.values()):
                 self.members[row, index] = 1.0
-        totals = (self.members.double() @ squares.double()).tolist()  # one product, one read back
-        return {key: value**0.5 for key, value in zip(self.keys, totals, strict=True)}
+        return (self.members @ squares.double()).sqrt().tolist()  # one product, one read back
 
     @torch.no_grad()
     def snapshot(self) -> None:
         """Before the optimizer step: each key's gradient norm, and a copy of the weights."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self.grads = self.sums(squared_norms(grads))
+        self.grads = dict(zip(self.keys, self.sums(squared_norms(grads)), strict=True))
         self.before = torch._foreach_mul([p.detach() for p in self.params], 1.0)  # copies
 
     @torch.no_grad()
     def update_ratios(self) -> dict[str, float | None]:
         """Per key: the RMS of the step's update over the RMS of the weights before it (None: zero weights)."""
-        weights = self.sums(squared_norms(self.before))
-        updates = self.sums(squared_norms(torch._foreach_sub([p.detach() for p in self.params], self.before)))
-        return {key: updates[key] / weights[key] if weights[key] else None for key in self.keys}  # type: ignore[operator]
+        diffs = torch._foreach_sub([p.detach() for p in self.params], self.before)
+        squares = squared_norms(self.before + diffs).view(2, -1).T  # (params, 2): weight, update
+        pairs = zip(self.keys, self.sums(squares), strict=True)  # one fused norm, one product, one read back
+        return {key: update / weight if weight else None for key, (weight, update) in pairs}
 
     def record(self, logits_of: Callable[[nn.Module, Batch], torch.Tensor], batch: Batch) -> dict[str, Any]:
         """The probe record's values after a step that took a :meth:`snapshot`."""

@@ -9,7 +9,7 @@ score scale changes (muP's 1 / d) is probed at that scale.
 from __future__ import annotations
 
 import torch
-from einops import repeat
+from einops import rearrange, repeat
 
 from zoo.parts.kernels import allowed_mask, scaled
 
@@ -35,11 +35,24 @@ def masked_logits(
         k = repeat(k, "b g t d -> b (g r) t d", r=q.shape[1] // k.shape[1])  # query head h reads kv head h // r
     dtype = torch.promote_types(q.dtype, torch.float32)
     # The kernel's scale on the queries (fewer numbers than the scores; the same product up to rounding).
-    scores = scaled(q.to(dtype), q.shape[-1], scale) @ k.to(dtype).transpose(-1, -2)  # (b, h, t, t), a new tensor
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
-    if bias is not None:
-        scores += bias.to(dtype)
+    q, k = scaled(q.to(dtype), q.shape[-1], scale), k.to(dtype)
     slots = torch.arange(q.shape[-2], device=q.device)
-    mask = allowed_mask(slots, slots, causal, None, window)
-    return scores if mask is None else scores.masked_fill_(~mask, float("-inf"))
+    offset = offsets(allowed_mask(slots, slots, causal, None, window), bias, dtype)
+    if softcap is not None:
+        scores = softcap * torch.tanh((q @ k.transpose(-1, -2)) / softcap)  # (b, h, t, t), a new tensor
+        return scores if offset is None else scores.add_(offset)
+    if offset is None:
+        return q @ k.transpose(-1, -2)  # (b, h, t, t)
+    if offset.shape[:-2].numel() > 1:  # a bias per head (or sample): added after the product
+        return (q @ k.transpose(-1, -2)).add_(offset)
+    # One offset for every head: added in the product (one pass over the scores, not two).
+    flat = torch.baddbmm(offset.reshape(offset.shape[-2:]), q.flatten(0, 1), k.flatten(0, 1).transpose(-1, -2))
+    return rearrange(flat, "(b h) q k -> b h q k", b=q.shape[0])  # (b h, t, t) -> (b, h, t, t)
+
+
+def offsets(allowed: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """What the raw scores get added: the score ``bias`` where ``allowed`` (a boolean mask), -inf elsewhere."""
+    if allowed is None:
+        return None if bias is None else bias.to(dtype)
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero if bias is None else bias.to(dtype), float("-inf"))
