@@ -162,6 +162,64 @@ def check_training_matches_one_process(
         )
 
 
+MUP_COMBO = {**TRAIN_COMBO, "pos": "learned"}  # a learned table too: every role but the untied readout
+
+
+def check_mup_under_ddp(width: int = 32, base_width: int = 16) -> None:
+    """param=mup under DDP (the trainer's wrapper for a world of replicas): the model is parametrized
+    before it is wrapped and its optimizer built on the inner model (as zoo.lab.trainer does), so every
+    rank ends N steps with the parameters of one process over the whole batch (float64)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from zoo.assembly import mup
+    from zoo.lab.recipe.build import Recipe
+    from zoo.lab.trainer import TrainConfig
+
+    build = lambda w: LanguageModel(resolve_block(block_config(MUP_COMBO, d_model=w, d_ff=None)), VOCAB, 2)  # noqa: E731
+    found = mup.infer(build, width, base_width)
+    torch.manual_seed(0)
+    model = build(width).double()
+    scramble(model)
+    mup.apply(model, found)
+    one = copy.deepcopy(model)
+    ids = torch.randint(0, VOCAB, (2 * dist.get_world_size(), 9), generator=torch.Generator().manual_seed(4))
+    cfg = TrainConfig(lr=1e-2, grad_clip=0.5)
+    losses: dict[str, list[float]] = {}
+    for label, inner, forward, batch in (
+        ("one", one, one, ids),
+        ("ddp", model, DistributedDataParallel(model), ids.chunk(dist.get_world_size())[dist.get_rank()]),
+    ):
+        optimizer = Recipe().build(inner, cfg)
+        assert len({g["lr"] for g in optimizer.param_groups}) > 1, "μP rates were not applied"
+        losses[label] = train_loop(inner, forward, optimizer, batch, cfg.grad_clip)
+    means = torch.tensor(losses["ddp"], dtype=torch.float64)
+    dist.all_reduce(means)
+    means /= dist.get_world_size()
+    torch.testing.assert_close(means, torch.tensor(losses["one"], dtype=torch.float64), rtol=1e-10, atol=1e-10)
+    want = dict(one.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(
+            p.detach(), want[name].detach(), rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    assert model.logit_scale == base_width / width and "head.weight" not in want  # tied head: logits scaled
+
+
+def train_loop(
+    model: torch.nn.Module, forward: torch.nn.Module, optimizer: Any, ids: torch.Tensor, clip: float
+) -> list[float]:
+    """:func:`train_steps` with its optimizer given and the forward through ``forward`` (a wrapper)."""
+    losses = []
+    for _ in range(STEPS):
+        logits = forward(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), clip, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
 def check_generation_under_tp(tp: int) -> None:
     """Cached greedy generation with the model split over ``tp`` ranks (no sequence parallelism: each
     rank holds its heads' cache) gives the one-process tokens."""
@@ -230,6 +288,7 @@ def check_dcp_load(folder: str, tp: int = 1) -> None:
 
 CHECKS.update(
     train=check_training_matches_one_process,
+    mup_ddp=check_mup_under_ddp,
     generate=check_generation_under_tp,
     dcp_save=check_dcp_save,
     dcp_load=check_dcp_load,

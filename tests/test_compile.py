@@ -78,3 +78,24 @@ def test_compile_true_trains_as_eager(tmp_path):
     losses = [[r["loss"] for r in read_metrics(tmp_path / d) if r["kind"] == "train"] for d in ("eager", "compiled")]
     assert len(losses[0]) == 3
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_compile_true_under_mup_trains_as_eager(tmp_path):
+    """param=mup away from its base width (every multiplier != 1: init, rates, logit and score scales)
+    compiles to the eager run's losses and final numbers."""
+    from helpers import tiny
+
+    from zoo.lab.records import read_metrics
+    from zoo.lab.train import run
+
+    overrides = ["param=mup", "param.base_width=16", "train.steps=3", "train.log_every=1", "train.eval_every=0"]
+    eager = run(tiny(*overrides), tmp_path / "eager")
+    compiled = run(tiny(*overrides, "compile=true"), tmp_path / "compiled")
+    assert eager["status"] == compiled["status"] == "ok", compiled["error"]
+    losses = [[r["loss"] for r in read_metrics(tmp_path / d) if r["kind"] == "train"] for d in ("eager", "compiled")]
+    assert len(losses[0]) == 3 and losses[0][0] != losses[0][-1]  # it trained
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    standard = run(tiny(*overrides[2:]), tmp_path / "standard")
+    first = [r["loss"] for r in read_metrics(tmp_path / "standard") if r["kind"] == "train"]
+    assert standard["status"] == "ok" and first[0] != pytest.approx(losses[0][0], rel=1e-6)  # μP was applied
