@@ -31,13 +31,13 @@ import torch.nn.functional as F
 from einops import repeat
 from omegaconf import OmegaConf
 
+from zoo.assembly.combinations import covering_combinations, node
 from zoo.assembly.compose import compose_with_choices
 from zoo.core.errors import ConfigError
 from zoo.lab.param import parametrize
 from zoo.lab.plan import plan_run
 from zoo.lab.tasks.base import IGNORE
 from zoo.parts import kernels
-from zoo.testing.combos import covering_combinations, node
 
 #: Slope of log mean|x| against log width above which a μP curve fails (printed with the verdict).
 TOLERANCE = 0.25

@@ -1,0 +1,115 @@
+"""Combinations of registered parts, generated from the registry when asked (so a part registered today,
+built in or from a plugin, is in them at once): every combination of part names, every option variant
+paired with every other axis' choices, and a small pairwise covering set. The contract suite
+(:mod:`zoo.testing.combos`) builds its grid from them, and ``zoo-coordcheck --covering`` its rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from zoo.core.options import option_types
+from zoo.core.registry import AXES
+
+
+def variants(axis: str) -> dict[str, dict[str, Any]]:
+    """Every variant declared by a part of ``axis``: its name and options."""
+    return {name: options for part in AXES[axis].parts() for name, options in part.variants.items()}
+
+
+def choices(axis: str, with_variants: bool = True) -> list[str]:
+    """Every part name of ``axis``, then ``name+variant`` for each variant the part takes."""
+    names = AXES[axis].names()
+    if not with_variants:
+        return names
+    taken = [
+        f"{name}+{variant}"
+        for variant, options in variants(axis).items()
+        for name in names
+        if set(options) <= set(option_types(AXES[axis].get(name).cls))
+    ]
+    return names + taken
+
+
+def combo_id(combo: dict[str, str]) -> str:
+    """``pre-rmsnorm-gqa-rotary-swiglu``: the labels in axis order."""
+    return "-".join(combo.values())
+
+
+def combinations() -> list[dict[str, str]]:
+    """The product of part names, then each variant choice paired with every choice of each other axis."""
+    combos = [dict(zip(AXES, names, strict=True)) for names in itertools.product(*(AXES[a].names() for a in AXES))]
+    seen = {combo_id(c) for c in combos}
+    base = {axis: AXES[axis].names()[0] for axis in AXES}
+    for axis in AXES:
+        for variant in choices(axis)[len(AXES[axis].names()) :]:
+            pairs = [{}] + [{other: label} for other in AXES if other != axis for label in choices(other)]
+            for pair in pairs:
+                combo = {**base, axis: variant, **pair}
+                if combo_id(combo) not in seen:
+                    seen.add(combo_id(combo))
+                    combos.append(combo)
+    return combos
+
+
+def pairwise_combinations() -> list[dict[str, str]]:
+    """Every choice of each axis paired with every choice of every other axis (the rest at their first part).
+
+    For properties of the model around the block (padding in generation, cross-attention, encoder
+    blocks), where the full product would cost minutes and a pair of parts is what can interact.
+    """
+    base = {axis: AXES[axis].names()[0] for axis in AXES}
+    combos: dict[str, dict[str, str]] = {}
+    for first, second in itertools.combinations(AXES, 2):
+        for a, b in itertools.product(choices(first), choices(second)):
+            combo = {**base, first: a, second: b}
+            combos.setdefault(combo_id(combo), combo)
+    return list(combos.values())
+
+
+def covering_combinations(fixed: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """A small pairwise covering set: every pair of part names of two axes appears in some combination
+    (greedy covering array, deterministic), then each option variant once, swapped into a row.
+
+    For costly properties (compiling, several processes) where :func:`pairwise_combinations`' one row
+    per pair would take minutes; any two parts that could interact still meet once. ``fixed``
+    (``{"norm": "dyt"}``) holds an axis at one label: every pair of the other axes' parts then meets
+    that part, and only its own variants are swapped in (none when the label is a variant).
+    """
+    fixed = fixed or {}
+    names = {axis: [fixed[axis]] if axis in fixed else AXES[axis].names() for axis in AXES}
+    axes = list(AXES)
+    uncovered = {(a, x, b, y) for a, b in itertools.combinations(axes, 2) for x in names[a] for y in names[b]}
+    rows: list[dict[str, str]] = []
+    while uncovered:
+        first = min(uncovered)  # seed the row with an uncovered pair, then fill axes greedily
+        row = {first[0]: first[1], first[2]: first[3]}
+        for axis in axes:
+            if axis in row:
+                continue
+            gain = {
+                value: sum((a, row[a], axis, value) in uncovered if axes.index(a) < axes.index(axis)
+                           else (axis, value, a, row[a]) in uncovered for a in row)
+                for value in names[axis]
+            }  # fmt: skip
+            row[axis] = max(names[axis], key=lambda value: gain[value])
+        row = {axis: row[axis] for axis in axes}
+        uncovered -= {(a, row[a], b, row[b]) for a, b in itertools.combinations(axes, 2)}
+        rows.append(row)
+    for axis in axes:
+        variant_labels = choices(axis)[len(AXES[axis].names()) :]
+        if axis in fixed:
+            variant_labels = [label for label in variant_labels if label.partition("+")[0] == fixed[axis]]
+        labels = {label.partition("+")[2]: label for label in reversed(variant_labels)}
+        for i, label in enumerate(labels.values()):  # each variant on the first part that takes it
+            base = label.partition("+")[0]
+            row = next(r for r in rows[i:] + rows[:i] if r[axis] == base)
+            rows.append({**row, axis: label})
+    return rows
+
+
+def node(axis: str, label: str) -> dict[str, Any]:
+    """The config node of ``name`` or ``name+variant``."""
+    name, _, variant = label.partition("+")
+    return {"name": name, **(variants(axis)[variant] if variant else {})}
