@@ -18,26 +18,24 @@ and output logits start near zero at large width and grow to a width-independent
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from einops import repeat
 from omegaconf import OmegaConf
 
 from zoo.assembly.combinations import covering_combinations, node
 from zoo.assembly.compose import compose_with_choices
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 from zoo.lab.param import parametrize
 from zoo.lab.plan import plan_run
 from zoo.lab.tasks.base import IGNORE
-from zoo.parts import kernels
 
 #: Slope of log mean|x| against log width above which a μP curve fails (printed with the verdict).
 TOLERANCE = 0.25
@@ -46,23 +44,12 @@ PARAMS = ("standard", "mup")
 Row = tuple[str, int, int, str, float]  # param, width, step, quantity, mean |x|
 
 
-@contextlib.contextmanager
-def attention_probe(record: list[float]) -> Iterator[None]:
-    """Within the block, every softmax attention's mean |scores| (scale applied) is appended to ``record``."""
-    attend = kernels.attend
-
-    def probed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, **kw) -> torch.Tensor:
-        with torch.no_grad():
-            keys = repeat(k, "b g t d -> b (g r) t d", r=q.shape[1] // k.shape[1])  # query head h reads kv head h // r
-            scale = kw.get("scale") or 1 / math.sqrt(q.shape[-1])
-            record.append((torch.einsum("bhqd,bhkd->bhqk", q.float(), keys.float()) * scale).abs().mean().item())
-        return attend(q, k, v, mask, **kw)
-
-    kernels.attend = probed
-    try:
-        yield
-    finally:
-        kernels.attend = attend
+def attention_scale(attn: torch.nn.Module, x: torch.Tensor) -> float | None:
+    """Mean |score| over the keys each query may see: the mixer's pre-softmax scores of its input ``x``
+    (the ``attention_logits`` hook, its own score scale applied); None for a mixer without logits."""
+    with torch.no_grad():
+        scores = hook(attn, "attention_logits")(x)
+    return None if scores is None else scores[torch.isfinite(scores)].abs().float().mean().item()
 
 
 def config(overrides: Sequence[str], param: str, width: int, base: int) -> tuple[dict, dict]:
@@ -95,19 +82,25 @@ def measure(overrides: Sequence[str], param: str, width: int, base: int, steps: 
         hooks.append(
             block.register_forward_hook(lambda m, i_, out, i=i: values.__setitem__(f"block.{i}", mean_abs(out)))
         )
+    scores: dict[str, float | None] = {}
+    for i, block in enumerate(model.blocks):
+        hooks.append(
+            block.attn.register_forward_pre_hook(
+                lambda m, args, i=i: scores.__setitem__(f"attn_logits.{i}", attention_scale(m, args[0]))
+            )
+        )
     generator, rows = torch.Generator().manual_seed(raw.get("seed", 0)), []
     for step in range(steps):
-        batch, scores = task.train_batch(plan.train.batch_size, generator), []
-        with attention_probe(scores):
-            logits = task.logits(model, batch)
-        values.update({f"attn_logits.{i}": s for i, s in enumerate(scores)}, output_logits=mean_abs(logits))
+        batch = task.train_batch(plan.train.batch_size, generator)
+        logits = task.logits(model, batch)
+        values.update({name: s for name, s in scores.items() if s is not None}, output_logits=mean_abs(logits))
         rows += [(param, width, step, name, value) for name, value in values.items()]
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    for hook in hooks:
-        hook.remove()
+    for handle in hooks:
+        handle.remove()
     return rows
 
 
