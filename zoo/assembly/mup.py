@@ -47,7 +47,6 @@ from typing import Literal
 import torch
 from torch import nn
 
-from zoo.parts.latent_attention import LatentAttention
 from zoo.parts.linear_attention import LinearAttention
 from zoo.parts.positions import LearnedEmbedding
 
@@ -166,16 +165,18 @@ def score_scales(model: nn.Module, base: nn.Module) -> dict[str, float | None]:
     for name, module in model.named_modules():
         if not hasattr(module, "d_head") or isinstance(module, NO_SCORES) or not name:
             continue
-        if not hasattr(module, "score_scale"):
-            raise ValueError(f"{name} ({type(module).__name__}) has heads but no score_scale attribute for μP")
+        if not hasattr(module, "score_scale") or not hasattr(module, "score_features"):
+            raise ValueError(
+                f"{name} ({type(module).__name__}) has heads but no score_scale and score_features attributes for μP"
+            )
         features, then = score_features(module), score_features(bases[name])
         scales[name] = None if features == then else math.sqrt(then) / features
     return scales
 
 
 def score_features(module: nn.Module) -> int:
-    """The features one query head scores with: d_head, or MLA's content and position halves."""
-    return 2 * module.d_head if isinstance(module, LatentAttention) else module.d_head
+    """The features one query head scores with (the part's ``score_features``: d_head, MLA's 2 d_head)."""
+    return module.score_features
 
 
 def apply(model: nn.Module, mup: MuP) -> None:

@@ -197,6 +197,7 @@ class Attention(nn.Module):
         #: The softmax's score multiplier, read by forward and attention_logits alike; None: 1 / sqrt(d_head)
         #: (μP sets sqrt(d_head_base) / d_head).
         self.score_scale: float | None = None
+        self.score_features = self.d_head  # what q . k sums over (μP scales by it)
         self.causal = dims.causal
         self.dropout = dims.dropout
         self.backend = backend

@@ -33,6 +33,7 @@ class CrossAttention(nn.Module):
         self.d_head = dims.d_head
         #: The softmax's score multiplier; None: 1 / sqrt(d_head) (μP sets sqrt(d_head_base) / d_head).
         self.score_scale: float | None = None
+        self.score_features = self.d_head  # what q . k sums over (μP scales by it)
         self.dropout = dims.dropout
         self.backend = backend
         self.q = nn.Linear(dims.d_model, self.n_heads * self.d_head, bias=dims.bias)

@@ -138,6 +138,7 @@ class LatentAttention(nn.Module):
         self.n_heads, self.d_head = dims.n_heads, dims.d_head
         #: The softmax's score multiplier; None: 1 / sqrt(2 d_head) (μP sets sqrt(2 d_head_base) / (2 d_head)).
         self.score_scale: float | None = None
+        self.score_features = 2 * self.d_head  # q . k sums over a content and a position half (μP scales by it)
         self.kv_rank = 4 * self.d_head if kv_rank is None else kv_rank
         self.causal, self.dropout, self.backend = dims.causal, dims.dropout, backend
         self.position = position
