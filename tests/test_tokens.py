@@ -305,3 +305,36 @@ def test_stdlib_reads_the_standard_librarys_python_sources(tmp_path, monkeypatch
     assert split_text(tmp_path / "out", "train") + split_text(tmp_path / "out", "val") == "import os\n" * 50
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "none")])  # neither INPUT nor --stdlib
+
+
+def test_shards_hold_at_most_shard_tokens_and_read_back_as_one_split(tmp_path):
+    out = tmp_path / "out"
+    meta = prepare([str(corpus(tmp_path / "in"))], out, shard_tokens=500, progress=False)
+    train = meta["splits"]["train"]
+    assert len(train["files"]) == -(-train["tokens"] // 500) > 2
+    assert train["files"][:2] == ["train_000.bin", "train_001.bin"] and sum(train["shard_tokens"]) == train["tokens"]
+    assert all(n == 500 for n in train["shard_tokens"][:-1]) and 0 < train["shard_tokens"][-1] <= 500
+    assert split_text(out, "train") + split_text(out, "val") == TEXT
+    assert sum(len(s) for s in task(out).train) == train["tokens"]  # every shard, memory-mapped
+    assert main([str(tmp_path / "in"), "--out", str(out), "--shard-tokens", "100000", "--workers", "1"]) == 0
+    assert sorted(p.name for p in out.glob("*.bin")) == ["train_000.bin", "val_000.bin"]  # the old shards went
+    assert split_text(out, "train") + split_text(out, "val") == TEXT
+    with pytest.raises(ConfigError, match=r"--shard-tokens=0: a positive number of tokens"):
+        prepare([str(tmp_path / "in")], out, shard_tokens=0, progress=False)
+
+
+def test_a_bpe_trains_on_a_sample_spread_through_a_large_input(tmp_path):
+    from zoo.lab.prepare import training_sample
+
+    docs = [f"doc{i} " * 10 for i in range(100)]
+    assert training_sample(docs, 0) == docs and training_sample(docs, 10**6) == docs
+    sample = training_sample(docs, sum(map(len, docs)) // 10)
+    assert sample == docs[::10]  # every tenth: from the start to the end of the input
+    src = corpus(tmp_path / "in")
+    small = prepare([str(src)], tmp_path / "small", tokenizer="bpe", vocab_size=300, train_chars=300, progress=False)
+    whole = prepare([str(src)], tmp_path / "whole", tokenizer="bpe", vocab_size=300, train_chars=0, progress=False)
+    assert small["tokenizer"]["train_chars"] == 300 and whole["tokenizer"]["train_chars"] == 0
+    assert small["splits"]["train"]["tokens"] > whole["splits"]["train"]["tokens"]  # a worse fit, still exact:
+    assert split_text(tmp_path / "small", "train") + split_text(tmp_path / "small", "val") == TEXT
+    with pytest.raises(ConfigError, match=r"--train-chars=-1: a number of characters"):
+        prepare([str(src)], tmp_path / "x", tokenizer="bpe", train_chars=-1, progress=False)

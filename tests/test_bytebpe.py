@@ -1,0 +1,96 @@
+"""The fast byte-level BPE encoder gives the tokenizers library's ids, on every kind of text."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
+
+from zoo.lab import bytebpe
+from zoo.lab.bytebpe import ByteBPEEncoder, fast_encoder
+from zoo.lab.prepare import LibraryEncoder, encode_all, encoder_of, load_tokenizer
+
+# Whitespace of every kind (ASCII, the separators \x1c-\x1f that Python calls space and Unicode
+# does not, no-break and ideographic spaces), contractions, digits, scripts, emoji, combining marks.
+ALPHABET = [*" \t\n\r\v\f", "  ", "\n    ", "\x1c", "\x1f", "\xa0", "\u3000", "\u2028", "\x85", *"aZq'srvemld",
+            "'s", "'ll", "'re", *"0123456789", "²", "Ⅻ", *"()[]{}.,:;=+-*/#\"_!?", "é", "ß", "漢字", "🦒", "\u0301",
+            "\u0915\u093c", "\x00", "\x7f"]  # fmt: skip
+CODE = "def f(x):\n    return x * 2  # it's 2\n\nclass A:\n    pass\n" * 20
+
+
+def random_text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    rng = random.Random(0)
+    docs = [CODE, *(random_text(rng, 300) for _ in range(300))]
+    return load_tokenizer("bpe", 3000, docs)  # merges across the alphabet's items: a wrong split shows
+
+
+def library_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_the_ids_are_the_librarys_on_random_text_of_every_kind(tokenizer):
+    rng = random.Random(1)
+    encoder = fast_encoder(tokenizer)
+    assert encoder is not None
+    for _ in range(150):
+        text = random_text(rng, rng.randrange(1, 200))
+        assert encoder.encode(text) == library_ids(tokenizer, text), repr(text)
+
+
+def test_documents_are_encoded_apart_and_the_caches_change_nothing(tokenizer):
+    rng = random.Random(2)
+    docs = [random_text(rng, 300) for _ in range(30)] + [CODE]
+    expected = [i for doc in docs for i in library_ids(tokenizer, doc)]
+    warm = ByteBPEEncoder(tokenizer)
+    halves = [warm.encode_all(docs[:15]), warm.encode_all(docs[15:]), warm.encode_all(docs)]
+    assert np.concatenate(halves[:2]).tolist() == expected  # the second call starts from full caches
+    assert halves[2].tolist() == expected
+    assert ByteBPEEncoder(tokenizer).encode_all(docs).tolist() == expected
+    assert ByteBPEEncoder(tokenizer).encode_all([]).tolist() == []
+
+
+def test_splitting_at_pythons_whitespace_instead_of_unicodes_would_change_the_ids(tokenizer, monkeypatch):
+    text = "x\x1c  y!\x1f\n"  # \x1c and \x1f are whitespace to Python's \s, not to the library
+    assert fast_encoder(tokenizer).encode(text) == library_ids(tokenizer, text)
+    monkeypatch.setattr(bytebpe, "STRETCH", re.compile(r"\s*\S+|\s+"))
+    assert fast_encoder(tokenizer).encode(text) != library_ids(tokenizer, text)
+
+
+def test_tokenizers_it_does_not_cover_are_left_to_the_library(tokenizer):
+    assert isinstance(encoder_of(tokenizer), ByteBPEEncoder)
+    assert isinstance(encoder_of(None), LibraryEncoder)  # bytes
+    variants = []
+    for change in ("normalizer", "added", "pre_tokenizer", "prefix"):
+        other = Tokenizer.from_str(tokenizer.to_str())
+        if change == "normalizer":
+            other.normalizer = normalizers.Lowercase()
+        elif change == "added":
+            other.add_tokens(["<|end|>"])
+        elif change == "pre_tokenizer":
+            other.pre_tokenizer = pre_tokenizers.Whitespace()
+        else:
+            other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        variants.append(other)
+        assert fast_encoder(other) is None, change
+    text = "Hello World<|end|> it's  Done\n"
+    for other in variants:
+        assert encode_all(other, [text, text], workers=1).tolist() == library_ids(other, text) * 2
+
+
+def test_workers_give_the_same_ids_as_one_process(tokenizer):
+    rng = random.Random(3)
+    docs = [random_text(rng, 200) for _ in range(12)] + [CODE] * 3
+    one = encode_all(tokenizer, docs, workers=1, dtype="uint16")
+    assert one.dtype == np.uint16
+    assert encode_all(tokenizer, docs, workers=2, dtype="uint16").tolist() == one.tolist()
+    assert one.tolist() == [i for doc in docs for i in library_ids(tokenizer, doc)]
