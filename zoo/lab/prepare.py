@@ -347,6 +347,15 @@ def encode_all(
     return np.concatenate(parts)
 
 
+def write_shards(out: Path, split: str, ids: np.ndarray, shard_tokens: int) -> dict[str, Any]:
+    """Write ``ids`` as ``{split}_000.bin``, ... of at most ``shard_tokens`` each; meta.json's entry."""
+    shards = [ids[i : i + shard_tokens] for i in range(0, max(len(ids), 1), shard_tokens)]
+    names = [f"{split}_{i:03d}.bin" for i in range(len(shards))]
+    for name, shard in zip(names, shards, strict=True):
+        write_atomic(out / name, shard.tobytes())
+    return {"files": names, "shard_tokens": [len(shard) for shard in shards], "tokens": len(ids)}
+
+
 def prepare(
     inputs: Sequence[str],
     out: str | Path,
@@ -400,13 +409,8 @@ def prepare(
         (out / TOKENIZER_FILE).unlink(missing_ok=True)  # a previous run's, not these tokens'
     for split, part in zip(("train", "val"), split_docs(docs, val_fraction), strict=True):
         ids = encode_all(tok, part, workers, dtype, progress=progress, desc=f"tokenizing {split}")
-        shards = [ids[i : i + shard_tokens] for i in range(0, max(len(ids), 1), shard_tokens)]
-        names = [f"{split}_{i:03d}.bin" for i in range(len(shards))]
-        for name, shard in zip(names, shards, strict=True):
-            write_atomic(out / name, shard.tobytes())
-        nbytes = sum(len(d.encode()) for d in part)
-        counts = [len(shard) for shard in shards]
-        meta["splits"][split] = {"files": names, "shard_tokens": counts, "tokens": len(ids), "bytes": nbytes}
+        meta["splits"][split] = write_shards(out, split, ids, shard_tokens)
+        meta["splits"][split]["bytes"] = sum(len(d.encode()) for d in part)
     write_json_atomic(out / META, meta)  # the folder is complete once meta.json names it
     ours = {p for split in ("train", "val") for p in out.glob(f"{split}_[0-9][0-9][0-9]*.bin")}
     for stale in ours - {out / f for s in meta["splits"].values() for f in s["files"]}:
