@@ -316,8 +316,10 @@ def test_shards_hold_at_most_shard_tokens_and_read_back_as_one_split(tmp_path):
     assert all(n == 500 for n in train["shard_tokens"][:-1]) and 0 < train["shard_tokens"][-1] <= 500
     assert split_text(out, "train") + split_text(out, "val") == TEXT
     assert sum(len(s) for s in task(out).train) == train["tokens"]  # every shard, memory-mapped
+    (out / "train_001_mine.bin").write_bytes(b"not a shard")  # a file of the user's beside them
     assert main([str(tmp_path / "in"), "--out", str(out), "--shard-tokens", "100000", "--workers", "1"]) == 0
-    assert sorted(p.name for p in out.glob("*.bin")) == ["train_000.bin", "val_000.bin"]  # the old shards went
+    names = sorted(p.name for p in out.glob("*.bin"))
+    assert names == ["train_000.bin", "train_001_mine.bin", "val_000.bin"]  # the old shards went, not the user's
     assert split_text(out, "train") + split_text(out, "val") == TEXT
     with pytest.raises(ConfigError, match=r"--shard-tokens=0: a positive number of tokens"):
         prepare([str(tmp_path / "in")], out, shard_tokens=0, progress=False)

@@ -9,6 +9,7 @@ import importlib
 import json
 import multiprocessing
 import os
+import re
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -20,6 +21,7 @@ from tqdm import tqdm
 
 from zoo.core.errors import ConfigError
 from zoo.lab.bytebpe import fast_encoder
+from zoo.lab.cores import usable_cores
 from zoo.lab.records import write_atomic, write_json_atomic
 from zoo.lab.tasks.text import stdlib_dir, walk
 from zoo.lab.tasks.tokens import FORMAT, META
@@ -30,6 +32,8 @@ TOKENIZER_FILE = "tokenizer.json"
 TRAIN_CHARS = 4_000_000
 #: Tokens per shard file (nanoGPT's and the speedrun's shards hold 100M).
 SHARD_TOKENS = 100_000_000
+#: The names :func:`write_shards` gives: ``train_000.bin``, ``val_012.bin``, ...
+SHARD_NAME = re.compile(r"(train|val)_[0-9]{3,}\.bin")
 
 
 def is_dataset_folder(path: Path) -> bool:
@@ -412,7 +416,7 @@ def prepare(
         meta["splits"][split] = write_shards(out, split, ids, shard_tokens)
         meta["splits"][split]["bytes"] = sum(len(d.encode()) for d in part)
     write_json_atomic(out / META, meta)  # the folder is complete once meta.json names it
-    ours = {p for split in ("train", "val") for p in out.glob(f"{split}_[0-9][0-9][0-9]*.bin")}
+    ours = {p for p in out.glob("*.bin") if SHARD_NAME.fullmatch(p.name)}
     for stale in ours - {out / f for s in meta["splits"].values() for f in s["files"]}:
         stale.unlink()  # a previous preparation's shards beyond this one's, named by no meta.json now
     return meta
@@ -447,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--text-field", default="text", help="the text field of .jsonl, .parquet and datasets inputs")
     parser.add_argument(
-        "--workers", type=int, default=len(os.sched_getaffinity(0)), help="processes reading and tokenizing (all cores)"
+        "--workers", type=int, default=usable_cores(), help="processes reading and tokenizing (all cores)"
     )
     parser.add_argument(
         "--train-chars",

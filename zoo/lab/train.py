@@ -42,6 +42,7 @@ from zoo.core.registry import AXES
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.argv import exit_on_bad_overrides
 from zoo.lab.branch import load_branch, source_metrics
+from zoo.lab.cores import usable_cores
 from zoo.lab.exit_status import exit_if_a_run_failed
 from zoo.lab.lock import RunLock, holder
 from zoo.lab.param import parametrize
@@ -102,7 +103,7 @@ def submitit_tasks() -> int:
 
 def default_threads(parallel_jobs: int = 1) -> int:
     """Cores this process may use, shared among the jobs running beside it on this machine."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return max(1, cores // max(1, local * parallel_jobs))
 
