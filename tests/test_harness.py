@@ -199,6 +199,20 @@ def test_lm_evals_command_line_runs_the_zoo_model(runs, tmp_path):
     assert math.isclose(float(row.split("|")[7]), hand_accuracy(runs["bytes"], "bytes"), abs_tol=5e-5), row
 
 
+def test_lm_evals_plugin_discovery_resolves_zoo_to_the_model_class():
+    """lm-eval's model plugins (releases after 0.4.13) read the ``lm_eval.models`` entry points into its
+    registry as lazy placeholders, loaded on first lookup: zoo's entry point, installed with the package."""
+    from importlib.metadata import entry_points
+
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import Registry
+
+    (point,) = [p for p in entry_points(group="lm_eval.models") if p.name == "zoo"]
+    registry = Registry("model", base_cls=LM)
+    registry.register("zoo", target=point)
+    assert registry.get("zoo") is ZooLM
+
+
 def test_a_run_without_text_is_refused(runs, tmp_path):
     shutil.copytree(runs["bpe"], tmp_path / "ids")
     summary = json.loads((tmp_path / "ids/summary.json").read_text())
