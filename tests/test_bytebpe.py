@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import re
 
 import numpy as np
 import pytest
@@ -16,9 +15,12 @@ from zoo.lab.bytebpe import ByteBPEEncoder, fast_encoder
 from zoo.lab.prepare import LibraryEncoder, encode_all, encoder_of, load_tokenizer
 
 # Whitespace of every kind (ASCII, the separators \x1c-\x1f that Python calls space and Unicode
-# does not, no-break and ideographic spaces), contractions, digits, scripts, emoji, combining marks.
-ALPHABET = [*" \t\n\r\v\f", "  ", "\n    ", "\x1c", "\x1f", "\xa0", "\u3000", "\u2028", "\x85", *"aZq'srvemld",
-            "'s", "'ll", "'re", *"0123456789", "²", "Ⅻ", *"()[]{}.,:;=+-*/#\"_!?", "é", "ß", "漢字", "🦒", "\u0301",
+# does not, no-break, ogham, en, hair, narrow, math and ideographic spaces, line and paragraph
+# separators), characters whose UTF-8 shares a whitespace's first bytes (… Å ‰ 、 ᚁ and the
+# zero-width space, which is not whitespace), contractions, digits, scripts, emoji, combining marks.
+ALPHABET = [*" \t\n\r\v\f", "  ", "\n    ", "\x1c", "\x1f", "\xa0", "\u3000", "\u2028", "\u2029", "\x85", "\u1680",
+            "\u2000", "\u200a", "\u202f", "\u205f", "…", "Å", "‰", "、", "ᚁ", "\u200b", *"aZq'srvemld", "'s", "'ll",
+            "'re", *"0123456789", "²", "Ⅻ", *"()[]{}.,:;=+-*/#\"_!?", "é", "ß", "漢字", "🦒", "\u0301",
             "\u0915\u093c", "\x00", "\x7f"]  # fmt: skip
 CODE = "def f(x):\n    return x * 2  # it's 2\n\nclass A:\n    pass\n" * 20
 
@@ -62,8 +64,28 @@ def test_documents_are_encoded_apart_and_the_caches_change_nothing(tokenizer):
 def test_splitting_at_pythons_whitespace_instead_of_unicodes_would_change_the_ids(tokenizer, monkeypatch):
     text = "x\x1c  y!\x1f\n"  # \x1c and \x1f are whitespace to Python's \s, not to the library
     assert fast_encoder(tokenizer).encode(text) == library_ids(tokenizer, text)
-    monkeypatch.setattr(bytebpe, "STRETCH", re.compile(r"\s*\S+|\s+"))
+    classes = bytebpe.BYTE_CLASSES.copy()
+    classes[0x1C:0x20] = bytebpe.SPACE
+    monkeypatch.setattr(bytebpe, "BYTE_CLASSES", classes)
     assert fast_encoder(tokenizer).encode(text) != library_ids(tokenizer, text)
+
+
+@pytest.mark.parametrize("collide", ["everything", "same length"])
+def test_segments_whose_hashes_collide_are_told_apart_by_their_bytes(tokenizer, monkeypatch, collide):
+    rng = random.Random(4)
+    docs = [random_text(rng, 200) for _ in range(10)] + [CODE]
+    if collide == "everything":
+        monkeypatch.setattr(bytebpe, "segment_hashes", lambda text, starts, lengths: np.zeros(len(starts), np.uint64))
+    else:
+        monkeypatch.setattr(bytebpe, "segment_hashes", lambda text, starts, lengths: lengths.astype(np.uint64))
+    expected = [i for doc in docs for i in library_ids(tokenizer, doc)]
+    assert ByteBPEEncoder(tokenizer).encode_all(docs).tolist() == expected
+
+
+def test_ranges_are_each_start_counted_up_to_its_length():
+    starts, lengths = np.array([5, 0, 9, 2]), np.array([3, 0, 1, 2])
+    assert bytebpe.ranges(starts, lengths).tolist() == [5, 6, 7, 9, 2, 3]
+    assert bytebpe.ranges(starts[:0], lengths[:0]).tolist() == []
 
 
 def test_tokenizers_it_does_not_cover_are_left_to_the_library(tokenizer):

@@ -14,7 +14,7 @@ import torch
 from helpers import interrupt, tiny, without_timings
 
 from zoo.core.errors import ConfigError
-from zoo.lab.prepare import main, prepare, split_text
+from zoo.lab.prepare import main, prepare, sources_hash, split_text
 from zoo.lab.records import read_metrics
 from zoo.lab.tasks import build_task
 from zoo.lab.tasks import tokens as tokens_module
@@ -340,3 +340,17 @@ def test_a_bpe_trains_on_a_sample_spread_through_a_large_input(tmp_path):
     assert split_text(tmp_path / "small", "train") + split_text(tmp_path / "small", "val") == TEXT
     with pytest.raises(ConfigError, match=r"--train-chars=-1: a number of characters"):
         prepare([str(src)], tmp_path / "x", tokenizer="bpe", train_chars=-1, progress=False)
+
+
+def test_the_sources_hash_names_each_file_by_its_resolved_path(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "real/a.txt").write_text("a")
+    (tmp_path / "other/c.txt").write_text("c")
+    (tmp_path / "link").symlink_to(tmp_path / "real")  # a folder reached through a link
+    (tmp_path / "real/b.txt").symlink_to(tmp_path / "other/c.txt")  # a file that is a link
+    files = [tmp_path / "link/a.txt", tmp_path / "real/b.txt"]
+    expected = hashlib.sha256()
+    for real, text in ((tmp_path / "real/a.txt", b"a"), (tmp_path / "other/c.txt", b"c")):
+        expected.update(str(real.resolve()).encode() + b"\0" + hashlib.sha256(text).digest())
+    assert sources_hash(files) == expected.hexdigest()

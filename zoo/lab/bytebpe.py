@@ -1,18 +1,30 @@
 """A fast encoder for GPT-2-style byte-level BPE tokenizers, giving the ids the ``tokenizers`` library does.
 
 ``zoo-prepare`` spends nearly all its time in the tokenizer's pre-tokenizing regex (about 2 MB/s
-on one core). Source code and prose repeat themselves: split at every place where whitespace
-follows a non-whitespace character, and the same stretches ("\\n        return self") come back
-again and again. Each distinct stretch is encoded once; its ids are kept in one flat array, and a
-document's ids are gathered from it by numpy (no Python work per token).
+on one core). Text repeats itself: cut it where no piece of the pattern can cross, and the same
+short segments ("\\n", "        ", " return", "self", ".") come back again and again. The cuts
+are found by numpy over the UTF-8 bytes, equal segments by a hash (checked byte for byte), and
+each distinct segment is looked up once per batch in a dictionary of the ids of every segment
+seen so far; a document's ids are gathered from the flat arrays by numpy (no Python work per
+token, and per segment only for the distinct ones).
 
-Why the ids are the library's: the GPT-2 pattern
-``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+`` never matches
-a non-whitespace character followed by whitespace, so such a place always ends one piece and
-starts the next, and the pieces after it depend only on the text after it (the one lookahead
-reads forward, and a stretch cut there ends in non-whitespace, so it cannot change how a stretch
-ends). ASCII stretches, where the pattern's classes are plain ASCII sets, are split into pieces by
-the same pattern in :mod:`re`, all new ones in one pass; the others by the library's own
+Why the ids are the library's. The GPT-2 pattern is
+``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+``; a cut
+is safe where every match ends before it and the matches after it depend only on the text after
+it (the one lookahead reads forward, so that holds at any place where a match ends). Matches end:
+
+- before whitespace that follows anything else (no match holds non-whitespace then whitespace);
+- before the last character of a whitespace run followed by non-whitespace, where that character
+  is ASCII: ``\\s+(?!\\S)`` takes the run but its last character, which starts the next match
+  (`` ?\\p{L}+`` and the like when it is a space, ``\\s+`` alone otherwise); the run but its last
+  character, alone, is one match too, as it ends the text;
+- between ASCII letters, digits and other ASCII non-whitespace where a letter or digit run ends,
+  or a digit follows the others: no match holds two of these classes, but ``'s`` holds
+  punctuation then letters, so punctuation -> letter is no cut;
+- at each document's start (each is encoded on its own).
+
+ASCII segments, where the pattern's classes are plain ASCII sets, are split into pieces by the
+same pattern in :mod:`re`, all new ones in one pass; the others by the library's own
 pre-tokenizer. Each distinct piece goes through the library's BPE model once.
 
 :func:`fast_encoder` returns None for a tokenizer this reasoning does not cover (a normalizer,
@@ -31,13 +43,11 @@ import numpy as np
 
 #: Unicode's White_Space characters: the ``\\s`` of the tokenizers library's regex engine.
 WHITESPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-#: Stretches: optional whitespace, then non-whitespace (or trailing whitespace alone).
-STRETCH = re.compile(f"[{WHITESPACE}]*[^{WHITESPACE}]+|[{WHITESPACE}]+")
-#: Joins new ASCII stretches for one regex pass (a private-use character: never in ASCII text).
+#: Joins new ASCII segments for one regex pass (a private-use character: never in ASCII text).
 SEPARATOR = "\ue000"
 #: The GPT-2 pattern on ASCII text, where \\p{L} is [A-Za-z], \\p{N} is [0-9] and \\s is tab to
 #: carriage return and space. :data:`SEPARATOR` is a piece of its own, and the lookahead reads it
-#: as the end of the text, so each stretch splits as it would alone.
+#: as the end of the text, so each segment splits as it would alone.
 ASCII_PIECE = re.compile(
     "\ue000|'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^A-Za-z0-9\t-\r \ue000]+"
     "|[\t-\r ]+(?![^\t-\r \ue000])|[\t-\r ]+"
@@ -56,6 +66,128 @@ def byte_chars() -> dict[int, str]:
 
 #: str.translate table taking ASCII text to its byte-level characters.
 ASCII_TO_BYTE_CHARS = {b: c for b, c in byte_chars().items() if b < 128}
+
+
+#: Byte classes: what the GPT-2 pattern sees in a byte. OTHER is any byte of a non-ASCII character
+#: but WIDE, the bytes of a non-ASCII whitespace character.
+OTHER, SPACE, WIDE, LETTER, DIGIT, PUNCT = range(6)
+#: Non-ASCII whitespace characters, UTF-8: every one starts with 0xc2, 0xe1, 0xe2 or 0xe3.
+WIDE_SPACES = [c.encode() for c in map(chr, range(128, 0x3001)) if re.fullmatch(f"[{WHITESPACE}]", c)]
+#: Batches of about this many bytes of text are encoded at once (the arrays of a batch: ~40 bytes a byte).
+BATCH_BYTES = 1 << 20
+#: The polynomial hash of segments: odd, so every power is odd and none is zero modulo 2**64.
+HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
+
+
+def byte_classes() -> np.ndarray:
+    """(256,) the class of each byte value; bytes of non-ASCII characters are OTHER."""
+    classes = np.full(256, OTHER, dtype=np.int8)
+    classes[:128] = PUNCT  # control characters too: they are [^\\s\\p{L}\\p{N}]
+    classes[[*range(9, 14), 32]] = SPACE
+    classes[ord("A") : ord("Z") + 1] = classes[ord("a") : ord("z") + 1] = LETTER
+    classes[ord("0") : ord("9") + 1] = DIGIT
+    return classes
+
+
+def cut_table() -> np.ndarray:
+    """(6, 6) whether a segment starts between a byte of one class and a byte of another: where
+    whitespace starts after anything else, and where a letter, digit or punctuation run of ASCII
+    meets another of them (no piece of the pattern holds both), but not punctuation -> letter
+    (``'s`` is a piece)."""
+    table = np.zeros((6, 6), dtype=bool)
+    table[[OTHER, LETTER, DIGIT, PUNCT], SPACE] = table[[OTHER, LETTER, DIGIT, PUNCT], WIDE] = True
+    table[LETTER, [DIGIT, PUNCT]] = table[DIGIT, [LETTER, PUNCT]] = table[PUNCT, DIGIT] = True
+    return table
+
+
+BYTE_CLASSES, CUTS = byte_classes(), cut_table()
+
+
+def classify(text: np.ndarray) -> np.ndarray:
+    """(n_bytes,) the class of each byte of UTF-8 ``text``, the bytes of non-ASCII whitespace WIDE."""
+    classes = BYTE_CLASSES[text]
+    if text.max(initial=0) >= 0x80:  # some non-ASCII character
+        padded = np.concatenate([text, np.zeros(2, dtype=np.uint8)])
+        leads = np.flatnonzero((text >= 0xC2) & (text <= 0xE3))  # every non-ASCII whitespace starts so
+        for space in WIDE_SPACES:
+            at = leads[np.logical_and.reduce([padded[leads + k] == byte for k, byte in enumerate(space)])]
+            for k in range(len(space)):
+                classes[at + k] = WIDE
+    return classes
+
+
+def segment_starts(text: np.ndarray, doc_starts: np.ndarray) -> np.ndarray:
+    """Where the segments of UTF-8 ``text`` (documents beginning at ``doc_starts``) begin: pieces
+    of the pattern never cross these places, and the pieces after one depend only on what follows.
+    Besides the table's cuts: before the last whitespace of a run when it is ASCII and non-space
+    follows in the document (that character starts a piece: `` ?\\p{L}+`` and the like, or ``\\s+``),
+    and at each document's start."""
+    classes = classify(text)  # (n,)
+    before = np.concatenate([[OTHER], classes[:-1]])  # (n,) the class of the byte before each
+    cut = CUTS[before, classes]
+    is_space = (classes == SPACE) | (classes == WIDE)
+    ends_doc = np.zeros(len(text) + 1, dtype=bool)
+    ends_doc[doc_starts] = True  # the byte before a document's start ends the one before
+    words_after = np.concatenate([~is_space[1:], [False]]) & ~ends_doc[1:]
+    cut |= (classes == SPACE) & ((before == SPACE) | (before == WIDE)) & words_after
+    cut[doc_starts[doc_starts < len(text)]] = True
+    return np.flatnonzero(cut)
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``starts[i], starts[i] + 1, ..., starts[i] + lengths[i] - 1`` for each i, one range after the
+    other: (lengths.sum(),), int32 where it fits (a cumulative sum of steps: no Python loop)."""
+    keep = lengths > 0
+    starts, lengths = starts[keep], lengths[keep]
+    total = int(lengths.sum())
+    dtype = np.int32 if max(total, int(starts.max(initial=0)) + 1) < 2**31 else np.int64
+    steps = np.ones(total, dtype=dtype)
+    if total:
+        begins = np.cumsum(lengths) - lengths  # where each range begins in the output
+        steps[0] = starts[0]
+        steps[begins[1:]] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)  # from the last item of one to the next
+    return np.cumsum(steps, dtype=dtype)
+
+
+def segment_hashes(text: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """(n_segments,) a polynomial hash of each segment's bytes, modulo 2**64."""
+    offset = ranges(np.zeros_like(starts), lengths)  # (n_bytes,) each byte's place in its segment
+    powers = np.cumprod(np.full(int(lengths.max()), HASH_BASE, dtype=np.uint64))  # wraps modulo 2**64
+    return np.add.reduceat((text.astype(np.uint64) + 1) * powers[offset], starts)
+
+
+def same_hash(hashes: np.ndarray) -> np.ndarray:
+    """(n,) for each hash the index of one hash equal to it (the same index for all equal ones):
+    through a table of 2n or more slots, and a sort of those whose slot holds another hash."""
+    n = len(hashes)
+    bits = (2 * n - 1).bit_length()
+    slots = (hashes * HASH_BASE) >> np.uint64(64 - bits)  # multiplicative hashing: the top bits
+    table = np.empty(1 << bits, dtype=np.int64)
+    table[slots] = np.arange(n)  # one of the hashes landing in each slot holds it
+    found = table[slots]
+    missed = np.flatnonzero(hashes[found] != hashes)  # a different hash holds their slot
+    if len(missed):  # every hash equal to a missed one missed too (same slot): its group is complete
+        order = missed[np.argsort(hashes[missed])]
+        first = np.concatenate([[True], hashes[order[1:]] != hashes[order[:-1]]])
+        found[order] = order[first][np.cumsum(first) - 1]
+    return found
+
+
+def distinct_segments(text: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(inverse, representative)``: segment i is the same bytes as segment representative[inverse[i]],
+    found by hash and checked byte for byte; where two different segments share a hash, every
+    segment is its own (the dictionary of :class:`ByteBPEEncoder` is exact either way)."""
+    if not len(starts):
+        return starts, starts
+    same = same_hash(segment_hashes(text, starts, lengths))  # (n_segments,)
+    held = np.zeros(len(starts), dtype=bool)
+    held[same] = True
+    representative = np.flatnonzero(held)  # (n_distinct,)
+    inverse = (np.cumsum(held) - 1)[same]  # (n_segments,)
+    if np.array_equal(lengths[same], lengths) and np.array_equal(text[ranges(starts[same], lengths)], text):
+        return inverse, representative
+    everything = np.arange(len(starts))
+    return everything, everything
 
 
 def covered(tokenizer: Any) -> bool:
@@ -97,17 +229,15 @@ class Spans:
 
     def gather(self, indices: np.ndarray) -> np.ndarray:
         """The ids of the keys at ``indices``, one after the other."""
-        lengths, starts = self.length[indices], self.start[indices]  # (n,)
-        begins = np.cumsum(lengths) - lengths  # (n,) where each key's ids begin in the output
-        return self.flat[np.arange(lengths.sum()) + np.repeat(starts - begins, lengths)]
+        return self.flat[ranges(self.start[indices], self.length[indices])]
 
 
 class ByteBPEEncoder:
-    """Text -> ids of one byte-level BPE ``tokenizers.Tokenizer``, caching stretches and pieces."""
+    """Text -> ids of one byte-level BPE ``tokenizers.Tokenizer``, caching segments and pieces."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.stretches, self.pieces = Spans(), Spans()
+        self.segments, self.pieces = Spans(), Spans()
         self.pieces.add([SEPARATOR], np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64))  # no ids
 
     def learn_pieces(self, pieces: Iterable[str], byte_level: bool) -> None:
@@ -118,40 +248,62 @@ class ByteBPEEncoder:
         flat = np.fromiter((i for piece in ids for i in piece), dtype=np.int32)
         self.pieces.add(new, flat, np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
 
-    def learn(self, stretches: Sequence[str]) -> None:
-        """Add the ids of new ``stretches``: the ASCII ones split by one regex pass over all of them
-        (joined by :data:`SEPARATOR`), the others by the library's pre-tokenizer."""
-        plain = [s for s in stretches if s.isascii()]
+    def learn(self, segments: Sequence[bytes]) -> None:
+        """Add the ids of new ``segments`` (UTF-8): the ASCII ones split by one regex pass over all
+        of them (joined by :data:`SEPARATOR`), the others by the library's pre-tokenizer."""
+        plain = [s for s in segments if s.isascii()]
         if plain:
-            pieces = ASCII_PIECE.findall(SEPARATOR.join(plain) + SEPARATOR)  # each stretch's, then a separator
+            pieces = ASCII_PIECE.findall(SEPARATOR.join(s.decode("ascii") for s in plain) + SEPARATOR)
             self.learn_pieces(pieces, byte_level=False)
             indices = self.pieces.lookup(pieces)
             ends = indices == 0  # the separator is piece 0
-            owner = np.cumsum(ends) - ends  # (n_pieces,) the stretch each piece belongs to
+            owner = np.cumsum(ends) - ends  # (n_pieces,) the segment each piece belongs to
             lengths = np.bincount(owner, weights=self.pieces.length[indices], minlength=len(plain))
-            self.stretches.add(plain, self.pieces.gather(indices), lengths.astype(np.int64))
-        other = [s for s in stretches if not s.isascii()]
+            self.segments.add(plain, self.pieces.gather(indices), lengths.astype(np.int64))
+        other = [s for s in segments if not s.isascii()]
         if other:
-            split = [[p for p, _ in self.tokenizer.pre_tokenizer.pre_tokenize_str(s)] for s in other]
-            pieces = [p for stretch in split for p in stretch]
+            pre_tokenize = self.tokenizer.pre_tokenizer.pre_tokenize_str
+            split = [[p for p, _ in pre_tokenize(s.decode())] for s in other]
+            pieces = [p for segment in split for p in segment]
             self.learn_pieces(pieces, byte_level=True)
             indices = self.pieces.lookup(pieces)
-            owner = np.repeat(np.arange(len(other)), [len(stretch) for stretch in split])  # (n_pieces,)
+            owner = np.repeat(np.arange(len(other)), [len(segment) for segment in split])  # (n_pieces,)
             lengths = np.bincount(owner, weights=self.pieces.length[indices], minlength=len(other))
-            self.stretches.add(other, self.pieces.gather(indices), lengths.astype(np.int64))
+            self.segments.add(other, self.pieces.gather(indices), lengths.astype(np.int64))
 
     def encode_all(self, docs: Sequence[str]) -> np.ndarray:
-        """The ids of ``docs`` one after the other (each document encoded on its own; int64)."""
-        stretches = [s for doc in docs for s in STRETCH.findall(doc)]  # (n_stretches,)
+        """The ids of ``docs`` one after the other (each document encoded on its own; int64), in
+        batches of about :data:`BATCH_BYTES` of text."""
+        encoded = [doc.encode() for doc in docs]
+        batches, batch, size = [], [], 0
+        for doc in encoded:
+            if batch and size + len(doc) > BATCH_BYTES:
+                batches.append(batch)
+                batch, size = [], 0
+            batch.append(doc)
+            size += len(doc)
+        parts = [self.encode_batch(b) for b in [*batches, batch]]
+        return np.concatenate(parts).astype(np.int64)
+
+    def encode_batch(self, docs: Sequence[bytes]) -> np.ndarray:
+        """The ids of UTF-8 ``docs`` one after the other: each distinct segment looked up once."""
+        data = b"".join(docs)
+        text = np.frombuffer(data, dtype=np.uint8)  # (n_bytes,)
+        doc_starts = np.cumsum([0, *map(len, docs[:-1])])
+        starts = segment_starts(text, doc_starts)  # (n_segments,)
+        lengths = np.diff(starts, append=len(text))  # (n_segments,)
+        inverse, representative = distinct_segments(text, starts, lengths)
+        begin, end = starts[representative], starts[representative] + lengths[representative]  # (n_distinct,)
+        keys = [data[b:e] for b, e in zip(begin.tolist(), end.tolist(), strict=True)]
         collecting = gc.isenabled()
         gc.disable()  # many small objects: the cyclic collector would rescan the caches again and again
         try:
-            self.learn(list(set(stretches).difference(self.stretches.index)))
-            indices = self.stretches.lookup(stretches)
+            self.learn(list(dict.fromkeys(k for k in keys if k not in self.segments.index)))
+            indices = self.segments.lookup(keys)
         finally:
             if collecting:
                 gc.enable()
-        return self.stretches.gather(indices).astype(np.int64)
+        return self.segments.gather(indices[inverse])
 
     def encode(self, text: str) -> list[int]:
         return self.encode_all([text]).tolist()

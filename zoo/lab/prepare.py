@@ -137,11 +137,17 @@ def read_documents(path: Path, field: str = "text", strict: bool = True) -> list
 
 
 def sources_hash(files: Sequence[Path]) -> str:
-    h = hashlib.sha256()
+    """The sha256 of each file's resolved path and contents, in order."""
+    h, folders = hashlib.sha256(), {}
     for path in files:
         inside = [path / rel for rel in sorted(walk(path, "*"))] if path.is_dir() else [path]
         for item in inside:
-            h.update(str(item.resolve()).encode() + b"\0" + hashlib.sha256(item.read_bytes()).digest())
+            if item.is_symlink():
+                where = item.resolve()
+            else:  # a file's own resolve() is its folder's and its name: each folder resolved once
+                folder = folders.get(item.parent) or folders.setdefault(item.parent, item.parent.resolve())
+                where = folder / item.name
+            h.update(str(where).encode() + b"\0" + hashlib.sha256(item.read_bytes()).digest())
     return h.hexdigest()
 
 
@@ -263,11 +269,14 @@ def up_to_date(out: Path, request: dict[str, Any]) -> bool:
 def read_all(
     files: Sequence[Path], explicit: set[Path], field: str, workers: int, progress: bool
 ) -> tuple[list[str], int]:
-    """The documents of ``files`` in order (read by ``workers`` processes), and how many folder files
-    were skipped for not being UTF-8 (a file in ``explicit``, named as INPUT, is an error instead)."""
+    """The documents of ``files`` in order, and how many folder files were skipped for not being
+    UTF-8 (a file in ``explicit``, named as INPUT, is an error instead). JSONL, Parquet and
+    ``datasets`` folders are parsed by ``workers`` processes; plain text is read by this one, as
+    decoding it is quicker than sending it from another process."""
     docs, skipped, strict = [], 0, [path in explicit for path in files]
+    parsed = any(path.is_dir() or path.suffix in (".jsonl", ".parquet") for path in files)
     bar = tqdm(total=len(files), desc="reading", unit="file", disable=not progress)
-    with pool_of(workers) as pool:
+    with pool_of(workers if parsed else 1) as pool:
         for part in pool.map(read_reporting, files, [field] * len(files), strict, chunksize=16):
             if isinstance(part, tuple):  # a worker's ConfigError, raised here
                 raise ConfigError(*part)
