@@ -200,7 +200,7 @@ def test_lm_evals_command_line_runs_the_zoo_model(runs, tmp_path):
 
 
 def test_lm_evals_plugin_discovery_resolves_zoo_to_the_model_class():
-    """lm-eval's model plugins (releases after 0.4.13) read the ``lm_eval.models`` entry points into its
+    """lm-eval's model plugins (after its 0.4.13 release) read the ``lm_eval.models`` entry points into its
     registry as lazy placeholders, loaded on first lookup: zoo's entry point, installed with the package."""
     from importlib.metadata import entry_points
 
