@@ -116,3 +116,13 @@ def test_workers_give_the_same_ids_as_one_process(tokenizer):
     assert one.dtype == np.uint16
     assert encode_all(tokenizer, docs, workers=2, dtype="uint16").tolist() == one.tolist()
     assert one.tolist() == [i for doc in docs for i in library_ids(tokenizer, doc)]
+
+
+def test_a_long_document_is_encoded_in_parts_cut_where_segments_start(tokenizer):
+    rng = random.Random(5)
+    doc = "".join(random_text(rng, 3000) + CODE for _ in range(3))
+    parts = bytebpe.document_parts(doc.encode(), size=2000)
+    assert len(parts) > 3 and b"".join(parts) == doc.encode()
+    encoder = ByteBPEEncoder(tokenizer)
+    assert [i for p in parts for i in encoder.encode(p.decode())] == library_ids(tokenizer, doc)
+    assert bytebpe.document_parts(b"a" * 20000, size=2000) == [b"a" * 20000]  # nowhere to cut

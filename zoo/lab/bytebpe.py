@@ -190,6 +190,27 @@ def distinct_segments(text: np.ndarray, starts: np.ndarray, lengths: np.ndarray)
     return everything, everything
 
 
+def document_parts(doc: bytes, size: int = BATCH_BYTES) -> list[bytes]:
+    """``doc`` (UTF-8) in parts of about ``size`` bytes, each cut at a segment start, so that
+    encoding the parts apart gives the document's ids; a document without such a place in reach
+    stays whole. A cut is decided by the bytes around it: a window of 4 KiB is enough to find one."""
+    parts, begin, window = [], 0, 4096
+    while len(doc) - begin > size + window:
+        around = begin + size  # look for the first segment start from here, a window at a time
+        while around + window < len(doc):
+            starts = segment_starts(np.frombuffer(doc, np.uint8, window, around), np.zeros(1, np.int64))
+            inside = starts[(starts >= 4) & (starts < window - 4)]  # whole characters on both sides
+            if len(inside):
+                break
+            around += window - 8
+        else:
+            break
+        parts.append(doc[begin : around + int(inside[0])])
+        begin = around + int(inside[0])
+    parts.append(doc[begin:])
+    return parts
+
+
 def covered(tokenizer: Any) -> bool:
     """Whether ``tokenizer`` is a plain byte-level BPE: no normalizer, no added tokens, the
     ByteLevel pre-tokenizer with its GPT-2 regex and no prefix space, a BPE model without dropout."""
@@ -274,7 +295,7 @@ class ByteBPEEncoder:
     def encode_all(self, docs: Sequence[str]) -> np.ndarray:
         """The ids of ``docs`` one after the other (each document encoded on its own; int64), in
         batches of about :data:`BATCH_BYTES` of text."""
-        encoded = [doc.encode() for doc in docs]
+        encoded = [part for doc in docs for part in document_parts(doc.encode())]
         batches, batch, size = [], [], 0
         for doc in encoded:
             if batch and size + len(doc) > BATCH_BYTES:
