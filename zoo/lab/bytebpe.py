@@ -108,7 +108,7 @@ def classify(text: np.ndarray) -> np.ndarray:
     classes = BYTE_CLASSES[text]
     if text.max(initial=0) >= 0x80:  # some non-ASCII character
         padded = np.concatenate([text, np.zeros(2, dtype=np.uint8)])
-        leads = np.flatnonzero((text >= 0xC2) & (text <= 0xE3))  # every non-ASCII whitespace starts so
+        leads = np.flatnonzero((text >= 0xC2) & (text <= 0xE3))  # where a non-ASCII whitespace can start
         for space in WIDE_SPACES:
             at = leads[np.logical_and.reduce([padded[leads + k] == byte for k, byte in enumerate(space)])]
             for k in range(len(space)):
@@ -128,8 +128,8 @@ def segment_starts(text: np.ndarray, doc_starts: np.ndarray) -> np.ndarray:
     is_space = (classes == SPACE) | (classes == WIDE)
     ends_doc = np.zeros(len(text) + 1, dtype=bool)
     ends_doc[doc_starts] = True  # the byte before a document's start ends the one before
-    words_after = np.concatenate([~is_space[1:], [False]]) & ~ends_doc[1:]
-    cut |= (classes == SPACE) & ((before == SPACE) | (before == WIDE)) & words_after
+    nonspace_next = np.concatenate([~is_space[1:], [False]]) & ~ends_doc[1:]  # in the same document
+    cut |= (classes == SPACE) & ((before == SPACE) | (before == WIDE)) & nonspace_next
     cut[doc_starts[doc_starts < len(text)]] = True
     return np.flatnonzero(cut)
 
