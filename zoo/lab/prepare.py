@@ -145,8 +145,9 @@ def sources_hash(files: Sequence[Path]) -> str:
             if item.is_symlink():
                 where = item.resolve()
             else:  # a file's own resolve() is its folder's and its name: each folder resolved once
-                folder = folders.get(item.parent) or folders.setdefault(item.parent, item.parent.resolve())
-                where = folder / item.name
+                if item.parent not in folders:
+                    folders[item.parent] = item.parent.resolve()
+                where = folders[item.parent] / item.name
             h.update(str(where).encode() + b"\0" + hashlib.sha256(item.read_bytes()).digest())
     return h.hexdigest()
 
@@ -460,7 +461,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--text-field", default="text", help="the text field of .jsonl, .parquet and datasets inputs")
     parser.add_argument(
-        "--workers", type=int, default=usable_cores(), help="processes reading and tokenizing (all cores)"
+        "--workers",
+        type=int,
+        default=usable_cores(),
+        help="processes parsing JSONL/Parquet/datasets files and tokenizing (all cores)",
     )
     parser.add_argument(
         "--train-chars",
