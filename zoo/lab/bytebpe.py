@@ -228,15 +228,15 @@ def covered(tokenizer: Any) -> bool:
 
 
 class Spans:
-    """The token ids of many strings, one after the other in one flat int32 array, found by string."""
+    """The token ids of many keys (strings or bytes), one after the other in one flat int32 array."""
 
     def __init__(self) -> None:
-        self.index: dict[str, int] = {}
+        self.index: dict[str | bytes, int] = {}
         self.flat = np.zeros(0, dtype=np.int32)  # (n_ids,)
         self.start = np.zeros(0, dtype=np.int64)  # (n_keys,) where each key's ids begin in flat
         self.length = np.zeros(0, dtype=np.int64)  # (n_keys,)
 
-    def add(self, keys: Sequence[str], ids: np.ndarray, lengths: np.ndarray) -> None:
+    def add(self, keys: Sequence[str | bytes], ids: np.ndarray, lengths: np.ndarray) -> None:
         """Add new ``keys`` whose ids, one key after the other, are ``ids`` (``lengths`` each)."""
         first = len(self.start)
         self.index.update(zip(keys, range(first, first + len(keys)), strict=True))
@@ -244,7 +244,7 @@ class Spans:
         self.length = np.concatenate([self.length, lengths])
         self.flat = np.concatenate([self.flat, ids.astype(np.int32)])
 
-    def lookup(self, keys: Sequence[str]) -> np.ndarray:
+    def lookup(self, keys: Sequence[str | bytes]) -> np.ndarray:
         """The indices of known ``keys``: (n,)."""
         return np.array(list(map(self.index.__getitem__, keys)), dtype=np.int64)  # faster than fromiter
 
@@ -275,22 +275,24 @@ class ByteBPEEncoder:
         plain = [s for s in segments if s.isascii()]
         if plain:
             pieces = ASCII_PIECE.findall(SEPARATOR.join(s.decode("ascii") for s in plain) + SEPARATOR)
-            self.learn_pieces(pieces, byte_level=False)
-            indices = self.pieces.lookup(pieces)
-            ends = indices == 0  # the separator is piece 0
-            owner = np.cumsum(ends) - ends  # (n_pieces,) the segment each piece belongs to
-            lengths = np.bincount(owner, weights=self.pieces.length[indices], minlength=len(plain))
-            self.segments.add(plain, self.pieces.gather(indices), lengths.astype(np.int64))
+            ends = np.array([p == SEPARATOR for p in pieces])  # each segment's pieces, then a separator
+            self.add_segments(plain, pieces, np.cumsum(ends) - ends, byte_level=False)
         other = [s for s in segments if not s.isascii()]
         if other:
             pre_tokenize = self.tokenizer.pre_tokenizer.pre_tokenize_str
             split = [[p for p, _ in pre_tokenize(s.decode())] for s in other]
-            pieces = [p for segment in split for p in segment]
-            self.learn_pieces(pieces, byte_level=True)
-            indices = self.pieces.lookup(pieces)
-            owner = np.repeat(np.arange(len(other)), [len(segment) for segment in split])  # (n_pieces,)
-            lengths = np.bincount(owner, weights=self.pieces.length[indices], minlength=len(other))
-            self.segments.add(other, self.pieces.gather(indices), lengths.astype(np.int64))
+            owner = np.repeat(np.arange(len(other)), [len(segment) for segment in split])
+            self.add_segments(other, [p for segment in split for p in segment], owner, byte_level=True)
+
+    def add_segments(
+        self, segments: Sequence[bytes], pieces: Sequence[str], owner: np.ndarray, byte_level: bool
+    ) -> None:
+        """Add ``segments`` whose pieces, one segment after the other, are ``pieces``; ``owner``:
+        (n_pieces,) the segment each piece belongs to."""
+        self.learn_pieces(pieces, byte_level)
+        indices = self.pieces.lookup(pieces)  # (n_pieces,)
+        lengths = np.bincount(owner, weights=self.pieces.length[indices], minlength=len(segments))
+        self.segments.add(segments, self.pieces.gather(indices), lengths.astype(np.int64))
 
     def encode_all(self, docs: Sequence[str]) -> np.ndarray:
         """The ids of ``docs`` one after the other (each document encoded on its own; int64), in
