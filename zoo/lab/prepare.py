@@ -7,6 +7,7 @@ import argparse
 import hashlib
 import importlib
 import json
+import logging
 import multiprocessing
 import os
 import re
@@ -34,6 +35,10 @@ TRAIN_CHARS = 4_000_000
 SHARD_TOKENS = 100_000_000
 #: The names :func:`write_shards` gives: ``train_000.bin``, ``val_012.bin``, ...
 SHARD_NAME = re.compile(r"(train|val)_[0-9]{3,}\.bin")
+#: A UTF-16 surrogate: JSON's ``\ud800``-``\udfff`` escapes decode to one when not paired, and UTF-8 has none.
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+log = logging.getLogger("zoo.lab.prepare")
 
 
 def is_dataset_folder(path: Path) -> bool:
@@ -99,9 +104,26 @@ def read_dataset(path: Path, field: str) -> list[str]:
     return docs
 
 
+def lone_surrogate(path: Path, n: int, field: str, value: str) -> ConfigError | None:
+    """The error for a ``field`` string holding a lone surrogate (``"\\ud800"`` in the JSON), which is no
+    Unicode text: UTF-8 cannot encode it. None for valid text."""
+    found = SURROGATE.search(value)
+    if found is None:
+        return None
+    at = found.start()
+    return ConfigError(
+        f"{path}:{n}",
+        value[max(0, at - 20) : at + 20],
+        f"not valid Unicode: a lone surrogate \\u{ord(found.group()):04x} (character {at} of {field!r}); allowed: "
+        "any Unicode text, a \\ud800-\\udbff escape only as a surrogate pair's first half, a \\udc00-\\udfff next",
+    )
+
+
 def read_jsonl(path: Path, text: str, field: str) -> list[str]:
+    """The ``field`` strings of a JSONL file's lines; a line that is no JSON object with a ``field`` string
+    of valid Unicode is a ConfigError naming the file and the line."""
     docs = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):  # not splitlines: JSON strings may hold \u2028, \x85
         if not line.strip():
             continue
         try:
@@ -110,6 +132,8 @@ def read_jsonl(path: Path, text: str, field: str) -> list[str]:
             raise ConfigError(f"{path}:{n}", line[:40], f"a JSON object with a {field!r} string") from None
         if not isinstance(record, dict) or not isinstance(record.get(field), str):
             raise ConfigError(f"{path}:{n}", line[:40], f"a JSON object with a {field!r} string")
+        if "\\u" in line and (error := lone_surrogate(path, n, field, record[field])):  # only escapes make them
+            raise error
         docs.append(record[field])
     return docs
 
@@ -245,6 +269,17 @@ def split_docs(docs: Sequence[str], val_fraction: float) -> tuple[list[str], lis
             val.append(doc[cut - seen :])
         seen += len(doc)
     return train, val
+
+
+def short_vocabulary(requested: int, reached: int, docs: Sequence[str], train_chars: int) -> str:
+    """Why a trained ``bpe`` has fewer tokens than ``--vocab-size``: its training text ran out of pairs to merge."""
+    trained, total = sum(map(len, training_sample(docs, train_chars))), sum(map(len, docs))
+    more = f"; --train-chars 0 trains on all {total}" if trained < total else ""
+    return (
+        f"--vocab-size {requested} asked for, but the BPE reached {reached} tokens: the {trained} characters "
+        f"it was trained on hold no more pairs to merge{more}. meta.json records vocab_size {reached} "
+        f"(the model's) and vocab_size_requested {requested}"
+    )
 
 
 def tokenizer_id(spec: str, vocab_size: int) -> dict[str, Any]:
@@ -388,14 +423,7 @@ def prepare(
 
     ``train_chars``: the characters a ``bpe`` is trained on (:func:`training_sample`; 0 for all);
     ``shard_tokens``: the most tokens one shard file holds."""
-    if not 0 < val_fraction < 1:
-        raise ConfigError("--val-fraction", val_fraction, "must be in (0, 1)")
-    if workers < 1:
-        raise ConfigError("--workers", workers, "a positive number of processes")
-    if train_chars < 0:
-        raise ConfigError("--train-chars", train_chars, "a number of characters, or 0 to train on all the input")
-    if shard_tokens < 1:
-        raise ConfigError("--shard-tokens", shard_tokens, "a positive number of tokens per shard file")
+    check_options(val_fraction, workers, train_chars, shard_tokens)
     out, files = Path(out), source_files(inputs, pattern)
     request = {"sources": sources_hash(files), "tokenizer": tokenizer_id(tokenizer, vocab_size)}
     request["val_fraction"], request["shard_tokens"] = val_fraction, shard_tokens
@@ -415,6 +443,10 @@ def prepare(
     vocab = 256 if tok is None else tok.get_vocab_size()
     dtype = "uint16" if vocab <= 1 << 16 else "uint32"
     meta = {"format": FORMAT, "version": 1, **request, "vocab_size": vocab, "dtype": dtype, "splits": {}}
+    if tokenizer == "bpe":
+        meta["vocab_size_requested"] = vocab_size  # vocab_size is the one reached: the model's
+        if vocab < vocab_size:
+            log.warning("%s", short_vocabulary(vocab_size, vocab, docs, train_chars))
     meta["files"], meta["skipped_not_utf8"] = len(files) - skipped, skipped
     if tok is not None:
         write_atomic(out / TOKENIZER_FILE, tok.to_str())
@@ -430,6 +462,18 @@ def prepare(
     for stale in ours - {out / f for s in meta["splits"].values() for f in s["files"]}:
         stale.unlink()  # a previous preparation's shards beyond this one's, named by no meta.json now
     return meta
+
+
+def check_options(val_fraction: float, workers: int, train_chars: int, shard_tokens: int) -> None:
+    """:func:`prepare`'s numeric options, each refused by its flag's name."""
+    if not 0 < val_fraction < 1:
+        raise ConfigError("--val-fraction", val_fraction, "must be in (0, 1)")
+    if workers < 1:
+        raise ConfigError("--workers", workers, "a positive number of processes")
+    if train_chars < 0:
+        raise ConfigError("--train-chars", train_chars, "a number of characters, or 0 to train on all the input")
+    if shard_tokens < 1:
+        raise ConfigError("--shard-tokens", shard_tokens, "a positive number of tokens per shard file")
 
 
 def split_text(folder: str | Path, split: str) -> str:
@@ -488,7 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     splits = ", ".join(f"{k} {v['tokens']} tokens / {v['bytes']} bytes" for k, v in meta["splits"].items())
     skipped = f"; {meta['skipped_not_utf8']} files skipped (not UTF-8)" if meta.get("skipped_not_utf8") else ""
-    print(f"{args.out}: vocab_size {meta['vocab_size']}; {splits}{skipped}")
+    asked = meta.get("vocab_size_requested", meta["vocab_size"])
+    short = f" (of {asked} asked for: the training text ran out of merges)" if meta["vocab_size"] < asked else ""
+    print(f"{args.out}: vocab_size {meta['vocab_size']}{short}; {splits}{skipped}")
     return 0
 
 
