@@ -8,8 +8,10 @@ as qk_norm, window or softcap):
 | ``LlamaForCausalLM`` | pre | rmsnorm | mha, gqa, mqa | rotary (whole head) | swiglu, geglu, reglu | either |
 | ``GPT2LMHeadModel`` | pre | layernorm | mha | learned | gelu, relu, relu2 | true |
 
-Tied or untied embeddings either way. One table per class (:data:`TABLES`) pairs every zoo key with
-its transformers key(s) and the layout between them, and drives both directions (:func:`convert`).
+Tied or untied embeddings either way; a model under μP (zoo.assembly.mup) exports with its score and
+logit multipliers folded into the weights (:func:`folded_weights`). One table per class
+(:data:`TABLES`) pairs every zoo key with its transformers key(s) and the layout between them, and
+drives both directions (:func:`convert`).
 zoo's fused layouts are split on the way out (``attn.qkv`` grouped by key/value head:
 :func:`split_qkv`; ``mlp.gate_up`` interleaved: :func:`split_gate_up`); zoo's rotary pairs feature j
 with j + d/2, as Llama's ``rotate_half`` does, so query and key rows need no permutation. GPT-2's
@@ -22,6 +24,7 @@ refused rather than silently changed.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -324,10 +327,10 @@ def convert(weights: Mapping[str, torch.Tensor], name: str, shape: Shape, *, to:
 # -- export ---------------------------------------------------------------------------------------
 
 
-def hf_config(model: LanguageModel, name: str, shape: Shape) -> Any:
+def hf_config(model: LanguageModel, name: str, shape: Shape, *, tied: bool) -> Any:
+    """The transformers config of ``model``; ``tied``: whether the exported head is the embedding."""
     transformers = _transformers()
     d_model, vocab = model.embed.embedding_dim, model.embed.num_embeddings
-    tied = model.head is None
     common = {"vocab_size": vocab, "tie_word_embeddings": tied, "torch_dtype": "float32"}
     if name == "LlamaForCausalLM":
         return transformers.LlamaConfig(
@@ -362,21 +365,50 @@ def hf_config(model: LanguageModel, name: str, shape: Shape) -> Any:
     )
 
 
+def folded_weights(model: LanguageModel, shape: Shape) -> dict[str, torch.Tensor]:
+    """``model``'s state dict (float32, detached copies) with the forward-time multipliers μP sets
+    (zoo.assembly.mup.apply) folded into the weights, so a transformers class computes the same logits:
+
+    - an attention's ``score_scale`` s (q . k x s instead of 1 / sqrt(d_head)): the query rows of
+      ``attn.qkv`` (weight and bias) x s sqrt(d_head), which the standard 1 / sqrt(d_head) brings back
+      to s (rotary rotates each position's query linearly, so it commutes with the factor);
+    - the ``logit_scale`` m: the head x m; a tied head becomes an untied ``head.weight`` = m x the
+      embedding (the input embedding unchanged).
+
+    The rest of what μP sets is in the weights already (the init factors) or read only by the optimizer
+    (``model.mup``), so nothing is refused. ``model`` itself is not changed."""
+    weights = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    for i, block in enumerate(model.blocks):
+        scale = block.attn.score_scale
+        if scale is None:
+            continue
+        factor = scale * math.sqrt(block.attn.d_head)
+        for p in ("weight", "bias"):
+            if (key := f"blocks.{i}.attn.qkv.{p}") in weights:
+                q, k, v = split_qkv(weights[key], shape.n_heads, shape.n_kv_heads)
+                weights[key] = fuse_qkv(q * factor, k, v, shape.n_kv_heads)
+    logit_scale = model.logit_scale
+    if logit_scale is not None and logit_scale != 1.0:
+        head = weights.get("head.weight", weights["embed.weight"])
+        weights["head.weight"] = head * logit_scale
+    return weights
+
+
 def to_hf_model(model: LanguageModel) -> nn.Module:
-    """A transformers model (float32, eval mode) computing the same logits as ``model``."""
+    """A transformers model (float32, eval mode) computing the same logits as ``model``, μP's
+    multipliers folded into its weights (:func:`folded_weights`; a tied head under a logit
+    multiplier is exported untied)."""
     if not isinstance(model, LanguageModel):
         raise ConfigError("model", type(model).__name__, "a zoo LanguageModel (decoder-only)")
     name, shape = target_for(model)
     transformers = _transformers()
-    config = hf_config(model, name, shape)
-    hf_model = getattr(transformers, name)(config)
-    weights = convert(model.state_dict(), name, shape, to="hf")
-    missing, unexpected = hf_model.load_state_dict(
-        {k: v.detach().float().contiguous() for k, v in weights.items()}, strict=False
-    )
-    tied = {"lm_head.weight"} if model.head is None else set()
-    assert not unexpected and set(missing) <= tied, (missing, unexpected)
-    if model.head is None:
+    zoo_weights = folded_weights(model, shape)
+    tied = "head.weight" not in zoo_weights
+    hf_model = getattr(transformers, name)(hf_config(model, name, shape, tied=tied))
+    weights = convert(zoo_weights, name, shape, to="hf")
+    missing, unexpected = hf_model.load_state_dict({k: v.contiguous() for k, v in weights.items()}, strict=False)
+    assert not unexpected and set(missing) <= ({"lm_head.weight"} if tied else set()), (missing, unexpected)
+    if tied:
         hf_model.tie_weights()
     return hf_model.float().eval()
 
