@@ -32,9 +32,10 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from zoo import build_model, compose
+from zoo import compose
 from zoo.lab.bytebpe import ByteBPEEncoder
 from zoo.lab.prepare import TRAIN_CHARS, prepare, read_all, source_files, split_docs
+from zoo.lab.run_model import build_run_model
 from zoo.lab.tasks import Batch, build_task
 from zoo.lab.tasks.text import stdlib_dir
 from zoo.lab.trainer import TrainConfig, Trainer, check_run_config
@@ -69,7 +70,7 @@ class InMemory:
 def step_seconds(raw: dict, task, train_cfg: TrainConfig) -> float:
     """Seconds per training step of a Trainer (its own timing: evaluation excluded)."""
     torch.manual_seed(0)
-    trainer = Trainer(build_model(raw), task, train_cfg, device=torch.device("cpu"), data_seed=0, progress=False)
+    trainer = Trainer(build_run_model(raw), task, train_cfg, device=torch.device("cpu"), data_seed=0, progress=False)
     outcome = trainer.fit()
     return outcome.train_time_s / train_cfg.steps
 

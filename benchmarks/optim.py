@@ -22,8 +22,9 @@ from collections.abc import Callable
 import torch
 from timing import time_interleaved
 
-from zoo import build_model, compose
+from zoo import compose
 from zoo.lab.recipe import OPTIMIZERS
+from zoo.lab.run_model import build_run_model
 from zoo.lab.step import Stepper, lm_logits, loss_fn
 from zoo.lab.tasks import Batch, build_task
 from zoo.lab.trainer import check_run_config, make_optimizer
@@ -33,7 +34,7 @@ def steppers(raw: dict, device: torch.device) -> tuple[dict[str, Stepper], Batch
     """The trainer's step with AdamW and with Muon, over copies of one model; and a batch."""
     train_cfg, _ = check_run_config(raw)
     torch.manual_seed(0)
-    model = build_model(raw).to(device)
+    model = build_run_model(raw).to(device)
     copies = {"adamw": model, "muon": copy.deepcopy(model)}
     optimizers = {
         "adamw": make_optimizer(copies["adamw"], train_cfg),

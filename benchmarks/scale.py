@@ -73,8 +73,8 @@ def parallel_of(layout: str, world: int) -> Any:
 
 def train_rate(args: argparse.Namespace, layout: str, rank: int, world: int) -> float:
     """Tokens/s of the global batch over ``args.steps`` timed steps (after ``args.warmup``), this rank's view."""
-    from zoo import build_model
     from zoo.core.auxiliary import aux_weights
+    from zoo.lab.run_model import build_run_model
     from zoo.lab.scale import compile_blocks, parallelize
     from zoo.lab.step import Stepper
     from zoo.lab.tasks import Batch
@@ -83,7 +83,7 @@ def train_rate(args: argparse.Namespace, layout: str, rank: int, world: int) -> 
     device = torch.device(args.device, rank if args.device == "cuda" and world > 1 else 0)
     cfg = config(args)
     torch.manual_seed(0)
-    model = core = build_model(cfg).to(device)
+    model = core = build_run_model(cfg).to(device)
     parallel = parallel_of(layout, world)
     if layout == "ddp":
         if args.compile:
@@ -222,7 +222,8 @@ def main() -> None:
     if args.device == "cuda" and args.world > torch.cuda.device_count() and set(args.layouts) - {"one"}:
         parser.error(f"--world {args.world} needs as many GPUs; this machine has {torch.cuda.device_count()}")
 
-    from zoo import ConfigError, build_model
+    from zoo import ConfigError
+    from zoo.lab.run_model import build_run_model
     from zoo.models.config import block_section, layer_specs, model_options
 
     if "tp" in args.layouts:  # heads, vocabulary and length must split between the tp ranks: checked up front
@@ -234,7 +235,7 @@ def main() -> None:
         except ConfigError as error:
             parser.error(str(error))
     with torch.device("meta"):  # sizes only: no weights allocated
-        model = build_model(config(args))
+        model = build_run_model(config(args))
     flops_per_token, hidden = model.flops_per_token(args.seq_len), model.blocks[0].mlp.hidden
     print(f"model: preset=llama d_model={args.d_model} layers={args.layers} heads={args.heads}/{args.kv_heads} "
           f"vocab={args.vocab} T={args.seq_len} global batch={args.batch} device={args.device} "

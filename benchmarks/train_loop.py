@@ -32,9 +32,10 @@ from pathlib import Path
 import torch
 from timing import sync
 
-from zoo import build_model, compose
+from zoo import compose
 from zoo.core.auxiliary import aux_weights
 from zoo.lab.checkpoint import CheckpointWriter
+from zoo.lab.run_model import build_run_model
 from zoo.lab.step import Stepper
 from zoo.lab.tasks import build_task
 from zoo.lab.trainer import TrainConfig, Trainer, check_run_config, make_optimizer
@@ -43,7 +44,7 @@ from zoo.lab.trainer import TrainConfig, Trainer, check_run_config, make_optimiz
 def bare_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device, steps: int) -> float:
     """Tokens/s of the trainer's own step (zoo.lab.step: autocast, loss, clipping, optimizer) alone."""
     torch.manual_seed(0)
-    model = build_model(cfg).to(device)
+    model = build_run_model(cfg).to(device)
     optimizer = make_optimizer(model, train_cfg)
     batch = task.train_batch(train_cfg.batch_size, torch.Generator().manual_seed(0)).to(device)
     step = Stepper(model, model, optimizer, device, train_cfg.grad_clip, aux_weights(model, train_cfg.aux_weights))
@@ -58,7 +59,7 @@ def bare_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device, s
 def loop_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device, folder: Path | None = None) -> float:
     """The Trainer's tokens/s; with ``folder``, writing checkpoints there every train_cfg.checkpoint_every steps."""
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_run_model(cfg)
     writer = CheckpointWriter(folder, config_hash="benchmark") if folder is not None else None
     trainer = Trainer(model, task, train_cfg, device=device, data_seed=0, progress=False, save_checkpoint=writer)
     outcome = trainer.fit()

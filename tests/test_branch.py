@@ -4,6 +4,9 @@ records where it came from, and refuses, before any model is built, a source it 
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+
 import pytest
 import torch
 from helpers import fake_run, interrupt, tiny, without_timings
@@ -50,7 +53,10 @@ def test_a_branch_from_the_stable_phase_is_the_direct_run_to_the_last_bit(runs, 
     assert done["final"] == whole["final"] and done["steps"] == 12
     assert without_timings(read_metrics(tmp_path / "branch")) == without_timings(read_metrics(direct))
     assert same_weights(tmp_path / "branch", direct)
-    assert done["branch"] == {"from": str(source), "config_hash": config_hash(run_config(source)), "step": 9}
+    checksum = hashlib.sha256((source / "checkpoints" / "step_000009" / "manifest.json").read_bytes()).hexdigest()
+    identity = {"config_hash": config_hash(run_config(source)), "step": 9, "checksum": checksum}
+    assert done["branch"] == {"from": str(source.absolute()), **identity}
+    assert done["resumed_from"] == []  # a branch's start is not a resume
     assert done["config_hash"] != whole["config_hash"]  # another run than the direct one (it started elsewhere)
 
 
@@ -78,9 +84,40 @@ def test_a_killed_branch_resumes_from_its_own_checkpoint(runs, tmp_path):
     assert whole["status"] == "ok", whole["error"]
     interrupt(tmp_path / "whole", tmp_path / "resumed", 9)
     resumed = run(branch(runs / "wsd24", 6, "train.steps=12"), tmp_path / "resumed")
-    assert resumed["status"] == "ok" and resumed["resumed_from"][-1] == 9
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == [9]  # the branch's start (6) is not a resume
+    assert resumed["branch"]["step"] == 6
     assert resumed["final"] == whole["final"] and same_weights(tmp_path / "whole", tmp_path / "resumed")
     assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "whole"))
+
+
+def test_a_source_and_its_branch_moved_together_are_done_and_resume(runs, tmp_path, monkeypatch):
+    """A branch is named by its source's config hash, step and checkpoint checksum, not by the path's spelling:
+    moved with its source (and named from another working folder) it is already done, and a killed one resumes."""
+    first = tmp_path / "first"
+    shutil.copytree(runs / "wsd24", first / "wsd24")
+    done = run(branch(first / "wsd24", 6, "train.steps=12"), first / "branch")
+    assert done["status"] == "ok", done["error"]
+    moved = tmp_path / "elsewhere" / "moved"
+    shutil.move(first, moved)
+    monkeypatch.chdir(moved)
+    before = {p: p.read_bytes() for p in (moved / "branch").rglob("*") if p.is_file()}
+    again = run(branch("wsd24", 6, "train.steps=12"), moved / "branch")  # relative now, another folder
+    assert again["status"] == "ok" and again["final"] == done["final"]
+    assert {p: p.read_bytes() for p in (moved / "branch").rglob("*") if p.is_file()} == before  # skipped as done
+    interrupt(moved / "branch", moved / "killed", 9)
+    resumed = run(branch("wsd24", 6, "train.steps=12"), moved / "killed")
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == [9] and resumed["final"] == done["final"]
+    assert same_weights(moved / "branch", moved / "killed")
+
+
+def test_a_branch_folder_of_another_start_is_refused_untouched(runs, tmp_path):
+    done = run(branch(runs / "wsd24", 6, "train.steps=12"), tmp_path / "branch")
+    assert done["status"] == "ok", done["error"]
+    before = {p: p.read_bytes() for p in (tmp_path / "branch").rglob("*") if p.is_file()}
+    other = run(branch(runs / "wsd24", 3, "train.steps=12"), tmp_path / "branch")
+    assert other["status"] == "refused" and "another config" in other["error"], other
+    assert "train.branch.step: 6 there, 3 here" in other["error"]
+    assert {p: p.read_bytes() for p in (tmp_path / "branch").rglob("*") if p.is_file()} == before
 
 
 def test_the_branch_keys_leave_the_config_hash_of_other_runs_as_it_was():

@@ -213,12 +213,16 @@ def test_prepare_then_train_reports_bits_per_byte_and_resumes_to_the_last_bit(tm
     assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "whole"))
 
 
-def test_a_model_vocabulary_smaller_than_the_files_is_an_error_naming_model_vocab_size(tmp_path):
+def test_the_model_vocabulary_follows_the_files_and_a_smaller_one_is_an_error_naming_model_vocab_size(tmp_path):
     from zoo.lab.train import run
 
     prepare([str(corpus(tmp_path / "in"))], tmp_path / "tok", tokenizer="bpe", vocab_size=300, progress=False)
-    summary = run(tiny(f"task.path={tmp_path / 'tok'}", "task.seq_len=16", task="tokens"), out_dir=tmp_path / "r")
+    base = (f"task.path={tmp_path / 'tok'}", "task.seq_len=16", "train.steps=2", "train.checkpoint_every=0")
+    summary = run(tiny(*base, "model.vocab_size=256", task="tokens"), out_dir=tmp_path / "r")
     assert summary["status"] == "failed" and "model.vocab_size=256" in summary["error"] and "300" in summary["error"]
+    followed = run(tiny(*base, task="tokens"), out_dir=tmp_path / "followed")  # model.vocab_size: null
+    assert followed["status"] == "ok", followed["error"]
+    assert followed["config"]["model"]["vocab_size"] == 300  # recorded: the run builds again from its config
 
 
 DOCS = ["première ligne 漢", "", "second 🦒 — naïve", "def f(x):\n    return x\n" * 20, "façade"]

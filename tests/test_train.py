@@ -115,14 +115,16 @@ def test_resume_skips_ok_runs_and_reruns_the_rest(tmp_path):
     again = run(tiny(), tmp_path)
     assert again == first and (tmp_path / "metrics.jsonl").stat().st_mtime_ns == stamp  # skipped
     assert run(tiny("threads=2"), tmp_path) == first  # runtime-only keys do not force a re-run
-    changed = run(tiny("train.steps=8"), tmp_path)  # the config changed under the same folder
-    assert changed["steps"] == 8 and changed["started"] >= first["started"]
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    changed = run(tiny("train.steps=8"), tmp_path)  # the config changed under the same folder: refused, untouched
+    assert changed["status"] == "refused" and "another config (train.steps: " in changed["error"], changed
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
     summary = read_summary(tmp_path)
     summary["status"] = "failed"
     (tmp_path / "summary.json").write_text(json.dumps(summary))
-    redone = run(tiny("train.steps=8"), tmp_path)
+    redone = run(tiny(), tmp_path)  # a failed run of this config is trained again
     assert redone["status"] == "ok" and redone["finished"] >= summary["finished"]
-    assert without_timings(read_metrics(tmp_path))[-1]["step"] == 8
+    assert without_timings(read_metrics(tmp_path))[-1]["step"] == first["steps"]
 
 
 def test_mqar_and_longer_evaluation_lengths(tmp_path):
@@ -401,7 +403,10 @@ def test_a_run_checks_each_section_once_and_builds_from_what_it_resolved(tmp_pat
     assert calls == {"tune": 1, "mesh": 1}
     resolved = plan.plan_run(tiny(), {})
     assert len(resolved.specs) == 2 and resolved.task_options["seq_len"] == 32 and resolved.train.steps == 12
-    for cfg, length in [(tiny("task.seq_len=33"), 33), (tiny("task.max_len=12", task="transduce"), 13)]:
+    for cfg, length in [
+        (tiny("task.seq_len=33"), 33),
+        (tiny("task.max_len=12", "model.vocab_size=256", task="transduce"), 13),
+    ]:
         cfg = {**cfg, "parallel": {"tp": 2}}
         with pytest.raises(ConfigError, match=f"parallel.tp=2: must divide the sequence length {length} "):
             plan.plan_run(cfg, {}, world=2)  # the task's length from its options: no data read

@@ -13,6 +13,7 @@ cosine run's): refused, not warned about, as such a branch is not any run's cont
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,31 @@ class Branch:
     config_hash: str
 
     def record(self) -> dict[str, Any]:
-        """``summary.json``'s ``branch``."""
-        return {"from": str(self.source), "config_hash": self.config_hash, "step": self.step}
+        """``summary.json``'s ``branch``: where the source was, and its identity (:func:`identity`)."""
+        return {"from": str(self.source.absolute()), **checkpoint_identity(self.source, self.step)}
+
+
+def checkpoint_identity(source: Path, step: int) -> dict[str, Any]:
+    """What names a branch's start whatever the source's path: the source's config hash, the step and the
+    checksum of that checkpoint's manifest (which holds every file's sha256)."""
+    summary, _ = read_summary_checked(source) if source.is_dir() else (None, None)
+    manifest = ckpt.step_dir(source, step) / ckpt.MANIFEST
+    checksum = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
+    return {"config_hash": (summary or {}).get("config_hash"), "step": step, "checksum": checksum}
+
+
+def identity(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The branch identity of a run config (None: not a branch), read from its source without loading it."""
+    source, step = branch_options(raw.get("train"))
+    return None if source is None or step is None else checkpoint_identity(Path(source).expanduser(), step)
+
+
+def same_start(recorded: dict[str, Any] | None, current: dict[str, Any] | None) -> bool:
+    """Whether a recorded ``branch`` and a config's :func:`identity` name the same start (keys a record made
+    before checksums has not are not compared)."""
+    if recorded is None or current is None:
+        return recorded is None and current is None
+    return all(recorded.get(k) == v for k, v in current.items() if k in recorded)
 
 
 def branch_options(train: Any) -> tuple[str | None, int | None]:

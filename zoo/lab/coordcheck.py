@@ -33,7 +33,6 @@ from zoo.assembly.combinations import covering_combinations, node
 from zoo.assembly.compose import compose_with_choices
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
-from zoo.lab.param import parametrize
 from zoo.lab.plan import plan_run
 from zoo.lab.tasks.base import IGNORE
 
@@ -72,7 +71,7 @@ def measure(overrides: Sequence[str], param: str, width: int, base: int, steps: 
     torch.set_num_threads(raw.get("threads") or 1)
     task = plan.build_task()
     torch.manual_seed(raw.get("seed", 0))
-    model = parametrize(task.build_model(raw, plan.specs), plan.mup)
+    model = plan.run_model.build(raw)
     optimizer = plan.recipe.build(model, plan.train)
     for group in optimizer.param_groups:
         group["lr"] = plan.train.lr * group.get("lr_ratio", 1.0)

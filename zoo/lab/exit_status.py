@@ -3,6 +3,7 @@ one (a bad config, a crash) is not, so CI and scripts see it, while the report i
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,14 +30,39 @@ def runs_not_done(root: Path) -> list[tuple[Path, str]]:
     return found
 
 
+#: Beside a sweep's runs: the runs it refused to write (a folder holding another config's finished run), one
+#: JSON line each, appended by their jobs (in whatever process a launcher runs them) and read when it ends.
+REFUSED = ".refused.jsonl"
+
+
+def note_refused(sweep_dir: Path, run_dir: Path, error: str) -> None:
+    """Record in the sweep's folder (not the refused run's) that ``run_dir`` was refused."""
+    line = json.dumps({"run_dir": str(run_dir), "error": error}) + "\n"
+    with open(Path(sweep_dir) / REFUSED, "a") as f:  # one short append: whole lines from parallel jobs
+        f.write(line)
+
+
+def take_refused(sweep_dir: Path) -> list[tuple[Path, str]]:
+    """The runs the sweep refused (:func:`note_refused`), the record removed."""
+    path = Path(sweep_dir) / REFUSED
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    path.unlink(missing_ok=True)
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [(Path(r["run_dir"]), f"refused: {r['error']}") for r in records]
+
+
 class SweepStatus(Callback):
-    """Hydra callback: when a sweep ends, note the runs in its folder that failed, for
-    :func:`exit_if_a_run_failed` (called after Hydra returns, so every other callback has run)."""
+    """Hydra callback: when a sweep ends, note the runs in its folder that failed or that it refused to
+    write, for :func:`exit_if_a_run_failed` (called after Hydra returns, so every other callback has run)."""
 
     failed: ClassVar[list[tuple[Path, str]]] = []
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        SweepStatus.failed = runs_not_done(Path(config.hydra.sweep.dir))
+        root = Path(config.hydra.sweep.dir)
+        SweepStatus.failed = runs_not_done(root) + take_refused(root)
 
 
 def exit_if_a_run_failed() -> None:

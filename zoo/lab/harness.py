@@ -28,6 +28,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from zoo.core.errors import ConfigError
+from zoo.lab.run_model import is_language_model
 from zoo.lab.runs import load_codec, load_run
 
 #: What an empty context is: the documents' separator.
@@ -65,6 +66,7 @@ class ZooLM(LM):
         if self._device.type == "cuda" and not torch.cuda.is_available():  # lm-eval's default is cuda
             self._device = torch.device("cpu")
         self.model, self.config = load_run(run, self._device)
+        is_language_model(self.model, "lm-eval", ": lm-eval scores decoder-only language models")
         self.codec = load_codec(run)
         if not self.codec.has_text:
             raise ConfigError("run", run, "a run with text: task bytes, or tokens with a tokenizer.json")

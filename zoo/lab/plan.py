@@ -22,6 +22,7 @@ from zoo.core.errors import ConfigError
 from zoo.lab.branch import Branch, check_branch
 from zoo.lab.param import check_param
 from zoo.lab.recipe import Recipe, check_recipe
+from zoo.lab.run_model import RunModel, with_task_vocab
 from zoo.lab.scale import ProcessMesh
 from zoo.lab.tasks import Task
 from zoo.lab.tasks.base import task_options
@@ -57,6 +58,11 @@ class RunPlan:
         """The task (a corpus task reads its data here)."""
         return self.task_cls(**self.task_options)
 
+    @property
+    def run_model(self) -> RunModel:
+        """What builds the run's model (zoo.lab.run_model: the one builder of a run's model)."""
+        return RunModel(self.task_cls, self.specs, self.mup)
+
 
 def plan_run(
     raw: Mapping[str, Any],
@@ -85,7 +91,7 @@ def plan_run(
     compile = raw.get("compile", False)
     recipe = check_recipe(raw, train_cfg, sharded=mesh.sharded, tp=mesh.tp, compile=compile)  # optim=, schedule=
     branch = check_branch(dict(raw), train_cfg, recipe, world=world)  # train.branch: against its source run
-    options = model_options(raw)
+    options = model_options(with_task_vocab(raw))  # model.vocab_size null: the task's (zoo.lab.run_model)
     specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
     task_cls, task_opts = task_options(raw.get("task"))
     seq_len = task_cls.planned_seq_len(task_opts)
@@ -98,7 +104,7 @@ def plan_run(
             train_cfg.probe_every,
             "0 under FSDP2 or tensor parallelism (probes read whole weights)",
         )
-    custom_model = task_cls.build_model is not Task.build_model
+    custom_model = task_cls.builds_own_model()
     param = check_param(
         raw, optimizer=recipe.optim["name"], dp_shard=mesh.dp_shard, tp=mesh.tp, custom_model=custom_model
     )

@@ -143,9 +143,13 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def semantic_config(config: dict[str, Any]) -> dict[str, Any]:
+def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
-    at their neutral values (:data:`NEUTRAL_TRAIN_KEYS`, the default recipe, ``param=standard``)."""
+    at their neutral values (:data:`NEUTRAL_TRAIN_KEYS`, the default recipe, ``param=standard``).
+
+    A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
+    source's config hash, step and checkpoint checksum instead (zoo.lab.branch), so a source and its branches
+    moved together are the same runs. ``branch_path``: keep the path, as hashes recorded before did."""
     from zoo.lab import param
     from zoo.lab.recipe import is_default
 
@@ -155,6 +159,9 @@ def semantic_config(config: dict[str, Any]) -> dict[str, Any]:
             del semantic[key]
     if PARAM_KEY in semantic and param.is_default(semantic[PARAM_KEY]):
         del semantic[PARAM_KEY]
+    branch = (semantic.get("train") or {}).get("branch") if isinstance(semantic.get("train"), dict) else None
+    if isinstance(branch, dict) and not branch_path:
+        semantic["train"] = {**semantic["train"], "branch": {**branch, "from": None}}
     if isinstance(semantic.get("train"), dict):
         semantic["train"] = {
             k: v
@@ -164,9 +171,10 @@ def semantic_config(config: dict[str, Any]) -> dict[str, Any]:
     return semantic
 
 
-def config_hash(config: dict[str, Any]) -> str:
-    """A short hash of what a run computes (:func:`semantic_config`)."""
-    text = json.dumps(clean(semantic_config(config)), sort_keys=True)
+def config_hash(config: dict[str, Any], *, branch_path: bool = False) -> str:
+    """A short hash of what a run computes (:func:`semantic_config`; ``branch_path``: as recorded before
+    branches were named by their source's identity)."""
+    text = json.dumps(clean(semantic_config(config, branch_path=branch_path)), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

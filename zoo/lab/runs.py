@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,17 +21,21 @@ from torch import nn
 from zoo.core.errors import ConfigError
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.records import read_summary
-from zoo.lab.tasks import build_task
+from zoo.lab.run_model import build_run_model, is_language_model
+from zoo.lab.tasks import Task, build_task
+from zoo.lab.tasks.base import task_options
 from zoo.lab.tokenizer import BYTE_TASKS, Codec, run_codec
 from zoo.lab.trainer import TrainConfig, Trainer
 from zoo.models import hf
-from zoo.models.language import LanguageModel, build_model
+
+log = logging.getLogger("zoo.lab.runs")
 
 
 class LoadedRun(NamedTuple):
-    """A trained model (in eval mode) and the resolved config that built it (summary.json's)."""
+    """A trained model (in eval mode: a LanguageModel, or a Seq2SeqModel for an encoder-decoder task) and
+    the resolved config that built it (summary.json's)."""
 
-    model: LanguageModel
+    model: nn.Module
     config: dict[str, Any]
 
 
@@ -68,7 +73,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
         status = summary.get("status")
         allowed = f"has no {ckpt.WEIGHTS} (status {status!r}; train.save=final keeps it){hint}"
         raise ConfigError("run", str(path), allowed)
-    model = build_model(summary["config"]).to(device)
+    model = build_run_model(summary["config"]).to(device)  # every axis applied: task's model kind, μP, ...
     meta = ckpt.load_weights(model, weights, unverified_ok=True)  # format 1: no manifest, a warning
     if meta.get("config_hash") not in (None, summary.get("config_hash")):
         raise ConfigError(
@@ -80,7 +85,8 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
 def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path) -> Path:
     """Write a ``transformers`` checkpoint of a zoo model or a run folder (see :func:`zoo.models.hf.to_hf`)."""
     model = model_or_run if isinstance(model_or_run, nn.Module) else load_run(model_or_run).model
-    return hf.to_hf(model, out_dir)
+    is_language_model(model, "to_hf", ": transformers' causal LM classes are decoder-only")
+    return hf.to_hf(model, out_dir)  # type: ignore[arg-type]
 
 
 # -- zoo-generate ---------------------------------------------------------------------------------
@@ -114,6 +120,7 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         model, _ = load_run(args.run, args.device)
+        is_language_model(model, "zoo-generate", " (an encoder-decoder run decodes its sources: zoo-eval scores it)")
         codec = load_codec(args.run)
         ids = codec.encode(args.prompt)
         if not ids:
@@ -153,16 +160,54 @@ def parse_lengths(text: str) -> list[int]:
     return lengths
 
 
+def run_task_config(path: str | Path, data: str | None = None) -> dict[str, Any]:
+    """The run's ``task`` section as it read its data: its file options as recorded absolute when it started
+    (``data.paths``), or ``task.path`` = ``data`` when given. A run recorded before absolute paths reads its
+    relative ones from the working folder, with a warning."""
+    summary = read_summary(run_folder(path)) or {}
+    task_cfg = dict(summary["config"]["task"])
+    recorded = (summary.get("data") or {}).get("paths")
+    if data is not None:
+        if "path" not in task_options(task_cfg)[0].path_options:
+            raise ConfigError("--data", data, f"only a task that reads files takes it (task {task_cfg.get('name')!r})")
+        task_cfg["path"] = data
+    elif recorded is not None:
+        task_cfg.update(recorded)
+    elif any(isinstance(task_cfg.get(k), str) for k in task_options(task_cfg)[0].path_options):
+        log.warning("%s: recorded no absolute data path (an older run): reading task.path from %s", path, Path.cwd())
+    return task_cfg
+
+
+def check_data(path: str | Path, task: Task, task_cfg: dict[str, Any]) -> None:
+    """Refuse data whose sha256 differs from the one the run recorded, naming both (generated data has none)."""
+    recorded = ((read_summary(run_folder(path)) or {}).get("data") or {}).get("sha256")
+    if recorded is None:
+        return
+    found = task.info().get("sha256")
+    if found != recorded:
+        where = task_cfg.get("path") or "the data read"
+        raise ConfigError(
+            "data.sha256", found, f"the run's recorded {recorded} ({where} differs from the data the run trained "
+            "on): give the run's data with --data",
+        )  # fmt: skip
+
+
 def evaluate_run(
-    path: str | Path, lengths: Sequence[int] | None = None, device: str = "cpu", batches: int | None = None
+    path: str | Path,
+    lengths: Sequence[int] | None = None,
+    device: str = "cpu",
+    batches: int | None = None,
+    data: str | None = None,
 ) -> tuple[dict[str, float | None], dict[str, str]]:
     """The run's validation metrics at ``lengths`` (multiples of its trained length; default: the
-    run's own ``task.eval_lengths``), computed as training computes them; and per-length errors."""
-    model, config = load_run(path, device)
-    task_cfg = dict(config["task"])
+    run's own ``task.eval_lengths``), computed as training computes them; and per-length errors.
+    The data is the run's (recorded absolute, or ``data``), checked against its recorded sha256 first."""
+    task_cfg = run_task_config(path, data)
     if lengths is not None:
         task_cfg["eval_lengths"] = list(lengths)
     task = build_task(task_cfg)
+    check_data(path, task, task_cfg)
+    model, config = load_run(path, device)
     train = TrainConfig.from_config(config.get("train"))
     if batches is not None:
         train = TrainConfig.from_config({**config["train"], "eval_batches": batches})
@@ -179,6 +224,9 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("run", help="a run folder (or one of its checkpoints/step_<N> folders)")
     parser.add_argument("--lengths", default=None, help="multiples of the trained length, e.g. 1,2,4")
     parser.add_argument("--batches", type=int, default=None, help="validation batches (default: the run's)")
+    parser.add_argument(
+        "--data", default=None, help="the run's data folder or files, moved (default: where the run read them)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--harness", default=None, help="lm-eval tasks separated by commas (pip install zoo[eval])")
     parser.add_argument("--include-path", default=None, help="a folder of lm-eval task YAML files (--harness)")
@@ -189,11 +237,11 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
         return harness_main(args)
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else None
-        metrics, errors = evaluate_run(args.run, lengths, args.device, args.batches)
-        config = load_run_config(args.run)
+        metrics, errors = evaluate_run(args.run, lengths, args.device, args.batches, args.data)
+        task_cfg = run_task_config(args.run, args.data)
+        task = build_task(task_cfg if lengths is None else {**task_cfg, "eval_lengths": lengths})
     except ConfigError as error:
         sys.exit(f"zoo-eval: {error}")
-    task = build_task(config["task"] if lengths is None else {**config["task"], "eval_lengths": lengths})
     names = list(task.metrics)
     print(f"{args.run}: task {task.name}, trained length {task.seq_len}")
     print("| length | tokens | " + " | ".join(f"val_{n}" for n in names) + " |")

@@ -21,6 +21,7 @@ import logging
 import os
 import platform
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -41,11 +42,11 @@ from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.registry import AXES
 from zoo.lab import checkpoint as ckpt
 from zoo.lab.argv import exit_on_bad_overrides
-from zoo.lab.branch import load_branch, source_metrics
+from zoo.lab.branch import identity, load_branch, same_start, source_metrics
 from zoo.lab.cores import usable_cores
-from zoo.lab.exit_status import exit_if_a_run_failed
+from zoo.lab.exit_status import exit_if_a_run_failed, note_refused
+from zoo.lab.fixed import flatten
 from zoo.lab.lock import RunLock, holder
-from zoo.lab.param import parametrize
 from zoo.lab.plan import RunPlan, plan_run
 from zoo.lab.records import (
     METRICS,
@@ -54,10 +55,13 @@ from zoo.lab.records import (
     config_hash,
     keep_metrics_until,
     read_summary,
+    semantic_config,
     write_atomic,
     write_json_atomic,
 )
+from zoo.lab.run_model import with_task_vocab
 from zoo.lab.tasks import Task
+from zoo.lab.tasks.base import absolute_paths
 from zoo.lab.tokenizer import copy_to_run
 from zoo.lab.trackers import Tracker, open_tracker
 from zoo.lab.trainer import FitResult, TrainConfig, Trainer
@@ -174,39 +178,38 @@ def run(
     multirun: bool = False,
     job: int | None = None,
     tune_dir: Path | None = None,
+    on_write: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Train one configuration; rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``out_dir``.
 
     Never raises for a bad config or a failing run: the summary says ``failed`` with the error.
-    With ``resume``, a folder whose summary already says ``ok`` for the same config is left as it is.
+    With ``resume``, a folder whose summary already says ``ok`` for the same config is left as it is; a
+    folder that holds a finished run (or the weights or checkpoints of one) of another config is refused,
+    nothing written (status ``refused``). ``on_write``: called once before the first write to ``out_dir``.
     Returns the summary.
     """
     rank, world, _ = dist_env()
     writes = rank == 0 and out_dir is not None
     started = time.perf_counter()
-    summary: dict[str, Any] = {
-        "status": "running",
-        "error": None,
-        "run_dir": str(out_dir) if out_dir is not None else None,
-        "choices": dict(choices or {}),
-        "overrides": list(overrides),
-        "started": now(),
-        "versions": versions(),
-    }
+    summary: dict[str, Any] = {"status": "running", "error": None, "run_dir": str(out_dir) if out_dir else None}
+    summary.update(choices=dict(choices or {}), overrides=list(overrides), started=now(), versions=versions())
     if job is not None:
         summary["job"] = job  # Hydra's job number in a sweep: job 0 holds the first value of every swept key
     try:
         raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
         assert isinstance(raw, dict)
-        raw = tuned(raw, summary, tune_dir)
+        raw = tuned(with_task_vocab(raw), summary, tune_dir)  # model.vocab_size null: the task's, recorded
         summary.update(config=raw, config_hash=config_hash(raw), unused_axes=unused_axes(raw))
         summary["choices"] = {k: v for k, v in summary["choices"].items() if k not in summary["unused_axes"]}
-        if writes and resume and world == 1:
-            prior = read_summary(out_dir)  # type: ignore[arg-type]
-            if prior and prior.get("status") == "ok" and prior.get("config_hash") == summary["config_hash"]:
-                log.info("skip %s: already ok (%s)", shown(out_dir), metric_text(prior))
-                return prior
+        if writes:
+            answer = done_or_refused(out_dir, raw, summary, resume=resume, world=world)  # type: ignore[arg-type]
+            if answer is not None:
+                return answer
+            if on_write is not None:
+                on_write()
         train(raw, summary, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun, resume=resume)
+    except Refused as why:
+        return refuse(out_dir, str(why), world)  # type: ignore[arg-type]
     except IncompatibleParts as error:  # a grid's refused combination: recorded with its reason
         summary.update(status="incompatible", error=f"IncompatibleParts: {error}")
     except ConfigError as error:
@@ -220,6 +223,66 @@ def run(
     if rank == 0:
         log_end(summary, out_dir, writes)
     return summary
+
+
+def done_or_refused(
+    out_dir: Path, raw: dict[str, Any], summary: dict[str, Any], *, resume: bool, world: int
+) -> dict[str, Any] | None:
+    """Before anything is written: the folder's summary when it holds this config's finished run (skipped),
+    a ``refused`` summary when it holds another's (nothing written), else None (the run may write)."""
+    prior = read_summary(out_dir)
+    adopt_recorded_hash(prior, raw, summary)
+    if resume and world == 1 and is_done(prior, raw, summary):
+        log.info("skip %s: already ok (%s)", shown(out_dir), metric_text(prior))  # type: ignore[arg-type]
+        return prior
+    refused = refusal(out_dir, prior, raw, summary) if resume else None
+    return refuse(out_dir, refused, world) if refused is not None else None
+
+
+def adopt_recorded_hash(prior: dict[str, Any] | None, raw: dict[str, Any], summary: dict[str, Any]) -> None:
+    """A branch recorded before branches were named by their parent run's identity hashed that run's path:
+    the same config keeps the hash it was recorded (and checkpointed) under."""
+    if prior and identity(raw) is not None and prior.get("config_hash") == config_hash(raw, branch_path=True):
+        summary["config_hash"] = prior["config_hash"]
+
+
+def is_done(prior: dict[str, Any] | None, raw: dict[str, Any], summary: dict[str, Any]) -> bool:
+    """Whether ``prior`` (the folder's summary) is this config's finished run: ``ok``, the same config hash
+    and, for a branch, the same start (its parent run's config hash, step and checkpoint checksum)."""
+    if not prior or prior.get("status") != "ok" or prior.get("config_hash") != summary["config_hash"]:
+        return False
+    return same_start(prior.get("branch"), identity(raw))
+
+
+def refusal(out_dir: Path, prior: dict[str, Any] | None, raw: dict[str, Any], summary: dict[str, Any]) -> str | None:
+    """Why ``out_dir`` may not be written by this run (None: it may): it holds a finished run, or the weights
+    or checkpoints of one, of another config (the keys that differ named) or from another branch start."""
+    if not prior or not isinstance(prior.get("config"), dict):
+        return None
+    keeps = prior.get("status") in ("ok", "diverged") or (out_dir / ckpt.WEIGHTS).exists() or ckpt.checkpoints(out_dir)
+    if not keeps:
+        return None  # a failed or killed run with nothing to resume: trained anew
+    what = (
+        f"a finished run (status {prior['status']})" if prior.get("status") in ("ok", "diverged") else "a resumable run"
+    )
+    if prior.get("config_hash") != summary["config_hash"]:
+        mine, theirs = flatten(semantic_config(raw)), flatten(semantic_config(prior["config"]))
+        keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k, "unset") != theirs.get(k, "unset")]
+        differ = "; ".join(f"{k}: {theirs.get(k, 'unset')!r} there, {mine.get(k, 'unset')!r} here" for k in keys[:8])
+        more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
+        return f"holds {what} of another config ({differ or 'its config hash differs'}{more})"
+    if not same_start(prior.get("branch"), identity(raw)):
+        return f"holds {what} branched from another start ({prior.get('branch')}, not {identity(raw)})"
+    return None
+
+
+def refuse(out_dir: Path, why: str, world: int) -> dict[str, Any]:
+    """Refuse to write ``out_dir``: say why on stderr (the folder's log file is the run's, left as it is)."""
+    error = f"{shown(out_dir)} {why}. Nothing in it was changed: choose another run folder, or remove it to train anew"
+    print(f"zoo-train: refused: {error}", file=sys.stderr, flush=True)
+    if world > 1:
+        raise SystemExit(1)  # every process of this run stops
+    return {"status": "refused", "error": error, "run_dir": str(out_dir)}
 
 
 def tuned(raw: dict[str, Any], summary: dict[str, Any], tune_dir: Path | None) -> dict[str, Any]:
@@ -275,7 +338,7 @@ def train(
     task = build_task(plan)
     seed = raw.get("seed", 0)
     torch.manual_seed(seed)  # the same initial model on every rank
-    model = parametrize(task.build_model(raw, plan.specs), plan.mup)  # param=mup: zoo.lab.param
+    model = plan.run_model.build(raw)  # the one builder of a run's model (zoo.lab.run_model)
     torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
     train_cfg = describe(summary, plan, task, model, world)
     summary.update(device=str(device), threads=threads, world_size=world)
@@ -334,6 +397,9 @@ def describe(summary: dict[str, Any], plan: RunPlan, task: Task, model: Any, wor
         flops_per_token=flops_per_token,
         data=task.info(),
     )
+    paths = absolute_paths({"name": task.name, **plan.task_options})
+    if paths:
+        summary["data"]["paths"] = paths  # where evaluation finds the data from any folder (zoo-eval)
     return train_cfg
 
 
@@ -355,6 +421,8 @@ def open_records(
     metrics log (cut back to that checkpoint) and the tracker run; other ranks: None and no-op writers."""
     world = summary["world_size"]
     resume_from = find_checkpoint(out_dir, summary, world, resume) if out_dir is not None else None
+    if resume_from is not None:
+        check_same_data(out_dir, summary)  # type: ignore[arg-type]
     if out_dir is not None:
         write_json_atomic(out_dir / SUMMARY, summary)  # status "running": a killed run is re-run on resume
         ckpt.remove_weights(out_dir)  # weights on disk are always this config's
@@ -376,6 +444,23 @@ def open_records(
     if out_dir is not None:  # rank 0: one tracker run per run folder, beside the sweep's others
         tracker = open_tracker(plan.logger, out_dir.parent if multirun else out_dir, out_dir.name, summary)
     return resume_from, metrics, tracker
+
+
+class Refused(Exception):
+    """The run may not write its folder (:func:`refuse`): raised where that is found out after planning."""
+
+
+def check_same_data(out_dir: Path, summary: dict[str, Any]) -> None:
+    """Refuse to resume a run on other data than its checkpoints trained on (its relative ``task.path`` read
+    from another working folder, say), naming both hashes."""
+    before = ((read_summary(out_dir) or {}).get("data") or {}).get("sha256")
+    now = summary["data"].get("sha256")
+    if before is not None and now != before:
+        where = (summary["data"].get("paths") or {}).get("path") or "the data read"
+        raise Refused(
+            f"holds a resumable run that trained on other data (sha256 {before}; {where} has {now}): resume it "
+            "where its task.path names that data"
+        )
 
 
 def join_processes(
@@ -417,7 +502,7 @@ def fit(
     model, rank, world, sharded = trainer.model, trainer.rank, trainer.world, plan.mesh.sharded
     summary["resumed_from"] = []
     if resume_from is None and plan.branch is not None:  # a branch's first process: the checkpoint it branches from
-        trainer.restore(load_branch(plan.branch, model, trainer.optimizer, world=world))
+        trainer.restore(load_branch(plan.branch, model, trainer.optimizer, world=world), resumed=False)
         if rank == 0:
             log.info("%s: branched from %s", shown(out_dir), plan.branch.folder)
     if resume_from is not None:
@@ -425,7 +510,7 @@ def fit(
             resume_from, model, trainer.optimizer, config_hash=summary["config_hash"], world_size=world
         )
         trainer.restore(state)
-        summary["resumed_from"] = [*state.resumed_from, state.step]
+        summary["resumed_from"] = [*state.resumed_from, state.step]  # a branch's start is summary["branch"]["step"]
         if rank == 0:
             log.info("%s: resumed from %s", shown(out_dir), resumed_text(resume_from, summary))
     result = trainer.fit()
@@ -515,19 +600,36 @@ def hydra_job(cfg: DictConfig) -> str:
         parallel = (os.cpu_count() or 1) if n_jobs < 0 else n_jobs
     elif "LocalLauncher" in launcher:  # submitit_local starts every job at once
         parallel = os.cpu_count() or 1
+    out_dir = Path(hc.runtime.output_dir)
+    fresh = not any(out_dir.iterdir()) if out_dir.is_dir() else True
     summary = run(
         cfg,
-        Path(hc.runtime.output_dir),
+        out_dir,
         overrides=list(hc.overrides.task),
         choices=choices,
         parallel_jobs=parallel,
         multirun=multirun,
         job=hc.job.num if multirun else None,
         tune_dir=Path(hc.sweep.dir) / TUNE_DIR if multirun else None,
+        on_write=lambda: write_hydra_record(out_dir, cfg),
     )
-    if summary["status"] in ("failed", "incompatible", "locked") and not multirun:
+    if summary["status"] == "refused" and multirun:
+        note_refused(Path(hc.sweep.dir), out_dir, summary["error"])
+    refused_early = str(summary.get("error") or "").startswith("ConfigError") and "parameters" not in summary
+    if not multirun and fresh and refused_early and dist_env()[0] == 0:
+        shutil.rmtree(out_dir, ignore_errors=True)  # a config refused before training leaves no run folder
+    if summary["status"] in ("failed", "incompatible", "locked", "refused") and not multirun:
         raise SystemExit(1)  # a single run: fail the command (a sweep carries on)
     return str(summary["status"])
+
+
+def write_hydra_record(out_dir: Path, cfg: DictConfig) -> None:
+    """Hydra's record of the job in ``out_dir/.hydra`` (config, Hydra's config, overrides), written by zoo
+    once the run may write its folder (Hydra's own writing is off: conf/config.yaml's output_subdir)."""
+    hc = HydraConfig.get()
+    record = {"config.yaml": cfg, "hydra.yaml": OmegaConf.create({"hydra": hc}), "overrides.yaml": hc.overrides.task}
+    for name, node in record.items():
+        write_atomic(out_dir / ".hydra" / name, OmegaConf.to_yaml(node))
 
 
 _hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(hydra_job)

@@ -304,17 +304,20 @@ class Trainer:
         self.save_checkpoint = save_checkpoint
         self.checkpointing = cfg.checkpoint_every > 0 and (save_checkpoint is not None or world > 1)
         self.restored: TrainState | None = None
+        self.resumed_from: list[int] = []  # the steps this run was resumed at (its checkpoints record them)
         #: train.probe_every > 0: rank 0's probes (zoo.lab.probes) on the first validation batch.
         self.probes = (
             Probes(self.model, self.optimizer, cfg.probe_every, cfg.steps) if cfg.probe_every and rank == 0 else None
         )
 
-    def restore(self, state: TrainState) -> None:
+    def restore(self, state: TrainState, *, resumed: bool = True) -> None:
         """Continue from ``state`` (model and optimizer already loaded): this rank's generators now;
-        the loop's running values when :meth:`fit` starts, at step ``state.step + 1``."""
+        the loop's running values when :meth:`fit` starts, at step ``state.step + 1``. ``resumed`` False: a
+        branch's start (another run's checkpoint), not a resume of this run (its checkpoints' history)."""
         if len(state.ranks) == self.world:  # a sharded checkpoint read at another world size: fresh generators
             set_rng_state(state.ranks[self.rank]["rng"], self.generator, self.device)
         self.restored = state
+        self.resumed_from = [*state.resumed_from, state.step] if resumed else []
 
     def checkpoint(self, step: int, loop: LoopState, train_time: float) -> None:
         """Gather every rank's generators and running loss; rank 0 hands the state to ``save_checkpoint``."""
@@ -329,8 +332,7 @@ class Trainer:
             ranks = [None] * self.world
             dist.all_gather_object(ranks, mine)
         if self.save_checkpoint is not None:
-            history = self.restored.resumed_from + [self.restored.step] if self.restored else []
-            state = TrainState(step=step, loop=loop.saved(train_time), ranks=ranks, resumed_from=history)
+            state = TrainState(step=step, loop=loop.saved(train_time), ranks=ranks, resumed_from=self.resumed_from)
             self.save_checkpoint(state, self.model, self.optimizer)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:

@@ -16,7 +16,9 @@ from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
 
 #: ``model`` keys and their defaults.
-MODEL_DEFAULTS: dict[str, Any] = {"vocab_size": 256, "n_layers": 4, "tie_embeddings": True, "layers": {}}
+MODEL_DEFAULTS: dict[str, Any] = {"vocab_size": None, "n_layers": 4, "tie_embeddings": True, "layers": {}}
+#: ``model.vocab_size: null`` outside a run (a run takes its task's vocabulary: zoo.lab.run_model): bytes.
+DEFAULT_VOCAB = 256
 
 #: ``encoder`` keys (read by build_seq2seq only); ``n_layers`` defaults to the decoder's.
 ENCODER_DEFAULTS: dict[str, Any] = {"n_layers": None, "block": {}, "layers": {}}
@@ -40,8 +42,10 @@ def positive_int(field: str, value: Any) -> int:
 
 
 def model_options(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The validated ``model`` section: vocab_size, n_layers, tie_embeddings, layers."""
+    """The validated ``model`` section: vocab_size (null: :data:`DEFAULT_VOCAB`), n_layers, tie_embeddings, layers."""
     options = section(raw, "model", MODEL_DEFAULTS)
+    if options["vocab_size"] is None:
+        options["vocab_size"] = DEFAULT_VOCAB
     positive_int("model.vocab_size", options["vocab_size"])
     positive_int("model.n_layers", options["n_layers"])
     if not isinstance(options["tie_embeddings"], bool):

@@ -7,6 +7,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -71,13 +72,30 @@ class Task(ABC):
         seq_len = options.get("seq_len")
         return seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > 0 else None
 
+    @classmethod
+    def planned_vocab_size(cls, options: Mapping[str, Any]) -> int | None:
+        """The vocabulary the task will have with ``options``, known without reading its data (None: the
+        task must be built to tell; a run's ``model.vocab_size: null`` takes it, zoo.lab.run_model)."""
+        return None
+
+    #: The options that name files or folders: a run records them made absolute (``summary.json``'s
+    #: ``data.paths``), so evaluation reads the same data from any working folder.
+    path_options: ClassVar[tuple[str, ...]] = ()
+
     # -- the model ----------------------------------------------------------------------------
-    def build_model(self, raw: Mapping[str, Any], specs: Sequence[Any] | None = None) -> nn.Module:
+    @classmethod
+    def build_model(cls, raw: Mapping[str, Any], specs: Sequence[Any] | None = None) -> nn.Module:
         """The model this task trains, from the run config: a decoder-only language model built from
-        ``specs`` (the config's layer specs, already resolved) or from ``raw``."""
+        ``specs`` (the config's layer specs, already resolved) or from ``raw``. A classmethod: a run's
+        model is built without its data (zoo.lab.run_model)."""
         from zoo.models.language import build_model
 
         return build_model(raw, specs=specs)
+
+    @classmethod
+    def builds_own_model(cls) -> bool:
+        """Whether the task trains another model than the decoder-only language model (an encoder-decoder)."""
+        return cls.build_model.__func__ is not Task.build_model.__func__  # type: ignore[attr-defined]
 
     def logits(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """The logits (b, t, vocab) of ``batch``: a language model reads its ``inputs``."""
@@ -152,6 +170,14 @@ def task_options(cfg: Mapping[str, Any] | Any) -> tuple[type[Task], dict[str, An
     return part.cls, options
 
 
+def absolute_paths(task: Mapping[str, Any] | Any) -> dict[str, str]:
+    """The ``task`` section's file and folder options (:attr:`Task.path_options`) that are set, made
+    absolute against the working folder: what a run records so that its data is found from anywhere."""
+    cls, options = task_options(task)
+    paths = {key: options.get(key) for key in cls.path_options}
+    return {key: str(Path(value).expanduser().absolute()) for key, value in paths.items() if isinstance(value, str)}
+
+
 def check_lengths(value: Any) -> tuple[int, ...]:
     """``task.eval_lengths``: positive integer multiples of the trained length, 1 first."""
     allowed = "a list of positive integers (multiples of the trained length), e.g. [1, 2, 4]"
@@ -166,6 +192,11 @@ def check_lengths(value: Any) -> tuple[int, ...]:
 def positive(field: str, value: int | float) -> None:
     if value <= 0 or (isinstance(value, float) and not math.isfinite(value)):
         raise ConfigError(field, value, "must be positive")
+
+
+def planned_int(value: Any) -> int | None:
+    """``value`` when it is a positive integer, else None (the task's constructor then says why)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def planned_sum(*terms: Any) -> int | None:

@@ -64,6 +64,10 @@ class MQARTask(Task):
         self.seq_len = 2 * (n_pairs + n_queries)
 
     @classmethod
+    def planned_vocab_size(cls, options: Mapping[str, Any]) -> int | None:
+        return planned_sum(options.get("n_keys", 64), options.get("n_values", 64))
+
+    @classmethod
     def planned_seq_len(cls, options: Mapping[str, Any]) -> int | None:
         return planned_sum(2 * options.get("n_pairs", 8), 2 * options.get("n_queries", 8))
 

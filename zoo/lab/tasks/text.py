@@ -92,6 +92,11 @@ class BytesTask(Task):
     """
 
     metrics = {"bpb": "min", "loss": "min"}
+    path_options = ("path",)
+
+    @classmethod
+    def planned_vocab_size(cls, options: Mapping[str, Any]) -> int | None:
+        return 256
 
     def __init__(
         self,

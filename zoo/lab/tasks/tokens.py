@@ -11,7 +11,7 @@ import glob as globbing
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,24 @@ def expand(pattern: str, field: str) -> list[Path]:
     if not files:
         raise ConfigError(field, pattern, "no such file, folder of .bin files or glob of token files")
     return files
+
+
+def check_source(path: str) -> None:
+    """Refuse a ``task.path`` that names nothing, or a folder that holds neither a zoo-prepare ``meta.json``
+    nor token files, saying what to run (before any other option is read against it)."""
+    folder = Path(path).expanduser()
+    prepare = f"prepare it with: zoo-prepare INPUT... --out {path} (docs/data.md)"
+    if (
+        folder.is_dir()
+        and not (folder / META).is_file()
+        and not any(p.suffix in (".bin", ".npy") for p in folder.iterdir())
+    ):
+        raise ConfigError(
+            "task.path", path, f"a folder written by zoo-prepare: {folder.absolute()} has no {META}; {prepare}"
+        )
+    if not folder.exists() and not globbing.glob(str(folder)):
+        where = f"not found (from {Path.cwd()})" if not folder.is_absolute() else "not found"
+        raise ConfigError("task.path", path, f"an existing zoo-prepare folder or token files: {where}; {prepare}")
 
 
 def map_raw(path: Path, dtype: str) -> np.ndarray:
@@ -222,6 +240,19 @@ class TokensTask(Task):
     is known (zoo's format), ``val_bpb`` = loss / ln 2 x tokens per byte."""
 
     metrics = {"bpb": "min", "loss": "min"}
+    path_options = ("path", "val_path")
+
+    @classmethod
+    def planned_vocab_size(cls, options: Mapping[str, Any]) -> int | None:
+        """meta.json's vocabulary for a zoo-prepare folder (checked), else ``task.vocab_size``."""
+        path = options.get("path")
+        if path is None:
+            return None  # the constructor names task.path
+        folder = Path(path).expanduser()
+        if (folder / META).is_file() and options.get("format", "auto") in ("auto", "zoo"):
+            return read_meta(folder)["vocab_size"]
+        check_source(path)
+        return options.get("vocab_size")
 
     def __init__(
         self,
@@ -254,6 +285,7 @@ class TokensTask(Task):
     ) -> tuple[list[Segment], list[Segment]]:
         """The train and validation segments, with ``self.vocab_size`` (and ``val_bytes`` when known) set."""
         folder = Path(path).expanduser()
+        check_source(path)
         if fmt == "zoo" or (fmt == "auto" and (folder / META).is_file()):
             if not (folder / META).is_file():
                 raise ConfigError("task.path", path, f"a folder written by zoo-prepare (with {META})")

@@ -106,7 +106,12 @@ class TransduceTask(Task):
         generator = torch.Generator().manual_seed(VAL_SEED + factor)
         return [self.sample(batch_size, generator, factor) for _ in range(n_batches)]
 
-    def build_model(self, raw: Mapping[str, Any], specs: Sequence[Any] | None = None) -> nn.Module:
+    @classmethod
+    def planned_vocab_size(cls, options: Mapping[str, Any]) -> int | None:
+        return planned_sum(FIRST_SYMBOL, options.get("n_symbols", 16))
+
+    @classmethod
+    def build_model(cls, raw: Mapping[str, Any], specs: Sequence[Any] | None = None) -> nn.Module:
         """An encoder-decoder (zoo.build_seq2seq: its stacks' specs come from ``raw``'s block and encoder)."""
         return build_seq2seq(raw)
 
