@@ -82,7 +82,7 @@ ROWS = {
     ),
     # An encoder-decoder.
     "transduce-seq2seq": Row(
-        "transduce", ("attn=gqa", "pos=rotary", "schedule=inverse_sqrt", "task.max_len=6"), hf="to_hf"
+        "transduce", ("attn=gqa", "pos=rotary", "schedule=inverse_sqrt", "task.max_len=6"), hf="run"
     ),
     # GPT-2-shaped, every block compiled.
     "bytes-gpt-compiled": Row("bytes", ("preset=gpt", "block.max_len=64", "compile=true"), hf="logits"),

@@ -79,8 +79,7 @@ def with_task_vocab(config: Mapping[str, Any]) -> dict[str, Any]:
 def is_language_model(model: nn.Module, command: str, hint: str = "") -> None:
     """Refuse, naming the command, a run whose model is not a decoder-only language model."""
     if not isinstance(model, LanguageModel):
-        allowed = f"a decoder-only run: {type(model).__name__} is not one{hint}"
-        raise ConfigError(command, type(model).__name__, allowed)
+        raise ConfigError("run", type(model).__name__, f"a decoder-only run for {command}{hint}")
 
 
 __all__: Sequence[str] = ["RunModel", "build_run_model", "is_language_model", "task_vocab_size", "with_task_vocab"]
