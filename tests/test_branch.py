@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 from zoo.lab.checkpoint import WEIGHTS
 from zoo.lab.records import config_hash, read_metrics
 from zoo.lab.report import report_main
+from zoo.lab.runset import UNSET
 from zoo.lab.train import run
-from zoo.lab.variants import UNSET, build_report
+from zoo.lab.variants import build_report
 
 #: A WSD run whose checkpoints (every 3 steps, all kept) lie in its stable phase up to step 9 at 12 steps.
 WSD = ("schedule=wsd", "train.checkpoint_every=3", "train.keep_checkpoints=10", "block.dropout=0.1")

@@ -168,7 +168,8 @@ def test_doc_command_works(page, command, capsys, tmp_path, monkeypatch):
             assert exit_.code in (0, 1, None)
         assert capsys.readouterr().out.strip()
     elif program in ("zoo-generate", "zoo-eval"):
-        from zoo.lab.runs import eval_main, generate_main
+        from zoo.lab.commands.evaluate import main as eval_main
+        from zoo.lab.commands.generate import main as generate_main
         from zoo.lab.train import run
 
         tiny = [f"{k}={v}" for k, v in TINY.items()]

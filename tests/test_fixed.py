@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from zoo.assembly.compose import compose_with_choices
 from zoo.lab.fixed import fixed_line, fixed_settings
-from zoo.lab.variants import Run
+from zoo.lab.runset import Run
 
 
 def run_of(overrides: list[str]) -> Run:

@@ -18,8 +18,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.core.errors import ConfigError  # noqa: E402
+from zoo.lab.commands.evaluate import main as eval_main  # noqa: E402
 from zoo.lab.harness import ZooLM  # noqa: E402
-from zoo.lab.runs import eval_main  # noqa: E402
 from zoo.lab.train import run  # noqa: E402
 
 TEXT = "def déjà(x):\n    return x + 1  # ünï 🦒\nclass Point:\n    pass\n" * 120

@@ -13,7 +13,9 @@ from helpers import tiny
 
 import zoo
 from zoo.core.errors import ConfigError
-from zoo.lab.runs import eval_main, evaluate_run, generate_main, load_codec, text_to_tokens, tokens_to_text
+from zoo.lab.commands.evaluate import main as eval_main
+from zoo.lab.commands.generate import main as generate_main
+from zoo.lab.runs import evaluate_run, load_codec, text_to_tokens, tokens_to_text
 from zoo.lab.train import run
 from zoo.models import language
 

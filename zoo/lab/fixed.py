@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from zoo.assembly.compose import compose_with_choices
 from zoo.lab.records import RUNTIME_KEYS
-from zoo.lab.variants import Run
+from zoo.lab.runset import Run
 
 log = logging.getLogger("zoo.lab.fixed")
 

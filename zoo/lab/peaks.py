@@ -11,15 +11,14 @@ baseline's. The output log-partition is a logarithm already: its mean, interval 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from zoo.lab.records import read_metrics
+from zoo.lab.runset import Variant
 from zoo.lab.stats import Comparison, compare, mean_interval
-
-if TYPE_CHECKING:
-    from zoo.lab.variants import Report
 
 #: Probe keys with a peak: whether it is compared on a log10 scale.
 PEAKS = {"attn_logit_max": True, "log_z": False}
@@ -68,18 +67,21 @@ class Peak:
         return tuple(None if x is None else back(x) for x in interval)  # type: ignore[return-value]
 
 
-def variant_peaks(report: Report) -> dict[tuple[str, ...], dict[str, Peak]]:
-    """Each variant's peaks (the ok runs' probe records), each compared with the baseline's, paired by seed."""
+def variant_peaks(
+    variants: Sequence[Variant], baseline: tuple[str, ...], test: str
+) -> dict[tuple[str, ...], dict[str, Peak]]:
+    """Each variant's peaks (the ok runs' probe records), each compared with the ``baseline`` variant's, paired
+    by seed under ``test`` (the report's)."""
     out: dict[tuple[str, ...], dict[str, Peak]] = {}
-    for variant in report.variants:
+    for variant in variants:
         runs = {r.seed: run_peaks(r.path) for r in variant.ok}
         for key in PEAKS:
             per_seed = {s: p[key] for s, p in runs.items() if key in p}
             if per_seed:
                 out.setdefault(variant.key, {})[key] = Peak(key, per_seed)
-    base = out.get(report.baseline, {})
+    base = out.get(baseline, {})
     for key_, peaks in out.items():
         for key, peak in peaks.items():
-            if key_ != report.baseline and key in base:
-                peak.comparison = compare(peak.scaled(), base[key].scaled(), "min", test=report.test)
+            if key_ != baseline and key in base:
+                peak.comparison = compare(peak.scaled(), base[key].scaled(), "min", test=test)
     return out

@@ -12,8 +12,9 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
+from zoo.lab.runset import Variant
 from zoo.lab.stats import CONFIDENCE, mean_interval
-from zoo.lab.variants import Report, Variant
+from zoo.lab.variants import Report
 
 #: Curves drawn at most: past this, the best ones (the rest stay in the table and final.png).
 MAX_CURVES = 10

@@ -30,6 +30,7 @@ from zoo.lab.lock import report_lock
 from zoo.lab.peaks import PEAKS, Peak
 from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_probes, plot_routing
 from zoo.lab.records import read_metrics
+from zoo.lab.runset import Variant
 from zoo.lab.sensitivity import LrCurve
 from zoo.lab.stats import (
     CONFIDENCE,
@@ -43,7 +44,7 @@ from zoo.lab.stats import (
     pass_threshold,
 )
 from zoo.lab.tune import TUNE_DIR
-from zoo.lab.variants import Report, Variant, build_report, report_options
+from zoo.lab.variants import Report, build_report, report_options
 
 log = logging.getLogger("zoo.lab.report")
 

@@ -1,16 +1,10 @@
-"""Using a finished run: load its model (:func:`load_run`), sample from it (``zoo-generate``),
-re-evaluate it on its task at any length (``zoo-eval``), export it (:func:`to_hf`).
-
-    zoo-generate runs/quick/pos=rotary,mlp=swiglu,seed=0 "def main(" --max-new-tokens 80 --temperature 0.8
-    zoo-eval runs/quick/pos=rotary,mlp=swiglu,seed=0 --lengths 1,2,4
-"""
+"""Using a finished run: load its model (:func:`load_run`), re-evaluate it on its own data at any length
+(:func:`evaluate_run`), export it (:func:`to_hf`). The command lines over them are in
+:mod:`zoo.lab.commands` (``zoo-generate``, ``zoo-eval``, ``zoo-lm-eval``)."""
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -89,7 +83,7 @@ def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path) -> Path:
     return hf.to_hf(model, out_dir)  # type: ignore[arg-type]
 
 
-# -- zoo-generate ---------------------------------------------------------------------------------
+# -- text and tokens ------------------------------------------------------------------------------
 
 
 def text_to_tokens(prompt: str, config: dict[str, Any]) -> list[int]:
@@ -104,60 +98,7 @@ def tokens_to_text(ids: Sequence[int], config: dict[str, Any]) -> str:
     return Codec("bytes" if config["task"]["name"] in BYTE_TASKS else "ids").decode(ids)
 
 
-def generate_main(argv: Sequence[str] | None = None) -> None:
-    """``zoo-generate DIR PROMPT``: continue PROMPT with the run's model (KV-cached sampling)."""
-    parser = argparse.ArgumentParser(
-        prog="zoo-generate",
-        description="Sample from a trained run: text in and out for bytes and tokenizer runs, else token ids.",
-    )
-    parser.add_argument("run", help="a run folder (or one of its checkpoints/step_<N> folders)")
-    parser.add_argument("prompt", help="text (bytes or tokenizer runs) or token ids separated by spaces")
-    parser.add_argument("--max-new-tokens", type=int, default=100)
-    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy (argmax)")
-    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    parser.add_argument("--seed", type=int, default=0, help="the sampling generator's seed")
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
-    try:
-        model, _ = load_run(args.run, args.device)
-        is_language_model(model, "zoo-generate", " (an encoder-decoder run decodes its sources: zoo-eval scores it)")
-        codec = load_codec(args.run)
-        ids = codec.encode(args.prompt)
-        if not ids:
-            raise ConfigError("prompt", args.prompt, "at least one token")
-        vocab = model.embed.num_embeddings
-        if max(ids) >= vocab or min(ids) < 0:
-            raise ConfigError("prompt", args.prompt, f"token ids in 0..{vocab - 1}")
-        prompt = torch.tensor([ids], device=args.device)
-        generator = torch.Generator(args.device).manual_seed(args.seed)
-        new = model.generate(
-            prompt, args.max_new_tokens, args.temperature, args.top_k, use_cache=True, generator=generator
-        )
-    except ConfigError as error:
-        sys.exit(f"zoo-generate: {error}")
-    print(continuation(codec, args.prompt, ids, new[0].tolist()))
-
-
-def continuation(codec: Codec, prompt: str, ids: Sequence[int], new: Sequence[int]) -> str:
-    """What zoo-generate prints: the prompt and its continuation as text (bytes: the prompt as typed;
-    a tokenizer: prompt and new tokens decoded together, so no character is cut), else the new ids."""
-    if codec.kind == "bytes":
-        return prompt + codec.decode(new)
-    if codec.kind == "tokenizer":
-        return codec.decode([*ids, *new])
-    return codec.decode(new)
-
-
-# -- zoo-eval -------------------------------------------------------------------------------------
-
-
-def parse_lengths(text: str) -> list[int]:
-    try:
-        lengths = [int(x) for x in text.split(",")]
-    except ValueError:
-        allowed = "multiples of the trained length separated by commas, e.g. 1,2,4"
-        raise ConfigError("--lengths", text, allowed) from None
-    return lengths
+# -- evaluation -----------------------------------------------------------------------------------
 
 
 def run_task_config(path: str | Path, data: str | None = None) -> dict[str, Any]:
@@ -215,82 +156,3 @@ def evaluate_run(
         torch.set_num_threads(config["threads"])
     trainer = Trainer(model, task, train, device=torch.device(device), data_seed=0)
     return trainer.evaluate(), trainer.eval_errors
-
-
-def eval_main(argv: Sequence[str] | None = None) -> None:
-    """``zoo-eval DIR [--lengths 1,2,4]``: the run's validation metrics, one row per length; with
-    ``--harness TASKS``: lm-evaluation-harness tasks instead, through the run's tokenizer."""
-    parser = argparse.ArgumentParser(prog="zoo-eval", description="Re-evaluate a trained run on its task.")
-    parser.add_argument("run", help="a run folder (or one of its checkpoints/step_<N> folders)")
-    parser.add_argument("--lengths", default=None, help="multiples of the trained length, e.g. 1,2,4")
-    parser.add_argument("--batches", type=int, default=None, help="validation batches (default: the run's)")
-    parser.add_argument(
-        "--data", default=None, help="the run's data folder or files, moved (default: where the run read them)"
-    )
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--harness", default=None, help="lm-eval tasks separated by commas (pip install zoo[eval])")
-    parser.add_argument("--include-path", default=None, help="a folder of lm-eval task YAML files (--harness)")
-    parser.add_argument("--limit", type=int, default=None, help="at most this many documents per task (--harness)")
-    parser.add_argument("--batch-size", type=int, default=8, help="requests per forward pass (--harness)")
-    args = parser.parse_args(argv)
-    if args.harness is not None:
-        return harness_main(args)
-    try:
-        lengths = parse_lengths(args.lengths) if args.lengths else None
-        metrics, errors = evaluate_run(args.run, lengths, args.device, args.batches, args.data)
-        task_cfg = run_task_config(args.run, args.data)
-        task = build_task(task_cfg if lengths is None else {**task_cfg, "eval_lengths": lengths})
-    except ConfigError as error:
-        sys.exit(f"zoo-eval: {error}")
-    names = list(task.metrics)
-    print(f"{args.run}: task {task.name}, trained length {task.seq_len}")
-    print("| length | tokens | " + " | ".join(f"val_{n}" for n in names) + " |")
-    print("|---|---|" + "---|" * len(names))
-    for factor in task.eval_lengths:
-        suffix = "" if factor == 1 else f"_{factor}x"
-        cells = [metrics.get(f"val_{n}{suffix}") for n in names]
-        shown = ["n/a" if v is None else f"{v:.4f}" for v in cells]
-        print(f"| {factor}x | {factor * task.seq_len} | " + " | ".join(shown) + " |")
-    for factor, error in errors.items():
-        print(f"{factor}: {error}")
-
-
-def load_harness() -> Any:
-    """zoo.lab.harness, imported by name: lm-eval is an optional extra, and zoo.lab.harness imports this module."""
-    try:
-        return importlib.import_module("zoo.lab.harness")
-    except ImportError as e:
-        raise ConfigError("lm-eval", None, f"installed: pip install zoo[eval] ({e})") from None
-
-
-def harness_main(args: argparse.Namespace) -> None:
-    """``zoo-eval DIR --harness TASKS``: lm-eval's results table for the run (zoo.lab.harness)."""
-    tasks = [t for t in args.harness.split(",") if t]
-    try:
-        if not tasks:
-            raise ConfigError("--harness", args.harness, "lm-eval task names separated by commas")
-        harness = load_harness()
-        results = harness.evaluate(
-            args.run, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,
-            device=args.device,
-        )  # fmt: skip
-    except ConfigError as error:
-        sys.exit(f"zoo-eval: {error}")
-    from lm_eval.utils import make_table
-
-    print(make_table(results))
-
-
-def lm_eval_main() -> None:
-    """``zoo-lm-eval ARGS``: lm-eval's own command line with the ``zoo`` model registered
-    (``zoo-lm-eval --model zoo --model_args run=DIR --tasks TASKS``)."""
-    try:
-        harness = load_harness()
-    except ConfigError as error:
-        sys.exit(f"zoo-lm-eval: {error}")
-    harness.main()
-
-
-def load_run_config(path: str | Path) -> dict[str, Any]:
-    summary = read_summary(run_folder(path)) or {}
-    return summary["config"]

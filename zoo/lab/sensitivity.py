@@ -17,12 +17,10 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from zoo.lab.runset import Run, Variant
 from zoo.lab.stats import Comparison, compare, difference_range, mean_interval
-
-if TYPE_CHECKING:
-    from zoo.lab.variants import Report, Run
 
 
 def clipped(value: float | None, initial: float, mode: str) -> float:
@@ -153,22 +151,31 @@ def seed_order(seed: Any) -> tuple[int, Any]:
     return (0, seed) if isinstance(seed, (int, float)) else (1, str(seed))
 
 
-def lr_study(report: Report, tuning: Sequence[Run]) -> LrStudy:
-    """The sweep ``report``'s variants across the rates of its tuning runs (``tuning``: the runs under
-    ``<sweep dir>/tune``), each variant's sensitivity compared with the baseline's, paired by seed."""
+def lr_study(
+    variants: Sequence[Variant],
+    baseline: tuple[str, ...],
+    test: str,
+    axes: Sequence[str],
+    metric: str,
+    mode: str,
+    tuning: Sequence[Run],
+) -> LrStudy:
+    """A sweep's ``variants`` (keyed by their values of ``axes``) across the rates of its tuning runs
+    (``tuning``: the runs under ``<sweep dir>/tune``) on ``metric``, each variant's sensitivity compared with
+    the ``baseline`` variant's, paired by seed under ``test`` (the report's)."""
     runs = [r for r in tuning if rate_of(r) is not None]
-    study = LrStudy(report.metric, report.mode, sorted({rate_of(r) for r in runs}),  # type: ignore[type-var]
+    study = LrStudy(metric, mode, sorted({rate_of(r) for r in runs}),  # type: ignore[type-var]
                     sorted({r.seed for r in runs}, key=seed_order))  # fmt: skip
     by_key: dict[tuple[str, ...], list[Run]] = {}
     for run in runs:
-        by_key.setdefault(tuple(run.value(a) for a in report.axes), []).append(run)
-    for variant in report.variants:
+        by_key.setdefault(tuple(run.value(a) for a in axes), []).append(run)
+    for variant in variants:
         if variant.key in by_key:
             study.curves[variant.key] = build_curve(variant.key, by_key[variant.key], study)
-    base = study.curves.get(report.baseline)
+    base = study.curves.get(baseline)
     if base is not None and base.per_seed:
         for curve in study.curves.values():
-            if curve.key != report.baseline and curve.per_seed:
-                curve.comparison = compare(curve.per_seed, base.per_seed, "min", test=report.test,
-                                           bounds=difference_range(report.metric))  # fmt: skip
+            if curve.key != baseline and curve.per_seed:
+                curve.comparison = compare(curve.per_seed, base.per_seed, "min", test=test,
+                                           bounds=difference_range(metric))  # fmt: skip
     return study
