@@ -104,3 +104,18 @@ def test_the_check_sees_imports_inside_functions_type_checking_and_importlib(tmp
     graph = {name: imported(name, path, known) for name, path in known.items()}
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"} and graph["pkg.c"] == {"pkg.a"}
     assert circles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def test_import_zoo_reads_no_torch_and_a_registry_brings_the_built_in_parts():
+    """``import zoo`` names every public name without importing them (PEP 562): no torch until one is used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, zoo; assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert 'rmsnorm' in zoo.NORMS.names() and 'torch' in sys.modules; "
+        "assert zoo.ConfigError.__module__ == 'zoo.core.errors'; print(sorted(zoo.available()))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(sorted(["attn", "mlp", "norm", "placement", "pos"]))

@@ -206,7 +206,7 @@ def test_an_option_file_named_after_another_part_is_reported_naming_the_file(plu
 
 def test_a_conf_entry_point_that_does_not_import_is_named():
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("zoo.assembly.compose.plugin_config_packages", lambda: [("zoo-gone", "zoo_gone.conf")])
+        patch.setattr("zoo.assembly.config_tree.plugin_config_packages", lambda: [("zoo-gone", "zoo_gone.conf")])
         with pytest.warns(PluginWarning, match="plugin zoo-gone declares option files in 'zoo_gone.conf'"):
             assert not any("zoo_gone" in entry for entry in search_path())
 

@@ -5,23 +5,42 @@ Layers, each importing only those below it (checked by import-linter, see pyproj
 compatibility, matching, building) <- ``zoo.models`` <- ``zoo.lab`` (training, sweeps, reports, CLI).
 """
 
+import importlib
 import importlib.metadata
+from typing import Any
 
-from zoo.assembly.block import Block
-from zoo.assembly.build import build_block, param_report
-from zoo.assembly.compat import check_combination
-from zoo.assembly.compose import CONF_DIR, compose
-from zoo.assembly.spec import BlockSpec, resolve_block
-from zoo.core.dims import BlockDims
-from zoo.core.errors import ConfigError, IncompatibleParts
-from zoo.core.registry import ATTENTIONS, AXES, MLPS, NORMS, PLACEMENTS, POSITIONS, Registry
-from zoo.models.hf import from_hf
-from zoo.models.language import LanguageModel, build_model
-from zoo.models.seq2seq import Seq2SeqModel, build_seq2seq
-from zoo.models.static import StaticDecoder
-from zoo.parts.attention import KVCache
-from zoo.parts.cross_attention import CrossAttention
-from zoo.parts.state import LayerState, MixerState
+import zoo.assembly.config_tree  # noqa: F401  (registers ${zoo_searchpath:} for Hydra apps: no torch)
+
+#: Every public name and the module it lives in, imported when first used (PEP 562): ``import zoo`` reads no
+#: torch, so a command answers ``--help`` and refuses a bad override at once.
+PUBLIC = {
+    "Block": "zoo.assembly.block",
+    "build_block": "zoo.assembly.build",
+    "param_report": "zoo.assembly.build",
+    "check_combination": "zoo.assembly.compat",
+    "CONF_DIR": "zoo.assembly.config_tree",
+    "compose": "zoo.assembly.compose",
+    "BlockSpec": "zoo.assembly.spec",
+    "resolve_block": "zoo.assembly.spec",
+    "BlockDims": "zoo.core.dims",
+    "ConfigError": "zoo.core.errors",
+    "IncompatibleParts": "zoo.core.errors",
+    "Registry": "zoo.core.registry",
+    "from_hf": "zoo.models.hf",
+    "LanguageModel": "zoo.models.language",
+    "build_model": "zoo.models.language",
+    "Seq2SeqModel": "zoo.models.seq2seq",
+    "build_seq2seq": "zoo.models.seq2seq",
+    "StaticDecoder": "zoo.models.static",
+    "KVCache": "zoo.parts.attention",
+    "CrossAttention": "zoo.parts.cross_attention",
+    "LayerState": "zoo.parts.state",
+    "MixerState": "zoo.parts.state",
+    "load_run": "zoo.lab.runs",
+    "to_hf": "zoo.lab.runs",
+}
+#: The part registries: read through zoo.parts, so that the built-in parts are registered first.
+REGISTRIES = ("ATTENTIONS", "AXES", "MLPS", "NORMS", "PLACEMENTS", "POSITIONS")
 
 try:
     __version__ = importlib.metadata.version("zoo")
@@ -29,18 +48,24 @@ except importlib.metadata.PackageNotFoundError:  # imported from a source tree t
     __version__ = "unknown"
 
 
-def __getattr__(name: str) -> object:
-    """``load_run`` and ``to_hf`` live in the lab (they read run folders), imported when first used."""
-    if name in ("load_run", "to_hf"):
-        from zoo.lab import runs
-
-        return getattr(runs, name)
-    raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+def __getattr__(name: str) -> Any:
+    """A public name's value, its module imported on first use (then kept as an attribute of zoo)."""
+    if name in REGISTRIES:
+        importlib.import_module("zoo.parts")  # the built-in parts register themselves
+        module = "zoo.core.registry"
+    elif name in PUBLIC:
+        module = PUBLIC[name]
+    else:
+        raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def available() -> dict[str, list[str]]:
     """Every axis and its registered part names, e.g. ``{"norm": ["layernorm", "rmsnorm"], ...}``."""
-    return {axis: registry.names() for axis, registry in AXES.items()}
+    axes = __getattr__("AXES")
+    return {axis: registry.names() for axis, registry in axes.items()}
 
 
 __all__ = [

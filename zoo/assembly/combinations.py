@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import zoo.parts  # noqa: F401  (registers the built-in parts: AXES is read by name)
 from zoo.core.options import option_types
 from zoo.core.registry import AXES
 

@@ -9,10 +9,8 @@ and :func:`compose`. A Hydra app of one's own can list the same entries (docs/co
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from importlib.resources import files
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -22,43 +20,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from zoo.assembly.config_tree import CONF_DIR, search_path
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
-from zoo.core.registry import AXES, PluginWarning, load_plugins, plugin_config_packages
-
-#: The Hydra config tree (``conf/`` in the source tree, ``zoo/conf`` when installed): one group per
-#: axis (placement, norm, attn, pos, mlp), presets, tasks.
-CONF_DIR = Path(str(files("zoo.conf")))
-#: The folder holding the ``sweeps`` group (``sweeps/<name>.yaml``, ``zoo/sweeps`` when installed).
-SWEEPS_ROOT = Path(str(files("zoo.sweeps"))).parent
-
-
-def search_path() -> list[str]:
-    """Hydra search-path entries for zoo's groups, its sweeps and every plugin's option files.
-
-    A plugin's ``zoo.conf`` entry point that names no importable package is reported in a
-    :class:`~zoo.core.registry.PluginWarning` (and left out) rather than skipped silently.
-    """
-    load_plugins()  # before importing their option packages, so their parts register as theirs
-    root = str(SWEEPS_ROOT).replace("\\", "/")
-    entries = ["pkg://zoo.conf", f"file://{root}"]
-    for package, module in plugin_config_packages():
-        try:
-            found = find_spec(module) is not None
-        except ImportError:  # its parent package is missing
-            found = False
-        if found:
-            entries.append(f"pkg://{module}")
-        else:
-            warnings.warn(
-                f"plugin {package} declares option files in {module!r} (entry point zoo.conf), which does not import",
-                PluginWarning,
-                stacklevel=2,
-            )
-    return entries
-
-
-OmegaConf.register_new_resolver("zoo_searchpath", search_path, replace=True)
+from zoo.core.registry import AXES
 
 # conf/config.yaml's defaults list composes this node after its own: the five axis nodes, open
 # (not struct), so that a misspelt option (``block.placement.alhpa=2``) reaches zoo's check, which
