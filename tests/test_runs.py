@@ -24,10 +24,10 @@ from zoo.models import language
 def trained(tmp_path_factory):
     """A byte-level llama-style run (and the model object it trained) and an mqar run."""
     root = tmp_path_factory.mktemp("runs")
-    built = []
+    built, build_model = [], language.build_model
 
     def keep(cfg, **resolved):  # the model the run trains, to compare with what load_run rebuilds
-        built.append(zoo.build_model(cfg, **resolved))
+        built.append(build_model(cfg, **resolved))
         return built[-1]
 
     with pytest.MonkeyPatch.context() as patch:

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from zoo.core.errors import ConfigError
-from zoo.lab.runs import evaluate_run, run_task_config
-from zoo.lab.tasks import build_task
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -44,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.harness is not None:
         return harness_main(args)
+    from zoo.lab.runs import evaluate_run, run_task_config  # after the arguments: --help answers before torch
+    from zoo.lab.tasks import build_task
+
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else None
         metrics, errors = evaluate_run(args.run, lengths, args.device, args.batches, args.data)

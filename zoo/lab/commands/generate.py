@@ -10,11 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import torch
-
 from zoo.core.errors import ConfigError
-from zoo.lab.run_model import is_language_model
-from zoo.lab.runs import load_codec, load_run
 from zoo.lab.tokenizer import Codec
 
 
@@ -32,6 +28,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="the sampling generator's seed")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
+    import torch  # the arguments first: --help and a bad flag answer before torch loads
+
+    from zoo.lab.run_model import is_language_model
+    from zoo.lab.runs import load_codec, load_run
+
     try:
         model, _ = load_run(args.run, args.device)
         is_language_model(model, "zoo-generate", " (an encoder-decoder run decodes its sources: zoo-eval scores it)")
