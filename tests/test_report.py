@@ -606,3 +606,20 @@ def test_probes_plot_the_largest_attention_logit_and_log_z_per_variant_only_when
             fake_run(tmp_path, [f"pos={pos}", f"seed={seed}"], value=3.0)
     write_report(tmp_path)
     assert not (tmp_path / "probes.png").exists()
+
+
+def test_routing_png_is_written_listed_removed_when_stale_and_sent_to_trackers_like_every_plot(tmp_path):
+    """One list of a report's files (zoo/lab/report_files.py): routing.png is handled as every other plot."""
+    from zoo.lab.report import written
+    from zoo.lab.report_files import OPTIONAL, PLOTS
+    from zoo.lab.trackers import PLOTS as SENT
+
+    for seed in (0, 1):
+        fake_run(tmp_path, ["mlp=moe", f"seed={seed}"], value=3.0, routing={"blocks.0.mlp": [0.25, 0.75]})
+    write_report(tmp_path)
+    assert imread(tmp_path / "routing.png").shape[1] > 400 and tmp_path / "routing.png" in written(tmp_path, True)
+    assert "routing.png" in PLOTS and "routing.png" in OPTIONAL and SENT == PLOTS
+    for seed in (0, 1):  # the same folder, no run routes tokens now: the earlier routing.png goes
+        fake_run(tmp_path, ["mlp=moe", f"seed={seed}"], value=3.0)
+    write_report(tmp_path)
+    assert not (tmp_path / "routing.png").exists() and tmp_path / "routing.png" not in written(tmp_path, True)

@@ -30,6 +30,7 @@ from zoo.lab.lock import report_lock
 from zoo.lab.peaks import PEAKS, Peak
 from zoo.lab.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_probes, plot_routing
 from zoo.lab.records import read_metrics
+from zoo.lab.report_files import OPTIONAL, PLOTS, TABLES
 from zoo.lab.runset import Variant
 from zoo.lab.sensitivity import LrCurve
 from zoo.lab.stats import (
@@ -725,7 +726,7 @@ def write_built(report: Report, plots: bool = True) -> str:
     text = markdown(report)
     for line in warning_lines(report):
         print(f"zoo-report: {report.root}: {line}", file=sys.stderr)
-    for stale in ("effects.csv", "interactions.png", "lr.png", "probes.png"):  # from an earlier report of more axes
+    for stale in OPTIONAL:  # an earlier report's (of more axes, with tuning, probes or routing)
         (report.root / stale).unlink(missing_ok=True)
     (report.root / "report.md").write_text(text)
     write_csv(report)
@@ -744,9 +745,7 @@ def write_built(report: Report, plots: bool = True) -> str:
 
 def written(root: Path, plots: bool) -> list[Path]:
     """The report's files in ``root`` (those this report wrote)."""
-    names = ["report.md", "report.csv", "runs.csv", "effects.csv"]
-    if plots:
-        names += ["curves.png", "final.png", "interactions.png", "lr.png", "probes.png"]
+    names = TABLES + PLOTS if plots else TABLES
     return [root / n for n in names if (root / n).exists()]
 
 

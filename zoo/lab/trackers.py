@@ -32,11 +32,11 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.core.errors import ConfigError
 from zoo.core.options import resolve_options
 from zoo.core.registry import Registry
+from zoo.lab.report_files import PLOTS
 
 log = logging.getLogger("zoo.lab.trackers")
 
 INSTALL = 'pip install -e ".[trackers]"'
-PLOTS = ("curves.png", "final.png", "probes.png")  # those a report wrote
 
 #: Trackers by name (``logger=<name>``): the same registry (names, did-you-mean errors, ``zoo-parts``
 #: listing, plugins) and option checking as the block's parts.

@@ -1,0 +1,14 @@
+"""The files a sweep's report writes beside its runs, in one list: the report writes them, removes the
+optional ones an earlier report left, and lists what it wrote; the trackers send its plots."""
+
+from __future__ import annotations
+
+#: The tables: report.md and report.csv (one row per variant), runs.csv (one row per run), effects.csv (each axis
+#: value against its baseline value, with several axes).
+TABLES = ("report.md", "report.csv", "runs.csv", "effects.csv")
+#: The plots: curves and final metrics always; interactions (several axes), lr (tune.lr), probes
+#: (train.probe_every) and routing (mlp=moe) when the sweep has what they show.
+PLOTS = ("curves.png", "final.png", "interactions.png", "lr.png", "probes.png", "routing.png")
+#: What a report writes only when the sweep has what it shows: removed before each report, so an earlier
+#: report's (of more axes, or with tuning, probes or routing) is not left beside this one.
+OPTIONAL = ("effects.csv", "interactions.png", "lr.png", "probes.png", "routing.png")
