@@ -197,3 +197,13 @@ def test_a_tokens_run_on_prepared_bytes_takes_and_prints_text(tmp_path, capsys):
     model, _ = zoo.load_run(tmp_path / "run")
     greedy = model.generate(torch.tensor([list("déjà".encode())]), 6, temperature=0.0, use_cache=False)
     assert capsys.readouterr().out == "déjà" + bytes(greedy[0].tolist()).decode("utf-8", errors="replace") + "\n"
+
+
+def test_evaluation_builds_no_optimizer(trained, monkeypatch):
+    """zoo-eval scores through the trainer's Evaluator (zoo.lab.evaluation) alone: no optimizer, no schedule."""
+    from zoo.lab.recipe import Recipe
+
+    monkeypatch.setattr(Recipe, "build", lambda *a, **k: pytest.fail("evaluation built an optimizer"))
+    root, _, summary = trained
+    metrics, errors = evaluate_run(root / "bytes")
+    assert not errors and metrics["val_bpb"] == pytest.approx(summary["final"]["val_bpb"], rel=1e-6)

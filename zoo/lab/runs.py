@@ -14,12 +14,13 @@ from torch import nn
 
 from zoo.core.errors import ConfigError
 from zoo.lab import checkpoint as ckpt
+from zoo.lab.evaluation import Evaluator
 from zoo.lab.records import read_summary
 from zoo.lab.run_model import build_run_model, is_language_model
 from zoo.lab.tasks import Task, build_task
 from zoo.lab.tasks.base import task_options
 from zoo.lab.tokenizer import BYTE_TASKS, Codec, run_codec
-from zoo.lab.trainer import TrainConfig, Trainer
+from zoo.lab.trainer import TrainConfig
 from zoo.models import hf
 
 log = logging.getLogger("zoo.lab.runs")
@@ -150,9 +151,7 @@ def evaluate_run(
     check_data(path, task, task_cfg)
     model, config = load_run(path, device)
     train = TrainConfig.from_config(config.get("train"))
-    if batches is not None:
-        train = TrainConfig.from_config({**config["train"], "eval_batches": batches})
     if config.get("threads"):
         torch.set_num_threads(config["threads"])
-    trainer = Trainer(model, task, train, device=torch.device(device), data_seed=0)
-    return trainer.evaluate(), trainer.eval_errors
+    evaluator = Evaluator(model, task, train.batch_size, batches or train.eval_batches, device=torch.device(device))
+    return evaluator.evaluate(), evaluator.eval_errors  # as training evaluates, with no optimizer built

@@ -25,7 +25,8 @@ from zoo.core.auxiliary import aux_weights
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
 from zoo.lab.checkpoint import TrainState, rng_state, set_rng_state
-from zoo.lab.probes import Probes, eval_mode
+from zoo.lab.evaluation import Evaluator
+from zoo.lab.probes import Probes
 from zoo.lab.recipe import Recipe, lr_at
 from zoo.lab.recipe.optimizers import AdamW
 from zoo.lab.recipe.schedules import Cosine
@@ -33,7 +34,6 @@ from zoo.lab.scale import ProcessMesh, compile_blocks, parallelize
 from zoo.lab.spikes import spikes
 from zoo.lab.step import Stepper, autocast
 from zoo.lab.tasks import Batch, Task
-from zoo.lab.tasks.base import metric_name
 from zoo.models.base import TokenModel
 
 #: ``train.save``: what a finished run keeps (final weights as model.safetensors, or nothing).
@@ -290,8 +290,6 @@ class Trainer:
         #: The auxiliary values logged: the parts' losses, then the z-loss (train.z_loss > 0).
         self.aux_names = [*self.aux_weights, *(["z_loss"] if cfg.z_loss > 0 else [])]
         self.tokens_per_step = cfg.batch_size * task.seq_len * self.dp
-        #: At the last evaluation, each routing part's fraction of routed tokens per expert (validation, 1x length).
-        self.routing: dict[str, list[float]] = {}
         if world > 1 and not self.sharded:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -299,8 +297,8 @@ class Trainer:
             self.train_model: nn.Module = DistributedDataParallel(self.model, device_ids=ids)
         else:
             self.train_model = self.model
-        self.val_sets = {f: task.val_batches(cfg.batch_size, cfg.eval_batches, f) for f in task.eval_lengths}
-        self.eval_errors: dict[str, str] = {}
+        self.evaluator = Evaluator(self.model, task, cfg.batch_size, cfg.eval_batches, device=device, world=world,
+                                   dp=self.dp, dp_rank=self.dp_rank)  # fmt: skip
         self.save_checkpoint = save_checkpoint
         self.checkpointing = cfg.checkpoint_every > 0 and (save_checkpoint is not None or world > 1)
         self.restored: TrainState | None = None
@@ -495,55 +493,23 @@ class Trainer:
             spikes=spikes(loop.curve),
         )
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
-        """Every validation metric, at each evaluated length (batches shared out across ranks); the model's
-        modes as they were after."""
-        with eval_mode(self.model):
-            return self.evaluated()
+        """Every validation metric at each evaluated length (zoo.lab.evaluation)."""
+        return self.evaluator.evaluate()
 
-    def evaluated(self) -> dict[str, float | None]:
-        """:meth:`evaluate`'s metrics, the model in eval mode."""
-        out: dict[str, float | None] = {}
-        # Parts that route tokens (a mixture of experts) keep the tokens per expert of their last forward.
-        routers = {name: m for name, m in self.model.named_modules() if hasattr(m, "last_counts")}
-        routed: dict[str, Any] = {name: 0.0 for name in routers}
-        for factor, batches in self.val_sets.items():
-            try:
-                sums = self.score(batches, routers if factor == 1 else {}, routed)
-            except Exception as error:  # a part that cannot run at this length: record, keep training
-                if factor == 1:
-                    raise
-                self.eval_errors[f"{factor}x"] = f"{type(error).__name__}: {error}"
-                out.update({metric_name(name, factor): None for name in self.task.metrics})
-                continue
-            for name, value in self.task.compute(sums).items():
-                out[metric_name(name, factor)] = value
-        for name, counts in routed.items():
-            if isinstance(counts, torch.Tensor):
-                if self.world > 1:
-                    dist.all_reduce(counts)
-                self.routing[name] = (counts / counts.sum()).tolist()
-        return out
+    @property
+    def val_sets(self) -> dict[int, list[Batch]]:
+        return self.evaluator.val_sets
 
-    def score(self, batches: list[Batch], routers: dict[str, nn.Module], routed: dict[str, Any]) -> dict[str, float]:
-        """The task's sums over this rank's share of ``batches``, added up over every rank (``routed``
-        adds up each of ``routers``' tokens per expert)."""
-        sums = {name: torch.zeros((), dtype=torch.float64, device=self.device) for name in self.task.sums}
-        for batch in batches[self.dp_rank :: self.dp]:
-            batch = batch.to(self.device)
-            with self.autocast():
-                logits = self.task.logits(self.model, batch).float()
-                scored = self.task.score(self.model, batch, logits)
-            for name, router in routers.items():
-                routed[name] = routed[name] + router.last_counts.double()
-            for name, value in scored.items():
-                sums[name] = sums[name] + value.to(self.device)
-        total = torch.stack(list(sums.values()))
-        if self.world > 1:
-            dist.all_reduce(total)
-            total /= self.world // self.dp  # each batch was scored by its tp ranks alike
-        return dict(zip(sums, total.tolist(), strict=True))
+    @property
+    def eval_errors(self) -> dict[str, str]:
+        """Per evaluated length a part could not run at, why (the last evaluation's)."""
+        return self.evaluator.eval_errors
+
+    @property
+    def routing(self) -> dict[str, list[float]]:
+        """Each routing part's fraction of validation tokens per expert (the last evaluation's)."""
+        return self.evaluator.routing
 
     def peak_memory(self) -> dict[str, Any]:
         """Peak memory in MiB: CUDA allocations on GPU, else the process's peak resident set."""
