@@ -36,8 +36,8 @@ from zoo import compose
 from zoo.lab.bytebpe import ByteBPEEncoder
 from zoo.lab.prepare import TRAIN_CHARS, prepare, read_all, source_files, split_docs
 from zoo.lab.run_model import build_run_model
+from zoo.lab.sources import stdlib_dir
 from zoo.lab.tasks import Batch, build_task
-from zoo.lab.tasks.text import stdlib_dir
 from zoo.lab.trainer import TrainConfig, Trainer, check_run_config
 
 

@@ -121,15 +121,15 @@ def test_import_zoo_reads_no_torch_and_a_registry_brings_the_built_in_parts():
     assert done.stdout.strip() == str(sorted(["attn", "mlp", "norm", "placement", "pos"]))
 
 
-def test_zoo_generate_and_zoo_eval_answer_help_before_torch():
+def test_zoo_generate_zoo_eval_and_zoo_prepare_answer_help_before_torch():
     import subprocess
     import sys
 
-    for module in ("generate", "evaluate"):
+    for module in ("zoo.lab.commands.generate", "zoo.lab.commands.evaluate", "zoo.lab.prepare"):
         code = (
-            f"import sys, contextlib, io; from zoo.lab.commands import {module}\n"
+            f"import sys, contextlib, io, importlib; command = importlib.import_module({module!r})\n"
             f"with contextlib.redirect_stdout(io.StringIO()) as out:\n"
-            f"    try:\n        {module}.main(['--help'])\n    except SystemExit:\n        pass\n"
+            f"    try:\n        command.main(['--help'])\n    except SystemExit:\n        pass\n"
             f"assert 'torch' not in sys.modules and 'usage:' in out.getvalue()"
         )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

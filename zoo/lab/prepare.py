@@ -24,8 +24,7 @@ from zoo.core.errors import ConfigError
 from zoo.lab.bytebpe import fast_encoder
 from zoo.lab.cores import usable_cores
 from zoo.lab.records import write_atomic, write_json_atomic
-from zoo.lab.tasks.text import stdlib_dir, walk
-from zoo.lab.tasks.tokens import FORMAT, META
+from zoo.lab.sources import FORMAT, META, stdlib_dir, walk
 
 TOKENIZER_FILE = "tokenizer.json"
 #: A ``bpe`` is trained on about this many characters of the input, spread through it (more gains

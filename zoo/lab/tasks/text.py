@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import math
-import os
-import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -17,9 +14,8 @@ import torch
 from einops import rearrange
 
 from zoo.core.errors import ConfigError
+from zoo.lab.sources import stdlib_dir, walk
 from zoo.lab.tasks.base import Batch, Task, positive, register_task
-
-SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
 @dataclass(frozen=True)
@@ -33,10 +29,6 @@ class Corpus:
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
-
-
-def stdlib_dir() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
 
 
 @lru_cache(maxsize=4)
@@ -71,17 +63,6 @@ def read_corpus(path: str | None, pattern: str | None, max_bytes: int) -> Corpus
     if not parts:
         raise ConfigError("task.path", str(root), f"no readable text files matching {pattern!r}")
     return Corpus(b"".join(parts), str(root), used)
-
-
-def walk(root: Path, pattern: str) -> list[str]:
-    """Relative paths (posix) of files under ``root`` matching ``pattern``, not descending into
-    installed packages or caches."""
-    found = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
-        rel = Path(folder).relative_to(root)
-        found += [(rel / name).as_posix() for name in names if fnmatch.fnmatch(name, pattern)]
-    return found
 
 
 @register_task("bytes")
