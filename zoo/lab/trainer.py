@@ -9,6 +9,7 @@ device and read back only every ``train.log_every`` steps (that is also when div
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import resource
 import time
@@ -231,8 +232,9 @@ class LoopState:
     reason: str | None = None
 
     def saved(self, train_time: float) -> dict[str, Any]:
-        """What a checkpoint records of the loop, with ``train_time`` up to now."""
-        return {**{name: getattr(self, name) for name in self.SAVED}, "train_time": train_time}
+        """What a checkpoint records of the loop, with ``train_time`` up to now: copies, as the checkpoint is
+        written on a background thread while the loop goes on (the logged curve grows in place)."""
+        return {**{name: copy.deepcopy(getattr(self, name)) for name in self.SAVED}, "train_time": train_time}
 
     def restore(self, loop: dict[str, Any]) -> None:
         """Take the values a checkpoint recorded (:meth:`saved`)."""
