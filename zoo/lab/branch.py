@@ -20,9 +20,8 @@ from typing import Any
 
 from zoo.core.errors import ConfigError
 from zoo.lab import checkpoint as ckpt
-from zoo.lab.fixed import flatten
 from zoo.lab.recipe import Recipe, lr_at
-from zoo.lab.records import read_metrics, read_summary_checked, semantic_config
+from zoo.lab.records import config_differences, differences_text, read_metrics, read_summary_checked
 
 #: What a branch may set apart from its source (beside the runtime keys, which change no number): the steps
 #: and the rate's schedule. Any other difference would make it another model or another optimizer.
@@ -114,12 +113,14 @@ def check_branch(raw: dict[str, Any], train: Any, recipe: Recipe, *, world: int)
 
 def check_same_run(raw: dict[str, Any], theirs: dict[str, Any], source: str) -> None:
     """Refuse a source whose config differs from this run's in more than :data:`MAY_DIFFER`, naming each key."""
-    mine, other = flatten(semantic_config(raw)), flatten(semantic_config(theirs))
-    differ = [k for k in sorted(set(mine) | set(other)) if mine.get(k, "unset") != other.get(k, "unset")]
-    differ = [k for k in differ if not any(k == d or (d.endswith(".") and k.startswith(d)) for d in MAY_DIFFER)]
-    differ = [k for k in differ if k != "schedule"]  # the default schedule, left out of both
+    differ = {
+        k: values
+        for k, values in config_differences(theirs, raw).items()
+        if not any(k == d or (d.endswith(".") and k.startswith(d)) for d in MAY_DIFFER)
+        and k != "schedule"  # the default schedule, left out of both
+    }
     if differ:
-        shown = "; ".join(f"{k}: {other.get(k, 'unset')!r} there, {mine.get(k, 'unset')!r} here" for k in differ[:5])
+        shown = differences_text(differ, 5)
         raise ConfigError(
             "train.branch.from", source,
             "a run of this config but for train.steps, train.budget, train.warmup_steps, train.min_lr_ratio and "

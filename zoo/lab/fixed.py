@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from zoo.assembly.compose import compose_with_choices
-from zoo.lab.records import RUNTIME_KEYS
+from zoo.lab.records import RUNTIME_KEYS, flatten
 from zoo.lab.runset import Run
 
 log = logging.getLogger("zoo.lab.fixed")
@@ -23,16 +23,6 @@ log = logging.getLogger("zoo.lab.fixed")
 #: Group choices that say how a sweep was launched, not what its runs compute.
 LAUNCH_CHOICES = ("sweeps",)
 _MISSING = object()
-
-
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"lr": 0.1}}`` -> ``{"train.lr": 0.1}`` (lists are values)."""
-    if not isinstance(node, Mapping):
-        return {prefix: node}
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
 
 
 def shared(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

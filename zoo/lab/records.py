@@ -12,6 +12,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -169,6 +170,30 @@ def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dic
             if k not in RUNTIME_TRAIN_KEYS and not (k in NEUTRAL_TRAIN_KEYS and v == NEUTRAL_TRAIN_KEYS[k])
         }
     return semantic
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 0.1}}`` -> ``{"train.lr": 0.1}`` (lists are values)."""
+    if not isinstance(node, Mapping):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def config_differences(theirs: dict[str, Any], mine: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The dotted keys where two run configs compute differently (:func:`semantic_config`), each with
+    (theirs, mine); ``"unset"`` for a key one of them does not have."""
+    a, b = flatten(semantic_config(theirs)), flatten(semantic_config(mine))
+    keys = sorted(set(a) | set(b))
+    return {k: (a.get(k, "unset"), b.get(k, "unset")) for k in keys if a.get(k, "unset") != b.get(k, "unset")}
+
+
+def differences_text(differ: Mapping[str, tuple[Any, Any]], most: int) -> str:
+    """``train.lr: 0.003 there, 0.01 here; ...``: the first ``most`` of :func:`config_differences`."""
+    shown = "; ".join(f"{k}: {theirs!r} there, {mine!r} here" for k, (theirs, mine) in list(differ.items())[:most])
+    return shown + (f" and {len(differ) - most} more" if len(differ) > most else "")
 
 
 def config_hash(config: dict[str, Any], *, branch_path: bool = False) -> str:

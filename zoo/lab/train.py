@@ -45,17 +45,17 @@ from zoo.lab.argv import exit_on_bad_overrides
 from zoo.lab.branch import identity, load_branch, same_start, source_metrics
 from zoo.lab.cores import usable_cores
 from zoo.lab.exit_status import exit_if_a_run_failed, note_refused
-from zoo.lab.fixed import flatten
 from zoo.lab.lock import RunLock, holder
 from zoo.lab.plan import RunPlan, plan_run
 from zoo.lab.records import (
     METRICS,
     SUMMARY,
     MetricsLog,
+    config_differences,
     config_hash,
+    differences_text,
     keep_metrics_until,
     read_summary,
-    semantic_config,
     write_atomic,
     write_json_atomic,
 )
@@ -231,49 +231,32 @@ def done_or_refused(
     """Before anything is written: the folder's summary when it holds this config's finished run (skipped),
     a ``refused`` summary when it holds another's (nothing written), else None (the run may write)."""
     prior = read_summary(out_dir)
-    adopt_recorded_hash(prior, raw, summary)
-    if resume and world == 1 and is_done(prior, raw, summary):
+    start = identity(raw)  # a branch's start (its parent run read once), None for a run from step 0
+    if prior and start is not None and prior.get("config_hash") == config_hash(raw, branch_path=True):
+        summary["config_hash"] = prior["config_hash"]  # recorded before branches were named by their start
+    same = bool(prior) and prior.get("config_hash") == summary["config_hash"] and same_start(prior.get("branch"), start)
+    if resume and world == 1 and same and prior.get("status") == "ok":  # type: ignore[union-attr]
         log.info("skip %s: already ok (%s)", shown(out_dir), metric_text(prior))  # type: ignore[arg-type]
         return prior
-    refused = refusal(out_dir, prior, raw, summary) if resume else None
+    refused = refusal(out_dir, prior, raw, start) if resume and not same else None
     return refuse(out_dir, refused, world) if refused is not None else None
 
 
-def adopt_recorded_hash(prior: dict[str, Any] | None, raw: dict[str, Any], summary: dict[str, Any]) -> None:
-    """A branch recorded before branches were named by their parent run's identity hashed that run's path:
-    the same config keeps the hash it was recorded (and checkpointed) under."""
-    if prior and identity(raw) is not None and prior.get("config_hash") == config_hash(raw, branch_path=True):
-        summary["config_hash"] = prior["config_hash"]
-
-
-def is_done(prior: dict[str, Any] | None, raw: dict[str, Any], summary: dict[str, Any]) -> bool:
-    """Whether ``prior`` (the folder's summary) is this config's finished run: ``ok``, the same config hash
-    and, for a branch, the same start (its parent run's config hash, step and checkpoint checksum)."""
-    if not prior or prior.get("status") != "ok" or prior.get("config_hash") != summary["config_hash"]:
-        return False
-    return same_start(prior.get("branch"), identity(raw))
-
-
-def refusal(out_dir: Path, prior: dict[str, Any] | None, raw: dict[str, Any], summary: dict[str, Any]) -> str | None:
-    """Why ``out_dir`` may not be written by this run (None: it may): it holds a finished run, or the weights
-    or checkpoints of one, of another config (the keys that differ named) or from another branch start."""
+def refusal(
+    out_dir: Path, prior: dict[str, Any] | None, raw: dict[str, Any], start: dict[str, Any] | None
+) -> str | None:
+    """Why ``out_dir``, holding ``prior`` of another config or branch start, may not be written by this run
+    (None: it may): it holds a finished run, or the weights or checkpoints of one."""
     if not prior or not isinstance(prior.get("config"), dict):
         return None
-    keeps = prior.get("status") in ("ok", "diverged") or (out_dir / ckpt.WEIGHTS).exists() or ckpt.checkpoints(out_dir)
-    if not keeps:
+    finished = prior.get("status") in ("ok", "diverged")
+    if not (finished or (out_dir / ckpt.WEIGHTS).exists() or ckpt.checkpoints(out_dir)):
         return None  # a failed or killed run with nothing to resume: trained anew
-    what = (
-        f"a finished run (status {prior['status']})" if prior.get("status") in ("ok", "diverged") else "a resumable run"
-    )
-    if prior.get("config_hash") != summary["config_hash"]:
-        mine, theirs = flatten(semantic_config(raw)), flatten(semantic_config(prior["config"]))
-        keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k, "unset") != theirs.get(k, "unset")]
-        differ = "; ".join(f"{k}: {theirs.get(k, 'unset')!r} there, {mine.get(k, 'unset')!r} here" for k in keys[:8])
-        more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
-        return f"holds {what} of another config ({differ or 'its config hash differs'}{more})"
-    if not same_start(prior.get("branch"), identity(raw)):
-        return f"holds {what} branched from another start ({prior.get('branch')}, not {identity(raw)})"
-    return None
+    what = f"a finished run (status {prior['status']})" if finished else "a resumable run"
+    differ = config_differences(prior["config"], raw)
+    if differ or same_start(prior.get("branch"), start):  # the same start: what differs is the config
+        return f"holds {what} of another config ({differences_text(differ, 8) or 'its config hash differs'})"
+    return f"holds {what} branched from another start ({prior.get('branch')}, not {start})"
 
 
 def refuse(out_dir: Path, why: str, world: int) -> dict[str, Any]:

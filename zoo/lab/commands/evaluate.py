@@ -42,14 +42,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.harness is not None:
         return harness_main(args)
-    from zoo.lab.runs import evaluate_run, run_task_config  # after the arguments: --help answers before torch
-    from zoo.lab.tasks import build_task
+    from zoo.lab.runs import evaluation  # after the arguments: --help answers before torch
 
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else None
-        metrics, errors = evaluate_run(args.run, lengths, args.device, args.batches, args.data)
-        task_cfg = run_task_config(args.run, args.data)
-        task = build_task(task_cfg if lengths is None else {**task_cfg, "eval_lengths": lengths})
+        task, metrics, errors = evaluation(args.run, lengths, args.device, args.batches, args.data)
     except ConfigError as error:
         sys.exit(f"zoo-eval: {error}")
     names = list(task.metrics)

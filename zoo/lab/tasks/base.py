@@ -194,11 +194,6 @@ def positive(field: str, value: int | float) -> None:
         raise ConfigError(field, value, "must be positive")
 
 
-def planned_int(value: Any) -> int | None:
-    """``value`` when it is a positive integer, else None (the task's constructor then says why)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
 def planned_sum(*terms: Any) -> int | None:
     """The sum of ``terms`` when each is a positive integer (a planned length), else None."""
     if all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in terms):
