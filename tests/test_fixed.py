@@ -40,3 +40,16 @@ def test_a_sweep_files_settings_are_listed_not_hidden_behind_its_choice():
     settings = fixed_settings(runs)
     assert settings[:2] == ["block.d_model=64", "block.n_heads=4"] and "train.steps=200" in settings
     assert not any(s.startswith(("sweeps=", "threads=", "pos=")) for s in settings)
+
+
+def test_the_vocabulary_a_run_took_from_its_task_is_no_setting_but_one_set_by_hand_is():
+    """model.vocab_size: null records the task's vocabulary (zoo.lab.run_model): not listed as fixed."""
+    from zoo.lab.run_model import with_task_vocab
+
+    def recorded(overrides: list[str]) -> Run:
+        run = run_of(overrides)
+        run.summary["config"] = with_task_vocab(run.summary["config"])  # as zoo-train records it
+        return run
+
+    assert fixed_settings([recorded([f"seed={s}"]) for s in (0, 1)]) == []
+    assert fixed_settings([recorded([f"seed={s}", "model.vocab_size=512"]) for s in (0, 1)]) == ["model.vocab_size=512"]

@@ -207,3 +207,12 @@ def test_evaluation_builds_no_optimizer(trained, monkeypatch):
     root, _, summary = trained
     metrics, errors = evaluate_run(root / "bytes")
     assert not errors and metrics["val_bpb"] == pytest.approx(summary["final"]["val_bpb"], rel=1e-6)
+
+
+def test_a_folder_that_is_no_run_is_one_line_from_zoo_eval_and_zoo_generate(tmp_path):
+    for main, argv in ((eval_main, []), (generate_main, ["x"])):
+        for folder in (tmp_path / "missing", tmp_path):  # nothing there; a folder without summary.json
+            with pytest.raises(SystemExit) as exited:
+                main([str(folder), *argv])
+            message = f"run='{folder}': a run folder with a summary.json (zoo-train writes one)"
+            assert str(exited.value.code).endswith(message), exited.value.code

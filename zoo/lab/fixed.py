@@ -15,13 +15,17 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from zoo.assembly.compose import compose_with_choices
+from zoo.core.errors import ConfigError
 from zoo.lab.records import RUNTIME_KEYS, flatten
+from zoo.lab.run_model import task_vocab_size
 from zoo.lab.runset import Run
 
 log = logging.getLogger("zoo.lab.fixed")
 
 #: Group choices that say how a sweep was launched, not what its runs compute.
 LAUNCH_CHOICES = ("sweeps",)
+#: The model's vocabulary: null by default, recorded as the task's (zoo.lab.run_model).
+VOCAB = "model.vocab_size"
 _MISSING = object()
 
 
@@ -48,11 +52,24 @@ def fixed_settings(runs: Iterable[Run]) -> list[str]:
         log.warning("fixed settings left out of the report: %s: %s", type(error).__name__, error)
         return []
     reference = flatten(OmegaConf.to_container(reference_cfg, resolve=True))
+    if reference.get(VOCAB) is None and all(takes_task_vocab(r) for r in runs):
+        reference.pop(VOCAB)  # model.vocab_size: null, recorded as each run's task's: not a setting of its own
     lines = [f"{k}={v}" for k, v in choices.items() if v != default_choices.get(k)]
     for key, value in shared([flatten(r.summary["config"]) for r in runs]).items():
+        if key == VOCAB and VOCAB not in reference:
+            continue
         if key.split(".")[0] not in RUNTIME_KEYS and reference.get(key, _MISSING) != value:
             lines.append(f"{key}={value}")
     return lines
+
+
+def takes_task_vocab(run: Run) -> bool:
+    """Whether the run's ``model.vocab_size`` is its task's vocabulary (what the default, null, records)."""
+    config = run.summary["config"]
+    try:
+        return (config.get("model") or {}).get("vocab_size") == task_vocab_size(config.get("task"))
+    except ConfigError:  # the task no longer reads (its data moved): the value is shown
+        return False
 
 
 def fixed_line(runs: Iterable[Run]) -> list[str]:

@@ -40,14 +40,20 @@ def run_folder(path: str | Path) -> Path:
     return path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
 
 
+def run_summary(path: str | Path) -> dict[str, Any]:
+    """The summary of the run at ``path`` (a run folder or one of its checkpoints), with its config; else a
+    ConfigError naming the folder."""
+    run_dir = run_folder(path)
+    summary = read_summary(run_dir)
+    if summary is None or not isinstance(summary.get("config"), dict):
+        raise ConfigError("run", str(run_dir), "a run folder with a summary.json (zoo-train writes one)")
+    return summary
+
+
 def load_codec(path: str | Path) -> Codec:
     """How the run at ``path`` turns text into token ids and back: UTF-8 for bytes, its verified
     tokenizer.json for a tokens run that has one, else token ids (:mod:`zoo.lab.tokenizer`)."""
-    run_dir = run_folder(path)
-    summary = read_summary(run_dir)
-    if summary is None or "config" not in summary:
-        raise ConfigError("run", str(run_dir), "a run folder with a summary.json (zoo-train writes one)")
-    return run_codec(run_dir, summary)
+    return run_codec(run_folder(path), run_summary(path))
 
 
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
@@ -59,9 +65,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     Weights written before manifests load with a warning. Nothing read is a pickle."""
     path, run_dir = Path(path), run_folder(path)
     weights = path / ckpt.WEIGHTS
-    summary = read_summary(run_dir)
-    if summary is None or "config" not in summary:
-        raise ConfigError("run", str(run_dir), "a run folder with a summary.json (zoo-train writes one)")
+    summary = run_summary(run_dir)
     if not weights.exists():
         latest = ckpt.latest_checkpoint(run_dir)
         hint = f"; its latest checkpoint is {latest}" if latest is not None else ""
@@ -106,7 +110,7 @@ def run_task_config(path: str | Path, data: str | None = None) -> dict[str, Any]
     """The run's ``task`` section as it read its data: its file options as recorded absolute when it started
     (``data.paths``), or ``task.path`` = ``data`` when given. A run recorded before absolute paths reads its
     relative ones from the working folder, with a warning."""
-    summary = read_summary(run_folder(path)) or {}
+    summary = run_summary(path)
     task_cfg = dict(summary["config"]["task"])
     recorded = (summary.get("data") or {}).get("paths")
     if data is not None:
@@ -122,7 +126,7 @@ def run_task_config(path: str | Path, data: str | None = None) -> dict[str, Any]
 
 def check_data(path: str | Path, task: Task, task_cfg: dict[str, Any]) -> None:
     """Refuse data whose sha256 differs from the one the run recorded, naming both (generated data has none)."""
-    recorded = ((read_summary(run_folder(path)) or {}).get("data") or {}).get("sha256")
+    recorded = (run_summary(path).get("data") or {}).get("sha256")
     if recorded is None:
         return
     found = task.info().get("sha256")
