@@ -26,11 +26,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from zoo.lab.plots import plot_curves, plot_final, plot_interactions
-from zoo.lab.records import read_metrics, write_json_atomic
-from zoo.lab.report import markdown, write_csv, write_report
-from zoo.lab.tune import TUNE_DIR, choose_lr
-from zoo.lab.variants import build_report, collect
+from zoo.lab.files import write_json_atomic
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.reports.plots import plot_curves, plot_final, plot_interactions
+from zoo.lab.reports.report import write_csv, write_report
+from zoo.lab.reports.sections import markdown
+from zoo.lab.studies.tune import TUNE_DIR, choose_lr
+from zoo.lab.studies.variants import build_report, collect
 
 RATES = (1e-3, 3e-3, 1e-2)
 
@@ -128,7 +130,7 @@ def main() -> None:
         }
         sweep = next((r.summary.get("choices", {}).get("sweeps") for r in report.runs), None)
         if not args.no_process and sweep:
-            command = [sys.executable, "-m", "zoo.lab.train", f"+sweeps={sweep}", "--cfg", "job"]  # start + compose
+            command = [sys.executable, "-m", "zoo.train", f"+sweeps={sweep}", "--cfg", "job"]  # start + compose
             steps["tune.lr: starting the tuning sweep's process"] = lambda: subprocess.run(
                 command, capture_output=True, check=True
             )

@@ -33,12 +33,13 @@ import torch
 from omegaconf import OmegaConf
 
 from zoo import compose
-from zoo.lab.bytebpe import ByteBPEEncoder
-from zoo.lab.prepare import TRAIN_CHARS, prepare, read_all, source_files, split_docs
-from zoo.lab.run_model import build_run_model
-from zoo.lab.sources import stdlib_dir
+from zoo.lab.data.bytebpe import ByteBPEEncoder
+from zoo.lab.data.prepare import TRAIN_CHARS, prepare, read_all, source_files, split_docs
+from zoo.lab.data.sources import stdlib_dir
+from zoo.lab.planning.run_model import build_run_model
+from zoo.lab.planning.train_config import TrainConfig, check_run_config
 from zoo.lab.tasks import Batch, build_task
-from zoo.lab.trainer import TrainConfig, Trainer, check_run_config
+from zoo.lab.training.trainer import Trainer
 
 
 class InMemory:

@@ -4,7 +4,7 @@
     python benchmarks/optim.py --sizes 64 --repeats 3 --threads 1   # a quick check
     python benchmarks/optim.py --device cuda --sizes 64 1024 --batch 64 --seq-len 512
 
-Both sides run the trainer's own step (zoo/lab/step.py: forward under autocast, loss, backward,
+Both sides run the trainer's own step (zoo/lab/training/step.py: forward under autocast, loss, backward,
 clipping, optimizer step) on the same model (same init, copied) and the same batch; they alternate
 (adamw, muon, adamw, ...) so drift in machine load hits both alike, and the medians are compared.
 The optimizer step alone is timed the same way (on the gradients of one backward). Muon's extra
@@ -23,11 +23,12 @@ import torch
 from timing import time_interleaved
 
 from zoo import compose
+from zoo.lab.planning.run_model import build_run_model
+from zoo.lab.planning.train_config import check_run_config
 from zoo.lab.recipe import OPTIMIZERS
-from zoo.lab.run_model import build_run_model
-from zoo.lab.step import Stepper, lm_logits, loss_fn
 from zoo.lab.tasks import Batch, build_task
-from zoo.lab.trainer import check_run_config, make_optimizer
+from zoo.lab.training.step import Stepper, lm_logits, loss_fn
+from zoo.lab.training.trainer import make_optimizer
 
 
 def steppers(raw: dict, device: torch.device) -> tuple[dict[str, Stepper], Batch]:

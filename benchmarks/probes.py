@@ -4,7 +4,7 @@
     python benchmarks/probes.py --repeats 5 --probe-every 10 --threads 1
 
 Both sides are the quick sweep's run (d_model 64, 4 heads, 2 layers, seq_len 64, batch 24, evaluation every
-50 steps, threads=1), trained by ``zoo.lab.train.run`` into a temporary folder as ``zoo-train`` trains it
+50 steps, threads=1), trained by ``zoo.lab.training.run.run`` into a temporary folder as ``zoo-train`` trains it
 (checks, data, model, training, evaluations, checkpoints, final weights). Runs alternate (plain,
 probed, plain, ...) so drift in machine load hits both alike. Reported: each side's median wall time,
 the median per round of probed / plain (paired: back to back), and the probes' own time (summed around
@@ -27,8 +27,8 @@ import torch
 from omegaconf import OmegaConf
 
 from zoo import compose
-from zoo.lab.train import run
-from zoo.lab.trainer import Trainer
+from zoo.lab.training.run import run
+from zoo.lab.training.trainer import Trainer
 
 #: Seconds (wall, CPU) of the current run: the whole run, its fit, its probes.
 SPENT: dict[str, list[float]] = {}

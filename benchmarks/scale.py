@@ -6,7 +6,7 @@
         --kv-heads 16 --seq-len 2048 --batch 4 --compile --hf    # one GPU: MFU, and HF Llama beside it
 
 Every layout trains the same model (``preset=llama`` at the given sizes, same init) with the trainer's step
-(zoo/lab/step.py: bf16 autocast on CUDA, clipping, AdamW) on
+(zoo/lab/training/step.py: bf16 autocast on CUDA, clipping, AdamW) on
 random tokens at the same global batch (``--batch`` sequences of ``--seq-len`` tokens per step):
 
 - ``one``: one process with every thread (``--threads``, default: the machine's cores);
@@ -61,7 +61,7 @@ def config(args: argparse.Namespace) -> Any:
 
 
 def parallel_of(layout: str, world: int) -> Any:
-    from zoo.lab.scale import ProcessMesh
+    from zoo.lab.planning.mesh import ProcessMesh
 
     return {
         "one": ProcessMesh(),
@@ -74,11 +74,12 @@ def parallel_of(layout: str, world: int) -> Any:
 def train_rate(args: argparse.Namespace, layout: str, rank: int, world: int) -> float:
     """Tokens/s of the global batch over ``args.steps`` timed steps (after ``args.warmup``), this rank's view."""
     from zoo.core.auxiliary import aux_weights
-    from zoo.lab.run_model import build_run_model
-    from zoo.lab.scale import compile_blocks, parallelize
-    from zoo.lab.step import Stepper
+    from zoo.lab.planning.run_model import build_run_model
+    from zoo.lab.planning.train_config import TrainConfig
     from zoo.lab.tasks import Batch
-    from zoo.lab.trainer import TrainConfig, make_optimizer
+    from zoo.lab.training.scale import compile_blocks, parallelize
+    from zoo.lab.training.step import Stepper
+    from zoo.lab.training.trainer import make_optimizer
 
     device = torch.device(args.device, rank if args.device == "cuda" and world > 1 else 0)
     cfg = config(args)
@@ -95,7 +96,7 @@ def train_rate(args: argparse.Namespace, layout: str, rank: int, world: int) -> 
     elif args.compile:
         compile_blocks(model)
     train_cfg = TrainConfig(lr=1e-4)
-    # The trainer's step (zoo/lab/step.py): autocast on CUDA in every layout, as a run trains.
+    # The trainer's step (zoo/lab/training/step.py): autocast on CUDA in every layout, as a run trains.
     step_fn = Stepper(model, core, make_optimizer(core, train_cfg), device, train_cfg.grad_clip,
                       aux_weights(core, train_cfg.aux_weights))  # fmt: skip
     rows = args.batch // parallel.dp
@@ -223,7 +224,7 @@ def main() -> None:
         parser.error(f"--world {args.world} needs as many GPUs; this machine has {torch.cuda.device_count()}")
 
     from zoo import ConfigError
-    from zoo.lab.run_model import build_run_model
+    from zoo.lab.planning.run_model import build_run_model
     from zoo.models.config import block_section, layer_specs, model_options
 
     if "tp" in args.layouts:  # heads, vocabulary and length must split between the tp ranks: checked up front

@@ -1,4 +1,4 @@
-"""Training-loop overhead: zoo's Trainer against its bare training step (zoo/lab/step.py) on the same model.
+"""Training-loop overhead: zoo's Trainer against its bare training step (zoo/lab/training/step.py) on the same model.
 
     python benchmarks/train_loop.py                                  # CPU, d_model 128, 4 layers, T 128
     python benchmarks/train_loop.py --d-model 64 --layers 2 --steps 50 --repeats 3   # a quick check
@@ -34,15 +34,16 @@ from timing import sync
 
 from zoo import compose
 from zoo.core.auxiliary import aux_weights
-from zoo.lab.checkpoint import CheckpointWriter
-from zoo.lab.run_model import build_run_model
-from zoo.lab.step import Stepper
+from zoo.lab.planning.run_model import build_run_model
+from zoo.lab.planning.train_config import TrainConfig, check_run_config
+from zoo.lab.records.checkpoint_writers import CheckpointWriter
 from zoo.lab.tasks import build_task
-from zoo.lab.trainer import TrainConfig, Trainer, check_run_config, make_optimizer
+from zoo.lab.training.step import Stepper
+from zoo.lab.training.trainer import Trainer, make_optimizer
 
 
 def bare_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device, steps: int) -> float:
-    """Tokens/s of the trainer's own step (zoo.lab.step: autocast, loss, clipping, optimizer) alone."""
+    """Tokens/s of the trainer's own step (zoo.lab.training.step: autocast, loss, clipping, optimizer) alone."""
     torch.manual_seed(0)
     model = build_run_model(cfg).to(device)
     optimizer = make_optimizer(model, train_cfg)

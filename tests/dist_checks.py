@@ -20,7 +20,9 @@ from safetensors.torch import load_file, save_file
 
 from zoo import LanguageModel, resolve_block
 from zoo.assembly.compat import tp_refusal
-from zoo.lab.scale import ProcessMesh, parallelize
+from zoo.lab.planning.mesh import ProcessMesh
+from zoo.lab.records import checkpoint_writers as writers
+from zoo.lab.training.scale import parallelize
 from zoo.parts.attention import KVCache
 from zoo.testing.combos import VOCAB, block_config, combo_id, context_of, covering_combinations, scramble
 
@@ -118,7 +120,8 @@ STEPS = 3
 def train_steps(model: torch.nn.Module, ids: torch.Tensor, steps: int = STEPS) -> list[float]:
     """``steps`` AdamW steps on next-token loss over ``ids`` (float64), with gradient clipping as in
     training; returns the losses (this rank's batch)."""
-    from zoo.lab.trainer import TrainConfig, make_optimizer
+    from zoo.lab.planning.train_config import TrainConfig
+    from zoo.lab.training.trainer import make_optimizer
 
     cfg = TrainConfig(lr=1e-2, grad_clip=0.5)
     optimizer = make_optimizer(model, cfg)
@@ -167,13 +170,13 @@ MUP_COMBO = {**TRAIN_COMBO, "pos": "learned"}  # a learned table too: every role
 
 def check_mup_under_ddp(width: int = 32, base_width: int = 16) -> None:
     """param=mup under DDP (the trainer's wrapper for a world of replicas): the model is parametrized
-    before it is wrapped and its optimizer built on the inner model (as zoo.lab.trainer does), so every
+    before it is wrapped and its optimizer built on the inner model (as zoo.lab.training.trainer does), so every
     rank ends N steps with the parameters of one process over the whole batch (float64)."""
     from torch.nn.parallel import DistributedDataParallel
 
     from zoo.assembly import mup
+    from zoo.lab.planning.train_config import TrainConfig
     from zoo.lab.recipe.build import Recipe
-    from zoo.lab.trainer import TrainConfig
 
     build = lambda w: LanguageModel(resolve_block(block_config(MUP_COMBO, d_model=w, d_ff=None)), VOCAB, 2)  # noqa: E731
     found = mup.infer(build, width, base_width)
@@ -241,8 +244,9 @@ def check_generation_under_tp(tp: int) -> None:
 
 def check_dcp_save(folder: str) -> None:
     """A sharded (FSDP2 over 2) run's checkpoint after one step, and the whole state it holds."""
-    from zoo.lab import checkpoint as ckpt
-    from zoo.lab.trainer import TrainConfig, make_optimizer
+    from zoo.lab.planning.train_config import TrainConfig
+    from zoo.lab.records import checkpoint as ckpt
+    from zoo.lab.training.trainer import make_optimizer
 
     parallel = ProcessMesh(dp_shard=dist.get_world_size())
     model = tiny_model(TRAIN_COMBO)
@@ -252,8 +256,8 @@ def check_dcp_save(folder: str) -> None:
     model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
     optimizer.step()  # optimizer state to save too
     state = ckpt.TrainState(step=1)
-    written = ckpt.save_sharded_checkpoint(Path(folder), state, model, optimizer, config_hash="h", world_size=2)
-    whole = ckpt.full_state_dict(model)
+    written = writers.save_sharded_checkpoint(Path(folder), state, model, optimizer, config_hash="h", world_size=2)
+    whole = writers.full_state_dict(model)
     if dist.get_rank() == 0:
         save_file(whole, Path(folder) / "expected.safetensors")
         assert (written / ckpt.DCP).is_dir() and (written / ckpt.STATE).is_file()
@@ -262,8 +266,9 @@ def check_dcp_save(folder: str) -> None:
 
 def check_dcp_load(folder: str, tp: int = 1) -> None:
     """The checkpoint written by 2 processes loads at this world size and layout, model and optimizer."""
-    from zoo.lab import checkpoint as ckpt
-    from zoo.lab.trainer import TrainConfig, make_optimizer
+    from zoo.lab.planning.train_config import TrainConfig
+    from zoo.lab.records import checkpoint as ckpt
+    from zoo.lab.training.trainer import make_optimizer
 
     world = dist.get_world_size()
     parallel = ProcessMesh(dp_shard=world // tp, tp=tp)
@@ -277,7 +282,7 @@ def check_dcp_load(folder: str, tp: int = 1) -> None:
     ckpt.check_checkpoint(latest, config_hash="h", world_size=world)  # another world size: allowed for DCP
     ckpt.read_model_optimizer(latest, model, optimizer, world_size=world)
     expected = load_file(Path(folder) / "expected.safetensors")
-    got = ckpt.full_state_dict(model)
+    got = writers.full_state_dict(model)
     if dist.get_rank() == 0:
         assert got.keys() == expected.keys()
         for name, value in expected.items():

@@ -20,8 +20,9 @@ from omegaconf import OmegaConf
 import zoo
 from zoo import compose
 from zoo.core.registry import Registry
-from zoo.lab import checkpoint as ckpt
-from zoo.lab.records import read_summary, write_json_atomic
+from zoo.lab.files import write_json_atomic
+from zoo.lab.records import checkpoint as ckpt
+from zoo.lab.records.summary import read_summary
 
 #: The checkout (or installed tree) the tests run: its conf/, sweeps/, examples/ and docs/.
 ROOT = Path(zoo.__file__).resolve().parent.parent

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from zoo.core.errors import ConfigError
-from zoo.lab.argv import check_overrides, group_options
-from zoo.lab.sweep import sweep_main
+from zoo.lab.commands.argv import check_overrides, group_options
+from zoo.lab.commands.sweep import sweep_main
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_valid_overrides_and_hydra_flags_pass():
 
 def test_zoo_train_and_zoo_sweep_exit_with_one_line(capsys, tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "zoo.lab.train", "nrom=rmsnorm"], capture_output=True, text=True, cwd=tmp_path
+        [sys.executable, "-m", "zoo.train", "nrom=rmsnorm"], capture_output=True, text=True, cwd=tmp_path
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     (line,) = done.stderr.splitlines()
@@ -83,7 +83,7 @@ def test_zoo_train_and_zoo_sweep_exit_with_one_line(capsys, tmp_path):
         sweep_main(["quick", "trian.steps=1"])
     assert exited.value.code != 0 and "did you mean 'train'?" in str(exited.value.code)
     ok = subprocess.run(
-        [sys.executable, "-m", "zoo.lab.train", "--cfg", "job", "norm=rmsnorm", "+extra=1", "~seed", "train.steps=3"],
+        [sys.executable, "-m", "zoo.train", "--cfg", "job", "norm=rmsnorm", "+extra=1", "~seed", "train.steps=3"],
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert ok.returncode == 0 and "extra: 1" in ok.stdout and "rmsnorm" in ok.stdout, ok.stderr

@@ -9,8 +9,8 @@ from helpers import tiny
 
 from zoo import MLPS, ConfigError, LanguageModel, resolve_block
 from zoo.core.auxiliary import aux_weights, collect_aux, record_aux
-from zoo.lab.records import read_metrics
-from zoo.lab.train import run
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.training.run import run
 from zoo.parts.mlps import GeluMLP
 
 

@@ -81,7 +81,7 @@ def test_optim_benchmark_times_muon_against_adamw(monkeypatch, capsys):
 
 
 def test_probes_benchmark_times_a_probed_run_against_a_plain_one(monkeypatch, capsys):
-    from zoo.lab.trainer import Trainer
+    from zoo.lab.training.trainer import Trainer
 
     tiny = "--d-model 16 --heads 4 --layers 1 --seq-len 16 --batch 2 --steps 6 --eval-every 0 --probe-every 3"
     monkeypatch.setattr(sys, "argv", ["probes.py", *tiny.split(), "--repeats", "1", "task.max_bytes=30000"])

@@ -12,12 +12,13 @@ import torch
 from helpers import fake_run, interrupt, tiny, without_timings
 from safetensors.torch import load_file
 
-from zoo.lab.checkpoint import WEIGHTS
-from zoo.lab.records import config_hash, read_metrics
-from zoo.lab.report import report_main
-from zoo.lab.runset import UNSET
-from zoo.lab.train import run
-from zoo.lab.variants import build_report
+from zoo.lab.commands.report import main as report_main
+from zoo.lab.records.checkpoint import WEIGHTS
+from zoo.lab.records.config import config_hash
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.studies.runset import UNSET
+from zoo.lab.studies.variants import build_report
+from zoo.lab.training.run import run
 
 #: A WSD run whose checkpoints (every 3 steps, all kept) lie in its stable phase up to step 9 at 12 steps.
 WSD = ("schedule=wsd", "train.checkpoint_every=3", "train.keep_checkpoints=10", "block.dropout=0.1")

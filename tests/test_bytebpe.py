@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("tokenizers")
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 
-from zoo.lab import bytebpe
-from zoo.lab.bytebpe import ByteBPEEncoder, fast_encoder
-from zoo.lab.prepare import LibraryEncoder, encode_all, encoder_of, load_tokenizer
+from zoo.lab.data import bytebpe
+from zoo.lab.data.bytebpe import ByteBPEEncoder, fast_encoder
+from zoo.lab.data.prepare import LibraryEncoder, encode_all, encoder_of, load_tokenizer
 
 # Whitespace of every kind (ASCII, the separators \x1c-\x1f that Python calls space and Unicode
 # does not, no-break, ogham, en, hair, narrow, math and ideographic spaces, line and paragraph

@@ -14,10 +14,14 @@ from helpers import interrupt, tiny, without_timings
 from safetensors.torch import load_file
 
 import zoo
-from zoo.lab import checkpoint as ckpt
-from zoo.lab import records
-from zoo.lab.records import config_hash, read_metrics, read_summary
-from zoo.lab.train import run
+from zoo.lab import files
+from zoo.lab.records import checkpoint as ckpt
+from zoo.lab.records import checkpoint_writers as writers
+from zoo.lab.records import state_tree
+from zoo.lab.records.config import config_hash
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.records.summary import read_summary
+from zoo.lab.training.run import run
 
 # Checkpoints every 3 steps fall between log steps (every 4): the running loss sum must travel too.
 # Dropout draws from torch's generator, the data from the run's own: both must be restored.
@@ -109,8 +113,8 @@ def test_bad_saving_options_are_config_errors(tmp_path, override, message):
 
 
 def test_the_report_says_which_runs_resumed_from_which_step(tmp_path):
-    from zoo.lab.report import markdown
-    from zoo.lab.variants import build_report
+    from zoo.lab.reports.sections import markdown
+    from zoo.lab.studies.variants import build_report
 
     run(tiny(*RESUMABLE), tmp_path / "sweep" / "whole")
     interrupt(tmp_path / "sweep" / "whole", tmp_path / "sweep" / "resumed", 6)
@@ -127,15 +131,15 @@ def test_state_round_trips_through_safetensors_and_json_exactly():
     optimizer.step()
     value = {"optim": optimizer.state_dict(), "rng": torch.get_rng_state(), "x": [float("nan"), float("-inf"), 1 / 3]}
     tensors: dict = {}
-    tree = json.loads(json.dumps(ckpt.to_tree(value, tensors), allow_nan=False))
-    back = ckpt.from_tree(tree, tensors, ckpt.STATE)
+    tree = json.loads(json.dumps(state_tree.to_tree(value, tensors), allow_nan=False))
+    back = state_tree.from_tree(tree, tensors, ckpt.STATE)
     assert back["optim"]["param_groups"] == optimizer.state_dict()["param_groups"]  # betas a tuple again
     assert back["optim"]["state"].keys() == {0, 1}
     for key, state in optimizer.state_dict()["state"].items():
         assert all(torch.equal(state[k], back["optim"]["state"][key][k]) for k in state)
     assert torch.equal(back["rng"], value["rng"]) and back["x"][2] == 1 / 3 and str(back["x"][:2]) == "[nan, -inf]"
     with pytest.raises(TypeError, match="/a: a object is not saved"):
-        ckpt.to_tree({"a": object()}, {})
+        state_tree.to_tree({"a": object()}, {})
 
 
 def zero_bytes(path, n: int = 1000) -> None:
@@ -166,7 +170,7 @@ def test_resume_falls_back_past_a_checkpoint_that_fails_its_check(tmp_path, dama
     corrupt(ckpt.step_dir(tmp_path / "resumed", 9))
     assert ckpt.verify_checkpoint(ckpt.step_dir(tmp_path / "resumed", 9)) is not None
     assert ckpt.verify_checkpoint(ckpt.step_dir(tmp_path / "resumed", 6)) is None
-    with caplog.at_level("INFO", logger="zoo.lab.train"):
+    with caplog.at_level("INFO", logger="zoo.lab.training.run"):
         resumed = run(tiny(*RESUMABLE), tmp_path / "resumed")
     assert resumed["status"] == "ok" and resumed["resumed_from"] == [6], resumed.get("error")
     assert list(resumed["resume_skipped"]) == ["step_000009"] and said in resumed["resume_skipped"]["step_000009"]
@@ -184,7 +188,7 @@ def test_with_no_intact_checkpoint_the_run_starts_over_and_says_so(tmp_path, cap
     interrupt(tmp_path / "whole", tmp_path / "resumed", 6)
     for folder in ckpt.checkpoints(tmp_path / "resumed"):
         zero_bytes(folder / ckpt.WEIGHTS)
-    with caplog.at_level("INFO", logger="zoo.lab.train"):
+    with caplog.at_level("INFO", logger="zoo.lab.training.run"):
         resumed = run(tiny(*RESUMABLE), tmp_path / "resumed")
     assert resumed["status"] == "ok" and resumed["resumed_from"] == []
     assert sorted(resumed["resume_skipped"]) == ["step_000003", "step_000006"]
@@ -292,8 +296,8 @@ def test_a_checkpoint_appears_only_with_its_manifest_written_after_its_files(tmp
     optimizer = torch.optim.AdamW(model.parameters())
     state = ckpt.TrainState(step=4, ranks=[{"rng": {"torch": torch.get_rng_state()}}])
     order = []
-    real_write = records.write_atomic
-    for module in (ckpt, records):  # the checkpoint's files, and the manifest (records.write_json_atomic)
+    real_write = files.write_atomic
+    for module in (ckpt, files):  # the checkpoint's files, and the manifest (files.write_json_atomic)
         monkeypatch.setattr(
             module, "write_atomic", lambda path, data: (order.append(path.name), real_write(path, data))
         )
@@ -323,7 +327,7 @@ def test_plain_and_sharded_checkpoints_share_their_state_manifest_and_pruning(tm
     try:
         for step in (2, 4, 6):
             state = ckpt.TrainState(step=step, loop={"first_loss": 1.5}, ranks=[{"rng": torch.get_rng_state()}])
-            for folder, save in (("plain", ckpt.save_checkpoint), ("sharded", ckpt.save_sharded_checkpoint)):
+            for folder, save in (("plain", ckpt.save_checkpoint), ("sharded", writers.save_sharded_checkpoint)):
                 save(tmp_path / folder, state, model, optimizer, config_hash="h", world_size=1, keep=2)
     finally:
         dist.destroy_process_group()

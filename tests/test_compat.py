@@ -9,7 +9,7 @@ from torch import nn
 
 import zoo
 from zoo import POSITIONS, ConfigError, build_block, build_model, check_combination, compose
-from zoo.lab.cli import parts_main
+from zoo.lab.commands.parts import parts_main
 from zoo.parts.positions import Position
 from zoo.testing.combos import TINY, block_config, context_of
 from zoo.testing.contract import Subject

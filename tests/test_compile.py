@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zoo.lab.scale import compile_block
-from zoo.lab.trainer import check_run_config
+from zoo.lab.planning.train_config import check_run_config
+from zoo.lab.training.scale import compile_block
 from zoo.testing.combos import block_config, build, combo_id, context_of, covering_combinations, randomize
 
 COVERING = covering_combinations()
@@ -68,8 +68,8 @@ def test_compile_key_is_a_bool():
 def test_compile_true_trains_as_eager(tmp_path):
     from helpers import tiny
 
-    from zoo.lab.records import read_metrics
-    from zoo.lab.train import run
+    from zoo.lab.records.metrics import read_metrics
+    from zoo.lab.training.run import run
 
     overrides = ["pos=rotary", "norm=rmsnorm", "mlp=swiglu", "train.steps=3", "train.log_every=1", "train.eval_every=0"]
     eager = run(tiny(*overrides), tmp_path / "eager")
@@ -86,8 +86,8 @@ def test_compile_true_under_mup_trains_as_eager(tmp_path):
     compiles to the eager run's losses and final numbers."""
     from helpers import tiny
 
-    from zoo.lab.records import read_metrics
-    from zoo.lab.train import run
+    from zoo.lab.records.metrics import read_metrics
+    from zoo.lab.training.run import run
 
     overrides = ["param=mup", "param.base_width=16", "train.steps=3", "train.log_every=1", "train.eval_every=0"]
     eager = run(tiny(*overrides), tmp_path / "eager")

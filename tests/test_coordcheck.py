@@ -1,4 +1,4 @@
-"""zoo-coordcheck (zoo.lab.coordcheck): flat under param=mup, growing under param=standard for the same
+"""zoo-coordcheck (zoo.lab.studies.coordcheck): flat under param=mup, growing under param=standard for the same
 model, so the check passes for one and fails for the other; its CSV and PNG are written."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from helpers import BYTES
 
 from zoo.assembly import mup
-from zoo.lab.coordcheck import main, slopes
+from zoo.lab.studies.coordcheck import main, slopes
 
 MODEL = ["block.n_heads=4", "model.n_layers=2", *BYTES, "train.batch_size=8", "threads=1"]
 SMALL = ["--widths", "32,64,128", "--steps", "4", "--seeds", "2"]

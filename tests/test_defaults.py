@@ -11,10 +11,10 @@ import yaml
 
 from zoo.assembly.compose import CONF_DIR
 from zoo.core.dims import BlockDims
-from zoo.lab.trainer import TrainConfig
+from zoo.lab.planning.train_config import TrainConfig
 from zoo.models.config import MODEL_DEFAULTS, model_options
 
-#: train.branch: the plan's (zoo.lab.branch), not TrainConfig's; off by default.
+#: train.branch: the plan's (zoo.lab.planning.branch), not TrainConfig's; off by default.
 BRANCH = {"branch": {"from": None, "step": None}}
 CONFIG = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
 

@@ -16,10 +16,11 @@ import pytest
 from dist_checks import TRAIN_COMBO, launch, tiny_model
 from helpers import BYTES, TINY, tiny
 
-from zoo.lab import checkpoint as ckpt
-from zoo.lab.records import read_metrics
-from zoo.lab.train import run
-from zoo.lab.trainer import TrainConfig, make_optimizer
+from zoo.lab.planning.train_config import TrainConfig
+from zoo.lab.records import checkpoint as ckpt
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.training.run import run
+from zoo.lab.training.trainer import make_optimizer
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,7 @@ def check_one_process_refuses(folder: Path) -> None:
 
 
 def test_torchrun_tp_run_trains_as_one_process(tmp_path):
-    """zoo.lab.train under torchrun with parallel.tp=2: the same batches as one process (tp ranks share
+    """zoo.lab.training.run under torchrun with parallel.tp=2: the same batches as one process (tp ranks share
     them), so the same losses; sharded checkpoints through DCP; final weights in the one-process layout."""
     overrides = ["norm=rmsnorm", "pos=rotary", "mlp=swiglu", "train.steps=4", "train.log_every=1",
                  "train.eval_every=0", "train.checkpoint_every=2"]  # fmt: skip
@@ -76,7 +77,7 @@ def test_torchrun_tp_run_trains_as_one_process(tmp_path):
     assert one["status"] == "ok", one["error"]
     args = ["task=bytes", *TINY, *BYTES, *overrides, "parallel.tp=2"]  # what tiny() composes, as a command line
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "zoo.lab.train", *args,
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "zoo.train", *args,
                f"hydra.run.dir={tmp_path / 'tp'}"]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     summary = json.loads((tmp_path / "tp" / "summary.json").read_text())

@@ -26,8 +26,8 @@ from helpers import ROOT, tiny_cli
 
 import zoo
 from zoo import AXES
-from zoo.lab.cli import parts_main
-from zoo.lab.sweep import sweep_argv, sweep_names
+from zoo.lab.commands.parts import parts_main
+from zoo.lab.commands.sweep import sweep_argv, sweep_names
 
 # adding-a-part.md's commands need the part it adds: tests/test_tutorial.py runs them in a copy.
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "adding-a-part.md")]
@@ -80,7 +80,7 @@ TINY = tiny_cli(steps=1, train__warmup_steps=0)  # one step: no warmup (a schedu
 def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str]) -> None:
     """Run the command in a subprocess at tiny sizes (the ``task.*`` ones its task has), one grid point
     per swept key; every run must be ok."""
-    module = {"zoo-train": "zoo.lab.train", "zoo-sweep": "zoo.lab.sweep"}[program]
+    module = {"zoo-train": "zoo.train", "zoo-sweep": "zoo.lab.commands.sweep"}[program]
     first = [first_value(a) if "=" in a else a for a in args]
     kept = [a for a in first if a.split("=")[0] not in TINY and not a.startswith("hydra.sweep.dir")]
     if program == "zoo-sweep":  # pin every key the sweep file sweeps to one value
@@ -118,7 +118,7 @@ def small_stdlib(folder: Path) -> Path:
 
 def run_prepare(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``zoo-prepare`` command as written, its ``--stdlib`` a small folder, its ``--out`` under tmp_path."""
-    from zoo.lab import prepare
+    from zoo.lab.commands import prepare
 
     monkeypatch.setattr(prepare, "stdlib_dir", lambda: small_stdlib(tmp_path / "stdlib"))
     args = [str(tmp_path / a) if i and args[i - 1] == "--out" else a for i, a in enumerate(args)]
@@ -128,7 +128,7 @@ def run_prepare(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def tokens_folder(overrides: list[str], tmp_path: Path) -> None:
     """A documented ``task=tokens task.path=DIR`` run's folder, prepared under tmp_path if it is not there."""
-    from zoo.lab.prepare import prepare
+    from zoo.lab.data.prepare import prepare
 
     keys = dict(a.split("=", 1) for a in overrides if "=" in a)
     path = keys.get("task.path")
@@ -170,7 +170,7 @@ def test_doc_command_works(page, command, capsys, tmp_path, monkeypatch):
     elif program in ("zoo-generate", "zoo-eval"):
         from zoo.lab.commands.evaluate import main as eval_main
         from zoo.lab.commands.generate import main as generate_main
-        from zoo.lab.train import run
+        from zoo.lab.training.run import run
 
         tiny = [f"{k}={v}" for k, v in TINY.items()]
         assert run(zoo.compose(["preset=llama", *tiny]), tmp_path / "run")["status"] == "ok"
@@ -194,7 +194,7 @@ def test_doc_command_works(page, command, capsys, tmp_path, monkeypatch):
     elif program == "zoo-contract":
         run_contract_slice(args, capsys)
     elif program == "zoo-coordcheck":  # its overrides at tiny sizes, two widths, one step
-        from zoo.lab.coordcheck import main, parser
+        from zoo.lab.studies.coordcheck import main, parser
 
         overrides = parser().parse_intermixed_args(args).overrides  # exits 2 on an option it does not take
         tiny = [f"{k}={v}" for k, v in TINY.items()]

@@ -1,4 +1,4 @@
-"""The report's line of settings a sweep fixed on every run (zoo/lab/fixed.py)."""
+"""The report's line of settings a sweep fixed on every run (zoo/lab/studies/fixed.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from zoo.assembly.compose import compose_with_choices
-from zoo.lab.fixed import fixed_line, fixed_settings
-from zoo.lab.runset import Run
+from zoo.lab.studies.fixed import fixed_line, fixed_settings
+from zoo.lab.studies.runset import Run
 
 
 def run_of(overrides: list[str]) -> Run:
@@ -43,8 +43,8 @@ def test_a_sweep_files_settings_are_listed_not_hidden_behind_its_choice():
 
 
 def test_the_vocabulary_a_run_took_from_its_task_is_no_setting_but_one_set_by_hand_is():
-    """model.vocab_size: null records the task's vocabulary (zoo.lab.run_model): not listed as fixed."""
-    from zoo.lab.run_model import with_task_vocab
+    """model.vocab_size: null records the task's vocabulary (zoo.lab.planning.run_model): not listed as fixed."""
+    from zoo.lab.planning.run_model import with_task_vocab
 
     def recorded(overrides: list[str]) -> Run:
         run = run_of(overrides)

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness model over a saved run (zoo.lab.harness), checked against log-probabilities
+"""The lm-evaluation-harness model over a saved run (zoo.lab.finished.harness), checked against log-probabilities
 computed directly from the model's forward pass."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 import zoo  # noqa: E402
 from zoo.core.errors import ConfigError  # noqa: E402
 from zoo.lab.commands.evaluate import main as eval_main  # noqa: E402
-from zoo.lab.harness import ZooLM  # noqa: E402
-from zoo.lab.train import run  # noqa: E402
+from zoo.lab.finished.harness import ZooLM  # noqa: E402
+from zoo.lab.training.run import run  # noqa: E402
 
 TEXT = "def déjà(x):\n    return x + 1  # ünï 🦒\nclass Point:\n    pass\n" * 120
 #: A multiple-choice task: (question, choices, answer index).
@@ -47,7 +47,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         == "ok"
     )
     pytest.importorskip("tokenizers")
-    from zoo.lab.prepare import prepare
+    from zoo.lab.data.prepare import prepare
 
     prepare([str(root / "in")], root / "tok", tokenizer="bpe", vocab_size=300, val_fraction=0.1, progress=False)
     cfg = tiny(
@@ -192,7 +192,7 @@ def test_zoo_eval_harness_accuracy_is_the_hand_computed_one(runs, kind, tmp_path
 def test_lm_evals_command_line_runs_the_zoo_model(runs, tmp_path):
     tasks = write_task(tmp_path / "tasks")
     done = zoo_cli(
-        "zoo.lab.harness", "--model", "zoo", "--model_args", f"run={runs['bytes']}", "--tasks", "zoo_mc",
+        "zoo.lab.finished.harness", "--model", "zoo", "--model_args", f"run={runs['bytes']}", "--tasks", "zoo_mc",
         "--include_path", str(tasks), "--batch_size", "4", "--device", "cpu", cwd=tmp_path,
     )  # fmt: skip
     row = next(line for line in done.stdout.splitlines() if "zoo_mc" in line)

@@ -8,7 +8,8 @@ import torch
 import zoo
 from zoo import build_model, compose
 from zoo.core.errors import ConfigError
-from zoo.models.hf import TABLES, convert, layer_shape, to_hf_model
+from zoo.models.hf import convert, layer_shape, to_hf_model
+from zoo.models.hf_tables import TABLES
 
 transformers = pytest.importorskip("transformers")  # installed by .ci/run (the hf extra)
 
@@ -108,7 +109,7 @@ def test_mixed_layers_and_tanh_gelu_are_refused(tmp_path):
 def test_a_run_folder_exports(tmp_path):
     from helpers import tiny
 
-    from zoo.lab.train import run
+    from zoo.lab.training.run import run
 
     summary = run(tiny("preset=llama"), tmp_path / "run")
     zoo.to_hf(tmp_path / "run", tmp_path / "hf")

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 import zoo
 from zoo import build_model, compose
-from zoo.lab.param import infer_for, parametrize
+from zoo.lab.recipe.param import infer_for, parametrize
 from zoo.models.hf import CLASSES, convert, target_for
 
 transformers = pytest.importorskip("transformers")  # installed by .ci/run (the hf extra)

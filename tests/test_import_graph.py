@@ -11,7 +11,7 @@ from helpers import ROOT
 
 
 def module_names(root: Path) -> dict[str, Path]:
-    """``{"zoo.lab.runs": path}`` for every module and package of ``root`` (a package by its __init__)."""
+    """``{"zoo.lab.finished.runs": path}`` for every module and package of ``root`` (a package by its __init__)."""
     names = {}
     for path in root.rglob("*.py"):
         parts = path.relative_to(root.parent).with_suffix("").parts
@@ -125,7 +125,7 @@ def test_zoo_generate_zoo_eval_and_zoo_prepare_answer_help_before_torch():
     import subprocess
     import sys
 
-    for module in ("zoo.lab.commands.generate", "zoo.lab.commands.evaluate", "zoo.lab.prepare"):
+    for module in ("zoo.lab.commands.generate", "zoo.lab.commands.evaluate", "zoo.lab.commands.prepare"):
         code = (
             f"import sys, contextlib, io, importlib; command = importlib.import_module({module!r})\n"
             f"with contextlib.redirect_stdout(io.StringIO()) as out:\n"
@@ -134,3 +134,24 @@ def test_zoo_generate_zoo_eval_and_zoo_prepare_answer_help_before_torch():
         )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (module, done.stderr)
+
+
+def test_the_lab_is_rooms_of_small_modules_each_saying_what_it_owns():
+    """zoo/lab: at most 8 modules at its top and 12 in a room; in all of zoo/, no module over 500 lines,
+    no function over 60, and each module opens with a docstring saying what it owns."""
+    lab = ROOT / "zoo" / "lab"
+    top = [p.name for p in lab.glob("*.py") if p.name != "__init__.py"]
+    assert len(top) <= 8, top
+    for room in (p for p in lab.iterdir() if (p / "__init__.py").exists()):
+        modules = [p.name for p in room.glob("*.py") if p.name != "__init__.py"]
+        assert len(modules) <= 12, (room.name, modules)
+    for path in (ROOT / "zoo").rglob("*.py"):
+        source = path.read_text()
+        tree = ast.parse(source)
+        where = path.relative_to(ROOT)
+        assert len(source.splitlines()) <= 500, f"{where}: {len(source.splitlines())} lines"
+        assert ast.get_docstring(tree), f"{where}: no docstring saying what it owns"
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 60, f"{where}:{node.lineno} {node.name}: {length} lines"

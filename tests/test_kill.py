@@ -19,9 +19,9 @@ from helpers import ROOT, as_overrides, tiny_cli, without_timings
 from safetensors.torch import load_file
 
 from zoo import compose
-from zoo.lab import checkpoint as ckpt
-from zoo.lab.records import read_metrics
-from zoo.lab.train import run
+from zoo.lab.records import checkpoint as ckpt
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.training.run import run
 
 SWEEP = [
     "-m",
@@ -51,7 +51,7 @@ SAME = ("status", "steps", "tokens", "final", "metric", "config_hash", "paramete
 
 def start(folder: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "zoo.lab.train", *SWEEP, f"hydra.sweep.dir={folder}"]
+    command = [sys.executable, "-m", "zoo.train", *SWEEP, f"hydra.sweep.dir={folder}"]
     return subprocess.Popen(command, cwd=folder.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

@@ -1,4 +1,4 @@
-"""Run folder locks (zoo/lab/lock.py): one process trains a run folder; its death frees the lock; two
+"""Run folder locks (zoo/lab/records/lock.py): one process trains a run folder; its death frees the lock; two
 sweeps into one folder train each run once and both report every run."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from subprocess import PIPE, STDOUT
 import pytest
 from helpers import ROOT, SMALL, tiny, zoo_cli
 
-from zoo.lab.lock import LOCK, RunLock, held, held_runs, holder, wait_for
-from zoo.lab.records import METRICS, SUMMARY
-from zoo.lab.train import run
+from zoo.lab.records.lock import LOCK, RunLock, held, held_runs, holder, wait_for
+from zoo.lab.records.metrics import METRICS
+from zoo.lab.records.summary import SUMMARY
+from zoo.lab.training.run import run
 
-HOLD = "import sys, time; from zoo.lab.lock import RunLock; assert RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)"  # noqa: E501
+HOLD = "import sys, time; from zoo.lab.records.lock import RunLock; assert RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)"  # noqa: E501
 
 
 def hold_in_child(run_dir: Path) -> subprocess.Popen:
@@ -43,13 +44,13 @@ def test_a_lock_is_refused_while_a_process_holds_it_and_free_once_it_is_killed(t
         assert sorted(p.name for p in folder.iterdir()) == [LOCK]
         killer = threading.Timer(0.5, child.kill)  # SIGKILL: the kernel releases the lock; the file stays
         killer.start()
-        with caplog.at_level(logging.INFO, logger="zoo.lab.lock"):
+        with caplog.at_level(logging.INFO, logger="zoo.lab.records.lock"):
             ended = wait_for([folder], poll=0.05, every=0.1)
     finally:
         child.kill()
         child.wait()
     assert child.returncode == -9 and ended == {folder: "not started"}
-    messages = [r.getMessage() for r in caplog.records if r.name == "zoo.lab.lock"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "zoo.lab.records.lock"]
     assert messages[0] == f"waiting for 1 run(s) that another process trains: {folder}", messages
     assert f"still waiting for: {folder} (starting)" in messages, messages
     assert messages[-1] == f"{folder} ended: not started (1 of 1)", messages
@@ -86,7 +87,7 @@ def test_two_sweeps_at_once_into_one_folder_train_each_run_once(tmp_path):
     args = ["quick", "pos=none", "mlp=gelu", "seed=0,1,2", *steps, "train.steps=60", "train.eval_every=30",
             f"hydra.sweep.dir={folder}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "zoo.lab.sweep", *args]
+    command = [sys.executable, "-m", "zoo.lab.commands.sweep", *args]
     sweeps = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=PIPE, stderr=STDOUT, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=300)[0] for p in sweeps]
     for p, out in zip(sweeps, outputs, strict=True):

@@ -112,8 +112,8 @@ def test_a_sweep_records_a_refused_combination_as_incompatible_not_failed(tmp_pa
     from omegaconf import OmegaConf
 
     from zoo import compose
-    from zoo.lab.exit_status import runs_not_done
-    from zoo.lab.train import run
+    from zoo.lab.records.exit_status import runs_not_done
+    from zoo.lab.training.run import run
 
     small = ["block.d_model=16", "block.n_heads=4", "model.n_layers=1", "task.max_bytes=20000", "task.seq_len=16"]
     cfg = compose(["attn=linear", "pos=alibi", *small, "train.steps=2", "train.batch_size=2", "threads=1"])

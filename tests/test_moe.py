@@ -155,9 +155,9 @@ def test_match_by_total_or_active_parameters(match):
 def test_a_moe_run_logs_its_aux_losses_and_routing_and_the_report_plots_it(tmp_path):
     from helpers import tiny
 
-    from zoo.lab.records import read_metrics
-    from zoo.lab.report import write_report
-    from zoo.lab.train import run
+    from zoo.lab.records.metrics import read_metrics
+    from zoo.lab.reports.report import write_report
+    from zoo.lab.training.run import run
 
     options = ["mlp=moe", "block.mlp.n_experts=4", "train.steps=4", "train.log_every=2"]
     summary = run(tiny(*options), tmp_path / "mlp=moe")

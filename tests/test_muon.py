@@ -12,9 +12,9 @@ from torch import nn
 
 import zoo
 from zoo.core.errors import ConfigError
-from zoo.lab.checkpoint import from_tree, parse_tensors, tensor_bytes, to_tree
 from zoo.lab.recipe import OPTIMIZERS
 from zoo.lab.recipe.muon import MuonAdamW, lr_factor, treatments
+from zoo.lab.records.state_tree import from_tree, parse_tensors, tensor_bytes, to_tree
 
 
 def make(**options: object) -> object:

@@ -1,4 +1,4 @@
-"""param=mup (zoo.assembly.mup, zoo.lab.param): every parameter's role found from shapes at two widths
+"""param=mup (zoo.assembly.mup, zoo.lab.recipe.param): every parameter's role found from shapes at two widths
 matches the parts' documented scaling; at the base width μP is the standard model to the bit; away
 from it the init, the first update, the logit and score multipliers follow the rules; what it cannot run
 is refused before any tensor work; a μP run resumes to the last bit."""
@@ -15,12 +15,13 @@ from torch import nn
 
 from zoo import MLPS, ConfigError, LanguageModel, resolve_block
 from zoo.assembly import mup
-from zoo.lab.param import parametrize
-from zoo.lab.plan import plan_run
+from zoo.lab.planning.plan import plan_run
+from zoo.lab.planning.train_config import TrainConfig
 from zoo.lab.recipe import Recipe
-from zoo.lab.records import config_hash, read_metrics
-from zoo.lab.train import run
-from zoo.lab.trainer import TrainConfig
+from zoo.lab.recipe.param import parametrize
+from zoo.lab.records.config import config_hash
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.training.run import run
 from zoo.parts.mlps import MLP
 from zoo.testing.combos import block_config, covering_combinations
 

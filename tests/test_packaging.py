@@ -121,7 +121,7 @@ def test_the_wheel_and_a_plugin_work_from_an_empty_folder(tmp_path):
 
     # The wheel's zoo is imported, with its config tree and sweeps inside it, and composes from here.
     script = (
-        "import zoo, zoo.lab.sweep as s; cfg = zoo.compose(['preset=llama', 'norm=dyt', 'block.d_model=32']); "
+        "import zoo, zoo.lab.commands.sweep as s; cfg = zoo.compose(['preset=llama', 'norm=dyt', 'block.d_model=32']); "
         "zoo.build_block(cfg.block); print(zoo.__file__, zoo.CONF_DIR, s.SWEEPS_DIR, cfg.block.norm.name, sep='\\n')"
     )
     module, conf, sweeps, norm = run("python", "-c", script).split()

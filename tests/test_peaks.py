@@ -1,4 +1,4 @@
-"""The probes' peaks in the report (zoo/lab/peaks.py): each run's largest attention logit and log-partition
+"""The probes' peaks in the report (zoo/lab/studies/peaks.py): each run's largest attention logit and log-partition
 over its probe records, per variant on a log scale, paired by seed against the baseline's."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from helpers import fake_run
 from scipy import stats as sps
 
-from zoo.lab.peaks import run_peaks
-from zoo.lab.report import write_report
-from zoo.lab.variants import build_report
+from zoo.lab.reports.report import write_report
+from zoo.lab.studies.peaks import run_peaks
+from zoo.lab.studies.variants import build_report
 
 #: Per variant and seed: the probe records' attn_logit_max (per layer; None: a mixer without logits) and log_z.
 PROBES = {

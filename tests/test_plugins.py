@@ -20,7 +20,7 @@ from zoo import NORMS, ConfigError, compose
 from zoo.assembly.compose import option_file, search_path
 from zoo.core import registry
 from zoo.core.registry import BUILT_IN, PluginWarning, Registry
-from zoo.lab.cli import parts_main, parts_markdown, print_check
+from zoo.lab.commands.parts import parts_main, parts_markdown, print_check
 
 NORM = '''
 import torch
@@ -238,7 +238,7 @@ from pathlib import Path
 import torch
 
 from zoo.lab.tasks.base import Batch, Task, register_task
-from zoo.lab.trackers import TRACKERS, Tracker
+from zoo.lab.records.trackers import TRACKERS, Tracker
 
 
 @TRACKERS.register("printer")
@@ -271,8 +271,8 @@ class Ones(Task):
 
 
 def test_a_plugin_registers_a_task_and_a_tracker_like_a_part(plugins, capsys):
+    from zoo.lab.records.trackers import TRACKERS, check_logger
     from zoo.lab.tasks import TASKS, build_task
-    from zoo.lab.trackers import TRACKERS, check_logger
 
     options = {
         "logger/printer.yaml": "# @package logger\nname: printer\nprefix: '>'\n",

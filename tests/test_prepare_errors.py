@@ -9,7 +9,8 @@ import logging
 import pytest
 
 from zoo.core.errors import ConfigError
-from zoo.lab.prepare import main, prepare, split_text
+from zoo.lab.commands.prepare import main, split_text
+from zoo.lab.data.prepare import prepare
 
 SMALL = "the cat sat on the mat; the dog dug a log. " * 20  # a few hundred merges at most
 
@@ -17,7 +18,7 @@ SMALL = "the cat sat on the mat; the dog dug a log. " * 20  # a few hundred merg
 def test_a_bpe_short_of_its_vocab_size_warns_and_meta_records_both_sizes(tmp_path, caplog, capsys):
     (tmp_path / "in.txt").write_text(SMALL)
     out = tmp_path / "out"
-    with caplog.at_level(logging.WARNING, logger="zoo.lab.prepare"):
+    with caplog.at_level(logging.WARNING, logger="zoo.lab.data.prepare"):
         code = main([str(tmp_path / "in.txt"), "--out", str(out), "--tokenizer", "bpe", "--vocab-size", "10000000",
                      "--workers", "1"])  # fmt: skip
     assert code == 0
@@ -40,7 +41,7 @@ def test_a_bpe_short_of_its_vocab_size_warns_and_meta_records_both_sizes(tmp_pat
 
 def test_a_bpe_that_reaches_its_vocab_size_does_not_warn(tmp_path, caplog):
     (tmp_path / "in.txt").write_text(SMALL)
-    with caplog.at_level(logging.WARNING, logger="zoo.lab.prepare"):
+    with caplog.at_level(logging.WARNING, logger="zoo.lab.data.prepare"):
         meta = prepare([str(tmp_path / "in.txt")], tmp_path / "out", tokenizer="bpe", vocab_size=260, progress=False)
     assert meta["vocab_size"] == meta["vocab_size_requested"] == 260
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

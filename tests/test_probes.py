@@ -18,17 +18,18 @@ from safetensors.torch import load_file
 
 import zoo.parts.attention
 from zoo.core.errors import ConfigError
-from zoo.lab import checkpoint as ckpt
-from zoo.lab import probes
-from zoo.lab import trainer as trainer_module
-from zoo.lab.plan import plan_run
-from zoo.lab.probes import PROBE_KEYS, Probes, forward_probe
-from zoo.lab.records import config_hash, read_metrics
-from zoo.lab.spikes import MIN_HISTORY, spike_indices, spikes
-from zoo.lab.step import Stepper
+from zoo.lab.planning.plan import plan_run
+from zoo.lab.records import checkpoint as ckpt
+from zoo.lab.records.config import config_hash
+from zoo.lab.records.metrics import read_metrics
 from zoo.lab.tasks import build_task
-from zoo.lab.train import run
-from zoo.lab.trainer import LoopState, Trainer
+from zoo.lab.training import probes
+from zoo.lab.training import trainer as trainer_module
+from zoo.lab.training.probes import PROBE_KEYS, Probes, forward_probe
+from zoo.lab.training.run import run
+from zoo.lab.training.spikes import MIN_HISTORY, spike_indices, spikes
+from zoo.lab.training.step import Stepper
+from zoo.lab.training.trainer import LoopState, Trainer
 from zoo.models.language import build_model
 
 #: Grouped heads (2 query heads per key/value head), no positions: the scores are q k^T / sqrt(d) alone.

@@ -12,15 +12,16 @@ import torch.nn.functional as F
 from helpers import interrupt, tiny, without_timings
 
 from zoo import ConfigError, build_model, compose
-from zoo.lab.argv import check_overrides
-from zoo.lab.checkpoint import WEIGHTS
-from zoo.lab.cli import LISTED, print_parts
+from zoo.lab.commands.argv import check_overrides
+from zoo.lab.commands.parts import LISTED, print_parts
+from zoo.lab.planning.train_config import TrainConfig
 from zoo.lab.recipe import OPTIMIZERS, SCHEDULES, Optimizer, Recipe, lr_at
-from zoo.lab.records import config_hash, read_metrics
-from zoo.lab.step import Stepper, loss_fn, z_loss_fn
+from zoo.lab.records.checkpoint import WEIGHTS
+from zoo.lab.records.config import config_hash
+from zoo.lab.records.metrics import read_metrics
 from zoo.lab.tasks import IGNORE, Batch
-from zoo.lab.train import run
-from zoo.lab.trainer import TrainConfig
+from zoo.lab.training.run import run
+from zoo.lab.training.step import Stepper, loss_fn, z_loss_fn
 
 # Checkpoints between log steps, dropout on: what a resume must restore (as tests/test_checkpoint.py).
 RESUMABLE = ("train.checkpoint_every=3", "train.keep_checkpoints=10", "block.dropout=0.1")

@@ -12,8 +12,10 @@ import pytest
 from helpers import fake_run
 from matplotlib.image import imread
 
-from zoo.lab.report import markdown, report_main, write_report
-from zoo.lab.variants import build_report
+from zoo.lab.commands.report import main as report_main
+from zoo.lab.reports.report import write_report
+from zoo.lab.reports.sections import markdown
+from zoo.lab.studies.variants import build_report
 
 
 def sweep(root: Path) -> None:
@@ -103,7 +105,7 @@ def test_files_beside_the_runs(tmp_path, capsys):
 
 
 def test_a_column_is_one_entry_of_the_table_shown_in_markdown_and_csv(tmp_path, monkeypatch):
-    from zoo.lab import report as module
+    from zoo.lab.reports import table as module
 
     sweep(tmp_path)
     share = module.Column(
@@ -302,7 +304,7 @@ def test_several_axes_get_pooled_effects_and_interaction_plots(tmp_path):
     assert effects["pos", "rotary"]["verdict"] == "better" and "| pos | rotary | none |" in text
     assert imread(tmp_path / "interactions.png").shape[1] > 800
 
-    from zoo.lab.plots import plot_interactions
+    from zoo.lab.reports.plots import plot_interactions
 
     fig = plot_interactions(report, tmp_path / "again.png")
     panel = fig.axes[0]  # metric vs pos, one line per mlp
@@ -319,7 +321,7 @@ def test_several_axes_get_pooled_effects_and_interaction_plots(tmp_path):
 def test_final_plot_draws_the_paired_intervals_and_the_baseline(tmp_path):
     from scipy import stats
 
-    from zoo.lab.plots import plot_final
+    from zoo.lab.reports.plots import plot_final
 
     effects = {"layernorm": [0.0] * 3, "rmsnorm": [-0.05, -0.03, -0.07]}
     planted(tmp_path, effects, [0, 1, 2])
@@ -387,7 +389,7 @@ def test_a_run_folder_that_cannot_be_read_is_named_and_fails_the_exit_status(tmp
     assert len(rows) == 13 and {(rows[k]["status"], rows[k]["error"]) for k in reasons} == {
         ("not read", reason) for reason in reasons.values()
     }
-    from zoo.lab.exit_status import runs_not_done  # a sweep's exit status names the reason too
+    from zoo.lab.records.exit_status import runs_not_done  # a sweep's exit status names the reason too
 
     assert (tmp_path / "pos=rotary,mlp=gelu,seed=1", reasons["pos=rotary,mlp=gelu,seed=1"]) in runs_not_done(tmp_path)
     for folder in reasons:  # mended, the report reads every run again and exits 0
@@ -450,7 +452,7 @@ def rows_by(root: Path, key: str, name: str = "report.csv") -> dict[str, dict[st
 
 
 def test_sign_flip_permutation_p_value_is_exact():
-    from zoo.lab.stats import permutation_interval
+    from zoo.lab.studies.stats import permutation_interval
 
     # six differences of one sign: of the 2^6 = 64 sign patterns only the observed one reaches its sum, and only
     # all flipped reaches its negative: p = 2 / 64; the interval is the least and the largest subset mean
@@ -524,7 +526,7 @@ def test_bootstrap_interval_is_named_and_inside_the_differences(tmp_path):
 
 def test_bad_report_test_names_the_key_value_and_choices(tmp_path, capsys):
     from zoo.core.errors import ConfigError
-    from zoo.lab.variants import report_options
+    from zoo.lab.planning.options import report_options
 
     with pytest.raises(ConfigError) as error:
         report_options({"test": "wilcoxon"})
@@ -584,8 +586,8 @@ def test_optimizers_compared_without_tune_lr_are_warned_about_in_the_report_and_
 
 
 def test_probes_plot_the_largest_attention_logit_and_log_z_per_variant_only_when_recorded(tmp_path):
-    from zoo.lab.plots import PROBE_PANELS, probe_curve
-    from zoo.lab.records import read_metrics
+    from zoo.lab.records.metrics import read_metrics
+    from zoo.lab.reports.plots import PROBE_PANELS, probe_curve
 
     for pos, scale in (("none", 10.0), ("rotary", 1.0)):
         for seed in (0, 1):
@@ -609,10 +611,10 @@ def test_probes_plot_the_largest_attention_logit_and_log_z_per_variant_only_when
 
 
 def test_routing_png_is_written_listed_removed_when_stale_and_sent_to_trackers_like_every_plot(tmp_path):
-    """One list of a report's files (zoo/lab/report_files.py): routing.png is handled as every other plot."""
-    from zoo.lab.report import written
-    from zoo.lab.report_files import OPTIONAL, PLOTS
-    from zoo.lab.trackers import PLOTS as SENT
+    """One list of a report's files (zoo/lab/records/report_files.py): routing.png is handled as every other plot."""
+    from zoo.lab.records.report_files import OPTIONAL, PLOTS
+    from zoo.lab.records.trackers import PLOTS as SENT
+    from zoo.lab.reports.report import written
 
     for seed in (0, 1):
         fake_run(tmp_path, ["mlp=moe", f"seed={seed}"], value=3.0, routing={"blocks.0.mlp": [0.25, 0.75]})

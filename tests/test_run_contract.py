@@ -27,13 +27,14 @@ from helpers import interrupt, tiny
 from safetensors.torch import load_file
 
 from zoo.core.errors import ConfigError
-from zoo.lab import checkpoint as ckpt
-from zoo.lab.prepare import prepare
-from zoo.lab.records import read_summary, write_json_atomic
-from zoo.lab.runs import evaluate_run, load_run, run_task_config, to_hf
+from zoo.lab.data.prepare import prepare
+from zoo.lab.files import write_json_atomic
+from zoo.lab.finished.runs import evaluate_run, load_run, run_task_config, to_hf
+from zoo.lab.records import checkpoint as ckpt
+from zoo.lab.records.summary import read_summary
 from zoo.lab.tasks import build_task
 from zoo.lab.tasks.transduce import BOS
-from zoo.lab.train import run
+from zoo.lab.training.run import run
 from zoo.models.language import LanguageModel
 
 #: A run that keeps its checkpoints (resumed from one of them; a branch starts from one).

@@ -15,8 +15,8 @@ import zoo
 from zoo.core.errors import ConfigError
 from zoo.lab.commands.evaluate import main as eval_main
 from zoo.lab.commands.generate import main as generate_main
-from zoo.lab.runs import evaluate_run, load_codec, text_to_tokens, tokens_to_text
-from zoo.lab.train import run
+from zoo.lab.finished.runs import evaluate_run, load_codec, text_to_tokens, tokens_to_text
+from zoo.lab.training.run import run
 from zoo.models import language
 
 
@@ -130,7 +130,7 @@ def test_a_prompt_becomes_tokens_and_tokens_become_text_by_the_runs_task(task, t
 def bpe_run(tmp_path_factory):
     """A tokens run on a 300-token BPE of a small text (zoo-prepare), and its prepared folder."""
     pytest.importorskip("tokenizers")
-    from zoo.lab.prepare import prepare
+    from zoo.lab.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("bpe")
     (root / "in").mkdir()
@@ -186,7 +186,7 @@ def test_a_tokenizer_whose_sha256_differs_from_the_summarys_is_refused(bpe_run, 
 
 
 def test_a_tokens_run_on_prepared_bytes_takes_and_prints_text(tmp_path, capsys):
-    from zoo.lab.prepare import prepare
+    from zoo.lab.data.prepare import prepare
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in/doc.txt").write_text("def déjà(x):\n    return x + 1\n" * 300)
@@ -200,7 +200,7 @@ def test_a_tokens_run_on_prepared_bytes_takes_and_prints_text(tmp_path, capsys):
 
 
 def test_evaluation_builds_no_optimizer(trained, monkeypatch):
-    """zoo-eval scores through the trainer's Evaluator (zoo.lab.evaluation) alone: no optimizer, no schedule."""
+    """zoo-eval scores through the trainer's Evaluator (zoo.lab.training.evaluation) alone: no optimizer."""
     from zoo.lab.recipe import Recipe
 
     monkeypatch.setattr(Recipe, "build", lambda *a, **k: pytest.fail("evaluation built an optimizer"))

@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import tiny
 
-from zoo.lab.records import read_metrics
-from zoo.lab.train import run
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.training.run import run
 
 
 def losses(run_dir) -> list[float]:
@@ -50,7 +50,7 @@ def test_activation_checkpointing_recomputes_each_block():
 
 def test_parallel_keys_are_checked_against_the_world_size():
     from zoo import ConfigError
-    from zoo.lab.scale import ProcessMesh
+    from zoo.lab.planning.mesh import ProcessMesh
 
     assert ProcessMesh.from_config(None, 4) == ProcessMesh(dp_replicate=4)  # DDP over every process
     assert ProcessMesh.from_config({"dp_shard": 2, "tp": 2}, 8) == ProcessMesh(dp_replicate=2, dp_shard=2, tp=2)
@@ -93,7 +93,7 @@ def specs(*overrides: str):
 )
 def test_tensor_parallel_rules_name_the_key_and_the_rule(overrides, tp, message):
     from zoo import ConfigError, compose
-    from zoo.lab.scale import ProcessMesh
+    from zoo.lab.planning.mesh import ProcessMesh
 
     vocab = compose(list(overrides))["model"]["vocab_size"] if any("vocab" in o for o in overrides) else 256
     with pytest.raises(ConfigError, match=message):
@@ -103,7 +103,7 @@ def test_tensor_parallel_rules_name_the_key_and_the_rule(overrides, tp, message)
 
 def test_sequence_lengths_must_split_between_tp_ranks():
     from zoo import ConfigError
-    from zoo.lab.scale import ProcessMesh
+    from zoo.lab.planning.mesh import ProcessMesh
 
     with pytest.raises(ConfigError, match=r"parallel.tp=4: must divide the sequence length 30"):
         ProcessMesh(tp=4).check_model(specs(), 256, [32, 30])
@@ -179,7 +179,7 @@ def sweep_launches(name: str, words: list[str]) -> list[tuple[int, list[str]]]:
     import yaml
 
     from zoo import AXES
-    from zoo.lab.sweep import SWEEPS_DIR
+    from zoo.lab.commands.sweep import SWEEPS_DIR
 
     launcher = dict(w.removeprefix("hydra.launcher.").split("=", 1) for w in words if w.startswith("hydra.launcher."))
     world = int(launcher.get("nodes", 1)) * int(launcher["tasks_per_node"])
@@ -203,8 +203,8 @@ def test_the_cluster_commands_in_the_docs_fit_their_mesh(world, overrides):
     from omegaconf import OmegaConf
 
     from zoo import check_combination, compose
-    from zoo.lab.scale import ProcessMesh
-    from zoo.lab.trainer import check_run_config
+    from zoo.lab.planning.mesh import ProcessMesh
+    from zoo.lab.planning.train_config import check_run_config
     from zoo.models.config import block_section, layer_specs, model_options
 
     composed = compose(overrides)

@@ -12,10 +12,10 @@ from helpers import fake_run
 from matplotlib.image import imread
 from scipy import stats as sps
 
-from zoo.lab import sensitivity
-from zoo.lab.plots import plot_lr
-from zoo.lab.report import write_report
-from zoo.lab.variants import build_report
+from zoo.lab.reports.plots import plot_lr
+from zoo.lab.reports.report import write_report
+from zoo.lab.studies import sensitivity
+from zoo.lab.studies.variants import build_report
 
 RATES = (1e-3, 1e-2, 1e-1)
 #: Each variant's final val_bpb per seed at each rate (None: the run diverged, no final metric).

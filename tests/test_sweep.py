@@ -14,9 +14,11 @@ from matplotlib.image import imread
 
 import zoo
 from zoo import build_model, compose
-from zoo.lab.records import read_metrics, read_summary
-from zoo.lab.sweep import SWEEPS_DIR, sweep_argv, sweep_main, sweep_names
-from zoo.lab.train import run, run_dirname
+from zoo.lab.commands.sweep import SWEEPS_DIR, sweep_argv, sweep_main, sweep_names
+from zoo.lab.commands.train import run_dirname
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.records.summary import read_summary
+from zoo.lab.training.run import run
 
 
 @pytest.mark.slow
@@ -26,7 +28,7 @@ def test_zoo_sweep_trains_reports_and_survives_a_failing_run(tmp_path):
     folder = tmp_path / "sweep"
     small = [a for a in SMALL if not a.startswith("block.n_heads")]
     args = ["quick", "pos=none", "mlp=gelu", "seed=0", "block.n_heads=2,4,5", *small, f"hydra.sweep.dir={folder}"]
-    done = zoo_cli("zoo.lab.sweep", *args, cwd=tmp_path, returncode=1)
+    done = zoo_cli("zoo.lab.commands.sweep", *args, cwd=tmp_path, returncode=1)
     last = done.stderr.rstrip().splitlines()[-2:]
     assert last[0] == "1 run(s) failed (a diverged run is a result; a failed one is not):", done.stderr[-2000:]
     assert last[1].startswith("  sweep/") and "block.n_heads=5" in last[1], last
@@ -66,7 +68,7 @@ def test_sweep_resumes_on_submitit_local(tmp_path):
 
     # The sweep, one more value than was run, on submitit (each job its own process, as on SLURM):
     # the finished run is skipped, the new one trains, and the report covers both.
-    zoo_cli("zoo.lab.sweep", "quick", *fixed, "block.n_heads=4,8", f"hydra.sweep.dir={folder}",
+    zoo_cli("zoo.lab.commands.sweep", "quick", *fixed, "block.n_heads=4,8", f"hydra.sweep.dir={folder}",
             "hydra/launcher=submitit_local", cwd=tmp_path)  # fmt: skip
     after = summaries(folder)
     assert after[name] == before  # skipped: not a byte changed
@@ -82,7 +84,7 @@ def test_a_sweep_on_submitit_trains_each_run_on_several_processes(tmp_path):
     # tasks_per_node=2: each run is one submitit job of two processes (two GPUs of a SLURM node, or
     # two gloo processes here), which find each other through submitit's job environment.
     fixed = [*SMALL, "mlp=gelu", "seed=0", "parallel.dp_shard=2", "hydra.launcher.tasks_per_node=2"]
-    zoo_cli("zoo.lab.sweep", "quick", *fixed, "pos=none,rotary", "hydra.sweep.dir=sweep",
+    zoo_cli("zoo.lab.commands.sweep", "quick", *fixed, "pos=none,rotary", "hydra.sweep.dir=sweep",
             "hydra/launcher=submitit_local", cwd=tmp_path)  # fmt: skip
     runs = summaries(tmp_path / "sweep")
     for summary in runs.values():

@@ -14,8 +14,9 @@ import torch
 from helpers import interrupt, tiny, without_timings
 
 from zoo.core.errors import ConfigError
-from zoo.lab.prepare import main, prepare, sources_hash, split_text
-from zoo.lab.records import read_metrics
+from zoo.lab.commands.prepare import main, split_text
+from zoo.lab.data.prepare import prepare, sources_hash
+from zoo.lab.records.metrics import read_metrics
 from zoo.lab.tasks import build_task
 from zoo.lab.tasks import tokens as tokens_module
 from zoo.lab.tasks.tokens import SPEEDRUN_MAGIC
@@ -195,7 +196,7 @@ def test_a_validation_split_shorter_than_one_window_is_a_clear_error(tmp_path):
 
 
 def test_prepare_then_train_reports_bits_per_byte_and_resumes_to_the_last_bit(tmp_path):
-    from zoo.lab.train import run
+    from zoo.lab.training.run import run
 
     big = (TEXT * 3).replace("x", "y")  # a few KB
     (tmp_path / "in").mkdir()
@@ -214,7 +215,7 @@ def test_prepare_then_train_reports_bits_per_byte_and_resumes_to_the_last_bit(tm
 
 
 def test_the_model_vocabulary_follows_the_files_and_a_smaller_one_is_an_error_naming_model_vocab_size(tmp_path):
-    from zoo.lab.train import run
+    from zoo.lab.training.run import run
 
     prepare([str(corpus(tmp_path / "in"))], tmp_path / "tok", tokenizer="bpe", vocab_size=300, progress=False)
     base = (f"task.path={tmp_path / 'tok'}", "task.seq_len=16", "train.steps=2", "train.checkpoint_every=0")
@@ -298,7 +299,7 @@ def test_a_folders_file_that_is_not_utf8_is_skipped_and_a_named_one_is_an_error(
 
 
 def test_stdlib_reads_the_standard_librarys_python_sources(tmp_path, monkeypatch):
-    from zoo.lab import prepare as prepare_module
+    from zoo.lab.commands import prepare as prepare_module
 
     src = corpus(tmp_path / "lib")
     (src / "mod.py").write_text("import os\n" * 50)
@@ -330,7 +331,7 @@ def test_shards_hold_at_most_shard_tokens_and_read_back_as_one_split(tmp_path):
 
 
 def test_a_bpe_trains_on_a_sample_spread_through_a_large_input(tmp_path):
-    from zoo.lab.prepare import training_sample
+    from zoo.lab.data.prepare import training_sample
 
     docs = [f"doc{i} " * 10 for i in range(100)]
     assert training_sample(docs, 0) == docs and training_sample(docs, 10**6) == docs

@@ -17,9 +17,9 @@ from zoo.assembly.compose import CONF_DIR
 from zoo.core.errors import ConfigError
 from zoo.core.options import option_defaults
 from zoo.core.registry import BUILT_IN
-from zoo.lab.records import read_metrics
-from zoo.lab.trackers import TRACKERS, Tracker, check_logger, log_report
-from zoo.lab.train import run
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.records.trackers import TRACKERS, Tracker, check_logger, log_report
+from zoo.lab.training.run import run
 
 matplotlib.use("Agg")
 

@@ -14,10 +14,13 @@ from helpers import tiny, without_timings
 from omegaconf import OmegaConf
 
 from zoo import ConfigError, build_model, compose
-from zoo.lab.records import read_metrics, read_summary
+from zoo.lab.commands.train import run_dirname
+from zoo.lab.planning.train_config import TrainConfig
+from zoo.lab.records.metrics import read_metrics
+from zoo.lab.records.summary import read_summary
 from zoo.lab.tasks import TASKS, build_task
-from zoo.lab.train import run, run_dirname
-from zoo.lab.trainer import TrainConfig, make_optimizer
+from zoo.lab.training.run import run
+from zoo.lab.training.trainer import make_optimizer
 
 
 def test_run_writes_metrics_and_summary(tmp_path):
@@ -71,7 +74,7 @@ def test_diverging_run_stops_early_and_is_recorded(tmp_path):
 
 
 def test_a_learned_table_shorter_than_the_sequence_fails_on_the_config_before_any_data(tmp_path, monkeypatch):
-    monkeypatch.setattr("zoo.lab.plan.RunPlan.build_task", lambda plan: pytest.fail("read the data before the check"))
+    monkeypatch.setattr("zoo.lab.planning.plan.RunPlan.build_task", lambda plan: pytest.fail("read the data first"))
     summary = run(tiny("pos=learned", "block.max_len=8", "task.seq_len=64"), tmp_path)
     assert summary["status"] == "failed" and "traceback" not in summary, summary["error"]
     assert summary["error"] == (
@@ -215,7 +218,7 @@ def test_the_adding_a_task_example_in_the_docs_trains(tmp_path):
 
 def test_the_loss_skips_exactly_the_tasks_ignore_value(monkeypatch):
     """The loss names the tasks' IGNORE itself rather than relying on cross_entropy's default (-100)."""
-    import zoo.lab.step as step
+    import zoo.lab.training.step as step
 
     logits = torch.randn(2, 3, 5)
     targets = torch.tensor([[1, 4, -7], [-7, 0, 2]])
@@ -247,7 +250,7 @@ def test_a_norm_free_placement_records_no_norm_choice_and_its_norm_sweep_is_one_
     from torch import nn
 
     from zoo import PLACEMENTS
-    from zoo.lab.variants import build_report
+    from zoo.lab.studies.variants import build_report
     from zoo.parts.placements import Placement
 
     @PLACEMENTS.register("test_nonorm", formula="x = x + f(x)")
@@ -333,8 +336,8 @@ def test_a_task_with_its_own_metric_trains_without_a_trainer_change(tmp_path):
 
 
 def test_the_trainer_trains_with_the_shared_step(tmp_path, monkeypatch):
-    """Trainer.fit runs zoo.lab.step's Stepper once per step (the step the benchmarks time)."""
-    from zoo.lab import step
+    """Trainer.fit runs zoo.lab.training.step's Stepper once per step (the step the benchmarks time)."""
+    from zoo.lab.training import step
 
     calls = []
     original = step.Stepper.__call__
@@ -352,8 +355,8 @@ def test_the_trainer_and_the_run_entry_name_no_task():
     """The trainer and zoo-train leave how a batch reaches the model, how it is scored and which model
     it needs to the task (zoo/lab/tasks): no encoder-decoder inputs, no task's metric, no model kind."""
     lab = Path(__file__).resolve().parent.parent / "zoo" / "lab"
-    for name in ("trainer.py", "train.py"):
-        text = (lab / name).read_text()
+    for path in [*(lab / "training").glob("*.py"), lab / "commands" / "train.py"]:
+        text, name = path.read_text(), path.name
         for word in ("source", "exact_match", "seq2seq", "build_seq2seq", "transduce"):
             found = [line for line in text.splitlines() if re.search(rf"\b{word}\b", line)]
             assert not found, (name, word, found)
@@ -364,7 +367,7 @@ def test_a_checkpoint_records_the_loops_running_values_as_before(tmp_path):
     the last logged one, the last evaluation, steps summed since the last log and the training time;
     and, added since (an older checkpoint resumes without them), the initial evaluation and the logged
     curve of loss and gradient norms the spike score reads."""
-    from zoo.lab import checkpoint as ckpt
+    from zoo.lab.records import checkpoint as ckpt
 
     summary = run(tiny("train.checkpoint_every=4", "train.keep_checkpoints=5", "train.log_every=3"), tmp_path)
     assert summary["status"] == "ok"
@@ -382,9 +385,10 @@ def test_a_checkpoint_records_the_loops_running_values_as_before(tmp_path):
 
 
 def test_a_run_checks_each_section_once_and_builds_from_what_it_resolved(tmp_path, monkeypatch):
-    """zoo.lab.plan checks tune and the process mesh once each (the mesh with the task's lengths, known
+    """zoo.lab.planning.plan checks tune and the process mesh once each (the mesh with the task's lengths, known
     before its data is read); the model is built from the resolved layer specs, not resolved again."""
-    from zoo.lab import plan, scale, train
+    from zoo.lab.planning import mesh, plan
+    from zoo.lab.training import run as train
 
     calls = {"tune": 0, "mesh": 0}
 
@@ -396,7 +400,7 @@ def test_a_run_checks_each_section_once_and_builds_from_what_it_resolved(tmp_pat
         return counted
 
     monkeypatch.setattr(train, "tune_options", counting("tune", train.tune_options))
-    monkeypatch.setattr(scale.ProcessMesh, "check_model", counting("mesh", scale.ProcessMesh.check_model))
+    monkeypatch.setattr(mesh.ProcessMesh, "check_model", counting("mesh", mesh.ProcessMesh.check_model))
     monkeypatch.setattr("zoo.models.language.layer_specs", lambda *a, **k: pytest.fail("resolved the block again"))
     summary = run(tiny(), tmp_path)
     assert summary["status"] == "ok", summary["error"]

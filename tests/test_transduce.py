@@ -8,10 +8,10 @@ import torch
 from helpers import tiny
 
 from zoo import ConfigError, build_seq2seq, compose
-from zoo.lab.records import read_metrics
+from zoo.lab.records.metrics import read_metrics
 from zoo.lab.tasks import IGNORE, build_task
 from zoo.lab.tasks.transduce import BOS, EOS, PAD
-from zoo.lab.train import run
+from zoo.lab.training.run import run
 
 
 @pytest.mark.parametrize("op", ["reverse", "sort", "copy"])

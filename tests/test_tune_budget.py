@@ -11,8 +11,8 @@ from helpers import tiny, zoo_cli
 from matplotlib.image import imread
 
 from zoo.core.errors import ConfigError
-from zoo.lab.train import run
-from zoo.lab.trainer import TrainConfig
+from zoo.lab.planning.train_config import TrainConfig
+from zoo.lab.training.run import run
 
 TOKENS_PER_STEP = 4 * 32  # tiny(): batch_size 4 x seq_len 32
 
@@ -59,7 +59,7 @@ def test_tune_lr_picks_each_variants_best_rate_then_runs_the_seeds(tmp_path):
             "train.budget.flops=2e8", "block.d_model=32", "block.n_heads=4", "model.n_layers=1",
             "task.max_bytes=30000", "task.seq_len=32", "train.batch_size=4", "train.warmup_steps=2",
             "train.eval_every=0", "train.eval_batches=2", "threads=1", f"hydra.sweep.dir={tmp_path / 's'}"]  # fmt: skip
-    zoo_cli("zoo.lab.train", "-m", *args, cwd=tmp_path)
+    zoo_cli("zoo.train", "-m", *args, cwd=tmp_path)
     root = tmp_path / "s"
     tuning = [json.loads(p.read_text()) for p in (root / "tune").glob("*/summary.json")]
     assert sorted((t["choices"]["mlp"], t["config"]["train"]["lr"], t["config"]["seed"]) for t in tuning) == [

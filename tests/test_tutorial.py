@@ -47,7 +47,7 @@ def test_tutorial_part_appears_in_zoo_parts_the_contract_suite_and_a_sweep(tmp_p
         return done.stdout
 
     # Step 3: zoo-parts lists it with its option.
-    listing = run("-c", "from zoo.lab.cli import parts_main; parts_main([])")
+    listing = run("-c", "from zoo.lab.commands.parts import parts_main; parts_main([])")
     assert re.search(r"^\s+dyt\s+DyT: .*\[alpha_init=0.5\]", listing, flags=re.MULTILINE), listing
     # The contract suite covers it with no test edit: its combinations are collected by name.
     collected = run("-m", "pytest", "--co", "-q", "-p", "no:xdist", "tests/test_contract.py", "--part", "norm=dyt")
@@ -59,7 +59,7 @@ def test_tutorial_part_appears_in_zoo_parts_the_contract_suite_and_a_sweep(tmp_p
     assert len(ids) == len(set(ids)) == product + variants  # the product with dyt, and dyt with each variant
     # And a sweep from the command line trains with it.
     small = as_overrides(tiny_cli(d_model=32))
-    run("-m", "zoo.lab.train", "-m", "norm=layernorm,dyt", *small, "hydra.sweep.dir=sweep")
+    run("-m", "zoo.train", "-m", "norm=layernorm,dyt", *small, "hydra.sweep.dir=sweep")
     statuses = {p.parent.name: json.loads(p.read_text())["status"] for p in (repo / "sweep").glob("*/summary.json")}
     assert len(statuses) == 2 and set(statuses.values()) == {"ok"}, statuses
     assert any("dyt" in name for name in statuses), statuses
@@ -97,11 +97,11 @@ def test_every_axis_example_is_a_part_like_the_built_in_ones(tmp_path):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done.stdout
 
-    listing = run("-c", "from zoo.lab.cli import parts_main; parts_main([])")
+    listing = run("-c", "from zoo.lab.commands.parts import parts_main; parts_main([])")
     for name in ("deepnorm", "rezero", "glu", "kerple", "gated"):
         assert re.search(rf"^  {name} +\S.*  \(from my-parts\)$", listing, flags=re.MULTILINE), listing
     # Parameter matching takes the new MLP with nothing declared: glu lands at gelu's count.
-    table = run("-c", "from zoo.lab.cli import parts_main; parts_main(['--params', '--d-model', '64', "
+    table = run("-c", "from zoo.lab.commands.parts import parts_main; parts_main(['--params', '--d-model', '64', "
                 "'--n-heads', '4', 'placement=pre', 'norm=rmsnorm', 'attn=mha', 'pos=none', 'mlp=gelu,glu', "
                 "'block.mlp.match=params'])")  # fmt: skip
     lines = [line for line in table.splitlines() if line.startswith("| pre ")]
@@ -124,7 +124,7 @@ def test_every_axis_example_is_a_part_like_the_built_in_ones(tmp_path):
     # from a folder of option files of one's own (--config-dir), with every new part in training.
     small = ["block.d_model=16", "block.n_heads=4", "model.n_layers=2", "task.max_bytes=20000", "task.seq_len=16",
              "train.steps=2", "train.batch_size=2", "train.eval_batches=1", "threads=1"]  # fmt: skip
-    run("-m", "zoo.lab.train", "-m", "--config-dir", "my_conf", "placement=post,deepnorm_a1414",
+    run("-m", "zoo.train", "-m", "--config-dir", "my_conf", "placement=post,deepnorm_a1414",
         "pos=kerple,rotary_half", "attn=gated", "mlp=glu", *small, "hydra.sweep.dir=sweep")  # fmt: skip
     runs = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/summary.json")]
     assert sorted(r["status"] for r in runs) == ["ok"] * 4
@@ -137,7 +137,7 @@ def test_every_axis_example_is_a_part_like_the_built_in_ones(tmp_path):
     rezero = run("-m", "zoo.testing", "placement=rezero", "--coverage", "pairwise")
     assert re.search(r"contract \(placement=rezero, pairwise\): \d+ combinations, \d+ run .*: \d+ passed, 0 failed",
                      rezero), rezero[-2000:]  # fmt: skip
-    run("-m", "zoo.lab.train", "-m", "placement=rezero", "norm=rmsnorm,layernorm", *small, "hydra.sweep.dir=rezero")
+    run("-m", "zoo.train", "-m", "placement=rezero", "norm=rmsnorm,layernorm", *small, "hydra.sweep.dir=rezero")
     runs = [json.loads(p.read_text()) for p in (tmp_path / "rezero").glob("*/summary.json")]
     assert [(r["status"], r["unused_axes"], "norm" in r["choices"]) for r in runs] == [("ok", ["norm"], False)] * 2
     assert "1 variants" in (tmp_path / "rezero" / "report.md").read_text()

@@ -47,6 +47,8 @@ def test_rotary_scores_depend_only_on_relative_position():
 
 
 def test_the_lab_map_names_every_lab_module_and_only_those():
+    """Each module of zoo/lab has its row in docs/why.md's map (``files.py``, ``training/trainer.py``), and
+    the map names no module that is gone."""
     import re
 
     from helpers import ROOT
@@ -54,15 +56,9 @@ def test_the_lab_map_names_every_lab_module_and_only_those():
     page = (ROOT / "docs" / "why.md").read_text()
     section = page.split("## A map of the lab", 1)[1].split("\n## ", 1)[0]
     table = [line for line in section.splitlines() if line.startswith("| `")]
-    named = {
-        name.removesuffix(".py").rstrip("/")
-        for line in table
-        for name in re.findall(r"`([\w/]+(?:\.py)?)`", line.split("|")[1])
-    }
+    named = {name for line in table for name in re.findall(r"`([\w/]+\.py)`", line.split("|")[1])}
     lab = ROOT / "zoo" / "lab"
-    modules = {p.stem for p in lab.glob("*.py") if p.stem != "__init__"} | {
-        p.name for p in lab.iterdir() if (p / "__init__.py").exists()
-    }
+    modules = {str(p.relative_to(lab)) for p in lab.rglob("*.py") if p.name != "__init__.py"}
     assert named == modules, (
         f"docs/why.md's lab map: missing {sorted(modules - named)}, stale {sorted(named - modules)}"
     )

@@ -36,8 +36,8 @@ PUBLIC = {
     "CrossAttention": "zoo.parts.cross_attention",
     "LayerState": "zoo.parts.state",
     "MixerState": "zoo.parts.state",
-    "load_run": "zoo.lab.runs",
-    "to_hf": "zoo.lab.runs",
+    "load_run": "zoo.lab.finished.runs",
+    "to_hf": "zoo.lab.finished.runs",
 }
 #: The part registries: read through zoo.parts, so that the built-in parts are registered first.
 REGISTRIES = ("ATTENTIONS", "AXES", "MLPS", "NORMS", "PLACEMENTS", "POSITIONS")

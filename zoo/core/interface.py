@@ -121,7 +121,7 @@ class AttentionHooks(PartHooks, Protocol):
         """The pre-softmax attention scores of ``x`` (b, t, d_model) read as one sequence from position 0
         (no cache, no padding), computed on the math path: (b, h, t, t), q k^T times the score scale the
         forward hands its kernel, after qk-norm and positions (with the position's score bias), blocked
-        keys -inf (zoo.parts.logits.masked_logits; zoo.lab.probes reads them). None (the default): the
+        keys -inf (zoo.parts.logits.masked_logits; zoo.lab.training.probes reads them). None (the default): the
         mixer has no softmax logits, and probes skip it by name."""
         return None
 

@@ -8,8 +8,8 @@ registered. A package's option files (Hydra config groups) are found through the
 entry-point group (:func:`plugin_config_packages`).
 
 The lab's extension points are registries of the same class: tasks (``zoo.lab.tasks.TASKS``) and
-trackers (``zoo.lab.trackers.TRACKERS``). Their entries are named, checked and listed as parts are
-(``zoo-parts`` shows each registry of ``zoo.lab.cli.LISTED``), and a plugin module of the same
+trackers (``zoo.lab.records.trackers.TRACKERS``). Their entries are named, checked and listed as parts are
+(``zoo-parts`` shows each registry of ``zoo.lab.commands.parts.LISTED``), and a plugin module of the same
 ``zoo.parts`` group registers into any of them.
 """
 

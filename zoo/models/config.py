@@ -17,7 +17,7 @@ from zoo.core.registry import AXES
 
 #: ``model`` keys and their defaults.
 MODEL_DEFAULTS: dict[str, Any] = {"vocab_size": None, "n_layers": 4, "tie_embeddings": True, "layers": {}}
-#: ``model.vocab_size: null`` outside a run (a run takes its task's vocabulary: zoo.lab.run_model): bytes.
+#: ``model.vocab_size: null`` outside a run (a run takes its task's vocabulary: zoo.lab.planning.run_model): bytes.
 DEFAULT_VOCAB = 256
 
 #: ``encoder`` keys (read by build_seq2seq only); ``n_layers`` defaults to the decoder's.

@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.harness is not None:
         return harness_main(args)
-    from zoo.lab.runs import evaluation  # after the arguments: --help answers before torch
+    from zoo.lab.finished.runs import evaluation  # after the arguments: --help answers before torch
 
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else None
@@ -63,16 +63,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def load_harness() -> Any:
-    """zoo.lab.harness, imported when asked for: lm-eval is an optional extra."""
+    """zoo.lab.finished.harness, imported when asked for: lm-eval is an optional extra."""
     try:
-        from zoo.lab import harness
+        from zoo.lab.finished import harness
     except ImportError as e:
         raise ConfigError("lm-eval", None, f"installed: pip install zoo[eval] ({e})") from None
     return harness
 
 
 def harness_main(args: argparse.Namespace) -> None:
-    """``zoo-eval DIR --harness TASKS``: lm-eval's results table for the run (zoo.lab.harness)."""
+    """``zoo-eval DIR --harness TASKS``: lm-eval's results table for the run (zoo.lab.finished.harness)."""
     tasks = [t for t in args.harness.split(",") if t]
     try:
         if not tasks:

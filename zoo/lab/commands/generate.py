@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from zoo.core.errors import ConfigError
-from zoo.lab.tokenizer import Codec
+from zoo.lab.data.tokenizer import Codec
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -30,8 +30,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch  # the arguments first: --help and a bad flag answer before torch loads
 
-    from zoo.lab.run_model import is_language_model
-    from zoo.lab.runs import load_codec, load_run
+    from zoo.lab.finished.runs import load_codec, load_run
+    from zoo.lab.planning.run_model import is_language_model
 
     try:
         model, _ = load_run(args.run, args.device)

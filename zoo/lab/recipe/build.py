@@ -1,5 +1,5 @@
 """The run's recipe from its ``optim`` and ``schedule`` sections: checked once (before any tensor
-work, by :func:`zoo.lab.plan.plan_run`), then what the trainer builds its optimizer and rates from."""
+work, by :func:`zoo.lab.planning.plan.plan_run`), then what the trainer builds its optimizer and rates from."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from zoo.lab.recipe.base import OPTIMIZERS, SCHEDULES, Optimizer, Schedule
 
 
 class TrainConfig(Protocol):
-    """What the recipe reads of the run's ``train`` section (zoo.lab.trainer.TrainConfig), beside the
+    """What the recipe reads of the run's ``train`` section (zoo.lab.planning.train_config.TrainConfig), beside the
     ``train_keys`` an optimizer names."""
 
     steps: int

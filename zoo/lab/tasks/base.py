@@ -75,7 +75,7 @@ class Task(ABC):
     @classmethod
     def planned_vocab_size(cls, options: Mapping[str, Any]) -> int | None:
         """The vocabulary the task will have with ``options``, known without reading its data (None: the
-        task must be built to tell; a run's ``model.vocab_size: null`` takes it, zoo.lab.run_model)."""
+        task must be built to tell; a run's ``model.vocab_size: null`` takes it, zoo.lab.planning.run_model)."""
         return None
 
     #: The options that name files or folders: a run records them made absolute (``summary.json``'s
@@ -87,7 +87,7 @@ class Task(ABC):
     def build_model(cls, raw: Mapping[str, Any], specs: Sequence[Any] | None = None) -> nn.Module:
         """The model this task trains, from the run config: a decoder-only language model built from
         ``specs`` (the config's layer specs, already resolved) or from ``raw``. A classmethod: a run's
-        model is built without its data (zoo.lab.run_model)."""
+        model is built without its data (zoo.lab.planning.run_model)."""
         from zoo.models.language import build_model
 
         return build_model(raw, specs=specs)

@@ -14,7 +14,7 @@ import torch
 from einops import rearrange
 
 from zoo.core.errors import ConfigError
-from zoo.lab.sources import stdlib_dir, walk
+from zoo.lab.data.sources import stdlib_dir, walk
 from zoo.lab.tasks.base import Batch, Task, positive, register_task
 
 

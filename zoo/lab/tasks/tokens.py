@@ -21,9 +21,9 @@ import torch
 from einops import rearrange
 
 from zoo.core.errors import ConfigError
-from zoo.lab.sources import FORMAT, META
+from zoo.lab.data.sources import FORMAT, META
+from zoo.lab.data.tokenizer import tokenizer_record
 from zoo.lab.tasks.base import Batch, Task, positive, register_task
-from zoo.lab.tokenizer import tokenizer_record
 
 SPEEDRUN_MAGIC, SPEEDRUN_HEADER = 20240520, 256  # int32 words
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}

@@ -1,0 +1,63 @@
+"""``zoo-sweep NAME [overrides]``: run the versioned sweep ``sweeps/NAME.yaml``, then print its report.
+
+``zoo-sweep quick`` is ``zoo-train +sweeps=quick`` (the ``sweeps`` group is on zoo's Hydra search
+path; a sweep file sets ``hydra.mode: MULTIRUN``). Extra arguments are Hydra overrides
+(``train.steps=100``, ``seed=0,1,2``, ``hydra/launcher=joblib``, ``hydra.sweep.dir=...``). The sweep
+writes ``runs/NAME/`` unless told otherwise; running it again resumes (runs whose summary says ``ok``
+are skipped). It exits 1 when a run failed (a diverged run is a result), after writing the report.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from importlib.resources import files
+from pathlib import Path
+
+#: Versioned sweep files: ``sweeps/<name>.yaml`` (``zoo/sweeps`` when installed), the ``sweeps`` group.
+SWEEPS_DIR = Path(str(files("zoo.sweeps")))
+
+
+def sweep_names() -> list[str]:
+    return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+
+
+def describe(name: str) -> str:
+    """The sweep file's first comment line after the package header."""
+    for line in (SWEEPS_DIR / f"{name}.yaml").read_text().splitlines()[1:]:
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def sweep_argv(name: str, overrides: Sequence[str]) -> list[str]:
+    """The ``zoo-train`` arguments that run sweep ``name`` (the ``sweeps`` group is on zoo's search path)."""
+    return [f"+sweeps={name}", *overrides]
+
+
+def sweep_main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point: ``zoo-sweep NAME [overrides]``; ``zoo-sweep`` alone lists the sweeps."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    names = sweep_names()
+    if not args or args[0] in ("-h", "--help", "--list"):
+        print("usage: zoo-sweep NAME [hydra overrides]   (sweeps/NAME.yaml; output in runs/NAME/)\n\nsweeps:")
+        for name in names:
+            print(f"  {name:<16} {describe(name)}")
+        return
+    name, overrides = args[0], args[1:]
+    if name not in names:
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" did you mean {close[0]!r}?" if close else ""
+        sys.exit(f"zoo-sweep: no sweep {name!r} in {SWEEPS_DIR}.{hint} sweeps: {', '.join(names)}")
+    from zoo.lab.commands.argv import exit_on_bad_overrides
+    from zoo.lab.commands.train import main
+
+    exit_on_bad_overrides("zoo-sweep", sweep_argv(name, overrides))
+    sys.argv = [str(Path(sys.argv[0]).with_name("zoo-train")), *sweep_argv(name, overrides)]
+    main()
+
+
+if __name__ == "__main__":
+    sweep_main()

@@ -1,0 +1,115 @@
+"""``zoo-train``: train one configuration (``-m``: a sweep of them) and record the run.
+
+    zoo-train norm=rmsnorm attn=gqa task=bytes train.steps=500
+    zoo-train -m norm=layernorm,rmsnorm attn=mha,gqa,mqa seed=0,1,2
+    torchrun --nproc_per_node=2 -m zoo.train train.steps=200      # DDP; rank 0 writes
+
+Each run folder gets ``metrics.jsonl`` and ``summary.json`` (status ``ok``, ``diverged``,
+``incompatible`` (parts the compatibility map refuses to combine, with the reason) or ``failed``).
+A failed run is recorded and never stops a sweep; a run whose summary already says
+``ok`` for the same config is skipped, so re-running a sweep into its folder resumes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from zoo.assembly.compose import CONF_DIR
+from zoo.core.registry import AXES
+from zoo.lab.commands.argv import exit_on_bad_overrides
+from zoo.lab.files import write_atomic
+from zoo.lab.records.exit_status import exit_if_a_run_failed, note_refused
+from zoo.lab.studies.tune import TUNE_DIR
+from zoo.lab.training.processes import dist_env
+from zoo.lab.training.run import run
+
+
+def run_dirname(overrides: str, limit: int = 200) -> str:
+    """A run folder's name from its overrides (``attn=gqa,norm=rmsnorm,seed=0``): path-safe, and
+    shortened with a hash when long. Stable: the same overrides give the same folder (resume)."""
+    name = re.sub(r"[^A-Za-z0-9=,._+@-]", "_", overrides) or "default"
+    if len(name) > limit:
+        name = f"{name[: limit - 17]}-{hashlib.sha1(overrides.encode()).hexdigest()[:16]}"
+    return name
+
+
+OmegaConf.register_new_resolver("zoo_dirname", run_dirname, replace=True)
+
+
+def hydra_job(cfg: DictConfig) -> str:
+    """The Hydra task function: one run in Hydra's output folder. Returns the run's status."""
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    order = [*AXES, "preset", "task"]
+    choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra/")}
+    choices = dict(sorted(choices.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    launcher = OmegaConf.select(hc, "launcher._target_", default="") or ""
+    parallel = 1  # jobs sharing this machine's cores, for threads=null
+    if "joblib" in launcher:
+        n_jobs = OmegaConf.select(hc, "launcher.n_jobs", default=1) or 1
+        parallel = (os.cpu_count() or 1) if n_jobs < 0 else n_jobs
+    elif "LocalLauncher" in launcher:  # submitit_local starts every job at once
+        parallel = os.cpu_count() or 1
+    out_dir = Path(hc.runtime.output_dir)
+    fresh = not any(out_dir.iterdir()) if out_dir.is_dir() else True
+    summary = run(
+        cfg,
+        out_dir,
+        overrides=list(hc.overrides.task),
+        choices=choices,
+        parallel_jobs=parallel,
+        multirun=multirun,
+        job=hc.job.num if multirun else None,
+        tune_dir=Path(hc.sweep.dir) / TUNE_DIR if multirun else None,
+        on_write=lambda: write_hydra_record(out_dir, cfg),
+    )
+    if summary["status"] == "refused" and multirun:
+        note_refused(Path(hc.sweep.dir), out_dir, summary["error"])
+    refused_early = str(summary.get("error") or "").startswith("ConfigError") and "parameters" not in summary
+    if not multirun and fresh and refused_early and dist_env()[0] == 0:
+        shutil.rmtree(out_dir, ignore_errors=True)  # a config refused before training leaves no run folder
+    if summary["status"] in ("failed", "incompatible", "locked", "refused") and not multirun:
+        raise SystemExit(1)  # a single run: fail the command (a sweep carries on)
+    return str(summary["status"])
+
+
+def write_hydra_record(out_dir: Path, cfg: DictConfig) -> None:
+    """Hydra's record of the job in ``out_dir/.hydra`` (config, Hydra's config, overrides), written by zoo
+    once the run may write its folder (Hydra's own writing is off: conf/config.yaml's output_subdir)."""
+    hc = HydraConfig.get()
+    record = {"config.yaml": cfg, "hydra.yaml": OmegaConf.create({"hydra": hc}), "overrides.yaml": hc.overrides.task}
+    for name, node in record.items():
+        write_atomic(out_dir / ".hydra" / name, OmegaConf.to_yaml(node))
+
+
+_hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(hydra_job)
+
+
+def main() -> None:
+    """Console entry point. Under torchrun, ranks other than 0 write nothing (no run folder, no log file)."""
+    exit_on_bad_overrides("zoo-train")  # a misspelt key or option: zoo's error, before Hydra's "use +..."
+    rank = dist_env()[0]
+    if rank > 0:
+        sys.argv += [
+            f"hydra.run.dir={tempfile.gettempdir()}",
+            "hydra.output_subdir=null",
+            "hydra/job_logging=stdout",
+            "hydra.job_logging.root.level=WARNING",
+        ]
+    _hydra_main()
+    exit_if_a_run_failed()  # after a sweep (zoo-train -m, zoo-sweep): exit 1 when a run failed
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The sections that steer a sweep rather than a run, checked: ``report`` (baseline, correction, test) and
+``tune`` (the learning rates and seeds a tuning sweep tries).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from zoo.core.errors import ConfigError
+
+#: The ``report`` section's keys.
+REPORT_KEYS = ("baseline", "correction", "test")
+
+
+def report_options(raw: Any) -> tuple[dict[str, str] | None, str, str]:
+    """The ``report`` section (``baseline``, ``correction``, ``test``) checked:
+    ``({axis: value} or None, correction, test)``.
+
+    ``baseline`` is a mapping (``{mlp: gelu}``) or a string ``"mlp=gelu,pos=none"``; null: the first
+    value of each swept axis. ``test`` is one of :data:`zoo.lab.planning.options.TESTS` (null: auto).
+    """
+    raw = dict(raw or {})
+    for key in raw:
+        if key not in REPORT_KEYS:
+            raise ConfigError(f"report.{key}", raw[key], f"unknown key; allowed: {', '.join(REPORT_KEYS)}")
+    correction = str(raw.get("correction") or "none")
+    if correction not in CORRECTIONS:
+        raise ConfigError("report.correction", correction, " or ".join(CORRECTIONS))
+    test = raw.get("test") or "auto"
+    if test not in TESTS:
+        raise ConfigError("report.test", test, f"one of {', '.join(TESTS)} (auto: permutation for a bounded metric)")
+    return report_baseline(raw.get("baseline")), correction, str(test)
+
+
+def report_baseline(baseline: Any) -> dict[str, str] | None:
+    """``report.baseline`` checked: ``{axis: value}``, or None for the first value of each swept axis."""
+    if baseline is None or baseline == {}:
+        return None
+    if isinstance(baseline, str):
+        items = [item.partition("=") for item in baseline.split(",") if item]
+        if not items or any(not sep or not k or not v for k, sep, v in items):
+            raise ConfigError("report.baseline", baseline, "axis=value pairs (mlp=gelu,pos=none) or a mapping")
+        return {k.strip(): v.strip() for k, _, v in items}
+    if isinstance(baseline, dict):
+        return {str(k): str(v) for k, v in baseline.items()}
+    raise ConfigError("report.baseline", baseline, "a mapping {axis: value}, axis=value pairs, or null")
+
+
+#: ``report.correction``: none (each interval at 95%) or holm (family-wise over a report's comparisons).
+CORRECTIONS = ("none", "holm")
+
+
+#: ``report.test``: the interval over the per-seed differences (auto: permutation for a bounded metric, else t).
+TESTS = ("auto", "t", "permutation", "bootstrap")
+
+
+def tune_options(raw: Any) -> tuple[list[float] | None, list[int]]:
+    """The ``tune`` section checked: (rates or None, tune seeds)."""
+    raw = dict(raw or {})
+    for key in raw:
+        if key not in ("lr", "seeds"):
+            raise ConfigError(f"tune.{key}", raw[key], "unknown key; allowed: lr, seeds")
+    rates, seeds = raw.get("lr"), raw.get("seeds", [0])
+    if rates is not None:
+        if isinstance(rates, (int, float)):
+            rates = [rates]
+        if not isinstance(rates, (list, tuple)) or not rates:
+            raise ConfigError("tune.lr", rates, "a non-empty list of learning rates, e.g. [1e-3,3e-3,1e-2]")
+        for rate in rates:
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0 or not math.isfinite(rate):
+                raise ConfigError("tune.lr", rates, f"every rate a positive number ({rate!r} is not)")
+        rates = [float(r) for r in rates]
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
+    if not isinstance(seeds, (list, tuple)) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise ConfigError("tune.seeds", seeds, "a non-empty list of integer seeds, e.g. [0]")
+    return rates, list(seeds)

@@ -1,0 +1,137 @@
+"""The run config checked in one pass, before any tensor work, and what it resolved to.
+
+:func:`plan_run` checks each section once, each by its owner (the run keys and ``train`` here, the
+logger by :mod:`zoo.lab.records.trackers`, ``optim`` and ``schedule`` by :mod:`zoo.lab.recipe`, ``report`` by
+:mod:`zoo.lab.studies.variants`, the block by :mod:`zoo.assembly`, the mesh by :mod:`zoo.lab.training.scale`, the task's
+options by its registry), and returns a frozen :class:`RunPlan`: the run builds from it and resolves
+nothing again. ``tune`` is checked once before, by :func:`zoo.lab.training.run.run` (its rate changes ``train.lr``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from zoo.assembly.compose import resolve_composed
+from zoo.assembly.mup import MuP
+from zoo.assembly.spec import BlockSpec
+from zoo.core.errors import ConfigError
+from zoo.lab.planning.branch import Branch, check_branch
+from zoo.lab.planning.mesh import ProcessMesh
+from zoo.lab.planning.options import report_options
+from zoo.lab.planning.run_model import RunModel, with_task_vocab
+from zoo.lab.planning.train_config import TrainConfig, check_run_config
+from zoo.lab.recipe import Recipe, check_recipe
+from zoo.lab.recipe.param import check_param
+from zoo.lab.records.trackers import check_logger
+from zoo.lab.tasks import Task
+from zoo.lab.tasks.base import task_options
+from zoo.models.config import block_section, layer_specs, model_options
+from zoo.parts.positions import LearnedPosition
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A checked run config: ``train`` and ``device`` (run keys), ``logger`` (its options, defaults
+    filled in), ``mesh`` (the process mesh, checked against the model), ``model`` (the model
+    section's options), ``specs`` (one resolved block spec per layer), the task's class and options, and
+    ``recipe`` (the ``optim`` and ``schedule`` sections, checked), ``branch`` (``train.branch``: the checkpoint
+    of another run this one starts from, checked against it; None for a run from step 0), ``mup``
+    (``param=mup``: every parameter's μP scaling, zoo.assembly.mup; None under ``param=standard``)."""
+
+    train: TrainConfig
+    device: torch.device
+    logger: dict[str, Any]
+    mesh: ProcessMesh
+    model: dict[str, Any]
+    specs: tuple[BlockSpec, ...]
+    task_cls: type[Task]
+    task_options: dict[str, Any]
+    recipe: Recipe = field(default_factory=Recipe)
+    branch: Branch | None = None
+    mup: MuP | None = None
+
+    def build_task(self) -> Task:
+        """The task (a corpus task reads its data here)."""
+        return self.task_cls(**self.task_options)
+
+    @property
+    def run_model(self) -> RunModel:
+        """What builds the run's model (zoo.lab.planning.run_model: the one builder of a run's model)."""
+        return RunModel(self.task_cls, self.specs, self.mup)
+
+
+def plan_run(
+    raw: Mapping[str, Any],
+    choices: Mapping[str, Any],
+    overrides: Sequence[str] = (),
+    *,
+    world: int = 1,
+    torchrun_sweep: bool = False,
+) -> RunPlan:
+    """Check ``raw`` (a resolved run config) section by section; the first mistake raises ConfigError.
+    ``choices`` and ``overrides`` name the option file that set a bad part; ``torchrun_sweep``: this
+    is a sweep launched under torchrun (refused)."""
+    train_cfg, device = check_run_config(raw)
+    logger = check_logger(raw.get("logger"))  # a tracker that is not installed fails here, before any work
+    report_options(raw.get("report"))  # a bad report.baseline or report.correction fails before training
+    # Fail on the block before reading data (a part's name naming the option file that set it).
+    resolve_composed(raw.get("block") or {}, choices, overrides)
+    if torchrun_sweep:
+        raise ConfigError(
+            "hydra.mode",
+            "MULTIRUN",
+            "torchrun trains one configuration; launch sweeps without it (or on submitit with "
+            "hydra.launcher.tasks_per_node: one process per task for each run)",
+        )
+    mesh = ProcessMesh.from_config(raw.get("parallel"), world)  # the mesh's keys against the world size
+    compile = raw.get("compile", False)
+    recipe = check_recipe(raw, train_cfg, sharded=mesh.sharded, tp=mesh.tp, compile=compile)  # optim=, schedule=
+    branch = check_branch(dict(raw), train_cfg, recipe, world=world)  # train.branch: against its source run
+    options = model_options(with_task_vocab(raw))  # model.vocab_size null: the task's (zoo.lab.planning.run_model)
+    specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
+    task_cls, task_opts = task_options(raw.get("task"))
+    seq_len = task_cls.planned_seq_len(task_opts)
+    lengths = [seq_len * f for f in task_opts.get("eval_lengths", (1,))] if seq_len is not None else []
+    mesh.check_model(specs, options["vocab_size"], lengths)  # parts' plans, divisibility, sequence parallel
+    check_positions_fit(specs, task_opts.get("seq_len"))
+    if mesh.sharded and train_cfg.probe_every:
+        raise ConfigError(
+            "train.probe_every",
+            train_cfg.probe_every,
+            "0 under FSDP2 or tensor parallelism (probes read whole weights)",
+        )
+    custom_model = task_cls.builds_own_model()
+    param = check_param(
+        raw, optimizer=recipe.optim["name"], dp_shard=mesh.dp_shard, tp=mesh.tp, custom_model=custom_model
+    )
+    if mesh.sharded and train_cfg.eval_batches % mesh.dp:
+        raise ConfigError(
+            "train.eval_batches",
+            train_cfg.eval_batches,
+            f"must be a multiple of the data-parallel ways {mesh.dp} under FSDP2 or tensor parallelism "
+            "(every rank runs as many forwards)",
+        )
+    return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts, recipe, branch, param)
+
+
+def check_positions_fit(specs: Sequence[BlockSpec], seq_len: int | None) -> None:
+    """A learned position table at least ``task.seq_len`` long, from the config alone (before the task
+    reads its data); a task without a ``seq_len`` option is not checked here."""
+    max_len = specs[0].dims.max_len
+    if (
+        seq_len is None
+        or max_len is None
+        or not issubclass(specs[0]["pos"].part.cls, LearnedPosition)
+        or max_len >= seq_len
+    ):
+        return
+    raise ConfigError(
+        "block.max_len",
+        max_len,
+        f"below task.seq_len={seq_len}: learned positions need block.max_len >= task.seq_len; "
+        f"set block.max_len={seq_len} or lower task.seq_len",
+    )

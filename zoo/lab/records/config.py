@@ -1,0 +1,85 @@
+"""What a run computes, named: the config less its runtime keys (:func:`semantic_config`), its short hash
+(:func:`config_hash`, a run folder's identity) and the differences between two configs, for refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from zoo.lab.files import clean
+
+#: Keys of the run config that change how fast a run goes or what it leaves on disk (or how the report reads
+#: it), not what it computes.
+RUNTIME_KEYS = ("threads", "progress", "logger", "report", "tune", "compile", "parallel")
+#: The same inside the ``train`` section (saving, checkpointing and probing never change a number: a run with
+#: ``probe_every`` set is the same experiment, its checkpoints resume either way, and a finished run is done).
+RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints", "activation_checkpointing", "probe_every")
+#: ``train`` keys added after runs were recorded, left out of the hash at the value that changes nothing
+#: (so an older run folder of the same config is still skipped as done, and its checkpoints resume).
+NEUTRAL_TRAIN_KEYS: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}}
+#: Sections added likewise, left out when they equal the default (zoo.lab.recipe.is_default).
+RECIPE_KEYS = ("optim", "schedule")
+#: ``param`` (zoo.lab.recipe.param), left out likewise at ``param=standard``.
+PARAM_KEY = "param"
+
+
+def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
+    """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
+    at their neutral values (:data:`NEUTRAL_TRAIN_KEYS`, the default recipe, ``param=standard``).
+
+    A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
+    source's config hash, step and checkpoint checksum instead (zoo.lab.planning.branch), so a source and its branches
+    moved together are the same runs. ``branch_path``: keep the path, as hashes recorded before did."""
+    from zoo.lab.recipe import is_default, param
+
+    semantic = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
+    for key in RECIPE_KEYS:
+        if key in semantic and is_default(key, semantic[key]):
+            del semantic[key]
+    if PARAM_KEY in semantic and param.is_default(semantic[PARAM_KEY]):
+        del semantic[PARAM_KEY]
+    branch = (semantic.get("train") or {}).get("branch") if isinstance(semantic.get("train"), dict) else None
+    if isinstance(branch, dict) and not branch_path:
+        semantic["train"] = {**semantic["train"], "branch": {**branch, "from": None}}
+    if isinstance(semantic.get("train"), dict):
+        semantic["train"] = {
+            k: v
+            for k, v in semantic["train"].items()
+            if k not in RUNTIME_TRAIN_KEYS and not (k in NEUTRAL_TRAIN_KEYS and v == NEUTRAL_TRAIN_KEYS[k])
+        }
+    return semantic
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 0.1}}`` -> ``{"train.lr": 0.1}`` (lists are values)."""
+    if not isinstance(node, Mapping):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def config_differences(theirs: dict[str, Any], mine: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The dotted keys where two run configs compute differently (:func:`semantic_config`), each with
+    (theirs, mine); ``"unset"`` for a key one of them does not have."""
+    a, b = flatten(semantic_config(theirs)), flatten(semantic_config(mine))
+    keys = sorted(set(a) | set(b))
+    return {k: (a.get(k, "unset"), b.get(k, "unset")) for k in keys if a.get(k, "unset") != b.get(k, "unset")}
+
+
+def differences_text(differ: Mapping[str, tuple[Any, Any]], most: int) -> str:
+    """``train.lr: 0.003 there, 0.01 here; ...``: the first ``most`` of :func:`config_differences`."""
+    shown = "; ".join(f"{k}: {theirs!r} there, {mine!r} here" for k, (theirs, mine) in list(differ.items())[:most])
+    return shown + (f" and {len(differ) - most} more" if len(differ) > most else "")
+
+
+def config_hash(config: dict[str, Any], *, branch_path: bool = False) -> str:
+    """A short hash of what a run computes (:func:`semantic_config`; ``branch_path``: as recorded before
+    branches were named by their source's identity)."""
+    text = json.dumps(clean(semantic_config(config, branch_path=branch_path)), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+

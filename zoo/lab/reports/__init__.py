@@ -1,0 +1,1 @@
+"""A sweep's report: the table (Markdown and CSV), its sections and its plots."""

@@ -1,0 +1,276 @@
+"""The report's Markdown (:func:`markdown`): the variants table, then its sections (the test used, fairness of
+the comparison, warnings, runs not read, effects per axis, learning-rate sensitivity, peaks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zoo.lab.planning.options import TESTS
+from zoo.lab.reports.table import (
+    fmt,
+    fmt_rate,
+    header_fields,
+    interval_text,
+    lr_curve,
+    lr_delta_text,
+    markdown_columns,
+    peak_delta_text,
+    peak_of,
+    peak_text,
+    relative_to,
+    sensitivity_text,
+    verdict_text,
+)
+from zoo.lab.studies.fixed import fixed_line
+from zoo.lab.studies.peaks import PEAKS
+from zoo.lab.studies.stats import (
+    CONFIDENCE,
+    EXACT_MAX,
+    MIN_PAIRS,
+    TOO_FEW,
+    difference_range,
+)
+from zoo.lab.studies.tune import TUNE_DIR
+from zoo.lab.studies.variants import Report
+
+#: How each ``report.test`` makes its interval, for the report's header.
+TEST_TEXT = {
+    "t": "Student t interval",
+    "permutation": f"sign-flip permutation interval: every sign pattern of the per-seed differences up to "
+    f"{EXACT_MAX} seeds, the test inverted; no 95% interval excludes anything under 6 seeds",
+    "bootstrap": "percentile bootstrap interval",
+}
+
+
+def test_line(report: Report) -> str:
+    """Which test ``report.test`` chose for the headline metric, and why."""
+    bounded = difference_range(report.metric) is not None
+    if report.test_option == "auto":
+        why = "a bounded metric: a run's outcome is often all or nothing" if bounded else "an unbounded metric"
+        how = f"report.test=auto: {report.test} for {report.metric}, {why}"
+    else:
+        how = f"report.test={report.test_option}"
+    rng = difference_range(report.metric)
+    clip = f"; intervals are clipped to the difference's feasible range [{rng[0]:+g}, {rng[1]:+g}]" if rng else ""
+    return f"Test: {report.test} ({how}; one of {', '.join(TESTS)}){clip}."
+
+
+def statistics_lines(report: Report) -> list[str]:
+    """What the Δ column is and how its verdicts are reached (and the correction, if any)."""
+    n = sum(1 for c in report.comparisons.values() if c.p_value is not None)
+    lines = [
+        f"Δ: each variant minus the baseline {report.baseline_label}, paired by seed (runs with the same seed "
+        f"share initial weights and data order): mean difference [{CONFIDENCE:.0%} {TEST_TEXT[report.test]}]. "
+        f"Verdict: better or worse when the interval excludes 0, within noise when it contains it; "
+        f"unpaired: Welch's interval (seeds that do not pair); under {MIN_PAIRS} pairs: {TOO_FEW}.",
+        test_line(report),
+    ]
+    if report.correction == "holm":
+        lines.append(
+            f"Correction: Holm, family-wise over the {n} comparison{'s' if n != 1 else ''} with an interval: "
+            f"a verdict is better or "
+            f"worse when the Holm-adjusted p < {1 - CONFIDENCE:.2f} (the intervals shown are per comparison)."
+        )
+    return lines
+
+
+def fairness_lines(report: Report) -> list[str]:
+    """The budget every run had and the learning-rate tuning, when the sweep used them."""
+    lines = []
+    budgets = {(b["kind"], b["value"]) for v in report.variants if (b := v.budget) is not None}
+    if budgets:
+        shown = ", ".join(f"{value:.3g} {kind}" for kind, value in sorted(budgets))
+        lines.append(
+            f"Budget: {shown} per run (train.budget): each variant's steps are set from its tokens per step and "
+            f"FLOPs per token; the steps and FLOPs columns are what each spent (mean over seeds)."
+        )
+    tuned = [r.summary["tune"] for r in report.runs if (r.summary.get("tune") or {}).get("lr")]
+    if tuned:
+        rates = sorted({float(rate) for t in tuned for rate in t.get("searched", {})}) or (
+            report.lr.rates if report.lr else []
+        )
+        seeds = tuned[0].get("seeds")
+        lines.append(
+            f"Learning rate tuned per variant (tune.lr): each tried at {', '.join(f'{r:g}' for r in rates)} on seed "
+            f"{', '.join(str(s) for s in seeds or [])}, best validation {tuned[0].get('metric')} kept (lr column); "
+            f"the tuning runs and their report are in {TUNE_DIR}/, the sensitivity in lr.png."
+        )
+    return [""] + lines if lines else []
+
+
+def optimizer_of(run: Any) -> str:
+    """The run's ``optim`` name (``adamw``, the default, when its config names none)."""
+    section = (run.summary.get("config") or {}).get("optim")
+    return str(section.get("name", "adamw")) if isinstance(section, dict) else str(section or "adamw")
+
+
+def warning_lines(report: Report) -> list[str]:
+    """What the report can tell makes its comparison unfair: optimizers compared at one shared rate."""
+    names = sorted({optimizer_of(r) for r in report.runs})
+    if len(names) < 2 or any((r.summary.get("tune") or {}).get("lr") for r in report.runs):
+        return []
+    return [
+        f"Warning: these runs differ in optim ({', '.join(names)}) without tune.lr: each optimizer at one shared "
+        "train.lr, which means another step to each, is not a fair comparison; tune each one's rate with a grid "
+        "wide enough for all (tune.lr=[...], docs/sweeps.md#fair-comparisons)."
+    ]
+
+
+def dropped_lines(report: Report) -> list[str]:
+    """The run folders left out because their summary could not be read, each with the reason."""
+    if not report.dropped:
+        return []
+    n = len(report.dropped)
+    lines = ["", f"Not read: {n} run folder{'s' if n != 1 else ''}, left out of every table and interval below:"]
+    return lines + [f"- {relative_to(d.path, report.root)}: {d.reason}" for d in report.dropped]
+
+
+def markdown(report: Report) -> str:
+    """The variants table, best first, each against the baseline, with what was measured and the failures below."""
+    m = report.metric
+    columns = markdown_columns(report)
+    head = [str(c.header).format(**header_fields(report, key)) for c, key in columns]
+    better = "lower" if report.mode == "min" else "higher"
+    not_read = f" ({len(report.dropped)} not read: below)" if report.dropped else ""
+    lines = [
+        f"{report.root}: {len(report.runs)} runs{not_read}, {len(report.variants)} variants, sorted by {m} "
+        f"({better} is better)",
+        *dropped_lines(report),
+        "",
+        *statistics_lines(report),
+        *fairness_lines(report),
+        *(["", *warned] if (warned := warning_lines(report)) else []),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for variant in report.variants:
+        lines.append("| " + " | ".join(c.markdown(report, variant, key) for c, key in columns) + " |")
+    base = report.variant(report.baseline)
+    if base is None or not base.by_seed(m):
+        lines += ["", f"The baseline {report.baseline_label} has no ok run: nothing to compare with."]
+    lines += effects_lines(report)
+    lines += lr_lines(report)
+    lines += peak_lines(report)
+    lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/studies/fixed.py)
+    problems = [(report.label(v), e) for v in report.variants for e in v.errors()]
+    if problems:
+        lines += ["", "Not ok:"] + [f"- {label}: {error}" for label, error in problems]
+    resumed = [(relative_to(r.path, report.root), r.summary["resumed_from"])
+               for v in report.variants for r in v.runs if r.summary.get("resumed_from")]  # fmt: skip
+    if resumed:
+        lines += ["", "Resumed from a checkpoint:"]
+        lines += [f"- {path}: from step {', '.join(str(s) for s in steps)}" for path, steps in resumed]
+    return "\n".join(lines) + "\n"
+
+
+def effects_lines(report: Report) -> list[str]:
+    """The pooled effects table (several axes): each axis value against its baseline value, blocked by seed."""
+    if not report.effects:
+        return []
+    lines = [
+        "",
+        "Each axis's values against its baseline value, pooled over the other axes "
+        "(pairs: the same seed and the same values of every other axis), blocked by seed: each seed's "
+        "differences averaged over the other axes, the interval over those seed means (a seed's pairs share "
+        "its initial weights and data order, so the independent units are the seeds, not the pairs):",
+        "",
+        f"| axis | value | vs | Δ {report.metric} [{CONFIDENCE:.0%} CI] | verdict | pairs | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in report.effects:
+        c = e.comparison
+        cells = [e.axis, e.value, e.baseline, interval_text(c), verdict_text(c), str(c.pairs), str(c.units)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def point_text(point: Any, seeds: int) -> str:
+    """One rate's cell: ``3.1234 [3.1000, 3.1468]`` over the seeds that finished ok, and how many did when not all."""
+    interval = point.interval()
+    if interval is None:
+        return f"none ok ({point.runs} run{'s' if point.runs != 1 else ''})"
+    mean, low, high = interval
+    ok = "" if len(point.values) == seeds else f" ({len(point.values)}/{seeds} ok)"
+    return fmt(mean) + (f" [{low:.4f}, {high:.4f}]" if low != high else "") + ok
+
+
+def sensitivity_lines(report: Report) -> list[str]:
+    """What the sensitivity is, or why it is not computed."""
+    study = report.lr
+    assert study is not None
+    m = study.metric
+    if study.mode == "min":
+        how = f"the mean over the rates of min({m} at the rate, {m} at initialization) less the least of them"
+    else:
+        how = f"the greatest over the rates of max({m} at the rate, {m} at initialization) less their mean"
+    lines = [
+        f"Sensitivity (Wortsman et al. 2023), per seed: {how} (a run that diverged, failed or is missing counts at "
+        f"initialization; 0: the best at every rate, lower is better); its mean over seeds [{CONFIDENCE:.0%} t "
+        f"interval], and Δ: each variant's minus the baseline's, paired by seed [{TEST_TEXT[report.test]}]. "
+        f"Best lr: the best mean {m} over the seeds among the rates where every seed finished ok."
+    ]
+    if not study.computed:
+        lines.append(
+            f"Sensitivity not computed: no tuning run records its {m} at initialization (summary `initial`, "
+            f"from the step-0 validation of newer runs); retrain the tuning runs to get it."
+        )
+    for curve in study.curves.values():
+        if curve.missing and curve.per_seed:
+            seeds = ", ".join(str(s) for s in curve.missing)
+            lines.append(f"{report.label(curve.key)}: seed {seeds} record no `initial`: its sensitivity is over the "
+                         f"other seeds.")  # fmt: skip
+    return lines
+
+
+def lr_lines(report: Report) -> list[str]:
+    """The learning-rate section (tuning runs under tune/): per variant the best rate, the metric at each
+    rate over the tune seeds, the sensitivity and its difference from the baseline's."""
+    study = report.lr
+    if study is None or not study.curves:
+        return []
+    seeds = len(study.seeds)
+    lines = [
+        "",
+        f"Learning rate: the tuning runs ({TUNE_DIR}/), each variant at {len(study.rates)} rates on {seeds} "
+        f"seed{'s' if seeds != 1 else ''} ({', '.join(str(s) for s in study.seeds)}); each rate's {study.metric} "
+        f"is the mean [{CONFIDENCE:.0%} t interval] over the seeds that finished ok (lr.png).",
+        *sensitivity_lines(report),
+        "",
+        "| variant | best lr | "
+        + " | ".join(f"lr {r:g}" for r in study.rates)
+        + f" | lr sensitivity [{CONFIDENCE:.0%} CI] | Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI] |",
+        "|" + "---|" * (len(study.rates) + 4),
+    ]
+    for variant in report.variants:
+        if (curve := lr_curve(report, variant)) is None:
+            continue
+        cells = [report.label(variant), fmt_rate(curve.best_lr), *(point_text(p, seeds) for p in curve.points),
+                 sensitivity_text(report, variant, ""), lr_delta_text(report, variant)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def peak_lines(report: Report) -> list[str]:
+    """The probes' peaks over training per variant (train.probe_every), each against the baseline's."""
+    if not report.peaks:
+        return []
+    lines = [
+        "",
+        "Probes (train.probe_every, probes.png): per run, the largest attention logit (over layers, heads, "
+        "positions and every probe record of training) and the largest mean output log-partition (log Z). "
+        f"Attention logit: the geometric mean over seeds [{CONFIDENCE:.0%} t interval of the mean log10], Δ: "
+        "the variant's log10 minus the baseline's, paired by seed; log Z: the mean [t interval] and the paired "
+        "difference. lower or higher: the interval excludes 0.",
+        "",
+        f"| variant | max attn logit | Δ log10 vs {report.baseline_label} [{CONFIDENCE:.0%} CI] | max log Z | "
+        f"Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI] |",
+        "|---|---|---|---|---|",
+    ]
+    for variant in report.variants:
+        if variant.key in report.peaks:
+            cells = [report.label(variant)]
+            for key in PEAKS:
+                cells += [peak_text(peak_of(report, variant, key)), peak_delta_text(report, variant, key)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines

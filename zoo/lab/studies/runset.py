@@ -1,0 +1,122 @@
+"""Run folders as the report reads them: a :class:`Run` (a folder's summary and overrides) and a
+:class:`Variant` (the runs of one setting of the swept keys, one per seed). The studies over them
+(zoo.lab.studies.variants, zoo.lab.studies.peaks, zoo.lab.studies.sensitivity) build on these."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: A run's value for an axis that its parts do not use.
+UNUSED = "unused"
+#: A run's value for an axis it leaves unset (null or absent in its config: a run that is not a branch has no
+#: ``train.branch.step``), so that it reads as a value of its own rather than an empty cell.
+UNSET = "unset"
+
+
+@dataclass
+class Run:
+    """One run folder: its summary and its overrides as ``{key: value}``."""
+
+    path: Path
+    summary: dict[str, Any]
+    overrides: dict[str, str]
+
+    @property
+    def status(self) -> str:
+        return str(self.summary.get("status", "unknown"))
+
+    @property
+    def seed(self) -> Any:
+        return (self.summary.get("config") or {}).get("seed", self.overrides.get("seed"))
+
+    def value(self, key: str) -> str:
+        """The run's setting for a swept key: its override, its group choice, or its config value;
+        ``unused`` for an axis its parts do not use (a norm-free placement's ``norm``); ``unset`` for one its
+        config leaves null or does not have."""
+        if key in (self.summary.get("unused_axes") or ()):
+            return UNUSED
+        if key in self.overrides:
+            return self.overrides[key]
+        choices = self.summary.get("choices") or {}
+        if key in choices:
+            return str(choices[key])
+        node: Any = self.summary.get("config") or {}
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return UNSET if node is None else str(node)
+
+
+@dataclass
+class Variant:
+    """The runs of one setting of the swept keys (one per seed)."""
+
+    key: tuple[str, ...]
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def ok(self) -> list[Run]:
+        return [r for r in self.runs if r.status == "ok"]
+
+    def values(self, metric: str) -> list[float]:
+        out = []
+        for run in self.ok:
+            value = (run.summary.get("final") or {}).get(metric)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                out.append(float(value))
+        return out
+
+    def mean_std(self, metric: str) -> tuple[float | None, float | None]:
+        values = self.values(metric)
+        if not values:
+            return None, None
+        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+    def mean_of(self, key: str) -> float | None:
+        values = [r.summary.get(key) for r in self.ok if isinstance(r.summary.get(key), (int, float))]
+        return statistics.fmean(values) if values else None
+
+    @property
+    def status(self) -> str:
+        counts = Counter(r.status for r in self.runs)
+        if set(counts) == {"ok"}:
+            return "ok"
+        return ", ".join(f"{n} {status}" for status, n in counts.most_common())
+
+    @property
+    def parameters(self) -> int | None:
+        for run in self.runs:
+            total = (run.summary.get("parameters") or {}).get("total")
+            if total is not None:
+                return int(total)
+        return None
+
+    def by_seed(self, metric: str) -> dict[Any, float]:
+        """``{seed: final metric}`` over the ok runs with a finite value (what pairs with another variant)."""
+        out = {}
+        for run in self.ok:
+            value = (run.summary.get("final") or {}).get(metric)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                out[run.seed] = float(value)
+        return out
+
+    @property
+    def tuned_lr(self) -> float | None:
+        """The learning rate ``tune.lr`` chose for this variant (None without tuning)."""
+        return next((r.summary["tune"]["lr"] for r in self.runs if (r.summary.get("tune") or {}).get("lr")), None)
+
+    @property
+    def budget(self) -> dict[str, Any] | None:
+        """What ``train.budget`` set (kind, value, steps), from the first run that has it."""
+        return next((r.summary["budget"] for r in self.runs if r.summary.get("budget")), None)
+
+    def errors(self) -> list[str]:
+        return [
+            f"{r.summary.get('status')}: {r.summary.get('error') or r.summary.get('reason') or 'no summary'}"
+            for r in self.runs
+            if r.status != "ok"
+        ]

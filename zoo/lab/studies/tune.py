@@ -1,0 +1,111 @@
+"""``tune.lr=[1e-3,3e-3,1e-2]``: a learning rate per variant, chosen on validation before the seeds run.
+
+A single shared rate favours whichever variant it happens to suit. With ``tune.lr`` set, a sweep
+first trains every variant at every listed rate on ``tune.seeds`` (seed 0 by default) into
+``<sweep dir>/tune/`` (a sweep of its own, with its own report), then runs its grid as usual: each
+run takes the rate that gave its variant the best validation metric (the headline metric, averaged
+over the tune seeds; a rate where a run diverged or failed is never chosen). Each run's summary
+records the choice under ``tune``; the sweep's report shows the rate per variant and draws ``lr.png``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from zoo.core.errors import ConfigError
+from zoo.lab.planning.options import tune_options
+from zoo.lab.records.config import config_hash
+from zoo.lab.studies.variants import collect
+
+log = logging.getLogger("zoo.lab.studies.tune")
+
+#: The tuning runs' folder inside the sweep folder (the report leaves it out of the sweep's table).
+TUNE_DIR = "tune"
+
+
+def variant_hash(config: dict[str, Any]) -> str:
+    """What a run computes, less its seed and learning rate: the same for a variant's tune runs and its runs."""
+    config = copy.deepcopy(config)
+    config.pop("seed", None)
+    if isinstance(config.get("train"), dict):
+        config["train"].pop("lr", None)
+    return config_hash(config)
+
+
+def choose_lr(config: dict[str, Any], tune_dir: Path) -> dict[str, Any]:
+    """The rate that gave this config's variant its best validation metric in ``tune_dir``.
+
+    Returns ``{"lr", "metric", "mode", "searched": {rate: mean metric or None}, "seeds"}``.
+    """
+    rates, seeds = tune_options(config.get("tune"))
+    key = variant_hash(config)
+    results: dict[float, list[float | None]] = {}
+    metric, mode = None, "min"
+    runs = collect(tune_dir) if tune_dir.is_dir() else []
+    for run in runs:
+        cfg = run.summary.get("config")
+        if not isinstance(cfg, dict) or variant_hash(cfg) != key:
+            continue
+        rate = float((cfg.get("train") or {}).get("lr"))
+        if rates is not None and rate not in rates:
+            continue
+        info = run.summary.get("metric") or {}
+        metric, mode = info.get("name", metric), info.get("mode", mode)
+        value = info.get("value") if run.status == "ok" else None
+        ok = isinstance(value, (int, float)) and math.isfinite(value)
+        results.setdefault(rate, []).append(float(value) if ok else None)
+    searched = {
+        rate: (statistics.fmean(v) if all(x is not None for x in v) else None)  # type: ignore[arg-type]
+        for rate, v in sorted(results.items())
+    }
+    finished = {rate: v for rate, v in searched.items() if v is not None}
+    if not finished:
+        raise ConfigError(
+            "tune.lr", rates, f"no tuning run of this variant finished ok under {tune_dir} (see its report.md)"
+        )
+    best = (min if mode == "min" else max)(finished, key=finished.__getitem__)
+    return {"lr": best, "metric": metric, "mode": mode, "searched": searched, "seeds": seeds}
+
+
+def search_argv(config: DictConfig, tune_dir: Path, rates: list[float], seeds: list[int]) -> list[str]:
+    """The command line of the tuning sweep: the sweep's own, each rate on the tune seeds, into ``tune_dir``."""
+    task = [
+        o for o in config.hydra.overrides.task
+        if not o.lstrip("+~").startswith(("tune.", "tune=", "seed=", "train.lr="))
+    ]  # fmt: skip
+    hydra = [o for o in config.hydra.overrides.hydra if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
+    return [
+        "-m",
+        *task,
+        "tune.lr=null",
+        f"seed={','.join(str(s) for s in seeds)}",
+        f"train.lr={','.join(repr(r) for r in rates)}",
+        *hydra,
+        f"hydra.sweep.dir={tune_dir}",
+    ]
+
+
+class TuneCallback(Callback):
+    """Hydra callback: before a sweep with ``tune.lr`` launches its runs, run the tuning sweep."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        section = OmegaConf.to_container(config.tune, resolve=True) if "tune" in config else None
+        rates, seeds = tune_options(section)
+        if rates is None:
+            return
+        tune_dir = Path(config.hydra.sweep.dir) / TUNE_DIR
+        argv = search_argv(config, tune_dir, rates, seeds)
+        log.info("tuning the learning rate: every variant at %s on seed %s, into %s", rates, seeds, tune_dir)
+        done = subprocess.run([sys.executable, "-m", "zoo.train", *argv], check=False)
+        if done.returncode != 0:
+            log.warning("a tuning run failed (%s/report.md); its variant runs at its best finished rate", tune_dir)

@@ -1,0 +1,289 @@
+"""A sweep's runs grouped into variants: the data the report's tables and plots are drawn from.
+
+A *run* is a folder with a ``summary.json``; a *variant* is the runs that share every swept value
+but the seed; a :class:`Report` holds them sorted best first by the headline metric.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zoo.parts  # noqa: F401  (registers the built-in parts: AXES is read by name)
+from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
+from zoo.core.registry import AXES
+from zoo.lab.planning.options import report_options
+from zoo.lab.records.metrics import METRICS
+from zoo.lab.records.summary import SUMMARY, read_summary_checked
+from zoo.lab.studies.peaks import Peak, variant_peaks
+from zoo.lab.studies.runset import Run, Variant
+from zoo.lab.studies.sensitivity import LrStudy, lr_study
+from zoo.lab.studies.stats import Comparison, apply_holm, chosen_test, compare, difference_range
+
+#: Override keys that never define a variant: seeds are averaged over, the sweep file names the folder.
+#: ``train.branch.from``: a branch's source run, one per seed (each seed's long run), so not what makes a variant.
+NOT_AXES = {"seed", "sweeps", "train.branch.from"}
+
+
+def unused_axes(config: dict[str, Any]) -> list[str]:
+    """The axes a run's config chooses but does not use: ``norm`` when every placement of the model
+    (the block's and each per-layer one) is norm-free (``uses_norm`` and ``final_norm`` False). A
+    placement that is not registered counts as using everything (the run reports its error)."""
+    block = config.get("block") or {}
+    layers = ((config.get("model") or {}).get("layers") or {}).values()
+    nodes = [block.get("placement"), *(layer.get("placement") for layer in layers if isinstance(layer, dict))]
+    names = [node.get("name") if isinstance(node, dict) else node for node in nodes if node is not None]
+    placements = AXES["placement"]
+    if not names or any(name not in placements for name in names):
+        return []
+    classes = [placements.get(name).cls for name in names]
+    return [] if any(hook(cls, "uses_norm") or hook(cls, "final_norm") for cls in classes) else ["norm"]
+
+
+@dataclass
+class Report:
+    """A sweep's runs grouped into variants, sorted best first by ``metric``."""
+
+    root: Path
+    axes: list[str]
+    variants: list[Variant]
+    metric: str
+    mode: str
+    extra: list[str]  # other validation metrics shown beside the headline (e.g. other lengths)
+    baseline: tuple[str, ...] = ()  # the key of the variant every other is compared with
+    correction: str = "none"  # none | holm (family-wise over the comparisons)
+    test: str = "t"  # the interval over the per-seed differences: t | permutation | bootstrap (report.test resolved)
+    test_option: str = "auto"  # report.test as given
+    dropped: list[Dropped] = field(default_factory=list)  # run folders left out: their summary could not be read
+    comparisons: dict[tuple[str, ...], Comparison] = field(default_factory=dict)  # variant key -> vs baseline
+    effects: list[Effect] = field(default_factory=list)  # per axis value, pooled over the other axes
+    lr: LrStudy | None = None  # the tuning runs (tune.lr, <root>/tune) across the rate grid, with the sensitivity
+    peaks: dict[tuple[str, ...], dict[str, Peak]] = field(default_factory=dict)  # variant key -> probe key -> peak
+
+    @property
+    def runs(self) -> list[Run]:
+        return [r for v in self.variants for r in v.runs]
+
+    def label(self, variant: Variant | tuple[str, ...]) -> str:
+        key = variant.key if isinstance(variant, Variant) else variant
+        return " ".join(f"{a}={v}" for a, v in zip(self.axes, key, strict=True)) or "default"
+
+    @property
+    def baseline_label(self) -> str:
+        return self.label(self.baseline)
+
+    def variant(self, key: tuple[str, ...]) -> Variant | None:
+        return next((v for v in self.variants if v.key == key), None)
+
+
+@dataclass
+class Dropped:
+    """A run folder the report could not read, and why (left out of every table and statistic)."""
+
+    path: Path
+    reason: str
+
+
+@dataclass
+class Effect:
+    """One axis value against the axis's baseline value, paired by seed and the other axes' values."""
+
+    axis: str
+    value: str
+    baseline: str
+    comparison: Comparison
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, str]:
+    """``["+sweeps=quick", "norm=rmsnorm"]`` -> ``{"sweeps": "quick", "norm": "rmsnorm"}``."""
+    out = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key.lstrip("+~")] = value
+    return out
+
+
+def scan(root: Path) -> tuple[list[Run], list[Dropped]]:
+    """Every run under ``root`` whose summary reads and checks (:func:`read_summary_checked`), in folder order;
+    and every run folder (one with a summary.json, a metrics.jsonl or Hydra's .hydra/) whose summary does not."""
+    runs, dropped = [], []
+    folders = {p.parent for name in (SUMMARY, METRICS, ".hydra/overrides.yaml") for p in root.rglob(name)}
+    folders = {f.parent if f.name == ".hydra" else f for f in folders}
+    for folder in sorted(folders):
+        parts = folder.relative_to(root).parts
+        if parts and parts[0] == "tune" and len(parts) > 1:
+            continue  # tune.lr's runs (zoo/lab/studies/tune.py): a sweep of their own, reported in root/tune
+        summary, reason = read_summary_checked(folder)
+        if summary is not None:
+            runs.append(Run(folder, summary, parse_overrides(summary.get("overrides") or [])))
+        else:
+            dropped.append(Dropped(folder, str(reason)))
+    return runs, dropped
+
+
+def collect(root: Path) -> list[Run]:
+    """Every run under ``root`` that has a summary that reads, in folder order (:func:`scan` also says which not)."""
+    return scan(root)[0]
+
+
+def runs_report_options(runs: Sequence[Run]) -> tuple[dict[str, str] | None, str, str]:
+    """The ``report`` section the runs were launched with (the most common one)."""
+    seen = Counter(repr((r.summary.get("config") or {}).get("report")) for r in runs if (r.summary.get("config") or {}))
+    if not seen:
+        return None, "none", "auto"
+    chosen = seen.most_common(1)[0][0]
+    for r in runs:
+        section = (r.summary.get("config") or {}).get("report")
+        if repr(section) == chosen:
+            return report_options(section)
+    return None, "none", "auto"
+
+
+def first_values(runs: Sequence[Run], axes: Sequence[str]) -> dict[str, str]:
+    """Each axis's first value in the sweep: that of the first job Hydra launched (job 0 is the first
+    value of every swept key), else of the earliest run; among the runs that finished ok, if any did
+    (a baseline without a result compares nothing)."""
+
+    def launched(run: Run) -> tuple[int, str, str]:
+        job = run.summary.get("job")
+        return (job if isinstance(job, int) else 1 << 30, str(run.summary.get("started") or ""), str(run.path))
+
+    first = min([r for r in runs if r.status == "ok"] or runs, key=launched)
+    return {a: first.value(a) for a in axes}
+
+
+def choose_baseline(runs: Sequence[Run], axes: Sequence[str], given: dict[str, str] | None) -> tuple[str, ...]:
+    """The baseline variant's key: ``given`` values; the axes it leaves out completed from the runs that match
+    it (the first launched of them), so ``schedule=cosine`` picks the cosine runs' own ``train.branch.step``
+    (``unset``) rather than the sweep's first value; from every run when no run matches all of ``given``."""
+    given = given or {}
+    for axis, value in given.items():
+        if axis not in axes:
+            raise ConfigError("report.baseline", f"{axis}={value}", f"a swept axis; axes: {', '.join(axes) or 'none'}")
+        seen = sorted({r.value(axis) for r in runs})
+        if value not in seen:
+            raise ConfigError("report.baseline", f"{axis}={value}", f"one of {axis}'s values: {', '.join(seen)}")
+    matching = [r for r in runs if all(r.value(a) == v for a, v in given.items())]
+    values = {**first_values(matching or runs, axes), **given}
+    return tuple(values[a] for a in axes)
+
+
+def axis_effects(
+    runs: Sequence[Run], axes: Sequence[str], baseline: tuple[str, ...], metric: str, mode: str, test: str = "t"
+) -> list[Effect]:
+    """For a sweep of several axes: each axis value against the axis's baseline value, pooled over the
+    other axes (pairs: the same seed and the same values of every other axis), blocked by seed: each
+    seed's differences are averaged over the other axes, and the interval is over those seed means (the
+    runs of one seed share weights and data, so its pairs are not independent of each other)."""
+    effects = []
+    if len(axes) < 2:
+        return effects
+    for i, axis in enumerate(axes):
+        groups: dict[str, dict[Any, float]] = {}
+        for run in runs:
+            value = (run.summary.get("final") or {}).get(metric) if run.status == "ok" else None
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            others = tuple(run.value(a) for j, a in enumerate(axes) if j != i)
+            groups.setdefault(run.value(axis), {})[(run.seed, others)] = float(value)
+        base = groups.get(baseline[i], {})
+        for value in sorted(groups, key=lambda v: [r.value(axis) for r in runs].index(v)):
+            if value != baseline[i]:
+                c = compare(groups[value], base, mode, test=test, bounds=difference_range(metric), unit=seed_of)
+                effects.append(Effect(axis, value, baseline[i], c))
+    return effects
+
+
+def compare_variants(
+    variants: Sequence[Variant], base: Variant | None, base_key: tuple[str, ...], metric: str, mode: str, test: str
+) -> dict[tuple[str, ...], Comparison]:
+    """Each variant but the baseline against it, paired by seed, under ``test``, clipped to the metric's range."""
+    base_values = base.by_seed(metric) if base is not None else {}
+    bounds = difference_range(metric)
+    return {v.key: compare(v.by_seed(metric), base_values, mode, test=test, bounds=bounds)
+            for v in variants if v.key != base_key}  # fmt: skip
+
+
+def seed_of(key: Any) -> Any:
+    """The seed of an effect's pairing key ``(seed, other axes' values)``: its independent unit."""
+    return key[0]
+
+
+def build_report(
+    root: Path, baseline: dict[str, str] | None = None, correction: str | None = None, test: str | None = None
+) -> Report:
+    """The runs under ``root`` grouped into variants and compared with the baseline.
+
+    ``baseline``, ``correction`` and ``test`` default to the runs' own ``report`` section (``report.baseline``,
+    ``report.correction``, ``report.test``), and that to the first value of each swept axis, no correction
+    and ``auto``. Run folders whose summary cannot be read are listed in ``Report.dropped``.
+    """
+    runs, dropped = scan(root)
+    if not runs:
+        why = "".join(f"; {d.path}: {d.reason}" for d in dropped)
+        raise FileNotFoundError(f"no {'readable ' if dropped else ''}{SUMMARY} under {root}: is this a sweep or run "
+                                f"folder?{why}")  # fmt: skip
+    first = [*AXES, "preset", "task"]  # block axes first, in the block's order; then the rest by name
+    keys = sorted(
+        {k for r in runs for k in r.overrides} - NOT_AXES,
+        key=lambda k: (k not in first, first.index(k) if k in first else 0, k),
+    )
+    axes = [k for k in keys if len({r.value(k) for r in runs}) > 1]
+    groups: dict[tuple[str, ...], Variant] = {}
+    for run in runs:
+        key = tuple(run.value(a) for a in axes)
+        variant = groups.setdefault(key, Variant(key))
+        if run.summary.get("unused_axes") and any(r.seed == run.seed and r.status == run.status for r in variant.runs):
+            continue  # the same run again, differing only on an axis it does not use: counted once
+        variant.runs.append(run)
+    metrics = Counter((r.summary.get("metric") or {}).get("name") for r in runs if r.summary.get("metric"))
+    metric = metrics.most_common(1)[0][0] if metrics else "val_loss"
+    modes = [
+        (r.summary.get("metric") or {}).get("mode")
+        for r in runs
+        if (r.summary.get("metric") or {}).get("name") == metric
+    ]
+    mode = modes[0] if modes else "min"
+    family = metric.rsplit("_", 1)[0] if metric.endswith("x") and metric[-2:-1].isdigit() else metric
+    finals = sorted({k for r in runs for k in (r.summary.get("final") or {})})
+    extra = [k for k in finals if k != metric and (k == family or k.startswith(f"{family}_"))]
+
+    def order(variant: Variant) -> tuple[int, float]:
+        mean, _ = variant.mean_std(metric)
+        if mean is None:
+            return (1, 0.0)
+        return (0, mean if mode == "min" else -mean)
+
+    variants = sorted(groups.values(), key=order)
+    launched_baseline, launched_correction, launched_test = runs_report_options(runs)
+    given = baseline if baseline is not None else launched_baseline
+    correction = correction or launched_correction
+    test_option = test or launched_test
+    report_options({"correction": correction, "test": test_option})
+    method = chosen_test(test_option, metric)
+    base_key = choose_baseline(runs, axes, given)
+    comparisons = compare_variants(variants, groups.get(base_key), base_key, metric, mode, method)
+    effects = axis_effects(runs, axes, base_key, metric, mode, method)
+    if correction == "holm":
+        apply_holm(list(comparisons.values()), mode)
+        apply_holm([e.comparison for e in effects], mode)
+    return with_studies(Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option,
+                          dropped, comparisons, effects))  # fmt: skip
+
+
+def with_studies(report: Report) -> Report:
+    """``report`` with its ``lr``, the sweep's tuning runs (``<root>/tune``, zoo/lab/studies/tune.py) per variant across
+    the rate grid with the learning-rate sensitivity (zoo/lab/studies/sensitivity.py), None without any; and its
+    ``peaks``, the probes' largest values over training (zoo/lab/studies/peaks.py), empty without probes."""
+    tune = report.root / "tune"  # zoo.lab.studies.tune.TUNE_DIR (which imports this module)
+    runs = scan(tune)[0] if tune.is_dir() else []
+    compared = (report.variants, report.baseline, report.test)
+    report.lr = lr_study(*compared, report.axes, report.metric, report.mode, runs) if runs else None
+    report.peaks = variant_peaks(*compared)
+    return report

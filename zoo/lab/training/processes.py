@@ -1,0 +1,90 @@
+"""The processes of a run: rank and world from torchrun or submitit, threads per process, the device each
+rank takes, joining the process group, and checking that ranks hold the same weights."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from zoo.lab.cores import usable_cores
+from zoo.lab.planning.plan import RunPlan
+from zoo.lab.planning.train_config import TrainConfig
+from zoo.lab.records import checkpoint_writers as writers
+
+
+def dist_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment, or from the tasks of a submitit
+    job (a sweep on ``hydra/launcher=submitit_slurm`` with ``hydra.launcher.tasks_per_node`` > 1: one
+    process per task, each running the run); (0, 1, 0) for one process."""
+    if "WORLD_SIZE" not in os.environ and submitit_tasks() > 1:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        # RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (the job's first node), MASTER_PORT (from the job id)
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # cuda:LOCAL_RANK is chosen below
+    env = os.environ
+    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
+
+
+def submitit_tasks() -> int:
+    """Processes in this submitit job (1 outside one)."""
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return 1
+    import submitit
+
+    return submitit.JobEnvironment().num_tasks
+
+
+def default_threads(parallel_jobs: int = 1) -> int:
+    """Cores this process may use, shared among the jobs running beside it on this machine."""
+    cores = usable_cores()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return max(1, cores // max(1, local * parallel_jobs))
+
+
+def take_device(device: torch.device, world: int, local_rank: int) -> torch.device:
+    """The device this process trains on (under torchrun on CUDA: its local rank's), made current."""
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", local_rank)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    return device
+
+
+def join_processes(
+    plan: RunPlan,
+    train_cfg: TrainConfig,
+    device: torch.device,
+    out_dir: Path | None,
+    resume_from: Path | None,
+    summary: dict[str, Any],
+    writer: Any,
+) -> tuple[Path | None, Any, Any]:
+    """Start the process group; every rank learns rank 0's checkpoint to resume from. Under FSDP2 or tensor
+    parallelism: the device mesh, and a writer of every rank's shards. Returns (resume_from, mesh, writer)."""
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    shared = [str(resume_from) if resume_from is not None else None, str(out_dir) if out_dir else None]
+    dist.broadcast_object_list(shared, src=0)  # rank 0 found it; every rank loads it
+    resume_from = Path(shared[0]) if shared[0] is not None else None
+    mesh = None
+    if plan.mesh.sharded:
+        mesh = plan.mesh.mesh(device.type)
+        if shared[1] is not None and train_cfg.checkpoint_every > 0:  # every rank writes its shards there
+            writer = writers.ShardedCheckpointWriter(
+                Path(shared[1]), config_hash=summary["config_hash"], world_size=summary["world_size"],
+                keep=train_cfg.keep_checkpoints,
+            )  # fmt: skip
+    return resume_from, mesh, writer
+
+
+def ranks_in_sync(model: torch.nn.Module) -> bool:
+    """Whether every DDP rank ends with the same parameters (same init, averaged gradients)."""
+    flat = torch.cat([p.detach().double().flatten() for p in model.parameters()])
+    weights = torch.linspace(1, 2, len(flat), dtype=torch.float64, device=flat.device)
+    mine = torch.stack([flat.sum(), (flat * weights).sum()])
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return all(torch.equal(every[0], other) for other in every[1:])

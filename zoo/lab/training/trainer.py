@@ -1,0 +1,380 @@
+"""The training loop: the recipe's optimizer and schedule (``optim=``, ``schedule=``: zoo.lab.recipe; AdamW
+and a cosine by default), gradient clipping, z-loss, periodic evaluation.
+
+Config validation (:func:`check_run_config`) happens before any tensor work. The loop keeps the
+per-step cost to the model's own forward, backward and optimizer step: the loss is summed on the
+device and read back only every ``train.log_every`` steps (that is also when divergence is checked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm import tqdm
+
+from zoo.core.auxiliary import aux_weights
+from zoo.lab.planning.mesh import ProcessMesh
+from zoo.lab.planning.train_config import TrainConfig
+from zoo.lab.recipe import Recipe, lr_at
+from zoo.lab.recipe.optimizers import AdamW
+from zoo.lab.records.checkpoint import TrainState
+from zoo.lab.records.state_tree import rng_state, set_rng_state
+from zoo.lab.tasks import Batch, Task
+from zoo.lab.training.evaluation import Evaluator
+from zoo.lab.training.probes import Probes
+from zoo.lab.training.scale import compile_blocks, parallelize
+from zoo.lab.training.spikes import spikes
+from zoo.lab.training.step import Stepper, autocast
+from zoo.models.base import TokenModel
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, recipe: Recipe | None = None) -> torch.optim.Optimizer:
+    """The recipe's optimizer (default: AdamW with ``cfg``'s betas; weight decay on matrices and the
+    embedding, none on biases and norm gains)."""
+    if recipe is not None:
+        return recipe.build(model, cfg)
+    return AdamW(beta1=cfg.beta1, beta2=cfg.beta2).build(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+@dataclass
+class FitResult:
+    """What :meth:`Trainer.fit` did: ``status`` is ``ok`` or ``diverged``."""
+
+    status: str
+    steps: int
+    tokens: int
+    train_time_s: float
+    tokens_per_s: float
+    final: dict[str, float | None]
+    reason: str | None = None
+    initial: dict[str, float | None] = field(default_factory=dict)  # validation of the initial weights (step 0)
+    spikes: dict[str, Any] = field(default_factory=dict)  # zoo.lab.training.spikes: {"count", "steps"}
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LoopState:
+    """The loop's running values. A checkpoint keeps those in :data:`SAVED` (``state.json``'s ``loop``:
+    the same on every rank; ``initial`` and ``curve`` are missing from older checkpoints); ``loss_sum``,
+    ``aux_sums`` and the gradient norms since the last log step are per rank, on the device."""
+
+    SAVED: ClassVar[tuple[str, ...]] = (
+        "n_summed", "reference", "last_loss", "final_val", "train_time", "initial", "curve",
+    )  # fmt: skip
+
+    n_summed: int = 0  # steps summed into loss_sum since the last log step
+    reference: float | None = None  # the first logged loss (divergence is judged against it)
+    last_loss: float | None = None
+    final_val: dict[str, float | None] = field(default_factory=dict)  # the last evaluation's metrics
+    initial: dict[str, float | None] = field(default_factory=dict)  # the evaluation of the initial weights
+    train_time: float = 0.0  # seconds of training (no evaluation) up to the last log step
+    loss_sum: torch.Tensor | None = None
+    grad_sum: torch.Tensor | None = None  # the steps' gradient norms (before clipping) since the last log step
+    grad_max: torch.Tensor | None = None  # ... and the largest of them
+    #: ``[step, loss, grad_norm_max]`` of every log step (zoo.lab.training.spikes reads it).
+    curve: list[list[float | None]] = field(default_factory=list)
+    aux_sums: dict[str, torch.Tensor] = field(default_factory=dict)  # each auxiliary loss since the last log
+    last_aux: dict[str, float] = field(default_factory=dict)  # their means at the last log step
+    step: int = 0
+    status: str = "ok"
+    reason: str | None = None
+
+    def saved(self, train_time: float) -> dict[str, Any]:
+        """What a checkpoint records of the loop, with ``train_time`` up to now: copies, as the checkpoint is
+        written on a background thread while the loop goes on (the logged curve grows in place)."""
+        return {**{name: copy.deepcopy(getattr(self, name)) for name in self.SAVED}, "train_time": train_time}
+
+    def restore(self, loop: dict[str, Any]) -> None:
+        """Take the values a checkpoint recorded (:meth:`saved`)."""
+        for name in self.SAVED:
+            if name in loop:  # "initial", "curve": not in checkpoints written before they were recorded
+                setattr(self, name, loop[name])
+
+
+class Trainer:
+    """Trains ``model`` on ``task``. Under DDP (``world > 1``) the process group is already initialized,
+    every rank built the same model from the same seed, and ``data_seed`` differs by rank.
+
+    ``log`` receives every metrics record (rank 0 passes a writer; other ranks a no-op). ``recipe`` (checked
+    by the plan) gives the optimizer and the schedule; None: the default (AdamW, cosine).
+    Every ``cfg.checkpoint_every`` steps the ranks gather a :class:`TrainState` and rank 0 passes it
+    to ``save_checkpoint`` (with ``self.model`` and ``self.optimizer``, what it writes beside it);
+    :meth:`restore` continues from one.
+    """
+
+    def __init__(
+        self,
+        model: TokenModel,
+        task: Task,
+        cfg: TrainConfig,
+        *,
+        device: torch.device,
+        data_seed: int,
+        log: Callable[[dict[str, Any]], None] = lambda record: None,
+        progress: bool | None = None,
+        rank: int = 0,
+        world: int = 1,
+        save_checkpoint: Callable[[TrainState, nn.Module, torch.optim.Optimizer], None] | None = None,
+        compile: bool = False,
+        parallel: ProcessMesh | None = None,
+        mesh: Any = None,
+        recipe: Recipe | None = None,
+    ) -> None:
+        self.model, self.task, self.cfg, self.device = model.to(device), task, cfg, device
+        self.model.checkpoint_blocks = cfg.activation_checkpointing
+        self.parallel = parallel or ProcessMesh(dp_replicate=world)
+        self.sharded = self.parallel.sharded
+        if self.sharded:  # tensor parallel plans, compile, FSDP2 (zoo.lab.training.scale)
+            parallelize(self.model, self.parallel, mesh, compile=compile, mixed_precision=device.type == "cuda")
+        elif compile:
+            compile_blocks(self.model)
+        self.rank, self.world, self.log = rank, world, log
+        self.dp_rank, self.dp = self.parallel.dp_rank(rank), self.parallel.dp  # tp ranks share their batches
+        self.progress = progress
+        self.generator = torch.Generator().manual_seed(data_seed)
+        self.recipe = recipe or Recipe()
+        self.recipe.check(cfg, sharded=self.sharded, tp=self.parallel.tp, compile=compile)  # steps set by a budget
+        self.schedule = self.recipe.schedule_entry()
+        self.optimizer = self.recipe.build(self.model, cfg)
+        self.aux_weights = aux_weights(self.model, cfg.aux_weights)  # the parts' defaults, then train.aux_weights
+        #: The auxiliary values logged: the parts' losses, then the z-loss (train.z_loss > 0).
+        self.aux_names = [*self.aux_weights, *(["z_loss"] if cfg.z_loss > 0 else [])]
+        self.tokens_per_step = cfg.batch_size * task.seq_len * self.dp
+        if world > 1 and not self.sharded:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [device.index] if device.type == "cuda" else None
+            self.train_model: nn.Module = DistributedDataParallel(self.model, device_ids=ids)
+        else:
+            self.train_model = self.model
+        self.evaluator = Evaluator(self.model, task, cfg.batch_size, cfg.eval_batches, device=device, world=world,
+                                   dp=self.dp, dp_rank=self.dp_rank)  # fmt: skip
+        self.save_checkpoint = save_checkpoint
+        self.checkpointing = cfg.checkpoint_every > 0 and (save_checkpoint is not None or world > 1)
+        self.restored: TrainState | None = None
+        self.resumed_from: list[int] = []  # the steps this run was resumed at (its checkpoints record them)
+        #: train.probe_every > 0: rank 0's probes (zoo.lab.training.probes) on the first validation batch.
+        self.probes = (
+            Probes(self.model, self.optimizer, cfg.probe_every, cfg.steps) if cfg.probe_every and rank == 0 else None
+        )
+
+    def restore(self, state: TrainState, *, resumed: bool = True) -> None:
+        """Continue from ``state`` (model and optimizer already loaded): this rank's generators now;
+        the loop's running values when :meth:`fit` starts, at step ``state.step + 1``. ``resumed`` False: a
+        branch's start (another run's checkpoint), not a resume of this run (its checkpoints' history)."""
+        if len(state.ranks) == self.world:  # a sharded checkpoint read at another world size: fresh generators
+            set_rng_state(state.ranks[self.rank]["rng"], self.generator, self.device)
+        self.restored = state
+        self.resumed_from = [*state.resumed_from, state.step] if resumed else []
+
+    def checkpoint(self, step: int, loop: LoopState, train_time: float) -> None:
+        """Gather every rank's generators and running loss; rank 0 hands the state to ``save_checkpoint``."""
+        assert loop.loss_sum is not None
+        mine = {"rng": rng_state(self.generator, self.device), "loss_sum": loop.loss_sum.detach().cpu().clone()}
+        if loop.grad_sum is not None and loop.grad_max is not None:
+            mine.update(grad_sum=loop.grad_sum.detach().cpu().clone(), grad_max=loop.grad_max.detach().cpu().clone())
+        if loop.aux_sums:
+            mine["aux_sums"] = {name: value.detach().cpu().clone() for name, value in loop.aux_sums.items()}
+        ranks = [mine]
+        if self.world > 1:
+            ranks = [None] * self.world
+            dist.all_gather_object(ranks, mine)
+        if self.save_checkpoint is not None:
+            state = TrainState(step=step, loop=loop.saved(train_time), ranks=ranks, resumed_from=self.resumed_from)
+            self.save_checkpoint(state, self.model, self.optimizer)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast on CUDA; nothing on CPU (float32): :func:`zoo.lab.training.step.autocast`."""
+        return autocast(self.device)
+
+    def batches(self) -> Iterator[Batch]:
+        while True:
+            yield self.task.train_batch(self.cfg.batch_size, self.generator).to(self.device)
+
+    def start_loop(self) -> tuple[LoopState, int]:
+        """The loop's state at its first step, and that step: 1, or after the restored checkpoint's."""
+        zero = torch.zeros((), device=self.device)
+        loop = LoopState(loss_sum=zero.clone(), aux_sums=dict.fromkeys(self.aux_names, zero))
+        loop.grad_sum, loop.grad_max = zero.clone(), zero.clone()
+        if self.restored is None:
+            return loop, 1
+        loop.restore(self.restored.loop)
+        if len(self.restored.ranks) == self.world:  # this rank's running sums (fresh at another world size)
+            mine = self.restored.ranks[self.rank]
+            loop.loss_sum += mine["loss_sum"].to(self.device)
+            for name, value in mine.get("aux_sums", {}).items():
+                loop.aux_sums[name] = value.to(self.device)
+            unknown = torch.full((), math.nan if loop.n_summed else 0.0, device=self.device)  # an older checkpoint
+            loop.grad_sum = mine.get("grad_sum", unknown).to(self.device)
+            loop.grad_max = mine.get("grad_max", unknown).to(self.device)
+        return loop, self.restored.step + 1
+
+    def fit(self) -> FitResult:
+        """Train ``cfg.steps`` steps (from a restored checkpoint's on), logging, evaluating and checkpointing."""
+        cfg = self.cfg
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        disable = True if self.rank != 0 or self.progress is False else (None if self.progress is None else False)
+        loop, first = self.start_loop()
+        step_fn = Stepper(self.train_model, self.model, self.optimizer, self.device, cfg.grad_clip,
+                          self.aux_weights, self.task.logits, cfg.z_loss)  # fmt: skip
+        bar = tqdm(total=cfg.steps, initial=first - 1, disable=disable, unit="step", dynamic_ncols=True)  # None: TTY
+        self.train_model.train()
+        batches = self.batches()
+        if first == 1:
+            self.evaluate_initial(loop)
+        started = time.perf_counter()
+        for step in range(first, cfg.steps + 1):
+            loop.step = step
+            if self.checkpointing and step > first and (step - 1) % cfg.checkpoint_every == 0:
+                self.checkpoint(step - 1, loop, loop.train_time + time.perf_counter() - started)  # after step - 1
+            lr = lr_at(self.schedule, step - 1, cfg)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr * group.get("lr_ratio", 1.0)  # x 1.0: the same float
+            probing = self.probes is not None and self.probes.due(step)
+            step_fn.before_step = self.probes.snapshot if probing else None  # type: ignore[union-attr]
+            loss, aux = step_fn(next(batches))
+            if probing:
+                started += self.probe(step)  # probing is not training time
+            self.add_step(loop, loss, aux, step_fn.grad_norm)
+            evaluate = step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
+            if step % cfg.log_every and step != 1 and not evaluate:
+                continue
+            started = self.log_step(loop, lr, started, bar)  # the one host sync
+            if loop.status != "ok":
+                break
+            if evaluate:
+                paused = time.perf_counter()
+                loop.final_val = self.evaluate()
+                self.log({"kind": "val", "step": step, "tokens": step * self.tokens_per_step, **loop.final_val})
+                started += time.perf_counter() - paused  # evaluation is not training time
+        bar.close()
+        return self.result(loop)
+
+    def add_step(
+        self, loop: LoopState, loss: torch.Tensor, aux: dict[str, torch.Tensor], grad_norm: torch.Tensor | None
+    ) -> None:
+        """Add a step's loss, auxiliary losses and gradient norm to the sums since the last log step (on the device)."""
+        for name, value in aux.items():
+            loop.aux_sums[name] = loop.aux_sums[name] + value
+        loop.loss_sum += loss
+        if grad_norm is not None and loop.grad_sum is not None and loop.grad_max is not None:
+            loop.grad_sum = loop.grad_sum + grad_norm
+            loop.grad_max = torch.maximum(loop.grad_max, grad_norm)
+        loop.n_summed += 1
+
+    def evaluate_initial(self, loop: LoopState) -> None:
+        """The validation metrics of the initial weights: a ``val`` record at step 0 and ``loop.initial``
+        (no random draw and no weight change: the run trains as it would without)."""
+        loop.initial = self.evaluate()
+        self.log({"kind": "val", "step": 0, "tokens": 0, **loop.initial})
+
+    def probe(self, step: int) -> float:
+        """Log a probe record after ``step`` (zoo.lab.training.probes); returns the seconds it took."""
+        assert self.probes is not None
+        began = time.perf_counter()
+        batch = self.val_sets[1][0].to(self.device)  # the first validation batch, at the training length
+        values = self.probes.record(self.task.logits, batch)
+        self.log({"kind": "probe", "step": step, "tokens": step * self.tokens_per_step, **values})
+        return time.perf_counter() - began
+
+    def log_step(self, loop: LoopState, lr: float, started: float, bar: Any) -> float:
+        """Log the mean loss since the last log step (and the auxiliary losses'), and check for divergence.
+        Returns the new start of the training time (what logging took counts as training)."""
+        mean = self.mean_over_ranks(loop.loss_sum / loop.n_summed)
+        loop.last_loss = mean.item()
+        now = time.perf_counter()
+        rate = loop.n_summed * self.tokens_per_step / max(now - started, 1e-9)
+        loop.train_time += now - started
+        aux = {}
+        if loop.aux_sums:
+            means = self.mean_over_ranks(torch.stack(list(loop.aux_sums.values())) / loop.n_summed)
+            aux = {f"aux_{name}": value for name, value in zip(loop.aux_sums, means.tolist(), strict=True)}
+            loop.aux_sums = dict.fromkeys(loop.aux_sums, torch.zeros((), device=self.device))
+            loop.last_aux = aux
+        step = loop.step
+        grads = self.grad_norms(loop)
+        self.log(
+            {"kind": "train", "step": step, "tokens": step * self.tokens_per_step, "loss": loop.last_loss, "lr": lr,
+             "tokens_per_s": rate, **grads, **aux}
+        )  # fmt: skip
+        loop.curve.append([step, loop.last_loss, grads["grad_norm_max"]])
+        bar.update(loop.n_summed)
+        bar.set_postfix(loss=f"{loop.last_loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+        loop.loss_sum.zero_()
+        loop.n_summed = 0
+        loop.reference = loop.last_loss if loop.reference is None else loop.reference
+        limit = self.cfg.diverge_factor
+        if not math.isfinite(loop.last_loss) or loop.last_loss > limit * loop.reference:
+            loop.status = "diverged"
+            first = loop.reference
+            loop.reason = f"loss {loop.last_loss:.4g} at step {step} (first loss {first:.4g}, limit x{limit:g})"
+        return now
+
+    def grad_norms(self, loop: LoopState) -> dict[str, float | None]:
+        """The mean and the largest gradient norm (before clipping) of the steps since the last log step (the
+        same on every rank: the gradients are averaged before); the sums start again. NaN: unknown."""
+        assert loop.grad_sum is not None and loop.grad_max is not None
+        mean, top = torch.stack([loop.grad_sum / loop.n_summed, loop.grad_max]).tolist()
+        loop.grad_sum, loop.grad_max = torch.zeros_like(loop.grad_sum), torch.zeros_like(loop.grad_max)
+        return {
+            "grad_norm": mean if math.isfinite(mean) else None,
+            "grad_norm_max": top if math.isfinite(top) else None,
+        }
+
+    def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` averaged over every rank (itself in one process)."""
+        if self.world > 1:
+            dist.all_reduce(value)
+            value = value / self.world
+        return value
+
+    def result(self, loop: LoopState) -> FitResult:
+        tokens = loop.step * self.tokens_per_step
+        return FitResult(
+            status=loop.status,
+            steps=loop.step,
+            tokens=tokens,
+            train_time_s=loop.train_time,
+            tokens_per_s=tokens / max(loop.train_time, 1e-9),
+            final={"train_loss": loop.last_loss, **loop.last_aux, **loop.final_val},
+            reason=loop.reason,
+            initial=loop.initial,
+            spikes=spikes(loop.curve),
+        )
+
+    def evaluate(self) -> dict[str, float | None]:
+        """Every validation metric at each evaluated length (zoo.lab.training.evaluation)."""
+        return self.evaluator.evaluate()
+
+    @property
+    def val_sets(self) -> dict[int, list[Batch]]:
+        return self.evaluator.val_sets
+
+    @property
+    def eval_errors(self) -> dict[str, str]:
+        """Per evaluated length a part could not run at, why (the last evaluation's)."""
+        return self.evaluator.eval_errors
+
+    @property
+    def routing(self) -> dict[str, list[float]]:
+        """Each routing part's fraction of validation tokens per expert (the last evaluation's)."""
+        return self.evaluator.routing
+
+    def peak_memory(self) -> dict[str, Any]:
+        """Peak memory in MiB: CUDA allocations on GPU, else the process's peak resident set."""
+        if self.device.type == "cuda":
+            return {"peak_memory_mib": torch.cuda.max_memory_allocated(self.device) / 2**20, "kind": "cuda_allocated"}
+        return {"peak_memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "kind": "process_rss"}
