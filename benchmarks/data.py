@@ -71,7 +71,7 @@ class InMemory:
 def step_seconds(raw: dict, task, train_cfg: TrainConfig) -> float:
     """Seconds per training step of a Trainer (its own timing: evaluation excluded)."""
     torch.manual_seed(0)
-    trainer = Trainer(build_run_model(raw), task, train_cfg, device=torch.device("cpu"), data_seed=0, progress=False)
+    trainer = Trainer(build_run_model(raw), task, train_cfg, device=torch.device("cpu"), data_seed=0)
     outcome = trainer.fit()
     return outcome.train_time_s / train_cfg.steps
 

@@ -27,6 +27,7 @@ import torch
 from omegaconf import OmegaConf
 
 from zoo import compose
+from zoo.lab.training.loop_callbacks import Probing
 from zoo.lab.training.run import run
 from zoo.lab.training.trainer import Trainer
 
@@ -79,7 +80,7 @@ def main() -> None:
     configs = {every: OmegaConf.to_container(compose([*common, f"train.probe_every={every}"]), resolve=True)
                for every in (0, args.probe_every)}  # fmt: skip
     Trainer.fit = timed("fit", Trainer.fit)  # type: ignore[method-assign]
-    Trainer.probe = timed("probes", Trainer.probe)  # type: ignore[method-assign]
+    Probing.on_step_end = timed("probes", Probing.on_step_end)  # type: ignore[method-assign]
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):

@@ -38,6 +38,8 @@ from zoo.lab.planning.run_model import build_run_model
 from zoo.lab.planning.train_config import TrainConfig, check_run_config
 from zoo.lab.records.checkpoint_writers import CheckpointWriter
 from zoo.lab.tasks import build_task
+from zoo.lab.training.callbacks import RunContext
+from zoo.lab.training.loop_callbacks import run_callbacks
 from zoo.lab.training.step import Stepper
 from zoo.lab.training.trainer import Trainer, make_optimizer
 
@@ -62,7 +64,8 @@ def loop_tokens_per_s(cfg, task, train_cfg: TrainConfig, device: torch.device, f
     torch.manual_seed(0)
     model = build_run_model(cfg)
     writer = CheckpointWriter(folder, config_hash="benchmark") if folder is not None else None
-    trainer = Trainer(model, task, train_cfg, device=device, data_seed=0, progress=False, save_checkpoint=writer)
+    callbacks = run_callbacks(RunContext(train_cfg, {"progress": False}, save_checkpoint=writer), [])  # zoo-train's
+    trainer = Trainer(model, task, train_cfg, device=device, data_seed=0, callbacks=callbacks)
     outcome = trainer.fit()
     if writer is None:
         return outcome.tokens_per_s

@@ -81,12 +81,13 @@ def test_optim_benchmark_times_muon_against_adamw(monkeypatch, capsys):
 
 
 def test_probes_benchmark_times_a_probed_run_against_a_plain_one(monkeypatch, capsys):
+    from zoo.lab.training.loop_callbacks import Probing
     from zoo.lab.training.trainer import Trainer
 
     tiny = "--d-model 16 --heads 4 --layers 1 --seq-len 16 --batch 2 --steps 6 --eval-every 0 --probe-every 3"
     monkeypatch.setattr(sys, "argv", ["probes.py", *tiny.split(), "--repeats", "1", "task.max_bytes=30000"])
     monkeypatch.setattr(Trainer, "fit", Trainer.fit)  # the script wraps them to time them: undone after
-    monkeypatch.setattr(Trainer, "probe", Trainer.probe)
+    monkeypatch.setattr(Probing, "on_step_end", Probing.on_step_end)
     runpy.run_path(str(BENCHMARKS / "probes.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "| probe_every=0 |" in out and "| probe_every=3 (2 probes) |" in out

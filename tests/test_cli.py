@@ -12,6 +12,7 @@ from zoo.lab.commands.parts import LISTED, parts_main, parts_markdown
 from zoo.lab.recipe import OPTIMIZERS, SCHEDULES
 from zoo.lab.records.trackers import TRACKERS
 from zoo.lab.tasks import TASKS
+from zoo.lab.training.loop_callbacks import CALLBACKS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_zoo_parts_lists_every_registered_part_task_tracker_optimizer_and_schedule(capsys):
     parts_main([])
     out = capsys.readouterr().out
-    assert LISTED == {**AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES}
+    assert LISTED == {
+        **AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES, "callback": CALLBACKS
+    }  # fmt: skip
     sections = out.split("\n\nplugins")[0].split("\n")
     starts = [i for i, line in enumerate(sections) if not line.startswith(" ")]
     assert [sections[i] for i in starts] == [f"{key}:" for key in LISTED]

@@ -25,11 +25,12 @@ from zoo.lab.records.metrics import read_metrics
 from zoo.lab.tasks import build_task
 from zoo.lab.training import probes
 from zoo.lab.training import trainer as trainer_module
+from zoo.lab.training.loop_state import LoopState
 from zoo.lab.training.probes import PROBE_KEYS, Probes, forward_probe
 from zoo.lab.training.run import run
 from zoo.lab.training.spikes import MIN_HISTORY, spike_indices, spikes
 from zoo.lab.training.step import Stepper
-from zoo.lab.training.trainer import LoopState, Trainer
+from zoo.lab.training.trainer import Trainer
 from zoo.models.language import build_model
 
 #: Grouped heads (2 query heads per key/value head), no positions: the scores are q k^T / sqrt(d) alone.
@@ -216,15 +217,16 @@ def test_a_checkpoint_written_before_initial_and_gradient_norms_resumes(tmp_path
     whole = run(tiny(*overrides), tmp_path / "whole")
     old = ("n_summed", "reference", "last_loss", "final_val", "train_time")
     monkeypatch.setattr(LoopState, "SAVED", old)
-    checkpoint = Trainer.checkpoint
+    checkpoint_state = Trainer.checkpoint_state
 
-    def older(self, step, loop, train_time):  # the ranks' running sums without the gradient norms
+    def older(self, step, loop):  # the ranks' running sums without the gradient norms
         sums = loop.grad_sum
         loop.grad_sum = None
-        checkpoint(self, step, loop, train_time)
+        state = checkpoint_state(self, step, loop)
         loop.grad_sum = sums
+        return state
 
-    monkeypatch.setattr(Trainer, "checkpoint", older)
+    monkeypatch.setattr(Trainer, "checkpoint_state", older)
     run(tiny(*overrides), tmp_path / "old")
     monkeypatch.undo()
     saved = ckpt.read_state(ckpt.latest_checkpoint(tmp_path / "old"))["state"]

@@ -31,10 +31,13 @@ from zoo.core.registry import (
 from zoo.lab.recipe import OPTIMIZERS, SCHEDULES
 from zoo.lab.records.trackers import TRACKERS
 from zoo.lab.tasks import TASKS
+from zoo.lab.training.loop_callbacks import CALLBACKS
 
 #: What ``zoo-parts`` lists: the block's axes, then the lab's registries by their config key; a new
 #: registry of the lab (its parts registered, plugins included, like the block's) is one entry here.
-LISTED: dict[str, Registry] = {**AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES}
+LISTED: dict[str, Registry] = {
+    **AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES, "callback": CALLBACKS,
+}  # fmt: skip
 
 #: Beside a mixer (the axes whose parts hold the block's matrices; norms, placements and positions hold
 #: gains, biases and tables) that does not say how its weights split into logical matrices.

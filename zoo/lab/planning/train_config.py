@@ -12,19 +12,12 @@ import torch
 
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
+from zoo.lab.keys import RUN_KEYS
 from zoo.lab.recipe import lr_at
 from zoo.lab.recipe.schedules import Cosine
 
 #: ``train.save``: what a finished run keeps (final weights as model.safetensors, or nothing).
 SAVE = ("final", "none")
-
-
-#: Top-level keys of a run config. ``sweep`` holds values a sweep file interpolates (free-form);
-#: ``encoder`` an encoder-decoder's encoder section (read by the model builder of a task that trains one).
-RUN_KEYS = {
-    "block", "model", "encoder", "task", "train", "seed", "device", "threads", "progress", "sweep", "logger", "report",
-    "compile", "tune", "parallel", "optim", "schedule", "param",
-}  # fmt: skip
 
 
 #: ``train`` keys that must be >= 0 (0: off, where it turns something off).

@@ -9,37 +9,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from zoo.lab.files import clean
-
-#: Keys of the run config that change how fast a run goes or what it leaves on disk (or how the report reads
-#: it), not what it computes.
-RUNTIME_KEYS = ("threads", "progress", "logger", "report", "tune", "compile", "parallel")
-#: The same inside the ``train`` section (saving, checkpointing and probing never change a number: a run with
-#: ``probe_every`` set is the same experiment, its checkpoints resume either way, and a finished run is done).
-RUNTIME_TRAIN_KEYS = ("save", "checkpoint_every", "keep_checkpoints", "activation_checkpointing", "probe_every")
-#: ``train`` keys added after runs were recorded, left out of the hash at the value that changes nothing
-#: (so an older run folder of the same config is still skipped as done, and its checkpoints resume).
-NEUTRAL_TRAIN_KEYS: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}}
-#: Sections added likewise, left out when they equal the default (zoo.lab.recipe.is_default).
-RECIPE_KEYS = ("optim", "schedule")
-#: ``param`` (zoo.lab.recipe.param), left out likewise at ``param=standard``.
-PARAM_KEY = "param"
+from zoo.lab.keys import NEUTRAL_TRAIN, PARAM, RECIPE, RUNTIME, RUNTIME_TRAIN
 
 
 def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
-    at their neutral values (:data:`NEUTRAL_TRAIN_KEYS`, the default recipe, ``param=standard``).
+    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, the default recipe, ``param=standard``).
 
     A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
     source's config hash, step and checkpoint checksum instead (zoo.lab.planning.branch), so a source and its branches
     moved together are the same runs. ``branch_path``: keep the path, as hashes recorded before did."""
     from zoo.lab.recipe import is_default, param
 
-    semantic = {k: v for k, v in config.items() if k not in RUNTIME_KEYS}
-    for key in RECIPE_KEYS:
+    semantic = {k: v for k, v in config.items() if k not in RUNTIME}
+    for key in RECIPE:
         if key in semantic and is_default(key, semantic[key]):
             del semantic[key]
-    if PARAM_KEY in semantic and param.is_default(semantic[PARAM_KEY]):
-        del semantic[PARAM_KEY]
+    if PARAM in semantic and param.is_default(semantic[PARAM]):
+        del semantic[PARAM]
     branch = (semantic.get("train") or {}).get("branch") if isinstance(semantic.get("train"), dict) else None
     if isinstance(branch, dict) and not branch_path:
         semantic["train"] = {**semantic["train"], "branch": {**branch, "from": None}}
@@ -47,7 +34,7 @@ def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dic
         semantic["train"] = {
             k: v
             for k, v in semantic["train"].items()
-            if k not in RUNTIME_TRAIN_KEYS and not (k in NEUTRAL_TRAIN_KEYS and v == NEUTRAL_TRAIN_KEYS[k])
+            if k not in RUNTIME_TRAIN and not (k in NEUTRAL_TRAIN and v == NEUTRAL_TRAIN[k])
         }
     return semantic
 

@@ -16,8 +16,9 @@ from omegaconf import OmegaConf
 
 from zoo.assembly.compose import compose_with_choices
 from zoo.core.errors import ConfigError
+from zoo.lab.keys import RUNTIME
 from zoo.lab.planning.run_model import task_vocab_size
-from zoo.lab.records.config import RUNTIME_KEYS, flatten
+from zoo.lab.records.config import flatten
 from zoo.lab.studies.runset import Run
 
 log = logging.getLogger("zoo.lab.studies.fixed")
@@ -58,7 +59,7 @@ def fixed_settings(runs: Iterable[Run]) -> list[str]:
     for key, value in shared([flatten(r.summary["config"]) for r in runs]).items():
         if key == VOCAB and VOCAB not in reference:
             continue
-        if key.split(".")[0] not in RUNTIME_KEYS and reference.get(key, _MISSING) != value:
+        if key.split(".")[0] not in RUNTIME and reference.get(key, _MISSING) != value:
             lines.append(f"{key}={value}")
     return lines
 

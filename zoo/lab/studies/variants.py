@@ -17,6 +17,7 @@ import zoo.parts  # noqa: F401  (registers the built-in parts: AXES is read by n
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
+from zoo.lab.keys import NOT_AXES
 from zoo.lab.planning.options import report_options
 from zoo.lab.records.metrics import METRICS
 from zoo.lab.records.summary import SUMMARY, read_summary_checked
@@ -24,10 +25,6 @@ from zoo.lab.studies.peaks import Peak, variant_peaks
 from zoo.lab.studies.runset import Run, Variant
 from zoo.lab.studies.sensitivity import LrStudy, lr_study
 from zoo.lab.studies.stats import Comparison, apply_holm, chosen_test, compare, difference_range
-
-#: Override keys that never define a variant: seeds are averaged over, the sweep file names the folder.
-#: ``train.branch.from``: a branch's source run, one per seed (each seed's long run), so not what makes a variant.
-NOT_AXES = {"seed", "sweeps", "train.branch.from"}
 
 
 def unused_axes(config: dict[str, Any]) -> list[str]:

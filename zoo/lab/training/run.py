@@ -41,6 +41,8 @@ from zoo.lab.studies.tune import choose_lr
 from zoo.lab.studies.variants import unused_axes
 from zoo.lab.tasks import Task
 from zoo.lab.tasks.base import absolute_paths
+from zoo.lab.training.callbacks import RunContext
+from zoo.lab.training.loop_callbacks import check_callbacks, run_callbacks
 from zoo.lab.training.processes import (
     default_threads,
     dist_env,
@@ -257,6 +259,7 @@ def train(
     rank, world, local_rank = dist_env()
     torchrun_sweep = world > 1 and multirun and submitit_tasks() == 1
     plan = plan_run(raw, summary["choices"], summary["overrides"], world=world, torchrun_sweep=torchrun_sweep)
+    named_callbacks = check_callbacks(raw.get("callbacks"))  # a plugin's name and options, before any tensor work
     if plan.branch is not None:
         summary["branch"] = plan.branch.record()  # train.branch: the run and checkpoint this one starts from
     threads = raw.get("threads") or default_threads(parallel_jobs)
@@ -279,13 +282,14 @@ def train(
     mesh = None
     if world > 1:
         resume_from, mesh, writer = join_processes(plan, train_cfg, device, out_dir, resume_from, summary, writer)
+    context = RunContext(train_cfg, raw, rank=rank, world=world, out_dir=out_dir, metrics=metrics, tracker=tracker,
+                         save_checkpoint=writer)  # fmt: skip
     try:
         trainer = Trainer(
             model, task, train_cfg, device=device,
             data_seed=seed * 65_537 + plan.mesh.dp_rank(rank),  # tensor-parallel ranks share their batches
-            log=Records(metrics, tracker), progress=raw.get("progress"), rank=rank, world=world,
-            save_checkpoint=writer, compile=raw.get("compile", False), parallel=plan.mesh, mesh=mesh,
-            recipe=plan.recipe,
+            rank=rank, world=world, callbacks=run_callbacks(context, named_callbacks),
+            compile=raw.get("compile", False), parallel=plan.mesh, mesh=mesh, recipe=plan.recipe,
         )  # fmt: skip
         result = fit(trainer, plan, train_cfg, out_dir, resume_from, summary, writer)
     finally:
@@ -295,8 +299,13 @@ def train(
             writer.close()
         if world > 1:
             dist.destroy_process_group()
+    record_outcome(summary, trainer, result, task.metric)
+
+
+def record_outcome(summary: dict[str, Any], trainer: Trainer, result: FitResult, metric: str) -> None:
+    """The run's memory, its metric's final value, and what the last evaluation noticed, into ``summary``."""
     summary.update(trainer.peak_memory())
-    summary["metric"]["value"] = result.final.get(task.metric) if result.status == "ok" else None
+    summary["metric"]["value"] = result.final.get(metric) if result.status == "ok" else None
     if trainer.eval_errors:
         summary["eval_errors"] = trainer.eval_errors
     if trainer.routing:
@@ -319,17 +328,6 @@ def describe(summary: dict[str, Any], plan: RunPlan, task: Task, model: Any, wor
     if paths:
         summary["data"]["paths"] = paths  # where evaluation finds the data from any folder (zoo-eval)
     return train_cfg
-
-
-class Records:
-    """Where the trainer's metrics records go: ``metrics.jsonl`` and the experiment tracker."""
-
-    def __init__(self, metrics: MetricsLog, tracker: Tracker) -> None:
-        self.metrics, self.tracker = metrics, tracker
-
-    def __call__(self, line: dict[str, Any]) -> None:
-        self.metrics.write(line)
-        self.tracker.log(line)
 
 
 def open_records(

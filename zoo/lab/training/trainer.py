@@ -1,26 +1,24 @@
 """The training loop: the recipe's optimizer and schedule (``optim=``, ``schedule=``: zoo.lab.recipe; AdamW
-and a cosine by default), gradient clipping, z-loss, periodic evaluation.
+and a cosine by default), gradient clipping, z-loss, logging, divergence and periodic evaluation.
 
-Config validation (:func:`check_run_config`) happens before any tensor work. The loop keeps the
-per-step cost to the model's own forward, backward and optimizer step: the loss is summed on the
+Everything else around the loop (records, the progress bar, probes, spike detection, checkpoints, a
+plugin's) is a callback (zoo.lab.training.callbacks): the loop calls hooks and names none of them. It keeps
+the per-step cost to the model's own forward, backward and optimizer step: the loss is summed on the
 device and read back only every ``train.log_every`` steps (that is also when divergence is checked).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import resource
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from tqdm import tqdm
 
 from zoo.core.auxiliary import aux_weights
 from zoo.lab.planning.mesh import ProcessMesh
@@ -30,10 +28,10 @@ from zoo.lab.recipe.optimizers import AdamW
 from zoo.lab.records.checkpoint import TrainState
 from zoo.lab.records.state_tree import rng_state, set_rng_state
 from zoo.lab.tasks import Batch, Task
+from zoo.lab.training.callbacks import Callback, Callbacks
 from zoo.lab.training.evaluation import Evaluator
-from zoo.lab.training.probes import Probes
+from zoo.lab.training.loop_state import FitResult, LoopState
 from zoo.lab.training.scale import compile_blocks, parallelize
-from zoo.lab.training.spikes import spikes
 from zoo.lab.training.step import Stepper, autocast
 from zoo.models.base import TokenModel
 
@@ -46,72 +44,13 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, recipe: Recipe | None = N
     return AdamW(beta1=cfg.beta1, beta2=cfg.beta2).build(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-@dataclass
-class FitResult:
-    """What :meth:`Trainer.fit` did: ``status`` is ``ok`` or ``diverged``."""
-
-    status: str
-    steps: int
-    tokens: int
-    train_time_s: float
-    tokens_per_s: float
-    final: dict[str, float | None]
-    reason: str | None = None
-    initial: dict[str, float | None] = field(default_factory=dict)  # validation of the initial weights (step 0)
-    spikes: dict[str, Any] = field(default_factory=dict)  # zoo.lab.training.spikes: {"count", "steps"}
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class LoopState:
-    """The loop's running values. A checkpoint keeps those in :data:`SAVED` (``state.json``'s ``loop``:
-    the same on every rank; ``initial`` and ``curve`` are missing from older checkpoints); ``loss_sum``,
-    ``aux_sums`` and the gradient norms since the last log step are per rank, on the device."""
-
-    SAVED: ClassVar[tuple[str, ...]] = (
-        "n_summed", "reference", "last_loss", "final_val", "train_time", "initial", "curve",
-    )  # fmt: skip
-
-    n_summed: int = 0  # steps summed into loss_sum since the last log step
-    reference: float | None = None  # the first logged loss (divergence is judged against it)
-    last_loss: float | None = None
-    final_val: dict[str, float | None] = field(default_factory=dict)  # the last evaluation's metrics
-    initial: dict[str, float | None] = field(default_factory=dict)  # the evaluation of the initial weights
-    train_time: float = 0.0  # seconds of training (no evaluation) up to the last log step
-    loss_sum: torch.Tensor | None = None
-    grad_sum: torch.Tensor | None = None  # the steps' gradient norms (before clipping) since the last log step
-    grad_max: torch.Tensor | None = None  # ... and the largest of them
-    #: ``[step, loss, grad_norm_max]`` of every log step (zoo.lab.training.spikes reads it).
-    curve: list[list[float | None]] = field(default_factory=list)
-    aux_sums: dict[str, torch.Tensor] = field(default_factory=dict)  # each auxiliary loss since the last log
-    last_aux: dict[str, float] = field(default_factory=dict)  # their means at the last log step
-    step: int = 0
-    status: str = "ok"
-    reason: str | None = None
-
-    def saved(self, train_time: float) -> dict[str, Any]:
-        """What a checkpoint records of the loop, with ``train_time`` up to now: copies, as the checkpoint is
-        written on a background thread while the loop goes on (the logged curve grows in place)."""
-        return {**{name: copy.deepcopy(getattr(self, name)) for name in self.SAVED}, "train_time": train_time}
-
-    def restore(self, loop: dict[str, Any]) -> None:
-        """Take the values a checkpoint recorded (:meth:`saved`)."""
-        for name in self.SAVED:
-            if name in loop:  # "initial", "curve": not in checkpoints written before they were recorded
-                setattr(self, name, loop[name])
-
-
 class Trainer:
     """Trains ``model`` on ``task``. Under DDP (``world > 1``) the process group is already initialized,
     every rank built the same model from the same seed, and ``data_seed`` differs by rank.
 
-    ``log`` receives every metrics record (rank 0 passes a writer; other ranks a no-op). ``recipe`` (checked
-    by the plan) gives the optimizer and the schedule; None: the default (AdamW, cosine).
-    Every ``cfg.checkpoint_every`` steps the ranks gather a :class:`TrainState` and rank 0 passes it
-    to ``save_checkpoint`` (with ``self.model`` and ``self.optimizer``, what it writes beside it);
-    :meth:`restore` continues from one.
+    ``recipe`` (checked by the plan) gives the optimizer and the schedule; None: the default (AdamW,
+    cosine). ``callbacks`` see every record (:meth:`emit`) and the loop's hooks; a checkpoint's state is
+    gathered by :meth:`checkpoint_state` (a callback's request); :meth:`restore` continues from one.
     """
 
     def __init__(
@@ -122,11 +61,9 @@ class Trainer:
         *,
         device: torch.device,
         data_seed: int,
-        log: Callable[[dict[str, Any]], None] = lambda record: None,
-        progress: bool | None = None,
         rank: int = 0,
         world: int = 1,
-        save_checkpoint: Callable[[TrainState, nn.Module, torch.optim.Optimizer], None] | None = None,
+        callbacks: Sequence[Callback] = (),
         compile: bool = False,
         parallel: ProcessMesh | None = None,
         mesh: Any = None,
@@ -140,9 +77,8 @@ class Trainer:
             parallelize(self.model, self.parallel, mesh, compile=compile, mixed_precision=device.type == "cuda")
         elif compile:
             compile_blocks(self.model)
-        self.rank, self.world, self.log = rank, world, log
+        self.rank, self.world = rank, world
         self.dp_rank, self.dp = self.parallel.dp_rank(rank), self.parallel.dp  # tp ranks share their batches
-        self.progress = progress
         self.generator = torch.Generator().manual_seed(data_seed)
         self.recipe = recipe or Recipe()
         self.recipe.check(cfg, sharded=self.sharded, tp=self.parallel.tp, compile=compile)  # steps set by a budget
@@ -161,14 +97,11 @@ class Trainer:
             self.train_model = self.model
         self.evaluator = Evaluator(self.model, task, cfg.batch_size, cfg.eval_batches, device=device, world=world,
                                    dp=self.dp, dp_rank=self.dp_rank)  # fmt: skip
-        self.save_checkpoint = save_checkpoint
-        self.checkpointing = cfg.checkpoint_every > 0 and (save_checkpoint is not None or world > 1)
         self.restored: TrainState | None = None
         self.resumed_from: list[int] = []  # the steps this run was resumed at (its checkpoints record them)
-        #: train.probe_every > 0: rank 0's probes (zoo.lab.training.probes) on the first validation batch.
-        self.probes = (
-            Probes(self.model, self.optimizer, cfg.probe_every, cfg.steps) if cfg.probe_every and rank == 0 else None
-        )
+        self.train_time_now = 0.0  # the training time when the hooks after a step began
+        self.callbacks = Callbacks(callbacks)
+        self.callbacks.attach(self)
 
     def restore(self, state: TrainState, *, resumed: bool = True) -> None:
         """Continue from ``state`` (model and optimizer already loaded): this rank's generators now;
@@ -179,8 +112,17 @@ class Trainer:
         self.restored = state
         self.resumed_from = [*state.resumed_from, state.step] if resumed else []
 
-    def checkpoint(self, step: int, loop: LoopState, train_time: float) -> None:
-        """Gather every rank's generators and running loss; rank 0 hands the state to ``save_checkpoint``."""
+    def emit(self, record: dict[str, Any]) -> None:
+        """A metrics record to every callback (metrics.jsonl and the tracker are callbacks too)."""
+        self.callbacks.call("on_record", record)
+
+    def first_val_batch(self) -> Batch:
+        """The first validation batch at the training length, on the device (what probes read)."""
+        return self.val_sets[1][0].to(self.device)  # length factor 1: the training length
+
+    def checkpoint_state(self, step: int, loop: LoopState) -> TrainState:
+        """Every rank's generators and running sums after ``step`` (collective: every rank calls it), with
+        the loop's running values and the training time up to the end of ``step``."""
         assert loop.loss_sum is not None
         mine = {"rng": rng_state(self.generator, self.device), "loss_sum": loop.loss_sum.detach().cpu().clone()}
         if loop.grad_sum is not None and loop.grad_max is not None:
@@ -191,9 +133,11 @@ class Trainer:
         if self.world > 1:
             ranks = [None] * self.world
             dist.all_gather_object(ranks, mine)
-        if self.save_checkpoint is not None:
-            state = TrainState(step=step, loop=loop.saved(train_time), ranks=ranks, resumed_from=self.resumed_from)
-            self.save_checkpoint(state, self.model, self.optimizer)
+        return TrainState(step=step, loop=loop.saved(self.train_time_now), ranks=ranks, resumed_from=self.resumed_from)
+
+    def checkpointed(self, state: TrainState) -> None:
+        """Tell every callback that ``state`` was handed to the checkpoint writer."""
+        self.callbacks.call("on_checkpoint", state)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast on CUDA; nothing on CPU (float32): :func:`zoo.lab.training.step.autocast`."""
@@ -222,15 +166,17 @@ class Trainer:
         return loop, self.restored.step + 1
 
     def fit(self) -> FitResult:
-        """Train ``cfg.steps`` steps (from a restored checkpoint's on), logging, evaluating and checkpointing."""
-        cfg = self.cfg
+        """Train ``cfg.steps`` steps (from a restored checkpoint's on), logging and evaluating; the callbacks'
+        hooks around it. Time in the hooks after a step, and in evaluation, is not training time."""
+        cfg, hooks = self.cfg, self.callbacks
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        disable = True if self.rank != 0 or self.progress is False else (None if self.progress is None else False)
         loop, first = self.start_loop()
         step_fn = Stepper(self.train_model, self.model, self.optimizer, self.device, cfg.grad_clip,
                           self.aux_weights, self.task.logits, cfg.z_loss)  # fmt: skip
-        bar = tqdm(total=cfg.steps, initial=first - 1, disable=disable, unit="step", dynamic_ncols=True)  # None: TTY
+        if hooks.uses("on_backward_end"):
+            step_fn.before_step = lambda: hooks.call("on_backward_end", loop, loop.step)
+        hooks.call("on_run_start", loop, first)
         self.train_model.train()
         batches = self.batches()
         if first == 1:
@@ -238,30 +184,26 @@ class Trainer:
         started = time.perf_counter()
         for step in range(first, cfg.steps + 1):
             loop.step = step
-            if self.checkpointing and step > first and (step - 1) % cfg.checkpoint_every == 0:
-                self.checkpoint(step - 1, loop, loop.train_time + time.perf_counter() - started)  # after step - 1
             lr = lr_at(self.schedule, step - 1, cfg)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_ratio", 1.0)  # x 1.0: the same float
-            probing = self.probes is not None and self.probes.due(step)
-            step_fn.before_step = self.probes.snapshot if probing else None  # type: ignore[union-attr]
             loss, aux = step_fn(next(batches))
-            if probing:
-                started += self.probe(step)  # probing is not training time
             self.add_step(loop, loss, aux, step_fn.grad_norm)
             evaluate = step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
-            if step % cfg.log_every and step != 1 and not evaluate:
-                continue
-            started = self.log_step(loop, lr, started, bar)  # the one host sync
-            if loop.status != "ok":
-                break
+            if step % cfg.log_every == 0 or step == 1 or evaluate:
+                started = self.log_step(loop, lr, started)  # the one host sync
+                if loop.status != "ok":
+                    break
+            paused = time.perf_counter()
             if evaluate:
-                paused = time.perf_counter()
-                loop.final_val = self.evaluate()
-                self.log({"kind": "val", "step": step, "tokens": step * self.tokens_per_step, **loop.final_val})
-                started += time.perf_counter() - paused  # evaluation is not training time
-        bar.close()
-        return self.result(loop)
+                loop.final_val = self.evaluate_and_log(loop, step)
+            if hooks.uses("on_step_end"):
+                self.train_time_now = loop.train_time + paused - started
+                hooks.call("on_step_end", loop, step)
+            started += time.perf_counter() - paused  # evaluation and the hooks after a step are not training time
+        result = self.result(loop)
+        hooks.call("on_run_end", loop, result)
+        return result
 
     def add_step(
         self, loop: LoopState, loss: torch.Tensor, aux: dict[str, torch.Tensor], grad_norm: torch.Tensor | None
@@ -278,19 +220,16 @@ class Trainer:
     def evaluate_initial(self, loop: LoopState) -> None:
         """The validation metrics of the initial weights: a ``val`` record at step 0 and ``loop.initial``
         (no random draw and no weight change: the run trains as it would without)."""
-        loop.initial = self.evaluate()
-        self.log({"kind": "val", "step": 0, "tokens": 0, **loop.initial})
+        loop.initial = self.evaluate_and_log(loop, 0)
 
-    def probe(self, step: int) -> float:
-        """Log a probe record after ``step`` (zoo.lab.training.probes); returns the seconds it took."""
-        assert self.probes is not None
-        began = time.perf_counter()
-        batch = self.val_sets[1][0].to(self.device)  # the first validation batch, at the training length
-        values = self.probes.record(self.task.logits, batch)
-        self.log({"kind": "probe", "step": step, "tokens": step * self.tokens_per_step, **values})
-        return time.perf_counter() - began
+    def evaluate_and_log(self, loop: LoopState, step: int) -> dict[str, float | None]:
+        """Evaluate (:meth:`evaluate`), emit a ``val`` record at ``step``, tell the callbacks; the metrics."""
+        metrics = self.evaluate()
+        self.emit({"kind": "val", "step": step, "tokens": step * self.tokens_per_step, **metrics})
+        self.callbacks.call("on_evaluation_end", loop, metrics)
+        return metrics
 
-    def log_step(self, loop: LoopState, lr: float, started: float, bar: Any) -> float:
+    def log_step(self, loop: LoopState, lr: float, started: float) -> float:
         """Log the mean loss since the last log step (and the auxiliary losses'), and check for divergence.
         Returns the new start of the training time (what logging took counts as training)."""
         mean = self.mean_over_ranks(loop.loss_sum / loop.n_summed)
@@ -306,13 +245,11 @@ class Trainer:
             loop.last_aux = aux
         step = loop.step
         grads = self.grad_norms(loop)
-        self.log(
+        self.emit(
             {"kind": "train", "step": step, "tokens": step * self.tokens_per_step, "loss": loop.last_loss, "lr": lr,
              "tokens_per_s": rate, **grads, **aux}
         )  # fmt: skip
         loop.curve.append([step, loop.last_loss, grads["grad_norm_max"]])
-        bar.update(loop.n_summed)
-        bar.set_postfix(loss=f"{loop.last_loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
         loop.loss_sum.zero_()
         loop.n_summed = 0
         loop.reference = loop.last_loss if loop.reference is None else loop.reference
@@ -352,7 +289,6 @@ class Trainer:
             final={"train_loss": loop.last_loss, **loop.last_aux, **loop.final_val},
             reason=loop.reason,
             initial=loop.initial,
-            spikes=spikes(loop.curve),
         )
 
     def evaluate(self) -> dict[str, float | None]:

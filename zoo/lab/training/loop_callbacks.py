@@ -1,0 +1,180 @@
+"""The built-in callbacks of every run, each on when its own keys ask for it, and the run's callbacks
+built from its config (:func:`run_callbacks`, after :func:`check_callbacks` before any tensor work).
+
+- ``records``: every record to ``metrics.jsonl`` and the tracker (``logger=``), on rank 0;
+- ``progress``: the progress bar (``progress``: null shows it on a terminal), on rank 0;
+- ``probes``: ``train.probe_every``'s probe records (zoo.lab.training.probes), on rank 0;
+- ``spikes``: the spike score of the logged curve, into the summary (zoo.lab.training.spikes);
+- ``checkpoints``: a checkpoint every ``train.checkpoint_every`` steps, on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tqdm import tqdm
+
+from zoo.core.errors import ConfigError
+from zoo.lab.records.checkpoint import TrainState
+from zoo.lab.training.callbacks import CALLBACKS, Callback, RunContext
+from zoo.lab.training.loop_state import FitResult, LoopState
+from zoo.lab.training.probes import Probes
+from zoo.lab.training.spikes import spikes
+
+
+@CALLBACKS.register("records")
+class Records(Callback):
+    """Every metrics record to `metrics.jsonl` and the experiment tracker (`logger=`), on rank 0."""
+
+    always = True
+
+    def __init__(self, metrics: Any, tracker: Any) -> None:
+        self.metrics, self.tracker = metrics, tracker
+
+    @classmethod
+    def from_run(cls, run: RunContext, **options: Any) -> Callback | None:
+        return cls(run.metrics, run.tracker) if run.metrics is not None and run.tracker is not None else None
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        self.metrics.write(record)
+        self.tracker.log(record)
+
+
+@CALLBACKS.register("progress")
+class Progress(Callback):
+    """The progress bar, with the logged loss and tokens/s (`progress`: null on a terminal only), on rank 0."""
+
+    always = True
+
+    def __init__(self, show: bool | None = None) -> None:
+        self.show, self.bar, self.last = show, None, 0
+
+    @classmethod
+    def from_run(cls, run: RunContext, **options: Any) -> Callback | None:
+        show = run.config.get("progress")
+        return None if run.rank != 0 or show is False else cls(show)
+
+    def on_run_start(self, loop: LoopState, first: int) -> None:
+        disable = None if self.show is None else False  # None: shown on a terminal
+        self.last = first - 1
+        steps = self.trainer.cfg.steps
+        self.bar = tqdm(total=steps, initial=self.last, disable=disable, unit="step", dynamic_ncols=True)
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        if record.get("kind") != "train" or self.bar is None:
+            return
+        self.bar.update(record["step"] - self.last)
+        self.last = record["step"]
+        self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}", refresh=False)
+
+    def on_run_end(self, loop: LoopState, result: FitResult) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@CALLBACKS.register("probes")
+class Probing(Callback):
+    """`train.probe_every`: attention and output logits, residual RMS, gradient norms and update ratios, on rank 0."""
+
+    always = True
+
+    def __init__(self, every: int) -> None:
+        self.every, self.probes, self.due = every, None, False
+
+    @classmethod
+    def from_run(cls, run: RunContext, **options: Any) -> Callback | None:
+        return cls(run.train.probe_every) if run.train.probe_every and run.rank == 0 else None
+
+    def on_run_start(self, loop: LoopState, first: int) -> None:
+        trainer = self.trainer
+        self.probes = Probes(trainer.model, trainer.optimizer, self.every, trainer.cfg.steps)
+
+    def on_backward_end(self, loop: LoopState, step: int) -> None:
+        assert self.probes is not None
+        self.due = self.probes.due(step)
+        if self.due:
+            self.probes.snapshot()  # the gradients and the weights before the update
+
+    def on_step_end(self, loop: LoopState, step: int) -> None:
+        if not self.due:
+            return
+        assert self.probes is not None
+        values = self.probes.record(self.trainer.task.logits, self.trainer.first_val_batch())
+        self.trainer.emit({"kind": "probe", "step": step, "tokens": step * self.trainer.tokens_per_step, **values})
+        self.due = False
+
+
+@CALLBACKS.register("spikes")
+class SpikeDetection(Callback):
+    """The steps where the logged loss or gradient norm spiked, into summary.json's `spikes`."""
+
+    always = True
+
+    @classmethod
+    def from_run(cls, run: RunContext, **options: Any) -> Callback | None:
+        return cls()
+
+    def on_run_end(self, loop: LoopState, result: FitResult) -> None:
+        result.spikes = spikes(loop.curve)
+
+
+@CALLBACKS.register("checkpoints")
+class Checkpoints(Callback):
+    """A checkpoint every `train.checkpoint_every` steps (not at the last: the final weights are saved), every rank."""
+
+    always = True
+
+    def __init__(self, every: int, save: Callable[[TrainState, Any, Any], None] | None) -> None:
+        self.every, self.save = every, save
+
+    @classmethod
+    def from_run(cls, run: RunContext, **options: Any) -> Callback | None:
+        every = run.train.checkpoint_every
+        wanted = every > 0 and (run.save_checkpoint is not None or run.world > 1)  # every rank gathers
+        return cls(every, run.save_checkpoint) if wanted else None
+
+    def on_step_end(self, loop: LoopState, step: int) -> None:
+        if step % self.every or step >= self.trainer.cfg.steps:
+            return
+        state = self.trainer.checkpoint_state(step, loop)
+        if self.save is not None:  # rank 0, or every rank of a sharded run
+            self.save(state, self.trainer.model, self.trainer.optimizer)
+            self.trainer.checkpointed(state)
+
+
+def check_callbacks(raw: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The ``callbacks`` key checked before any tensor work: ``[(name, options)]``. Each entry a registered
+    callback's name or ``{name: {option: value}}``; a built-in (always on) is refused, as are options its
+    class does not take."""
+    import inspect
+
+    entries = raw if isinstance(raw, (list, tuple)) else [raw] if raw else []
+    named = []
+    for entry in entries:
+        if isinstance(entry, dict) and len(entry) == 1:
+            name, options = next(iter(entry.items()))
+        elif isinstance(entry, str):
+            name, options = entry, {}
+        else:
+            raise ConfigError("callbacks", raw, "a list of callback names, or {name: {option: value}} entries")
+        part = CALLBACKS.get(str(name))
+        if part.cls.always:
+            raise ConfigError("callbacks", name, f"built in: {name!r} is on in every run whose own keys ask for it")
+        options = dict(options or {})
+        accepted = inspect.signature(part.cls).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+        for key in options:
+            if not takes_any and key not in accepted:
+                allowed = ", ".join(accepted) or "none"
+                raise ConfigError(f"callbacks.{name}.{key}", options[key], f"options of {name}: {allowed}")
+        named.append((str(name), options))
+    return named
+
+
+def run_callbacks(run: RunContext, named: list[tuple[str, dict[str, Any]]]) -> list[Callback]:
+    """Every built-in callback ``run`` turns on, then those ``callbacks`` names, in its order."""
+    built = [part.cls.from_run(run) for part in CALLBACKS.parts() if part.cls.always]
+    built += [CALLBACKS.get(name).cls.from_run(run, **options) for name, options in named]
+    return [callback for callback in built if callback is not None]
+

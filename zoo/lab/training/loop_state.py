@@ -1,0 +1,67 @@
+"""The loop's running values (:class:`LoopState`, what a checkpoint keeps of them) and what a run's loop
+did (:class:`FitResult`), read by the trainer and its callbacks."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+
+@dataclass
+class FitResult:
+    """What :meth:`Trainer.fit` did: ``status`` is ``ok`` or ``diverged``."""
+
+    status: str
+    steps: int
+    tokens: int
+    train_time_s: float
+    tokens_per_s: float
+    final: dict[str, float | None]
+    reason: str | None = None
+    initial: dict[str, float | None] = field(default_factory=dict)  # validation of the initial weights (step 0)
+    spikes: dict[str, Any] = field(default_factory=dict)  # zoo.lab.training.spikes: {"count", "steps"}
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LoopState:
+    """The loop's running values. A checkpoint keeps those in :data:`SAVED` (``state.json``'s ``loop``:
+    the same on every rank; ``initial`` and ``curve`` are missing from older checkpoints); ``loss_sum``,
+    ``aux_sums`` and the gradient norms since the last log step are per rank, on the device."""
+
+    SAVED: ClassVar[tuple[str, ...]] = (
+        "n_summed", "reference", "last_loss", "final_val", "train_time", "initial", "curve",
+    )  # fmt: skip
+
+    n_summed: int = 0  # steps summed into loss_sum since the last log step
+    reference: float | None = None  # the first logged loss (divergence is judged against it)
+    last_loss: float | None = None
+    final_val: dict[str, float | None] = field(default_factory=dict)  # the last evaluation's metrics
+    initial: dict[str, float | None] = field(default_factory=dict)  # the evaluation of the initial weights
+    train_time: float = 0.0  # seconds of training (no evaluation) up to the last log step
+    loss_sum: torch.Tensor | None = None
+    grad_sum: torch.Tensor | None = None  # the steps' gradient norms (before clipping) since the last log step
+    grad_max: torch.Tensor | None = None  # ... and the largest of them
+    #: ``[step, loss, grad_norm_max]`` of every log step (zoo.lab.training.spikes reads it).
+    curve: list[list[float | None]] = field(default_factory=list)
+    aux_sums: dict[str, torch.Tensor] = field(default_factory=dict)  # each auxiliary loss since the last log
+    last_aux: dict[str, float] = field(default_factory=dict)  # their means at the last log step
+    step: int = 0
+    status: str = "ok"
+    reason: str | None = None
+
+    def saved(self, train_time: float) -> dict[str, Any]:
+        """What a checkpoint records of the loop, with ``train_time`` up to now: copies, as the checkpoint is
+        written on a background thread while the loop goes on (the logged curve grows in place)."""
+        return {**{name: copy.deepcopy(getattr(self, name)) for name in self.SAVED}, "train_time": train_time}
+
+    def restore(self, loop: dict[str, Any]) -> None:
+        """Take the values a checkpoint recorded (:meth:`saved`)."""
+        for name in self.SAVED:
+            if name in loop:  # "initial", "curve": not in checkpoints written before they were recorded
+                setattr(self, name, loop[name])
