@@ -27,11 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zoo.lab.files import write_json_atomic
+from zoo.lab.planning.options import TUNE_DIR
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.reports.plots import plot_curves, plot_final, plot_interactions
 from zoo.lab.reports.report import write_csv, write_report
 from zoo.lab.reports.sections import markdown
-from zoo.lab.studies.tune import TUNE_DIR, choose_lr
+from zoo.lab.studies.tune import choose_lr
 from zoo.lab.studies.variants import build_report, collect
 
 RATES = (1e-3, 3e-3, 1e-2)

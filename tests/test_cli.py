@@ -8,7 +8,8 @@ from helpers import registered
 
 from zoo import AXES
 from zoo.core.registry import BUILT_IN
-from zoo.lab.commands.parts import LISTED, parts_main, parts_markdown
+from zoo.lab.commands.catalogue import LISTED, parts_markdown
+from zoo.lab.commands.parts import parts_main
 from zoo.lab.recipe import OPTIMIZERS, SCHEDULES
 from zoo.lab.records.trackers import TRACKERS
 from zoo.lab.tasks import TASKS
@@ -35,7 +36,7 @@ def test_zoo_parts_names_a_part_that_declares_no_matrix_blocks(capsys):
     from torch import nn
 
     from zoo.core.registry import MLPS
-    from zoo.lab.commands.parts import NO_MATRIX_BLOCKS
+    from zoo.lab.commands.catalogue import NO_MATRIX_BLOCKS
 
     class Opaque(nn.Module):
         """An MLP that says nothing of how its weights split."""

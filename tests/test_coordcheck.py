@@ -10,7 +10,8 @@ import pytest
 from helpers import BYTES
 
 from zoo.assembly import mup
-from zoo.lab.studies.coordcheck import main, slopes
+from zoo.lab.commands.coordcheck import main
+from zoo.lab.studies.coordcheck import slopes
 
 MODEL = ["block.n_heads=4", "model.n_layers=2", *BYTES, "train.batch_size=8", "threads=1"]
 SMALL = ["--widths", "32,64,128", "--steps", "4", "--seeds", "2"]

@@ -194,7 +194,7 @@ def test_doc_command_works(page, command, capsys, tmp_path, monkeypatch):
     elif program == "zoo-contract":
         run_contract_slice(args, capsys)
     elif program == "zoo-coordcheck":  # its overrides at tiny sizes, two widths, one step
-        from zoo.lab.studies.coordcheck import main, parser
+        from zoo.lab.commands.coordcheck import main, parser
 
         overrides = parser().parse_intermixed_args(args).overrides  # exits 2 on an option it does not take
         tiny = [f"{k}={v}" for k, v in TINY.items()]

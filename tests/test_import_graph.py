@@ -121,19 +121,41 @@ def test_import_zoo_reads_no_torch_and_a_registry_brings_the_built_in_parts():
     assert done.stdout.strip() == str(sorted(["attn", "mlp", "norm", "placement", "pos"]))
 
 
-def test_zoo_generate_zoo_eval_and_zoo_prepare_answer_help_before_torch():
+def answers_without_torch(module: str, function: str, argv: list[str]) -> tuple[bool, str]:
+    """Run ``module.function()`` with ``argv`` in a fresh interpreter: (torch stayed out, what it printed)."""
     import subprocess
     import sys
 
-    for module in ("zoo.lab.commands.generate", "zoo.lab.commands.evaluate", "zoo.lab.commands.prepare"):
-        code = (
-            f"import sys, contextlib, io, importlib; command = importlib.import_module({module!r})\n"
-            f"with contextlib.redirect_stdout(io.StringIO()) as out:\n"
-            f"    try:\n        command.main(['--help'])\n    except SystemExit:\n        pass\n"
-            f"assert 'torch' not in sys.modules and 'usage:' in out.getvalue()"
-        )
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, (module, done.stderr)
+    code = (
+        f"import sys, contextlib, io, importlib; sys.argv = {argv!r}\n"
+        f"out = io.StringIO()\n"
+        f"with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
+        f"    try:\n        getattr(importlib.import_module({module!r}), {function!r})()\n"
+        f"    except SystemExit as exit:\n        print(exit.code if isinstance(exit.code, str) else '')\n"
+        f"print('torch' not in sys.modules); print(out.getvalue())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, (module, done.stderr)
+    first, _, printed = done.stdout.partition("\n")
+    return first == "True", printed
+
+
+def test_every_command_answers_help_and_refuses_a_misspelt_key_before_torch():
+    """--help of every console script, and zoo-train's refusal of an unknown key or option, import no torch."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for name, target in scripts.items():
+        module, function = target.split(":")
+        clean, printed = answers_without_torch(module, function, [name, "--help"])
+        assert clean and "usage" in printed.lower(), (name, printed[:300])
+    train = scripts["zoo-train"].split(":")
+    for argv, says in [
+        (["zoo-train", "nrom=rmsnorm"], "unknown key 'nrom'; did you mean 'norm'?"),
+        (["zoo-train", "norm=rmsnrom"], "unknown norm; did you mean 'rmsnorm'?"),
+    ]:
+        clean, printed = answers_without_torch(*train, argv)
+        assert clean and says in printed, (argv, printed[:300])
 
 
 def test_the_lab_is_rooms_of_small_modules_each_saying_what_it_owns():

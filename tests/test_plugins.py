@@ -20,7 +20,8 @@ from zoo import NORMS, ConfigError, compose
 from zoo.assembly.compose import option_file, search_path
 from zoo.core import registry
 from zoo.core.registry import BUILT_IN, PluginWarning, Registry
-from zoo.lab.commands.parts import parts_main, parts_markdown, print_check
+from zoo.lab.commands.catalogue import parts_markdown, print_check
+from zoo.lab.commands.parts import parts_main
 
 NORM = '''
 import torch

@@ -13,7 +13,7 @@ from helpers import interrupt, tiny, without_timings
 
 from zoo import ConfigError, build_model, compose
 from zoo.lab.commands.argv import check_overrides
-from zoo.lab.commands.parts import LISTED, print_parts
+from zoo.lab.commands.catalogue import LISTED, print_parts
 from zoo.lab.planning.train_config import TrainConfig
 from zoo.lab.recipe import OPTIMIZERS, SCHEDULES, Optimizer, Recipe, lr_at
 from zoo.lab.records.checkpoint import WEIGHTS

@@ -14,24 +14,12 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
-from hydra.core.config_store import ConfigStore
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
-from zoo.assembly.config_tree import CONF_DIR, search_path
+from zoo.assembly.config_tree import CONF_DIR, compose_with_choices, search_path  # noqa: F401 (zoo.assembly.compose's API)
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
-
-# conf/config.yaml's defaults list composes this node after its own: the five axis nodes, open
-# (not struct), so that a misspelt option (``block.placement.alhpa=2``) reaches zoo's check, which
-# names the part's options, instead of Hydra's struct error and its "use +..." advice.
-_axes = OmegaConf.create({"block": {axis: {} for axis in AXES}})
-for _axis in AXES:
-    OmegaConf.set_struct(_axes.block[_axis], False)
-ConfigStore.instance().store(name="zoo_open_axes", node=_axes)
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
@@ -42,28 +30,6 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
     cfg, choices = compose_with_choices(overrides, config_name)
     resolve_composed(cfg.block, choices, overrides)  # fail now, naming the field, rather than at build time
     return cfg
-
-
-def compose_with_choices(
-    overrides: Sequence[str] = (), config_name: str = "config"
-) -> tuple[DictConfig, dict[str, Any]]:
-    """The composed config, not validated, and Hydra's group choices (``{"norm": "rmsnorm", ...}``).
-
-    Works inside a running Hydra app too (a sweep's report, a user's task function): its Hydra is set
-    aside for the compose and put back.
-    """
-    running = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
-    finally:
-        if running is not None:
-            GlobalHydra.instance().initialize(running)
-    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg, choices
 
 
 def resolve_composed(

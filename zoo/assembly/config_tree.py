@@ -1,17 +1,24 @@
 """Where zoo's Hydra config tree is and what Hydra's search path holds (``${zoo_searchpath:}``), registered
 when zoo is imported: a Hydra app of one's own that puts ``${zoo_searchpath:}`` in its config only needs
-``import zoo`` before Hydra reads it (docs/composing.md). Imports no torch."""
+``import zoo`` before Hydra reads it (docs/composing.md). Composing the tree (:func:`compose_with_choices`,
+not validated) is here too, so that a command answers ``--help`` or refuses a misspelt key without torch."""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from importlib.resources import files
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
-from omegaconf import OmegaConf
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from zoo.core.registry import PluginWarning, load_plugins, plugin_config_packages
+from zoo.core.registry import AXES, PluginWarning, load_plugins, plugin_config_packages
 
 #: The Hydra config tree (``conf/`` in the source tree, ``zoo/conf`` when installed): one group per
 #: axis (placement, norm, attn, pos, mlp), presets, tasks.
@@ -46,3 +53,33 @@ def search_path() -> list[str]:
 
 
 OmegaConf.register_new_resolver("zoo_searchpath", search_path, replace=True)
+
+# conf/config.yaml's defaults list composes this node after its own: the five axis nodes, open
+# (not struct), so that a misspelt option (``block.placement.alhpa=2``) reaches zoo's check, which
+# names the part's options, instead of Hydra's struct error and its "use +..." advice.
+_axes = OmegaConf.create({"block": {axis: {} for axis in AXES}})
+for _axis in AXES:
+    OmegaConf.set_struct(_axes.block[_axis], False)
+ConfigStore.instance().store(name="zoo_open_axes", node=_axes)
+
+
+def compose_with_choices(
+    overrides: Sequence[str] = (), config_name: str = "config"
+) -> tuple[DictConfig, dict[str, Any]]:
+    """The composed config, not validated, and Hydra's group choices (``{"norm": "rmsnorm", ...}``).
+
+    Works inside a running Hydra app too (a sweep's report, a user's task function): its Hydra is set
+    aside for the compose and put back.
+    """
+    running = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    finally:
+        if running is not None:
+            GlobalHydra.instance().initialize(running)
+    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, choices

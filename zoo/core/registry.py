@@ -9,7 +9,7 @@ entry-point group (:func:`plugin_config_packages`).
 
 The lab's extension points are registries of the same class: tasks (``zoo.lab.tasks.TASKS``) and
 trackers (``zoo.lab.records.trackers.TRACKERS``). Their entries are named, checked and listed as parts are
-(``zoo-parts`` shows each registry of ``zoo.lab.commands.parts.LISTED``), and a plugin module of the same
+(``zoo-parts`` shows each registry of ``zoo.lab.commands.catalogue.LISTED``), and a plugin module of the same
 ``zoo.parts`` group registers into any of them.
 """
 

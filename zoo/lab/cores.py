@@ -1,4 +1,5 @@
-"""The cores this process may use (its CPU affinity where the platform has one)."""
+"""This process's share of the machine, read without torch: the cores it may use (its CPU affinity where the
+platform has one) and its rank in a torchrun or submitit job."""
 
 from __future__ import annotations
 
@@ -8,3 +9,25 @@ import os
 def usable_cores() -> int:
     """Cores this process may run on: its affinity set (Linux), else the machine's count."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def dist_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment, or from the tasks of a submitit
+    job (a sweep on ``hydra/launcher=submitit_slurm`` with ``hydra.launcher.tasks_per_node`` > 1: one
+    process per task, each running the run); (0, 1, 0) for one process."""
+    if "WORLD_SIZE" not in os.environ and submitit_tasks() > 1:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        # RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (the job's first node), MASTER_PORT (from the job id)
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # cuda:LOCAL_RANK is chosen below
+    env = os.environ
+    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
+
+
+def submitit_tasks() -> int:
+    """Processes in this submitit job (1 outside one)."""
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return 1
+    import submitit
+
+    return submitit.JobEnvironment().num_tasks

@@ -17,6 +17,8 @@ RUNTIME = ("threads", "progress", "logger", "report", "tune", "compile", "parall
 #: (zoo.lab.recipe.is_default for ``optim`` and ``schedule``; ``param=standard``).
 RECIPE = ("optim", "schedule")
 PARAM = "param"
+#: The values ``param.name`` may take.
+PARAM_VALUES = ("standard", "mup")
 #: Every top-level key a run config may hold.
 RUN_KEYS = frozenset({*COMPUTES, *RUNTIME, *RECIPE, PARAM})
 

@@ -7,21 +7,26 @@ pytest is needed only by the helpers that parametrize, skip or xfail a test; ``z
 without it.
 """
 
-from zoo.testing.combos import combinations, combo_id, covering_combinations, select, shard
-from zoo.testing.contract import PROPERTIES, Subject, declared_exceptions, run_contract
-from zoo.testing.run import Outcome, check, summary
+from __future__ import annotations
 
-__all__ = [
-    "PROPERTIES",
-    "Outcome",
-    "Subject",
-    "check",
-    "combinations",
-    "combo_id",
-    "covering_combinations",
-    "declared_exceptions",
-    "run_contract",
-    "select",
-    "shard",
-    "summary",
-]
+import importlib
+from typing import Any
+
+#: Each public name and the module that defines it, imported when first read (PEP 562): importing
+#: zoo.testing (zoo-contract --help, the pytest plugin) imports no torch until a name is used.
+PUBLIC = {
+    **dict.fromkeys(["combinations", "combo_id", "covering_combinations", "select", "shard"], "zoo.testing.combos"),
+    **dict.fromkeys(["PROPERTIES", "Subject", "declared_exceptions", "run_contract"], "zoo.testing.contract"),
+    **dict.fromkeys(["Outcome", "check", "summary"], "zoo.testing.run"),
+}
+__all__ = sorted(PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in PUBLIC:
+        raise AttributeError(f"module 'zoo.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module(PUBLIC[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *PUBLIC])

@@ -11,10 +11,12 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+from typing import TYPE_CHECKING
 
 from zoo.core.errors import ConfigError
-from zoo.testing.combos import Part, parse_part, parse_shard, select, shard
-from zoo.testing.run import Outcome, check, summary
+
+if TYPE_CHECKING:
+    from zoo.testing.run import Outcome
 
 EPILOG = """examples:
   zoo-contract norm=dyt                          # every combination with dyt (and its variants)
@@ -40,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``zoo-contract``."""
     args = parser().parse_args(argv)
+    from zoo.testing.combos import parse_part, parse_shard, select, shard  # torch: once the arguments are read
+    from zoo.testing.run import summary
+
     try:
         parts = [parse_part(option) for option in args.parts]
         index, count = parse_shard(args.shard)
@@ -62,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(1 if any(o.status == "failed" for o in outcomes) else 0)
 
 
-def scope(parts: list[Part], coverage: str, shard_text: str) -> str:
+def scope(parts: list[tuple[str, str]], coverage: str, shard_text: str) -> str:
     """`` (norm=dyt, full, shard 1/4)``: what a run covers."""
     named = ", ".join(f"{axis}={name}" for axis, name in parts) or "every part"
     return f" ({named}, {coverage}" + ("" if shard_text == "1/1" else f", shard {shard_text}") + ")"
@@ -71,6 +76,8 @@ def scope(parts: list[Part], coverage: str, shard_text: str) -> str:
 def run(combos: list[dict[str, str]], workers: int) -> Iterator[Outcome]:
     """Every combination's outcome, in order: in this process, or in ``workers`` fresh ones (spawned,
     so each imports the installed plugins itself), each with one torch thread."""
+    from zoo.testing.run import check
+
     one_thread()
     if workers == 1:
         yield from map(check, combos)

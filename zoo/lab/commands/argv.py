@@ -29,7 +29,7 @@ OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", 
 
 def group_options() -> dict[str, list[str]]:
     """Every config group on zoo's search path (its own, the sweeps, every plugin's) and its options."""
-    from zoo.assembly.compose import search_path
+    from zoo.assembly.config_tree import search_path
 
     groups: dict[str, set[str]] = {}
     for entry in search_path():
@@ -104,7 +104,7 @@ def check_path(key: str, value: str, cfg: DictConfig, rest: Sequence[str], head:
 
 def composed(overrides: Sequence[str]) -> DictConfig | None:
     """zoo's config with the command line's group choices, or None when it does not compose."""
-    from zoo.assembly.compose import compose_with_choices
+    from zoo.assembly.config_tree import compose_with_choices
 
     try:
         return compose_with_choices(overrides)[0]

@@ -89,9 +89,25 @@ def harness_main(args: argparse.Namespace) -> None:
     print(make_table(results))
 
 
+LM_EVAL_USAGE = """usage: zoo-lm-eval [lm-eval's arguments]
+
+lm-eval's own command line with zoo's model registered: score a finished run on lm-eval's tasks.
+
+  zoo-lm-eval --model zoo --model_args run=DIR --tasks hellaswag      # a run folder's model
+  zoo-lm-eval run --help                                              # lm-eval's own options
+
+The model options (--model_args, comma-separated): run=DIR (required), device, batch_size,
+max_length. zoo-eval DIR --harness TASKS does the same in one line (docs/data.md).
+"""
+
+
 def lm_eval_main() -> None:
     """``zoo-lm-eval ARGS``: lm-eval's own command line with the ``zoo`` model registered
-    (``zoo-lm-eval --model zoo --model_args run=DIR --tasks TASKS``)."""
+    (``zoo-lm-eval --model zoo --model_args run=DIR --tasks TASKS``). ``--help`` alone answers here,
+    without importing lm-eval (and torch with it); lm-eval's own options: ``zoo-lm-eval run --help``."""
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(LM_EVAL_USAGE, end="")
+        return
     try:
         harness = load_harness()
     except ConfigError as error:

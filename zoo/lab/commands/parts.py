@@ -1,48 +1,13 @@
-"""``zoo-parts``: every registered extension (parts, tasks, trackers, optimizers, schedules) and its options."""
+"""``zoo-parts``: every registered extension (parts, tasks, trackers, optimizers, schedules, callbacks) and its
+options; the catalogue itself is :mod:`zoo.lab.commands.catalogue`, imported once the arguments are read."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import itertools
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-import yaml
-from hydra.errors import HydraException
-
-from zoo.assembly.build import param_report
-from zoo.assembly.compat import CONTEXTS, check_combination
-from zoo.assembly.compose import compose
-from zoo.assembly.spec import every_option
 from zoo.core.errors import ConfigError
-from zoo.core.interface import defines, hook
-from zoo.core.registry import (
-    AXES,
-    BUILT_IN,
-    FAILED_PLUGINS,
-    PARTS_GROUP,
-    Part,
-    Registry,
-    package_of,
-    plugin_entry_points,
-)
-from zoo.lab.recipe import OPTIMIZERS, SCHEDULES
-from zoo.lab.records.trackers import TRACKERS
-from zoo.lab.tasks import TASKS
-from zoo.lab.training.loop_callbacks import CALLBACKS
-
-#: What ``zoo-parts`` lists: the block's axes, then the lab's registries by their config key; a new
-#: registry of the lab (its parts registered, plugins included, like the block's) is one entry here.
-LISTED: dict[str, Registry] = {
-    **AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES, "callback": CALLBACKS,
-}  # fmt: skip
-
-#: Beside a mixer (the axes whose parts hold the block's matrices; norms, placements and positions hold
-#: gains, biases and tables) that does not say how its weights split into logical matrices.
-MIXERS = ("attn", "mlp")
-NO_MATRIX_BLOCKS = "  (declares no matrix_blocks: AdamW for all its parameters under optim=muon)"
 
 EPILOG = """examples:
   zoo-parts --check pos=learned block.max_len=512        # valid in a model? (exit 1 and the reason if not)
@@ -70,6 +35,8 @@ def parts_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-len", type=int, default=1024, help="with --params (sizes pos=learned)")
     parser.add_argument("overrides", nargs="*", help="AXIS=NAME (--check: Hydra overrides) or block.KEY=VALUE")
     args = parser.parse_args(argv)
+    from zoo.lab.commands.catalogue import parts_markdown, print_check, print_param_table, print_parts  # torch
+
     if args.check:
         sys.exit(print_check(args.overrides, "block" if args.block else "model"))
     elif args.overrides and not args.params:
@@ -85,148 +52,3 @@ def parts_main(argv: Sequence[str] | None = None) -> None:
         print_parts()
 
 
-def print_parts() -> None:
-    """Every axis and its parts, then the tasks and trackers, with options and needs; a part from a
-    plugin names its package."""
-    for axis, registry in LISTED.items():
-        print(f"{axis}:")
-        width = max(len(name) for name in registry.names())
-        for part in registry.parts():
-            options = ", ".join(f"{k}={v}" for k, v in listed_options(part).items())
-            needs = ", ".join(hook(part.cls, "needs"))
-            print(
-                f"  {part.name:<{width}}  {part.summary}"
-                + (f"  [{options}]" if options else "")
-                + (f"  (needs {needs})" if needs else "")
-                + (NO_MATRIX_BLOCKS if axis in MIXERS and not defines(part.cls, "matrix_blocks") else "")
-                + (f"  (from {part.origin})" if part.origin != BUILT_IN else "")
-            )
-    plugins = plugin_entry_points(PARTS_GROUP)
-    print("\nplugins (entry points zoo.parts): " + (", ".join(map(describe_plugin, plugins)) or "none installed"))
-    for failure in FAILED_PLUGINS:
-        print(f"  {failure}")
-
-
-def listed_options(part: Part) -> dict[str, Any]:
-    """A part's options with their defaults; the ``train`` keys a recipe entry reads as ``train.<key>``."""
-    from_train = getattr(part.cls, "train_keys", ())
-    return {k: f"train.{k}" if k in from_train else v for k, v in every_option(part).items()}
-
-
-def describe_plugin(ep: importlib.metadata.EntryPoint) -> str:
-    """``zoo-dyt 0.1.0 (dyt = zoo_dyt)``."""
-    version = ep.dist.version if getattr(ep, "dist", None) is not None else "?"
-    return f"{package_of(ep)} {version} ({ep.name} = {ep.value})"
-
-
-def print_check(overrides: Sequence[str], context: str) -> int:
-    """Print whether the composed overrides are valid (with the block's size) or why not; 0 if valid."""
-
-    try:
-        cfg = compose(overrides)
-    except (ConfigError, HydraException) as error:
-        print(f"invalid: {str(error).split(chr(10) + 'Config search path')[0].rstrip()}")
-        return 1
-    reason = check_combination(cfg, context)  # type: ignore[arg-type]
-    names = " ".join(f"{axis}={cfg.block[axis].name}" for axis in AXES)
-    if reason is not None:
-        print(f"invalid: {reason}\n  ({names}, as a {context})")
-        return 1
-    report = param_report(cfg)
-    matched = f", matched to {report['reference_params']:,}" if report["reference_params"] is not None else ""
-    active = (
-        f" ({report['active_params']:,} active per token)" if report["active_params"] != report["block_params"] else ""
-    )
-    size = f"block: {report['block_params']:,} parameters{active}{matched}, d_ff {report['d_ff']}"
-    print(f"valid: {names} (as a {context}; {size})")
-    return 0
-
-
-def parse_grid(overrides: Sequence[str]) -> tuple[dict[str, list[str]], dict[str, Any]]:
-    """``AXIS=a,b`` restricts an axis; ``block.KEY=VALUE`` (or ``block.AXIS.OPTION=VALUE``) sets a value
-    (parsed as YAML) in every combination."""
-    names = {axis: registry.names() for axis, registry in AXES.items()}
-    block: dict[str, Any] = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(item, None, "write AXIS=NAME[,NAME...] or block.KEY=VALUE")
-        if key in AXES:
-            names[key] = value.split(",")
-            for name in names[key]:
-                AXES[key].get(name)
-        elif key.startswith("block."):
-            *path, leaf = key.removeprefix("block.").split(".")
-            node = block
-            for part in path:
-                node = node.setdefault(part, {})
-            node[leaf] = yaml.safe_load(value)
-        else:
-            raise ConfigError(key, value, f"an axis ({', '.join(AXES)}) or a block.KEY")
-    return names, block
-
-
-def print_param_table(d_model: int, n_heads: int, overrides: Sequence[str] = (), max_len: int = 1024) -> None:
-    """Parameters of one block for every combination (all, and those one token uses), the MLP width it
-    builds with, and the count it was matched to under ``block.mlp.match=params`` or ``active_params``;
-    an invalid combination prints its reason instead."""
-    names, block = parse_grid(overrides)
-    print(f"| {' | '.join(AXES)} | d_ff | block parameters | active per token | matched to |")
-    print("|" + "---|" * len(AXES) + "---:|---:|---:|---:|")
-    for combo in itertools.product(*names.values()):
-        cfg: dict[str, Any] = {"d_model": d_model, "n_heads": n_heads, "max_len": max_len, **block}
-        for axis, name in zip(AXES, combo, strict=True):
-            cfg[axis] = {**block.get(axis, {}), "name": name}
-        reason = check_combination(cfg, "model")
-        if reason is not None:
-            print(f"| {' | '.join(combo)} | | invalid: {reason} | | |")
-            continue
-        report = param_report(cfg)
-        reference = f"{report['reference_params']:,}" if report["reference_params"] is not None else ""
-        counts = f"{report['block_params']:,} | {report['active_params']:,}"
-        print(f"| {' | '.join(combo)} | {report['d_ff']} | {counts} | {reference} |")
-
-
-def parts_markdown(plugins: bool = True) -> str:
-    """The parts catalogue as Markdown (``zoo-parts --markdown > docs/parts.md``); a plugin's part
-    names its package, and ``plugins=False`` leaves them out (zoo's own catalogue)."""
-
-    def listed(registry: Registry) -> list[Part]:
-        return [part for part in registry.parts() if plugins or part.origin == BUILT_IN]
-
-    lines = [
-        "# Parts catalogue",
-        "",
-        "Generated from the registry by `zoo-parts --markdown > docs/parts.md`; a test fails when it is stale.",
-        "Choose a part on the command line with `<axis>=<name>`; set an option with `block.<axis>.<option>=...`.",
-    ]
-    for axis, registry in AXES.items():
-        lines += [
-            "",
-            f"## `{axis}`",
-            "",
-            "| name | what | formula | options (default) | reference |",
-            "|---|---|---|---|---|",
-        ]
-        for part in listed(registry):
-            options = ", ".join(f"`{k}={v}`" for k, v in every_option(part).items()) or "-"
-            name = f"`{part.name}`" + (f" (from {part.origin})" if part.origin != BUILT_IN else "")
-            lines.append(f"| {name} | {part.summary} | `{part.formula}` | {options} | {part.reference} |")
-    lines += [
-        "",
-        "## Compatibility",
-        "",
-        "`zoo-parts --check <overrides>` says whether a combination is valid and why not; in Python,",
-        "`zoo.check_combination(cfg)` returns the reason or None. Each part's `check` classmethod rules on",
-        "its own options and sizes; what a part needs from its surroundings it declares in `needs`:",
-        "",
-        "| part | needs | why |",
-        "|---|---|---|",
-    ]
-    for axis, registry in AXES.items():
-        for part in listed(registry):
-            for need, why in hook(part.cls, "needs").items():
-                lines.append(f"| `{axis}={part.name}` | `{need}` | {why} |")
-    lines += ["", "| context | provides |", "|---|---|"]
-    lines += [f"| {context} | {', '.join(sorted(provided)) or '-'} |" for context, provided in CONTEXTS.items()]
-    return "\n".join(lines) + "\n"

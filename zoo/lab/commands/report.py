@@ -10,9 +10,6 @@ from pathlib import Path
 from zoo.core.errors import ConfigError
 from zoo.lab.planning.options import CORRECTIONS, TESTS, report_options
 from zoo.lab.records.lock import report_lock
-from zoo.lab.reports.report import write_built, written
-from zoo.lab.reports.table import relative_to
-from zoo.lab.studies.variants import build_report
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -32,6 +29,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "else auto: permutation for a bounded metric such as accuracy, t otherwise)"
     )  # fmt: skip
     args = parser.parse_args(argv)
+    from zoo.lab.reports.report import write_built, written  # the studies and plots: once the arguments are read
+    from zoo.lab.reports.table import relative_to
+    from zoo.lab.studies.variants import build_report
+
     try:
         baseline = report_options({"baseline": args.baseline})[0] if args.baseline else None
         with report_lock(args.dir) if args.dir.is_dir() else contextlib.nullcontext():  # not beside a sweep's own

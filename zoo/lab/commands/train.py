@@ -25,14 +25,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.assembly.compose import CONF_DIR
+from zoo.assembly.config_tree import CONF_DIR
 from zoo.core.registry import AXES
 from zoo.lab.commands.argv import exit_on_bad_overrides
+from zoo.lab.cores import dist_env
 from zoo.lab.files import write_atomic
+from zoo.lab.planning.options import TUNE_DIR
 from zoo.lab.records.exit_status import exit_if_a_run_failed, note_refused
-from zoo.lab.studies.tune import TUNE_DIR
-from zoo.lab.training.processes import dist_env
-from zoo.lab.training.run import run
 
 
 def run_dirname(overrides: str, limit: int = 200) -> str:
@@ -49,6 +48,8 @@ OmegaConf.register_new_resolver("zoo_dirname", run_dirname, replace=True)
 
 def hydra_job(cfg: DictConfig) -> str:
     """The Hydra task function: one run in Hydra's output folder. Returns the run's status."""
+    from zoo.lab.training.run import run  # torch: only once Hydra has a job to run (not for --help)
+
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     order = [*AXES, "preset", "task"]

@@ -9,6 +9,9 @@ from typing import Any
 
 from zoo.core.errors import ConfigError
 
+#: Where a sweep's tuning runs go, beside its runs: ``<sweep dir>/tune/``.
+TUNE_DIR = "tune"
+
 #: The ``report`` section's keys.
 REPORT_KEYS = ("baseline", "correction", "test")
 

@@ -18,9 +18,10 @@ from torch import nn
 from zoo.assembly import mup
 from zoo.core.errors import ConfigError
 from zoo.core.options import check_type
+from zoo.lab.keys import PARAM_VALUES
 
 #: ``param.name``: the parametrizations.
-PARAMS = ("standard", "mup")
+PARAMS = PARAM_VALUES
 #: The section's keys and defaults (``standard`` reads none of them).
 DEFAULTS: dict[str, Any] = {"name": "standard", "base_width": None}
 

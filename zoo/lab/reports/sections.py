@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.lab.planning.options import TESTS
+from zoo.lab.planning.options import TESTS, TUNE_DIR
 from zoo.lab.reports.table import (
     fmt,
     fmt_rate,
@@ -30,7 +30,6 @@ from zoo.lab.studies.stats import (
     TOO_FEW,
     difference_range,
 )
-from zoo.lab.studies.tune import TUNE_DIR
 from zoo.lab.studies.variants import Report
 
 #: How each ``report.test`` makes its interval, for the report's header.

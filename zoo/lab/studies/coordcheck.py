@@ -1,19 +1,6 @@
-"""``zoo-coordcheck``: the coordinate check the ``mup`` package prescribes before trusting a μP model.
-
-    zoo-coordcheck attn=gqa mlp=swiglu --widths 64,128,256,512,1024 --steps 5 --out runs/coordcheck
-
-For a config (overrides as for ``zoo-train``), trains ``--steps`` steps at each width (``block.d_model``)
-under both parametrizations (``param=standard`` and ``param=mup`` with the first width as base), for
-``--seeds`` seeds (``seed=0, 1, ...``), on ``threads`` threads (default 1), and records before each
-step the mean |x| of the embedding output, of every block's output, of every softmax attention's
-scores (its logits, scale included) and of the output logits, averaged over the seeds. Under μP they
-stay flat as width grows; under the standard parametrization they grow. Writes ``coordcheck.csv``
-and ``coordcheck.png`` into ``--out`` and exits 1 when a μP curve's slope of log mean|x| against log
-width exceeds ``--tolerance`` at any step (``--check standard`` judges the standard curves instead).
-``--covering`` runs the check on every row of the contract's covering set (the overrides
-applied to each) and exits 1 when one fails. A curve that shrinks with width passes: μP's attention
-and output logits start near zero at large width and grow to a width-independent size as they train.
-"""
+"""The coordinate check the ``mup`` package prescribes before trusting a μP model (``zoo-coordcheck``,
+zoo.lab.commands.coordcheck): mean |x| of the embedding, every block, every softmax attention's scores and
+the output logits, per training step, across widths, under both parametrizations; its slopes and verdict."""
 
 from __future__ import annotations
 
@@ -21,7 +8,6 @@ import argparse
 import csv
 import json
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,12 +19,12 @@ from zoo.assembly.combinations import covering_combinations, node
 from zoo.assembly.compose import compose_with_choices
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
+from zoo.lab.keys import PARAM_VALUES
 from zoo.lab.planning.plan import plan_run
 from zoo.lab.tasks.base import IGNORE
 
 #: Slope of log mean|x| against log width above which a μP curve fails (printed with the verdict).
-TOLERANCE = 0.25
-PARAMS = ("standard", "mup")
+PARAMS = PARAM_VALUES
 
 Row = tuple[str, int, int, str, float]  # param, width, step, quantity, mean |x|
 
@@ -195,51 +181,3 @@ def covering(args: argparse.Namespace, widths: list[int]) -> int:
         failed += [label] if failures else []
     print(f"coordcheck over the covering set: {len(failed)} failed (tolerance {args.tolerance:+.3f})")
     return 1 if failed else 0
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zoo-coordcheck", description=__doc__.split("\n\n")[0])
-    p.add_argument("overrides", nargs="*", help="config overrides, as for zoo-train")
-    p.add_argument("--widths", default="64,128,256,512,1024", help="block.d_model values; the first is μP's base")
-    p.add_argument("--steps", type=int, default=5, help="training steps recorded at each width")
-    p.add_argument("--seeds", type=int, default=3, help="seeds each mean |x| is averaged over")
-    p.add_argument("--out", type=Path, default=Path("runs/coordcheck"), help="folder for coordcheck.csv and .png")
-    p.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest μP slope against log width")
-    p.add_argument("--covering", action="store_true", help="every row of the contract's covering set (no files)")
-    p.add_argument(
-        "--check", choices=PARAMS, default="mup", help="whose curves must be flat (standard: to see it fail)"
-    )
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the check; 0 when every μP curve is flat within the tolerance, 1 when one is not."""
-    args = parser().parse_intermixed_args(argv)
-    widths = sorted(int(w) for w in args.widths.split(","))
-    if len(widths) < 2 or args.steps < 1 or args.seeds < 1:
-        print("zoo-coordcheck: needs two widths or more, --steps >= 1 and --seeds >= 1", file=sys.stderr)
-        return 2
-    if args.covering:
-        return covering(args, widths)
-    runs = [averaged(args.overrides, p, w, widths[0], args.steps, args.seeds) for p in PARAMS for w in widths]
-    rows = [row for run in runs for row in run]
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, args.out / "coordcheck.csv")
-    plot(rows, args.out / "coordcheck.png", args.steps)
-    failures = verdict(rows, args.tolerance, args.check)
-    print(f"tolerance: a {args.check} slope of log mean|x| against log width above {args.tolerance:+.3f} fails")
-    for line in failures:
-        print(f"{args.check} FAIL {line}")
-    print(
-        f"coordcheck {'FAILED' if failures else 'passed'}: {args.out / 'coordcheck.png'}, {args.out / 'coordcheck.csv'}"
-    )
-    return 1 if failures else 0
-
-
-def entry() -> None:
-    """The console script: exits with :func:`main`'s status."""
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    entry()

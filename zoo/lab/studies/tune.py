@@ -23,14 +23,13 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
-from zoo.lab.planning.options import tune_options
+from zoo.lab.planning.options import TUNE_DIR, tune_options
 from zoo.lab.records.config import config_hash
 from zoo.lab.studies.variants import collect
 
 log = logging.getLogger("zoo.lab.studies.tune")
 
 #: The tuning runs' folder inside the sweep folder (the report leaves it out of the sweep's table).
-TUNE_DIR = "tune"
 
 
 def variant_hash(config: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
 from zoo.lab.keys import NOT_AXES
-from zoo.lab.planning.options import report_options
+from zoo.lab.planning.options import TUNE_DIR, report_options
 from zoo.lab.records.metrics import METRICS
 from zoo.lab.records.summary import SUMMARY, read_summary_checked
 from zoo.lab.studies.peaks import Peak, variant_peaks
@@ -278,7 +278,7 @@ def with_studies(report: Report) -> Report:
     """``report`` with its ``lr``, the sweep's tuning runs (``<root>/tune``, zoo/lab/studies/tune.py) per variant across
     the rate grid with the learning-rate sensitivity (zoo/lab/studies/sensitivity.py), None without any; and its
     ``peaks``, the probes' largest values over training (zoo/lab/studies/peaks.py), empty without probes."""
-    tune = report.root / "tune"  # zoo.lab.studies.tune.TUNE_DIR (which imports this module)
+    tune = report.root / TUNE_DIR
     runs = scan(tune)[0] if tune.is_dir() else []
     compared = (report.variants, report.baseline, report.test)
     report.lr = lr_study(*compared, report.axes, report.metric, report.mode, runs) if runs else None

@@ -16,28 +16,6 @@ from zoo.lab.planning.train_config import TrainConfig
 from zoo.lab.records import checkpoint_writers as writers
 
 
-def dist_env() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's environment, or from the tasks of a submitit
-    job (a sweep on ``hydra/launcher=submitit_slurm`` with ``hydra.launcher.tasks_per_node`` > 1: one
-    process per task, each running the run); (0, 1, 0) for one process."""
-    if "WORLD_SIZE" not in os.environ and submitit_tasks() > 1:
-        from submitit.helpers import TorchDistributedEnvironment
-
-        # RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (the job's first node), MASTER_PORT (from the job id)
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # cuda:LOCAL_RANK is chosen below
-    env = os.environ
-    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
-
-
-def submitit_tasks() -> int:
-    """Processes in this submitit job (1 outside one)."""
-    if "SUBMITIT_EXECUTOR" not in os.environ:
-        return 1
-    import submitit
-
-    return submitit.JobEnvironment().num_tasks
-
-
 def default_threads(parallel_jobs: int = 1) -> int:
     """Cores this process may use, shared among the jobs running beside it on this machine."""
     cores = usable_cores()

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError, IncompatibleParts
+from zoo.lab.cores import dist_env, submitit_tasks
 from zoo.lab.data.tokenizer import copy_to_run
 from zoo.lab.files import write_atomic, write_json_atomic
 from zoo.lab.planning.branch import identity, load_branch, same_start, source_metrics
@@ -45,10 +46,8 @@ from zoo.lab.training.callbacks import RunContext
 from zoo.lab.training.loop_callbacks import check_callbacks, run_callbacks
 from zoo.lab.training.processes import (
     default_threads,
-    dist_env,
     join_processes,
     ranks_in_sync,
-    submitit_tasks,
     take_device,
 )
 from zoo.lab.training.trainer import FitResult, Trainer
