@@ -14,13 +14,21 @@ and the ratio of step times is the median of each round's. Target: <= 1.02.
 zoo-prepare: the standard library's ``.py`` sources (``zoo-prepare --stdlib``, what ``task=bytes``
 reads, here all of it) prepared in this process (Python's start and imports not counted) with the
 byte tokenizer, with a 4,096-token BPE (its training on ``--train-chars`` counted), and with that BPE's
-tokenizer.json given, by ``--workers`` processes: input MB per second of wall time. The BPE's ids are
-checked against the tokenizers library's. Target: >= 10 MB/s on 2 cores.
+tokenizer.json given, by ``--workers`` processes: input MB per second of wall time (the BPE rows
+include bytebpe's check against the library on the first documents). The BPE's ids are checked
+against the tokenizers library's. Target: >= 10 MB/s on 2 cores.
+
+Encoders: that BPE's ids of the training split, on one core (one thread, one process), by the
+tokenizers library, by bytebpe (fresh caches), and by tiktoken with the BPE's vocabulary as its
+ranks where tiktoken is installed (``pip install tiktoken``; its ids are checked against the
+library's, after a check that the merges' ids follow merge order, which tiktoken's ranks assume);
+and the cost of zoo-prepare's check of bytebpe (``checked_encoder`` on the first documents).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -33,8 +41,17 @@ import torch
 from omegaconf import OmegaConf
 
 from zoo import compose
-from zoo.lab.data.bytebpe import ByteBPEEncoder
-from zoo.lab.data.prepare import TRAIN_CHARS, prepare, read_all, source_files, split_docs
+from zoo.lab.data.bytebpe import ByteBPEEncoder, byte_chars
+from zoo.lab.data.prepare import (
+    CHECK_DOCS,
+    TRAIN_CHARS,
+    LibraryEncoder,
+    checked_encoder,
+    prepare,
+    read_all,
+    source_files,
+    split_docs,
+)
 from zoo.lab.data.sources import stdlib_dir
 from zoo.lab.planning.run_model import build_run_model
 from zoo.lab.planning.train_config import TrainConfig, check_run_config
@@ -131,7 +148,8 @@ def preparing(inputs: list[str], pattern: str, args: argparse.Namespace) -> None
                 names = {"bytes": "bytes", "bpe": f"bpe {meta['vocab_size']:,}, trained", "file": "that bpe's json"}
                 name = names[tokenizer]
                 print(f"| {name} | {workers} | {seconds:.2f} | {mb / seconds:.1f} |")
-    print(f"bpe trained on --train-chars {args.train_chars:,} characters; target: >= 10 MB/s on 2 cores")
+        print(f"bpe trained on --train-chars {args.train_chars:,} characters; target: >= 10 MB/s on 2 cores")
+        encoders(inputs, pattern, trained)
 
 
 def exact(inputs: list[str], pattern: str, folder: Path) -> None:
@@ -148,6 +166,83 @@ def exact(inputs: list[str], pattern: str, folder: Path) -> None:
         assert fast.encode(train[i]) == tok.encode(train[i], add_special_tokens=False).ids, train[i][:80]
     assert np.array_equal(ids, fast.encode_all(train)), "the folder's ids are not the encoder's"
     print(f"(ids checked: the folder's against the fast encoder, {len(train[::16])} documents against the library)")
+
+
+#: The ByteLevel pre-tokenizer's pattern (GPT-2's), for tiktoken.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def tiktoken_of(tok):
+    """A tiktoken Encoding with ``tok``'s vocabulary as ranks, or why there is none: tiktoken is not
+    installed, or the merges' ids do not follow merge order (tiktoken merges by the rank of a pair's
+    result, the library by the pair's place among the merges)."""
+    try:
+        import tiktoken
+    except ImportError:
+        return None, "not installed (pip install tiktoken)"
+    model = json.loads(tok.to_str())["model"]
+    vocab, merges = model["vocab"], [m if isinstance(m, list) else m.split(" ") for m in model["merges"]]
+    made = np.array([vocab[a + b] for a, b in merges], dtype=np.int64)  # (n_merges,) each merge's result
+    parts = np.array([[vocab[a], vocab[b]] for a, b in merges], dtype=np.int64).reshape(-1, 2)  # (n_merges, 2)
+    to_byte = {c: b for b, c in byte_chars().items()}
+    every_byte = all(c in vocab for c in to_byte) and len(vocab) == 256 + len(merges)
+    if not (every_byte and (np.diff(made) > 0).all() and (parts.max(axis=1, initial=-1) < made).all()):
+        return None, "the merges' ids do not follow merge order"
+    ranks = {bytes(to_byte[c] for c in token): rank for token, rank in vocab.items()}
+    encoding = tiktoken.Encoding("run", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
+    return encoding, tiktoken.__version__
+
+
+def timed(encode, docs):
+    """``encode(docs)`` as an int64 array, and its seconds."""
+    start = time.perf_counter()
+    ids = np.asarray(encode(docs), dtype=np.int64)
+    return ids, time.perf_counter() - start
+
+
+def encoders(inputs: list[str], pattern: str, trained: Path) -> None:
+    """The encoders of the trained BPE on the training split, one core each, and the check's cost."""
+    import tokenizers
+    from tokenizers import Tokenizer
+
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the library on one thread, as each worker runs it
+    tok = Tokenizer.from_file(str(trained))
+    docs, _ = read_all(source_files(inputs, pattern), set(), "text", 1, False)
+    train, _ = split_docs(docs, 0.02)
+    mb = sum(len(d.encode()) for d in train) / 1e6
+    print(f"\nencoders: that bpe's ids of the training split ({len(train)} documents, {mb:.1f} MB), one core each")
+    print("| encoder | seconds | MB/s | M tokens/s | ids |")
+    print("|---|---|---|---|---|")
+    want, seconds = timed(LibraryEncoder(tok).encode_all, train)
+    rows = [(f"tokenizers {tokenizers.__version__}", seconds, "the reference")]
+    got, seconds = timed(ByteBPEEncoder(tok).encode_all, train)
+    rows.append(("bytebpe", seconds, same(got, want)))
+    fast_s = seconds
+    encoding, note = tiktoken_of(tok)
+    if encoding is not None:
+        got, seconds = timed(lambda d: [i for doc in d for i in encoding.encode_ordinary(doc)], train)
+        rows.append((f"tiktoken {note}, the BPE's vocabulary as ranks", seconds, same(got, want)))
+    for name, seconds, ids in rows:
+        print(f"| {name} | {seconds:.2f} | {mb / seconds:.2f} | {len(want) / seconds / 1e6:.2f} | {ids} |")
+    if encoding is None:
+        print(f"tiktoken: {note}; skipped")
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fast, said = checked_encoder(tok, train[:CHECK_DOCS])
+        times.append(time.perf_counter() - start)
+        assert fast, said
+    check_s = statistics.median(times)
+    print(f"zoo-prepare's check, {said}: {check_s:.3f} s (median of 3), {check_s / fast_s:.1%} of bytebpe's time")
+
+
+def same(got: np.ndarray, want: np.ndarray) -> str:
+    """Whether ``got`` are the library's ids ``want``, or where they first differ."""
+    if len(got) == len(want) and np.array_equal(got, want):
+        return "the library's"
+    n = min(len(got), len(want))
+    wrong = np.flatnonzero(got[:n] != want[:n])
+    return f"differ from token {int(wrong[0]) if len(wrong) else n}"
 
 
 def main() -> None:

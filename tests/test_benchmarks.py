@@ -105,6 +105,8 @@ def test_data_benchmark_times_the_token_loader_and_zoo_prepare(monkeypatch, caps
     assert "| task=tokens (memory-mapped) |" in out and "| in memory |" in out
     assert "ratio memory-mapped / in memory: " in out and "(target <= 1.02)" in out
     assert "| bytes | 2 |" in out and "| bpe 2" in out and "target: >= 10 MB/s on 2 cores" in out
+    assert "| bytebpe |" in out and "| the library's |" in out and "zoo-prepare's check, bytebpe (checked" in out
+    assert "| tiktoken " in out or "tiktoken: not installed (pip install tiktoken); skipped" in out
 
 
 def test_mup_transfer_finds_the_best_rate_per_width_and_the_regret(monkeypatch, capsys, tmp_path):

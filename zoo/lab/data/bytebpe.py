@@ -28,7 +28,10 @@ same pattern in :mod:`re`, all new ones in one pass; the others by the library's
 pre-tokenizer. Each distinct piece goes through the library's BPE model once.
 
 :func:`fast_encoder` returns None for a tokenizer this reasoning does not cover (a normalizer,
-added tokens, another pre-tokenizer): those are encoded by the library itself.
+added tokens, another pre-tokenizer): those are encoded by the library itself. As the reasoning
+holds for the library's pattern and Unicode tables of today, ``zoo-prepare`` checks this encoder
+against the library on each run's first documents and falls back on the library where they differ
+(:func:`zoo.lab.data.prepare.checked_encoder`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from zoo.core.errors import ConfigError
-from zoo.lab.data.bytebpe import fast_encoder
+from zoo.lab.data.bytebpe import ByteBPEEncoder, fast_encoder
 from zoo.lab.data.documents import read_documents, source_files
 from zoo.lab.data.sources import FORMAT, META, walk
 from zoo.lab.files import write_atomic, write_json_atomic
@@ -32,6 +32,9 @@ TRAIN_CHARS = 4_000_000
 SHARD_TOKENS = 100_000_000
 #: The names :func:`write_shards` gives: ``train_000.bin``, ``val_012.bin``, ...
 SHARD_NAME = re.compile(r"(train|val)_[0-9]{3,}\.bin")
+#: bytebpe's ids are checked against the library's on a run's first documents, at most this many
+#: documents and characters (the library takes about 0.1 s a core on them).
+CHECK_DOCS, CHECK_CHARS = 64, 256_000
 
 log = logging.getLogger("zoo.lab.data.prepare")
 
@@ -120,10 +123,60 @@ class LibraryEncoder:
         return np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in batch(list(docs), add_special_tokens=False)])
 
 
-def encoder_of(tokenizer: Any | None) -> Any:
+def encoder_of(tokenizer: Any | None, fast: bool = True) -> Any:
     """The fastest encoder giving ``tokenizer``'s ids: :mod:`zoo.lab.data.bytebpe`'s for a plain byte-level
-    BPE, else the library (``encode_all(docs) -> int64 array``)."""
-    return (tokenizer is not None and fast_encoder(tokenizer)) or LibraryEncoder(tokenizer)
+    BPE (unless ``fast`` is False), else the library (``encode_all(docs) -> int64 array``)."""
+    return (fast and tokenizer is not None and fast_encoder(tokenizer)) or LibraryEncoder(tokenizer)
+
+
+def check_sample(docs: Sequence[str], max_docs: int = CHECK_DOCS, max_chars: int = CHECK_CHARS) -> list[str]:
+    """The first documents of ``docs``: at most ``max_docs`` of them and ``max_chars`` characters (the
+    last one cut short where it would pass that)."""
+    sample, left = [], max_chars
+    for doc in docs[:max_docs]:
+        if left <= 0:
+            break
+        sample.append(doc[:left])
+        left -= len(doc)
+    return sample
+
+
+def first_difference(tokenizer: Any, encoder: ByteBPEEncoder, docs: Sequence[str]) -> tuple[int, int] | None:
+    """Where ``encoder``'s ids of ``docs`` first differ from the library's: (document, token in it), or None."""
+    expected = [tokenizer.encode(doc, add_special_tokens=False).ids for doc in docs]  # one thread: forks quietly
+    want, got = np.array([i for ids in expected for i in ids], dtype=np.int64), encoder.encode_all(docs)
+    n = min(len(want), len(got))
+    if len(want) == len(got) and np.array_equal(want, got):
+        return None
+    wrong = np.flatnonzero(want[:n] != got[:n])
+    at = int(wrong[0]) if len(wrong) else n  # the first differing token, or where the shorter one ends
+    ends = np.cumsum([len(ids) for ids in expected])
+    doc = min(int(np.searchsorted(ends, at, side="right")), len(docs) - 1)
+    return doc, at - int(ends[doc] - len(expected[doc]))
+
+
+def checked_encoder(tokenizer: Any | None, docs: Sequence[str]) -> tuple[bool, str]:
+    """Whether bytebpe encodes a run whose first documents are ``docs`` (the ``fast`` of :func:`encode_all`),
+    and meta.json's ``encoder``: bytebpe where it covers ``tokenizer`` and gives the library's ids on
+    :func:`check_sample` of ``docs``; else the library, with a warning naming the first difference."""
+    if tokenizer is None:
+        return False, "bytes"
+    import tokenizers
+
+    library, encoder = f"tokenizers {tokenizers.__version__}", fast_encoder(tokenizer)
+    if encoder is None:
+        return False, library
+    sample = check_sample(docs)
+    where = first_difference(tokenizer, encoder, sample)
+    if where is None:
+        chars = sum(map(len, sample))
+        return True, f"bytebpe (checked against {library} on {len(sample)} documents, {chars} characters)"
+    doc, token = where
+    log.warning(
+        "bytebpe's ids differ from %s's at document %d (%r...), token %d: encoding with the library instead",
+        library, doc, sample[doc][:40], token,
+    )  # fmt: skip
+    return False, f"{library} (bytebpe differed at document {doc}, token {token})"
 
 
 def encode(tokenizer: Any | None, docs: Sequence[str]) -> np.ndarray:
@@ -220,24 +273,25 @@ class Serial:
         return map(fn, *iterables)
 
 
-def pool_of(workers: int, tokenizer: Any | None = None) -> Any:
-    """``workers`` forked processes (each with its own copy of ``tokenizer``, one thread each), or this one."""
+def pool_of(workers: int, tokenizer: Any | None = None, fast: bool = True) -> Any:
+    """``workers`` forked processes (each with its own copy of ``tokenizer``, one thread each, and
+    :func:`encoder_of` it and ``fast``), or this one."""
     if workers <= 1:
         return Serial()
     spec = None if tokenizer is None else tokenizer.to_str()
     context = multiprocessing.get_context("fork")  # no re-import of zoo and torch, as spawn would
-    return ProcessPoolExecutor(workers, mp_context=context, initializer=start_worker, initargs=(spec,))
+    return ProcessPoolExecutor(workers, mp_context=context, initializer=start_worker, initargs=(spec, fast))
 
 
 WORKER_ENCODER: list[Any] = []
 
 
-def start_worker(spec: str | None) -> None:
+def start_worker(spec: str | None, fast: bool = True) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
     if spec is not None:
         from tokenizers import Tokenizer
 
-        WORKER_ENCODER[:] = [encoder_of(Tokenizer.from_str(spec))]  # its caches last the worker's life
+        WORKER_ENCODER[:] = [encoder_of(Tokenizer.from_str(spec), fast)]  # its caches last the worker's life
 
 
 def encode_in_worker(docs: Sequence[str], dtype: str) -> np.ndarray:
@@ -251,19 +305,21 @@ def encode_all(
     dtype: str = "int64",
     progress: bool = False,
     desc: str = "tokenizing",
+    fast: bool = True,
 ) -> np.ndarray:
-    """:func:`encode` of ``docs`` as ``dtype``, by ``workers`` processes over runs of documents (the same ids)."""
+    """:func:`encode` of ``docs`` as ``dtype``, by ``workers`` processes over runs of documents (the same ids);
+    ``fast`` False: by the library even where bytebpe covers ``tokenizer``."""
     if tokenizer is None or len(docs) < 2:
-        return encode(tokenizer, docs).astype(dtype)
+        return encoder_of(tokenizer, fast).encode_all(docs).astype(dtype)
     runs = min(len(docs), 8 * workers)  # a few per worker: work spread evenly, a bar that moves
     bounds = np.linspace(0, len(docs), runs + 1).astype(int)
     chunks = [docs[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     parts, bar = [], tqdm(total=sum(map(len, docs)), desc=desc, unit="char", unit_scale=True, disable=not progress)
-    with pool_of(workers, tokenizer) as pool:
+    with pool_of(workers, tokenizer, fast) as pool:
         if workers > 1:
             done = pool.map(encode_in_worker, chunks, [dtype] * runs)
         else:  # one encoder for every run: its caches carry over
-            encoder = encoder_of(tokenizer)
+            encoder = encoder_of(tokenizer, fast)
             done = (encoder.encode_all(chunk).astype(dtype) for chunk in chunks)
         for chunk, part in zip(chunks, done, strict=True):
             parts.append(part)
@@ -329,8 +385,10 @@ def prepare(
         meta["tokenizer_file"] = TOKENIZER_FILE
     else:
         (out / TOKENIZER_FILE).unlink(missing_ok=True)  # a previous run's, not these tokens'
-    for split, part in zip(("train", "val"), split_docs(docs, val_fraction), strict=True):
-        ids = encode_all(tok, part, workers, dtype, progress=progress, desc=f"tokenizing {split}")
+    splits = split_docs(docs, val_fraction)
+    fast, meta["encoder"] = checked_encoder(tok, [*splits[0][:CHECK_DOCS], *splits[1][:CHECK_DOCS]])  # once a run
+    for split, part in zip(("train", "val"), splits, strict=True):
+        ids = encode_all(tok, part, workers, dtype, progress, f"tokenizing {split}", fast)
         meta["splits"][split] = write_shards(out, split, ids, shard_tokens)
         meta["splits"][split]["bytes"] = sum(len(d.encode()) for d in part)
     write_json_atomic(out / META, meta)  # the folder is complete once meta.json names it
