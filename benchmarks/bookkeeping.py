@@ -53,13 +53,13 @@ def fake_tuning(root: Path) -> list[dict]:
     """A tuning folder beside the copied runs: each run's config at 3 rates on seed 0; the configs to tune."""
     configs = []
     for i, run in enumerate(collect(root)):
-        config = copy.deepcopy(run.summary.get("config") or {})
+        config = copy.deepcopy(run.record.config or {})
         config["tune"] = {"lr": list(RATES), "seeds": [0]}
         configs.append(config)
         if config.get("seed", 0) != 0:
             continue
         for rate in RATES:
-            summary = copy.deepcopy(run.summary)
+            summary = copy.deepcopy(run.record.to_json())
             summary["config"]["train"]["lr"] = rate
             summary["metric"]["value"] = (summary["metric"].get("value") or 3.0) + abs(rate - 3e-3)
             write_json_atomic(root / TUNE_DIR / f"{i}-{rate}" / "summary.json", summary)
@@ -69,10 +69,10 @@ def fake_tuning(root: Path) -> list[dict]:
 def sweep_wall(root: Path) -> tuple[float, float]:
     """(first start to last finish, sum of the runs' wall times) in seconds."""
     runs = collect(root)
-    starts = [datetime.datetime.fromisoformat(r.summary["started"]) for r in runs if r.summary.get("started")]
-    ends = [datetime.datetime.fromisoformat(r.summary["finished"]) for r in runs if r.summary.get("finished")]
+    starts = [datetime.datetime.fromisoformat(r.record.started) for r in runs if r.record.started]
+    ends = [datetime.datetime.fromisoformat(r.record.finished) for r in runs if r.record.finished]
     span = (max(ends) - min(starts)).total_seconds() if starts and ends else 0.0
-    return span, sum(r.summary.get("wall_time_s") or 0.0 for r in runs)
+    return span, sum(r.record.wall_time_s or 0.0 for r in runs)
 
 
 def measure(steps: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
@@ -129,7 +129,7 @@ def main() -> None:
             "whole report (write_report, what a sweep runs)": lambda: write_report(root),
             f"tune.lr: choosing the rate, all {len(configs)} runs": choose,
         }
-        sweep = next((r.summary.get("choices", {}).get("sweeps") for r in report.runs), None)
+        sweep = next(((r.record.choices or {}).get("sweeps") for r in report.runs), None)
         if not args.no_process and sweep:
             command = [sys.executable, "-m", "zoo.train", f"+sweeps={sweep}", "--cfg", "job"]  # start + compose
             steps["tune.lr: starting the tuning sweep's process"] = lambda: subprocess.run(

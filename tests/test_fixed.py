@@ -7,6 +7,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from zoo.assembly.compose import compose_with_choices
+from zoo.lab.records.summary import RunRecord
 from zoo.lab.studies.fixed import fixed_line, fixed_settings
 from zoo.lab.studies.runset import Run
 
@@ -14,8 +15,8 @@ from zoo.lab.studies.runset import Run
 def run_of(overrides: list[str]) -> Run:
     """A run as zoo-train records it: the composed config and Hydra's group choices."""
     cfg, choices = compose_with_choices(overrides)
-    summary = {"config": OmegaConf.to_container(cfg, resolve=True), "choices": choices, "overrides": overrides}
-    return Run(Path("/runs") / ",".join(overrides), summary, {})
+    record = RunRecord(config=OmegaConf.to_container(cfg, resolve=True), choices=choices, overrides=overrides)
+    return Run(Path("/runs") / ",".join(overrides), record, {})
 
 
 def test_settings_every_run_shares_beyond_the_defaults_and_nothing_else():
@@ -48,7 +49,7 @@ def test_the_vocabulary_a_run_took_from_its_task_is_no_setting_but_one_set_by_ha
 
     def recorded(overrides: list[str]) -> Run:
         run = run_of(overrides)
-        run.summary["config"] = with_task_vocab(run.summary["config"])  # as zoo-train records it
+        run.record.config = with_task_vocab(run.record.config)  # as zoo-train records it
         return run
 
     assert fixed_settings([recorded([f"seed={s}"]) for s in (0, 1)]) == []

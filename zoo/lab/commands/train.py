@@ -48,7 +48,7 @@ OmegaConf.register_new_resolver("zoo_dirname", run_dirname, replace=True)
 
 def hydra_job(cfg: DictConfig) -> str:
     """The Hydra task function: one run in Hydra's output folder. Returns the run's status."""
-    from zoo.lab.training.run import run  # torch: only once Hydra has a job to run (not for --help)
+    from zoo.lab.training.run import run_record  # torch: only once Hydra has a job to run (not for --help)
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
@@ -64,7 +64,7 @@ def hydra_job(cfg: DictConfig) -> str:
         parallel = os.cpu_count() or 1
     out_dir = Path(hc.runtime.output_dir)
     fresh = not any(out_dir.iterdir()) if out_dir.is_dir() else True
-    summary = run(
+    record = run_record(
         cfg,
         out_dir,
         overrides=list(hc.overrides.task),
@@ -75,14 +75,14 @@ def hydra_job(cfg: DictConfig) -> str:
         tune_dir=Path(hc.sweep.dir) / TUNE_DIR if multirun else None,
         on_write=lambda: write_hydra_record(out_dir, cfg),
     )
-    if summary["status"] == "refused" and multirun:
-        note_refused(Path(hc.sweep.dir), out_dir, summary["error"])
-    refused_early = str(summary.get("error") or "").startswith("ConfigError") and "parameters" not in summary
+    if record.status == "refused" and multirun:
+        note_refused(Path(hc.sweep.dir), out_dir, str(record.error))
+    refused_early = (record.error or "").startswith("ConfigError") and record.parameters is None
     if not multirun and fresh and refused_early and dist_env()[0] == 0:
         shutil.rmtree(out_dir, ignore_errors=True)  # a config refused before training leaves no run folder
-    if summary["status"] in ("failed", "incompatible", "locked", "refused") and not multirun:
+    if record.status in ("failed", "incompatible", "locked", "refused") and not multirun:
         raise SystemExit(1)  # a single run: fail the command (a sweep carries on)
-    return str(summary["status"])
+    return record.status
 
 
 def write_hydra_record(out_dir: Path, cfg: DictConfig) -> None:

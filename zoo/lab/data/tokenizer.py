@@ -87,11 +87,12 @@ def verified_file(run_dir: Path, record: dict[str, Any]) -> Path:
     return found[0]
 
 
-def run_codec(run_dir: str | Path, summary: dict[str, Any]) -> Codec:
-    """How the run at ``run_dir`` (with ``summary``, its summary.json) turns text into tokens and back."""
-    if summary["config"]["task"]["name"] in BYTE_TASKS:
+def run_codec(run_dir: str | Path, task: str, data: dict[str, Any]) -> Codec:
+    """How the run at ``run_dir`` turns text into tokens and back, from its task's name and what its
+    summary.json records of its data (``data``: ``data.tokenizer``)."""
+    if task in BYTE_TASKS:
         return Codec("bytes")
-    record = (summary.get("data") or {}).get("tokenizer")
+    record = data.get("tokenizer")
     if record is None:
         return Codec("ids")
     if isinstance(record, dict) and record.get("kind") == "bytes":  # zoo-prepare --tokenizer bytes

@@ -17,7 +17,7 @@ from zoo.lab.data.tokenizer import BYTE_TASKS, Codec, run_codec
 from zoo.lab.planning.run_model import build_run_model, is_language_model
 from zoo.lab.planning.train_config import TrainConfig
 from zoo.lab.records import checkpoint as ckpt
-from zoo.lab.records.summary import read_summary
+from zoo.lab.records.summary import RunRecord, read_record
 from zoo.lab.tasks import Task, build_task
 from zoo.lab.tasks.base import task_options
 from zoo.lab.training.evaluation import Evaluator
@@ -40,20 +40,21 @@ def run_folder(path: str | Path) -> Path:
     return path.parent.parent if path.parent.name == ckpt.CHECKPOINTS else path
 
 
-def run_summary(path: str | Path) -> dict[str, Any]:
-    """The summary of the run at ``path`` (a run folder or one of its checkpoints), with its config; else a
+def run_record(path: str | Path) -> RunRecord:
+    """The record of the run at ``path`` (a run folder or one of its checkpoints), with its config; else a
     ConfigError naming the folder."""
     run_dir = run_folder(path)
-    summary = read_summary(run_dir)
-    if summary is None or not isinstance(summary.get("config"), dict):
+    record = read_record(run_dir)
+    if record is None or record.config is None:
         raise ConfigError("run", str(run_dir), "a run folder with a summary.json (zoo-train writes one)")
-    return summary
+    return record
 
 
 def load_codec(path: str | Path) -> Codec:
     """How the run at ``path`` turns text into token ids and back: UTF-8 for bytes, its verified
     tokenizer.json for a tokens run that has one, else token ids (:mod:`zoo.lab.data.tokenizer`)."""
-    return run_codec(run_folder(path), run_summary(path))
+    record = run_record(path)
+    return run_codec(run_folder(path), (record.config or {})["task"]["name"], record.data or {})
 
 
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
@@ -65,20 +66,20 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     Weights written before manifests load with a warning. Nothing read is a pickle."""
     path, run_dir = Path(path), run_folder(path)
     weights = path / ckpt.WEIGHTS
-    summary = run_summary(run_dir)
+    record = run_record(run_dir)
+    config = record.config or {}
     if not weights.exists():
         latest = ckpt.latest_checkpoint(run_dir)
         hint = f"; its latest checkpoint is {latest}" if latest is not None else ""
-        status = summary.get("status")
-        allowed = f"has no {ckpt.WEIGHTS} (status {status!r}; train.save=final keeps it){hint}"
+        allowed = f"has no {ckpt.WEIGHTS} (status {record.status!r}; train.save=final keeps it){hint}"
         raise ConfigError("run", str(path), allowed)
-    model = build_run_model(summary["config"]).to(device)  # every axis applied: task's model kind, μP, ...
+    model = build_run_model(config).to(device)  # every axis applied: task's model kind, μP, ...
     meta = ckpt.load_weights(model, weights, unverified_ok=True)  # format 1: no manifest, a warning
-    if meta.get("config_hash") not in (None, summary.get("config_hash")):
+    if meta.get("config_hash") not in (None, record.config_hash):
         raise ConfigError(
-            "run", str(path), f"weights of config {meta['config_hash']}, summary.json of {summary.get('config_hash')}"
+            "run", str(path), f"weights of config {meta['config_hash']}, summary.json of {record.config_hash}"
         )
-    return LoadedRun(model.eval(), summary["config"])
+    return LoadedRun(model.eval(), config)
 
 
 def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path) -> Path:
@@ -110,9 +111,9 @@ def run_task_config(path: str | Path, data: str | None = None) -> dict[str, Any]
     """The run's ``task`` section as it read its data: its file options as recorded absolute when it started
     (``data.paths``), or ``task.path`` = ``data`` when given. A run recorded before absolute paths reads its
     relative ones from the working folder, with a warning."""
-    summary = run_summary(path)
-    task_cfg = dict(summary["config"]["task"])
-    recorded = (summary.get("data") or {}).get("paths")
+    record = run_record(path)
+    task_cfg = dict((record.config or {})["task"])
+    recorded = (record.data or {}).get("paths")
     if data is not None:
         if "path" not in task_options(task_cfg)[0].path_options:
             raise ConfigError("--data", data, f"only a task that reads files takes it (task {task_cfg.get('name')!r})")
@@ -126,7 +127,7 @@ def run_task_config(path: str | Path, data: str | None = None) -> dict[str, Any]
 
 def check_data(path: str | Path, task: Task, task_cfg: dict[str, Any]) -> None:
     """Refuse data whose sha256 differs from the one the run recorded, naming both (generated data has none)."""
-    recorded = (run_summary(path).get("data") or {}).get("sha256")
+    recorded = (run_record(path).data or {}).get("sha256")
     if recorded is None:
         return
     found = task.info().get("sha256")

@@ -23,7 +23,7 @@ from zoo.lab.recipe import Recipe, lr_at
 from zoo.lab.records import checkpoint as ckpt
 from zoo.lab.records.config import config_differences, differences_text
 from zoo.lab.records.metrics import read_metrics
-from zoo.lab.records.summary import read_summary_checked
+from zoo.lab.records.summary import RunRecord, read_record_checked
 
 #: What a branch may set apart from its source (beside the runtime keys, which change no number): the steps
 #: and the rate's schedule. Any other difference would make it another model or another optimizer.
@@ -48,10 +48,10 @@ class Branch:
 def checkpoint_identity(source: Path, step: int) -> dict[str, Any]:
     """What names a branch's start whatever the source's path: the source's config hash, the step and the
     checksum of that checkpoint's manifest (which holds every file's sha256)."""
-    summary, _ = read_summary_checked(source) if source.is_dir() else (None, None)
+    record, _ = read_record_checked(source) if source.is_dir() else (None, None)
     manifest = ckpt.step_dir(source, step) / ckpt.MANIFEST
     checksum = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
-    return {"config_hash": (summary or {}).get("config_hash"), "step": step, "checksum": checksum}
+    return {"config_hash": record.config_hash if record else None, "step": step, "checksum": checksum}
 
 
 def identity(raw: dict[str, Any]) -> dict[str, Any] | None:
@@ -98,8 +98,8 @@ def check_branch(raw: dict[str, Any], train: Any, recipe: Recipe, *, world: int)
     if not 0 < step < train.steps:
         raise ConfigError("train.branch.step", step, f"in 1..{train.steps - 1}: below train.steps={train.steps}")
     folder = Path(source)
-    summary, problem = read_summary_checked(folder) if folder.is_dir() else (None, "not a folder")
-    if summary is None or not isinstance(summary.get("config"), dict) or not summary.get("config_hash"):
+    record, problem = read_record_checked(folder) if folder.is_dir() else (None, "not a folder")
+    if record is None or record.config is None or not record.config_hash:
         why = problem or "its summary.json holds no config"
         raise ConfigError("train.branch.from", source, f"a run folder (summary.json, checkpoints/): {why}")
     intact = [int(p.name.removeprefix("step_")) for p in ckpt.checkpoints(folder) if ckpt.verify_checkpoint(p) is None]
@@ -107,10 +107,10 @@ def check_branch(raw: dict[str, Any], train: Any, recipe: Recipe, *, world: int)
         listed = ", ".join(map(str, intact)) or "none (keep more with train.keep_checkpoints in the source run)"
         raise ConfigError("train.branch.step", step, f"the step of an intact checkpoint of {source}: {listed}")
     checkpoint = ckpt.step_dir(folder, step)
-    ckpt.check_checkpoint(checkpoint, config_hash=summary["config_hash"], world_size=world)
-    check_same_run(raw, summary["config"], source)
-    check_same_rates(summary, train, recipe, step, source)
-    return Branch(folder, step, checkpoint, summary["config_hash"])
+    ckpt.check_checkpoint(checkpoint, config_hash=record.config_hash, world_size=world)
+    check_same_run(raw, record.config, source)
+    check_same_rates(record, train, recipe, step, source)
+    return Branch(folder, step, checkpoint, record.config_hash)
 
 
 def check_same_run(raw: dict[str, Any], theirs: dict[str, Any], source: str) -> None:
@@ -130,16 +130,17 @@ def check_same_run(raw: dict[str, Any], theirs: dict[str, Any], source: str) -> 
         )  # fmt: skip
 
 
-def check_same_rates(summary: dict[str, Any], train: Any, recipe: Recipe, step: int, source: str) -> None:
+def check_same_rates(record: RunRecord, train: Any, recipe: Recipe, step: int, source: str) -> None:
     """Refuse a checkpoint whose steps trained at other rates than this run's schedule gives them: the branch
     must continue the source's schedule up to ``step`` (WSD: a checkpoint of its warmup or stable phase)."""
     from zoo.lab.planning.train_config import TrainConfig
 
-    theirs = TrainConfig.from_config(summary["config"].get("train"))
-    steps = (summary.get("budget") or {}).get("steps") or theirs.steps  # as their budget set them
+    config = record.config or {}
+    theirs = TrainConfig.from_config(config.get("train"))
+    steps = (record.budget or {}).get("steps") or theirs.steps  # as their budget set them
     their_train = TrainConfig(steps=steps, lr=theirs.lr, warmup_steps=theirs.warmup_steps,
                               min_lr_ratio=theirs.min_lr_ratio)  # fmt: skip
-    their_schedule = Recipe(schedule=summary["config"].get("schedule") or {"name": "cosine"}).schedule_entry()
+    their_schedule = Recipe(schedule=config.get("schedule") or {"name": "cosine"}).schedule_entry()
     schedule = recipe.schedule_entry()
     for s in range(step):
         was, now = lr_at(their_schedule, s, their_train), lr_at(schedule, s, train)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from zoo.lab.records.summary import SUMMARY, read_summary_checked
+from zoo.lab.records.summary import SUMMARY, read_record_checked
 
 #: Statuses that are results; any other (``failed``, or ``running`` left by a killed run) is not.
 #: ``incompatible``: a grid's combination of parts the compatibility map refuses, with its reason.
@@ -22,11 +22,11 @@ def runs_not_done(root: Path) -> list[tuple[Path, str]]:
     """Every run folder under ``root`` whose summary is not a result, with its error (or why it cannot be read)."""
     found = []
     for path in sorted(Path(root).rglob(SUMMARY)):
-        summary, unreadable = read_summary_checked(path.parent)
-        if summary is None:
+        record, unreadable = read_record_checked(path.parent)
+        if record is None:
             found.append((path.parent, str(unreadable)))
-        elif summary.get("status") not in RESULTS:
-            found.append((path.parent, str(summary.get("error") or summary.get("status"))))
+        elif record.status not in RESULTS:
+            found.append((path.parent, record.error or record.status))
     return found
 
 

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from zoo.lab.records.exit_status import relative
 from zoo.lab.records.metrics import read_metrics
-from zoo.lab.records.summary import read_summary
+from zoo.lab.records.summary import read_record
 
 log = logging.getLogger("zoo.lab.records.lock")
 
@@ -125,7 +125,8 @@ def report_lock(root: Path) -> Iterator[None]:
 def progress(run_dir: Path) -> str:
     """``step 40 of 200`` from what the run has recorded so far."""
     records = read_metrics(run_dir)
-    steps = (((read_summary(run_dir) or {}).get("config") or {}).get("train") or {}).get("steps")
+    record = read_record(run_dir)
+    steps = record.config_value("train.steps") if record is not None else None
     if not records:
         return "starting"
     return f"step {records[-1].get('step')}" + (f" of {steps}" if steps else "")
@@ -142,7 +143,8 @@ def wait_for(
     while waiting:
         for run_dir in [r for r in waiting if not held(r)]:
             waiting.remove(run_dir)
-            ended[run_dir] = str((read_summary(run_dir) or {}).get("status", "not started"))
+            record = read_record(run_dir)
+            ended[run_dir] = record.status if record is not None else "not started"
             note = "" if ended[run_dir] != "running" else ": its process ended before the run did (resumed next time)"
             log.info("%s ended: %s%s (%d of %d)", show(run_dir), ended[run_dir], note, len(ended), len(runs))
         if waiting and time.monotonic() - last >= every:

@@ -378,7 +378,7 @@ def plot_routing(report: Report, path: Path) -> bool:
     share. Returns False (and writes nothing) when no run recorded routing."""
     routed = []
     for variant in report.variants:
-        runs = [r.summary["routing"] for r in variant.runs if r.summary.get("routing")]
+        runs = [r.record.routing for r in variant.runs if r.record.routing]
         if runs:
             layers = {name: [sum(run[name][e] for run in runs) / len(runs) for e in range(len(runs[0][name]))]
                       for name in runs[0]}  # fmt: skip

@@ -62,23 +62,16 @@ def write_csv(report: Report) -> None:
         )  # fmt: skip
         for v in report.variants:
             for r in v.runs:
-                value = (r.summary.get("final") or {}).get(m)
+                value = r.record.final_value(m)
                 passed = "" if threshold is None or not isinstance(value, (int, float)) else value >= threshold
                 writer.writerow(
                     [relative_to(r.path, report.root), *v.key, r.seed, r.status, value,
-                     (r.summary.get("parameters") or {}).get("total"), r.summary.get("tokens_per_s"),
-                     r.summary.get("wall_time_s"), r.summary.get("error") or r.summary.get("reason"), passed,
-                     run_spikes(r.summary)]
+                     (r.record.parameters or {}).get("total"), r.record.tokens_per_s, r.record.wall_time_s,
+                     r.record.error or r.record.reason, passed, (r.record.spikes or {}).get("count")]
                 )  # fmt: skip
         for d in report.dropped:  # no summary to read the axes from: the folder and the reason
             writer.writerow([relative_to(d.path, report.root), *[""] * len(report.axes), "", "not read", "", "", "",
                              "", d.reason, "", ""])  # fmt: skip
-
-
-def run_spikes(summary: dict[str, Any]) -> Any:
-    """A run's spike count (summary ``spikes.count``), empty when it recorded none."""
-    spikes = summary.get("spikes")
-    return spikes.get("count") if isinstance(spikes, dict) else None
 
 
 def write_report(

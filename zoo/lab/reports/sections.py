@@ -83,7 +83,7 @@ def fairness_lines(report: Report) -> list[str]:
             f"Budget: {shown} per run (train.budget): each variant's steps are set from its tokens per step and "
             f"FLOPs per token; the steps and FLOPs columns are what each spent (mean over seeds)."
         )
-    tuned = [r.summary["tune"] for r in report.runs if (r.summary.get("tune") or {}).get("lr")]
+    tuned = [r.record.tune for r in report.runs if r.record.tune and r.record.tune.get("lr")]
     if tuned:
         rates = sorted({float(rate) for t in tuned for rate in t.get("searched", {})}) or (
             report.lr.rates if report.lr else []
@@ -99,14 +99,14 @@ def fairness_lines(report: Report) -> list[str]:
 
 def optimizer_of(run: Any) -> str:
     """The run's ``optim`` name (``adamw``, the default, when its config names none)."""
-    section = (run.summary.get("config") or {}).get("optim")
+    section = (run.record.config or {}).get("optim")
     return str(section.get("name", "adamw")) if isinstance(section, dict) else str(section or "adamw")
 
 
 def warning_lines(report: Report) -> list[str]:
     """What the report can tell makes its comparison unfair: optimizers compared at one shared rate."""
     names = sorted({optimizer_of(r) for r in report.runs})
-    if len(names) < 2 or any((r.summary.get("tune") or {}).get("lr") for r in report.runs):
+    if len(names) < 2 or any(r.record.tune and r.record.tune.get("lr") for r in report.runs):
         return []
     return [
         f"Warning: these runs differ in optim ({', '.join(names)}) without tune.lr: each optimizer at one shared "
@@ -155,8 +155,8 @@ def markdown(report: Report) -> str:
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]
     if problems:
         lines += ["", "Not ok:"] + [f"- {label}: {error}" for label, error in problems]
-    resumed = [(relative_to(r.path, report.root), r.summary["resumed_from"])
-               for v in report.variants for r in v.runs if r.summary.get("resumed_from")]  # fmt: skip
+    resumed = [(relative_to(r.path, report.root), r.record.resumed_from)
+               for v in report.variants for r in v.runs if r.record.resumed_from]  # fmt: skip
     if resumed:
         lines += ["", "Resumed from a checkpoint:"]
         lines += [f"- {path}: from step {', '.join(str(s) for s in steps)}" for path, steps in resumed]

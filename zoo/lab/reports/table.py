@@ -53,7 +53,7 @@ def flops_text(value: float | None) -> str:
 def active_params(variant: Any) -> int | None:
     """Parameters one token uses (``active_parameters`` in a run's summary; less than the total for a
     mixture of experts)."""
-    return next((int(r.summary["active_parameters"]) for r in variant.runs if r.summary.get("active_parameters")), None)
+    return next((int(r.record.active_parameters) for r in variant.runs if r.record.active_parameters), None)
 
 
 def sparse(report: Report) -> bool:
@@ -225,7 +225,7 @@ def budget_text(variant: Variant) -> str:
 
 
 def flops_per_token(variant: Variant) -> Any:
-    return next((r.summary.get("flops_per_token") for r in variant.runs if r.summary.get("flops_per_token")), None)
+    return next((r.record.flops_per_token for r in variant.runs if r.record.flops_per_token), None)
 
 
 def tuned(report: Report) -> bool:
@@ -296,7 +296,7 @@ def comparison_of_lr(report: Report, variant: Variant) -> Comparison | None:
 
 def spike_counts(variant: Variant) -> list[int]:
     """Each run's loss and gradient-norm spikes (summary ``spikes.count``), over the runs that recorded one."""
-    counts = [(r.summary.get("spikes") or {}) for r in variant.runs if isinstance(r.summary.get("spikes"), dict)]
+    counts = [r.record.spikes for r in variant.runs if r.record.spikes is not None]
     return [int(c["count"]) for c in counts if isinstance(c.get("count"), int) and not isinstance(c["count"], bool)]
 
 
@@ -351,7 +351,7 @@ COLUMNS: list[Column] = [
         "{key}_mean",
         lambda r, v, k: v.mean_std(k)[0],
         each=lambda r: [
-            k for k in sorted({k for run in r.runs for k in (run.summary.get("final") or {})}) if k != r.metric
+            k for k in sorted({k for run in r.runs for k in (run.record.final or {})}) if k != r.metric
         ],
     ),  # fmt: skip
     Column("lr (tuned)", None, lambda r, v, k: v.tuned_lr, formatted(lambda v: v.tuned_lr, ".3g"), when=tuned),

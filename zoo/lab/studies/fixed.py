@@ -41,10 +41,10 @@ def fixed_settings(runs: Iterable[Run]) -> list[str]:
     """``key=value`` for each setting every run shares that differs from zoo's defaults, group choices
     first (``placement=deepnorm``), then values (``block.placement.alpha=2.0``); runtime-only keys
     (threads, progress) left out. Empty when the defaults no longer compose (e.g. a plugin is gone)."""
-    runs = [r for r in runs if isinstance(r.summary.get("config"), dict)]
+    runs = [r for r in runs if r.record.config is not None]
     if not runs:
         return []
-    choices = shared([r.summary.get("choices") or {} for r in runs])
+    choices = shared([r.record.choices or {} for r in runs])
     choices = {k: v for k, v in choices.items() if k not in LAUNCH_CHOICES}
     try:
         _, default_choices = compose_with_choices()
@@ -56,7 +56,7 @@ def fixed_settings(runs: Iterable[Run]) -> list[str]:
     if reference.get(VOCAB) is None and all(takes_task_vocab(r) for r in runs):
         reference.pop(VOCAB)  # model.vocab_size: null, recorded as each run's task's: not a setting of its own
     lines = [f"{k}={v}" for k, v in choices.items() if v != default_choices.get(k)]
-    for key, value in shared([flatten(r.summary["config"]) for r in runs]).items():
+    for key, value in shared([flatten(r.record.config or {}) for r in runs]).items():
         if key == VOCAB and VOCAB not in reference:
             continue
         if key.split(".")[0] not in RUNTIME and reference.get(key, _MISSING) != value:
@@ -66,7 +66,7 @@ def fixed_settings(runs: Iterable[Run]) -> list[str]:
 
 def takes_task_vocab(run: Run) -> bool:
     """Whether the run's ``model.vocab_size`` is its task's vocabulary (what the default, null, records)."""
-    config = run.summary["config"]
+    config = run.record.config or {}
     try:
         return (config.get("model") or {}).get("vocab_size") == task_vocab_size(config.get("task"))
     except ConfigError:  # the task no longer reads (its data moved): the value is shown

@@ -1,4 +1,4 @@
-"""Run folders as the report reads them: a :class:`Run` (a folder's summary and overrides) and a
+"""Run folders as the report reads them: a :class:`Run` (a folder's record and overrides) and a
 :class:`Variant` (the runs of one setting of the swept keys, one per seed). The studies over them
 (zoo.lab.studies.variants, zoo.lab.studies.peaks, zoo.lab.studies.sensitivity) build on these."""
 
@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zoo.lab.records.summary import RunRecord
+
 #: A run's value for an axis that its parts do not use.
 UNUSED = "unused"
 #: A run's value for an axis it leaves unset (null or absent in its config: a run that is not a branch has no
@@ -20,34 +22,32 @@ UNSET = "unset"
 
 @dataclass
 class Run:
-    """One run folder: its summary and its overrides as ``{key: value}``."""
+    """One run folder: its record (summary.json) and its overrides as ``{key: value}``."""
 
     path: Path
-    summary: dict[str, Any]
+    record: RunRecord
     overrides: dict[str, str]
 
     @property
     def status(self) -> str:
-        return str(self.summary.get("status", "unknown"))
+        return self.record.status
 
     @property
     def seed(self) -> Any:
-        return (self.summary.get("config") or {}).get("seed", self.overrides.get("seed"))
+        return (self.record.config or {}).get("seed", self.overrides.get("seed"))
 
     def value(self, key: str) -> str:
         """The run's setting for a swept key: its override, its group choice, or its config value;
         ``unused`` for an axis its parts do not use (a norm-free placement's ``norm``); ``unset`` for one its
         config leaves null or does not have."""
-        if key in (self.summary.get("unused_axes") or ()):
+        if key in (self.record.unused_axes or ()):
             return UNUSED
         if key in self.overrides:
             return self.overrides[key]
-        choices = self.summary.get("choices") or {}
+        choices = self.record.choices or {}
         if key in choices:
             return str(choices[key])
-        node: Any = self.summary.get("config") or {}
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
+        node = self.record.config_value(key)
         return UNSET if node is None else str(node)
 
 
@@ -65,7 +65,7 @@ class Variant:
     def values(self, metric: str) -> list[float]:
         out = []
         for run in self.ok:
-            value = (run.summary.get("final") or {}).get(metric)
+            value = run.record.final_value(metric)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 out.append(float(value))
         return out
@@ -77,7 +77,7 @@ class Variant:
         return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
     def mean_of(self, key: str) -> float | None:
-        values = [r.summary.get(key) for r in self.ok if isinstance(r.summary.get(key), (int, float))]
+        values = [r.record.value(key) for r in self.ok if isinstance(r.record.value(key), (int, float))]
         return statistics.fmean(values) if values else None
 
     @property
@@ -90,7 +90,7 @@ class Variant:
     @property
     def parameters(self) -> int | None:
         for run in self.runs:
-            total = (run.summary.get("parameters") or {}).get("total")
+            total = (run.record.parameters or {}).get("total")
             if total is not None:
                 return int(total)
         return None
@@ -99,7 +99,7 @@ class Variant:
         """``{seed: final metric}`` over the ok runs with a finite value (what pairs with another variant)."""
         out = {}
         for run in self.ok:
-            value = (run.summary.get("final") or {}).get(metric)
+            value = run.record.final_value(metric)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 out[run.seed] = float(value)
         return out
@@ -107,16 +107,14 @@ class Variant:
     @property
     def tuned_lr(self) -> float | None:
         """The learning rate ``tune.lr`` chose for this variant (None without tuning)."""
-        return next((r.summary["tune"]["lr"] for r in self.runs if (r.summary.get("tune") or {}).get("lr")), None)
+        return next((r.record.tune["lr"] for r in self.runs if r.record.tune and r.record.tune.get("lr")), None)
 
     @property
     def budget(self) -> dict[str, Any] | None:
         """What ``train.budget`` set (kind, value, steps), from the first run that has it."""
-        return next((r.summary["budget"] for r in self.runs if r.summary.get("budget")), None)
+        return next((r.record.budget for r in self.runs if r.record.budget), None)
 
     def errors(self) -> list[str]:
         return [
-            f"{r.summary.get('status')}: {r.summary.get('error') or r.summary.get('reason') or 'no summary'}"
-            for r in self.runs
-            if r.status != "ok"
+            f"{r.status}: {r.record.error or r.record.reason or 'no summary'}" for r in self.runs if r.status != "ok"
         ]

@@ -52,13 +52,13 @@ def rate_of(run: Run) -> float | None:
 
 def final_of(run: Run, metric: str) -> float | None:
     """The run's final ``metric``, when it finished ok with a finite value (otherwise None: counted at init)."""
-    return finite((run.summary.get("final") or {}).get(metric)) if run.status == "ok" else None
+    return finite(run.record.final_value(metric)) if run.status == "ok" else None
 
 
 def initial_of(run: Run, metric: str) -> float | None:
     """The run's ``metric`` at initialization (summary ``initial``), or None when it did not record one."""
-    initial = run.summary.get("initial")
-    return finite(initial.get(metric)) if isinstance(initial, dict) else None
+    initial = run.record.initial
+    return finite(initial.get(metric)) if initial is not None else None
 
 
 @dataclass

@@ -52,13 +52,13 @@ def choose_lr(config: dict[str, Any], tune_dir: Path) -> dict[str, Any]:
     metric, mode = None, "min"
     runs = collect(tune_dir) if tune_dir.is_dir() else []
     for run in runs:
-        cfg = run.summary.get("config")
-        if not isinstance(cfg, dict) or variant_hash(cfg) != key:
+        cfg = run.record.config
+        if cfg is None or variant_hash(cfg) != key:
             continue
         rate = float((cfg.get("train") or {}).get("lr"))
         if rates is not None and rate not in rates:
             continue
-        info = run.summary.get("metric") or {}
+        info = run.record.metric or {}
         metric, mode = info.get("name", metric), info.get("mode", mode)
         value = info.get("value") if run.status == "ok" else None
         ok = isinstance(value, (int, float)) and math.isfinite(value)

@@ -20,7 +20,7 @@ from zoo.core.registry import AXES
 from zoo.lab.keys import NOT_AXES
 from zoo.lab.planning.options import TUNE_DIR, report_options
 from zoo.lab.records.metrics import METRICS
-from zoo.lab.records.summary import SUMMARY, read_summary_checked
+from zoo.lab.records.summary import SUMMARY, read_record_checked
 from zoo.lab.studies.peaks import Peak, variant_peaks
 from zoo.lab.studies.runset import Run, Variant
 from zoo.lab.studies.sensitivity import LrStudy, lr_study
@@ -107,7 +107,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, str]:
 
 
 def scan(root: Path) -> tuple[list[Run], list[Dropped]]:
-    """Every run under ``root`` whose summary reads and checks (:func:`read_summary_checked`), in folder order;
+    """Every run under ``root`` whose summary reads and checks (:func:`read_record_checked`), in folder order;
     and every run folder (one with a summary.json, a metrics.jsonl or Hydra's .hydra/) whose summary does not."""
     runs, dropped = [], []
     folders = {p.parent for name in (SUMMARY, METRICS, ".hydra/overrides.yaml") for p in root.rglob(name)}
@@ -116,9 +116,9 @@ def scan(root: Path) -> tuple[list[Run], list[Dropped]]:
         parts = folder.relative_to(root).parts
         if parts and parts[0] == "tune" and len(parts) > 1:
             continue  # tune.lr's runs (zoo/lab/studies/tune.py): a sweep of their own, reported in root/tune
-        summary, reason = read_summary_checked(folder)
-        if summary is not None:
-            runs.append(Run(folder, summary, parse_overrides(summary.get("overrides") or [])))
+        record, reason = read_record_checked(folder)
+        if record is not None:
+            runs.append(Run(folder, record, parse_overrides(record.overrides or [])))
         else:
             dropped.append(Dropped(folder, str(reason)))
     return runs, dropped
@@ -131,12 +131,12 @@ def collect(root: Path) -> list[Run]:
 
 def runs_report_options(runs: Sequence[Run]) -> tuple[dict[str, str] | None, str, str]:
     """The ``report`` section the runs were launched with (the most common one)."""
-    seen = Counter(repr((r.summary.get("config") or {}).get("report")) for r in runs if (r.summary.get("config") or {}))
+    seen = Counter(repr(r.record.config.get("report")) for r in runs if r.record.config)
     if not seen:
         return None, "none", "auto"
     chosen = seen.most_common(1)[0][0]
     for r in runs:
-        section = (r.summary.get("config") or {}).get("report")
+        section = (r.record.config or {}).get("report")
         if repr(section) == chosen:
             return report_options(section)
     return None, "none", "auto"
@@ -148,8 +148,8 @@ def first_values(runs: Sequence[Run], axes: Sequence[str]) -> dict[str, str]:
     (a baseline without a result compares nothing)."""
 
     def launched(run: Run) -> tuple[int, str, str]:
-        job = run.summary.get("job")
-        return (job if isinstance(job, int) else 1 << 30, str(run.summary.get("started") or ""), str(run.path))
+        job = run.record.job
+        return (job if job is not None else 1 << 30, run.record.started or "", str(run.path))
 
     first = min([r for r in runs if r.status == "ok"] or runs, key=launched)
     return {a: first.value(a) for a in axes}
@@ -184,7 +184,7 @@ def axis_effects(
     for i, axis in enumerate(axes):
         groups: dict[str, dict[Any, float]] = {}
         for run in runs:
-            value = (run.summary.get("final") or {}).get(metric) if run.status == "ok" else None
+            value = run.record.final_value(metric) if run.status == "ok" else None
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 continue
             others = tuple(run.value(a) for j, a in enumerate(axes) if j != i)
@@ -236,19 +236,15 @@ def build_report(
     for run in runs:
         key = tuple(run.value(a) for a in axes)
         variant = groups.setdefault(key, Variant(key))
-        if run.summary.get("unused_axes") and any(r.seed == run.seed and r.status == run.status for r in variant.runs):
+        if run.record.unused_axes and any(r.seed == run.seed and r.status == run.status for r in variant.runs):
             continue  # the same run again, differing only on an axis it does not use: counted once
         variant.runs.append(run)
-    metrics = Counter((r.summary.get("metric") or {}).get("name") for r in runs if r.summary.get("metric"))
+    metrics = Counter(r.record.metric.get("name") for r in runs if r.record.metric)
     metric = metrics.most_common(1)[0][0] if metrics else "val_loss"
-    modes = [
-        (r.summary.get("metric") or {}).get("mode")
-        for r in runs
-        if (r.summary.get("metric") or {}).get("name") == metric
-    ]
+    modes = [r.record.metric.get("mode") for r in runs if r.record.metric and r.record.metric.get("name") == metric]
     mode = modes[0] if modes else "min"
     family = metric.rsplit("_", 1)[0] if metric.endswith("x") and metric[-2:-1].isdigit() else metric
-    finals = sorted({k for r in runs for k in (r.summary.get("final") or {})})
+    finals = sorted({k for r in runs for k in (r.record.final or {})})
     extra = [k for k in finals if k != metric and (k == family or k.startswith(f"{family}_"))]
 
     def order(variant: Variant) -> tuple[int, float]:

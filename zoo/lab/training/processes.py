@@ -14,6 +14,7 @@ from zoo.lab.cores import usable_cores
 from zoo.lab.planning.plan import RunPlan
 from zoo.lab.planning.train_config import TrainConfig
 from zoo.lab.records import checkpoint_writers as writers
+from zoo.lab.records.summary import RunRecord
 
 
 def default_threads(parallel_jobs: int = 1) -> int:
@@ -38,7 +39,7 @@ def join_processes(
     device: torch.device,
     out_dir: Path | None,
     resume_from: Path | None,
-    summary: dict[str, Any],
+    record: RunRecord,
     writer: Any,
 ) -> tuple[Path | None, Any, Any]:
     """Start the process group; every rank learns rank 0's checkpoint to resume from. Under FSDP2 or tensor
@@ -52,7 +53,7 @@ def join_processes(
         mesh = plan.mesh.mesh(device.type)
         if shared[1] is not None and train_cfg.checkpoint_every > 0:  # every rank writes its shards there
             writer = writers.ShardedCheckpointWriter(
-                Path(shared[1]), config_hash=summary["config_hash"], world_size=summary["world_size"],
+                Path(shared[1]), config_hash=record.config_hash, world_size=record.world_size,
                 keep=train_cfg.keep_checkpoints,
             )  # fmt: skip
     return resume_from, mesh, writer

@@ -1,6 +1,7 @@
 """One run from its config to its folder: the lock, a finished run skipped and another config refused
-(before anything is written), the plan, a branch's or a checkpoint's start, the loop, and the summary
-written as it goes. A failed run is recorded, never raised: a sweep carries on."""
+(before anything is written), the plan, a branch's or a checkpoint's start, the loop, and the run's record
+(summary.json, :class:`zoo.lab.records.summary.RunRecord`) written as it goes. A failed run is recorded,
+never raised: a sweep carries on."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.lab.cores import dist_env, submitit_tasks
 from zoo.lab.data.tokenizer import copy_to_run
-from zoo.lab.files import write_atomic, write_json_atomic
+from zoo.lab.files import write_atomic
 from zoo.lab.planning.branch import identity, load_branch, same_start, source_metrics
 from zoo.lab.planning.options import tune_options
 from zoo.lab.planning.plan import RunPlan, plan_run
@@ -36,7 +37,7 @@ from zoo.lab.records import checkpoint_writers as writers
 from zoo.lab.records.config import config_differences, config_hash, differences_text
 from zoo.lab.records.lock import RunLock, holder
 from zoo.lab.records.metrics import METRICS, MetricsLog, keep_metrics_until
-from zoo.lab.records.summary import SUMMARY, read_summary
+from zoo.lab.records.summary import RunRecord, read_record, write_record
 from zoo.lab.records.trackers import Tracker, open_tracker
 from zoo.lab.studies.tune import choose_lr
 from zoo.lab.studies.variants import unused_axes
@@ -53,8 +54,6 @@ from zoo.lab.training.processes import (
 from zoo.lab.training.trainer import FitResult, Trainer
 
 log = logging.getLogger("zoo.lab.training.run")
-
-
 
 
 def versions() -> dict[str, str]:
@@ -78,12 +77,12 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def locked(function: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+def locked(function: Callable[..., RunRecord]) -> Callable[..., RunRecord]:
     """Run under the run folder's lock (zoo/lab/records/lock.py), held by the process that writes it (rank 0): a
     folder another process holds is left untouched (``status`` ``locked``, nothing written)."""
 
     @functools.wraps(function)
-    def under_lock(cfg: Any, out_dir: Path | None, **kwargs: Any) -> dict[str, Any]:
+    def under_lock(cfg: Any, out_dir: Path | None, **kwargs: Any) -> RunRecord:
         lock = RunLock(out_dir) if out_dir is not None and dist_env()[0] == 0 else None
         if lock is not None and not lock.acquire():
             return held_elsewhere(out_dir, multirun=kwargs.get("multirun", False))  # type: ignore[arg-type]
@@ -96,7 +95,7 @@ def locked(function: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, A
     return under_lock
 
 
-def held_elsewhere(out_dir: Path, *, multirun: bool) -> dict[str, Any]:
+def held_elsewhere(out_dir: Path, *, multirun: bool) -> RunRecord:
     """What a run does when another process trains its folder: a sweep skips it (and waits for it before its
     report, :class:`zoo.lab.records.lock.WaitForRuns`); a single run says so and fails."""
     error = f"another process trains this run folder ({holder(out_dir)}); nothing was written to it"
@@ -108,11 +107,17 @@ def held_elsewhere(out_dir: Path, *, multirun: bool) -> dict[str, Any]:
                   shown(out_dir), error, "hydra.sweep.dir" if multirun else "hydra.run.dir")  # fmt: skip
         if world > 1:
             raise SystemExit(1)  # every process of this run stops (torchrun ends the other ranks)
-    return {"status": "locked", "error": error, "run_dir": str(out_dir)}
+    return RunRecord(status="locked", error=error, run_dir=str(out_dir))
+
+
+def run(cfg: DictConfig | dict[str, Any], out_dir: Path | None, **options: Any) -> dict[str, Any]:
+    """Train one configuration (:func:`run_record`, the same options); the run's record as summary.json holds it
+    (:meth:`RunRecord.to_json`)."""
+    return run_record(cfg, out_dir, **options).to_json()
 
 
 @locked
-def run(
+def run_record(
     cfg: DictConfig | dict[str, Any],
     out_dir: Path | None,
     *,
@@ -124,113 +129,111 @@ def run(
     job: int | None = None,
     tune_dir: Path | None = None,
     on_write: Callable[[], None] | None = None,
-) -> dict[str, Any]:
+) -> RunRecord:
     """Train one configuration; rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``out_dir``.
 
-    Never raises for a bad config or a failing run: the summary says ``failed`` with the error.
+    Never raises for a bad config or a failing run: the record says ``failed`` with the error.
     With ``resume``, a folder whose summary already says ``ok`` for the same config is left as it is; a
     folder that holds a finished run (or the weights or checkpoints of one) of another config is refused,
     nothing written (status ``refused``). ``on_write``: called once before the first write to ``out_dir``.
-    Returns the summary.
+    Returns the run's record (a skipped run's: the one its folder holds).
     """
     rank, world, _ = dist_env()
     writes = rank == 0 and out_dir is not None
     started = time.perf_counter()
-    summary: dict[str, Any] = {"status": "running", "error": None, "run_dir": str(out_dir) if out_dir else None}
-    summary.update(choices=dict(choices or {}), overrides=list(overrides), started=now(), versions=versions())
-    if job is not None:
-        summary["job"] = job  # Hydra's job number in a sweep: job 0 holds the first value of every swept key
+    # job: Hydra's job number in a sweep (job 0 holds the first value of every swept key)
+    record = RunRecord(run_dir=str(out_dir) if out_dir else None, choices=dict(choices or {}),
+                       overrides=list(overrides), started=now(), versions=versions(), job=job)  # fmt: skip
     try:
         raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
         assert isinstance(raw, dict)
-        raw = tuned(with_task_vocab(raw), summary, tune_dir)  # model.vocab_size null: the task's, recorded
-        summary.update(config=raw, config_hash=config_hash(raw), unused_axes=unused_axes(raw))
-        summary["choices"] = {k: v for k, v in summary["choices"].items() if k not in summary["unused_axes"]}
+        raw = tuned(with_task_vocab(raw), record, tune_dir)  # model.vocab_size null: the task's, recorded
+        record.config, record.config_hash, record.unused_axes = raw, config_hash(raw), unused_axes(raw)
+        record.choices = {k: v for k, v in (record.choices or {}).items() if k not in record.unused_axes}
         if writes:
-            answer = done_or_refused(out_dir, raw, summary, resume=resume, world=world)  # type: ignore[arg-type]
+            answer = done_or_refused(out_dir, raw, record, resume=resume, world=world)  # type: ignore[arg-type]
             if answer is not None:
                 return answer
             if on_write is not None:
                 on_write()
-        train(raw, summary, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun, resume=resume)
+        train(raw, record, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun, resume=resume)
     except Refused as why:
         return refuse(out_dir, str(why), world)  # type: ignore[arg-type]
     except IncompatibleParts as error:  # a grid's refused combination: recorded with its reason
-        summary.update(status="incompatible", error=f"IncompatibleParts: {error}")
+        record.status, record.error = "incompatible", f"IncompatibleParts: {error}"
     except ConfigError as error:
-        summary.update(status="failed", error=f"ConfigError: {error}")
+        record.status, record.error = "failed", f"ConfigError: {error}"
     except Exception as error:
-        summary.update(status="failed", error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
-    summary["wall_time_s"] = time.perf_counter() - started
-    summary["finished"] = now()
+        record.status, record.error = "failed", f"{type(error).__name__}: {error}"
+        record.traceback = traceback.format_exc()
+    record.wall_time_s = time.perf_counter() - started
+    record.finished = now()
     if writes:
-        write_json_atomic(out_dir / SUMMARY, summary)  # type: ignore[operator]
+        write_record(out_dir, record)  # type: ignore[arg-type]
     if rank == 0:
-        log_end(summary, out_dir, writes)
-    return summary
+        log_end(record, out_dir, writes)
+    return record
 
 
 def done_or_refused(
-    out_dir: Path, raw: dict[str, Any], summary: dict[str, Any], *, resume: bool, world: int
-) -> dict[str, Any] | None:
-    """Before anything is written: the folder's summary when it holds this config's finished run (skipped),
-    a ``refused`` summary when it holds another's (nothing written), else None (the run may write)."""
-    prior = read_summary(out_dir)
+    out_dir: Path, raw: dict[str, Any], record: RunRecord, *, resume: bool, world: int
+) -> RunRecord | None:
+    """Before anything is written: the folder's record when it holds this config's finished run (skipped),
+    a ``refused`` record when it holds another's (nothing written), else None (the run may write)."""
+    prior = read_record(out_dir)
     start = identity(raw)  # a branch's start (its parent run read once), None for a run from step 0
-    if prior and start is not None and prior.get("config_hash") == config_hash(raw, branch_path=True):
-        summary["config_hash"] = prior["config_hash"]  # recorded before branches were named by their start
-    same = bool(prior) and prior.get("config_hash") == summary["config_hash"] and same_start(prior.get("branch"), start)
-    if resume and world == 1 and same and prior.get("status") == "ok":  # type: ignore[union-attr]
+    if prior is not None and start is not None and prior.config_hash == config_hash(raw, branch_path=True):
+        record.config_hash = prior.config_hash  # recorded before branches were named by their start
+    same = prior is not None and prior.config_hash == record.config_hash and same_start(prior.branch, start)
+    if resume and world == 1 and same and prior.status == "ok":  # type: ignore[union-attr]
         log.info("skip %s: already ok (%s)", shown(out_dir), metric_text(prior))  # type: ignore[arg-type]
         return prior
     refused = refusal(out_dir, prior, raw, start) if resume and not same else None
     return refuse(out_dir, refused, world) if refused is not None else None
 
 
-def refusal(
-    out_dir: Path, prior: dict[str, Any] | None, raw: dict[str, Any], start: dict[str, Any] | None
-) -> str | None:
+def refusal(out_dir: Path, prior: RunRecord | None, raw: dict[str, Any], start: dict[str, Any] | None) -> str | None:
     """Why ``out_dir``, holding ``prior`` of another config or branch start, may not be written by this run
     (None: it may): it holds a finished run, or the weights or checkpoints of one."""
-    if not prior or not isinstance(prior.get("config"), dict):
+    if prior is None or prior.config is None:
         return None
-    finished = prior.get("status") in ("ok", "diverged")
+    finished = prior.status in ("ok", "diverged")
     if not (finished or (out_dir / ckpt.WEIGHTS).exists() or ckpt.checkpoints(out_dir)):
         return None  # a failed or killed run with nothing to resume: trained anew
-    what = f"a finished run (status {prior['status']})" if finished else "a resumable run"
-    differ = config_differences(prior["config"], raw)
-    if differ or same_start(prior.get("branch"), start):  # the same start: what differs is the config
+    what = f"a finished run (status {prior.status})" if finished else "a resumable run"
+    differ = config_differences(prior.config, raw)
+    if differ or same_start(prior.branch, start):  # the same start: what differs is the config
         return f"holds {what} of another config ({differences_text(differ, 8) or 'its config hash differs'})"
-    return f"holds {what} branched from another start ({prior.get('branch')}, not {start})"
+    return f"holds {what} branched from another start ({prior.branch}, not {start})"
 
 
-def refuse(out_dir: Path, why: str, world: int) -> dict[str, Any]:
+def refuse(out_dir: Path, why: str, world: int) -> RunRecord:
     """Refuse to write ``out_dir``: say why on stderr (the folder's log file is the run's, left as it is)."""
     error = f"{shown(out_dir)} {why}. Nothing in it was changed: choose another run folder, or remove it to train anew"
     print(f"zoo-train: refused: {error}", file=sys.stderr, flush=True)
     if world > 1:
         raise SystemExit(1)  # every process of this run stops
-    return {"status": "refused", "error": error, "run_dir": str(out_dir)}
+    return RunRecord(status="refused", error=error, run_dir=str(out_dir))
 
 
-def tuned(raw: dict[str, Any], summary: dict[str, Any], tune_dir: Path | None) -> dict[str, Any]:
+def tuned(raw: dict[str, Any], record: RunRecord, tune_dir: Path | None) -> dict[str, Any]:
     """``raw`` with ``tune.lr``'s choice (this variant's best rate from the tuning runs, recorded in
-    ``summary["tune"]``) as ``train.lr``; ``raw`` itself without ``tune.lr``. The one check of ``tune``."""
+    ``record.tune``) as ``train.lr``; ``raw`` itself without ``tune.lr``. The one check of ``tune``."""
     if tune_options(raw.get("tune"))[0] is None:
         return raw
     if tune_dir is None:
         raise ConfigError("tune.lr", raw["tune"]["lr"], "tunes a sweep: zoo-sweep NAME or zoo-train -m")
-    summary["tune"] = choose_lr(raw, tune_dir)
-    return {**raw, "train": {**(raw.get("train") or {}), "lr": summary["tune"]["lr"]}}
+    record.tune = choose_lr(raw, tune_dir)
+    return {**raw, "train": {**(raw.get("train") or {}), "lr": record.tune["lr"]}}
 
 
-def log_end(summary: dict[str, Any], out_dir: Path | None, writes: bool) -> None:
+def log_end(record: RunRecord, out_dir: Path | None, writes: bool) -> None:
     """The run's last log line: its error, or its status and headline metric."""
-    if summary["status"] == "failed":
-        where = " (traceback in summary.json)" if "traceback" in summary and writes else ""
-        log.error("%s failed: %s%s", shown(out_dir), summary["error"], where)
+    if record.status == "failed":
+        where = " (traceback in summary.json)" if record.traceback is not None and writes else ""
+        log.error("%s failed: %s%s", shown(out_dir), record.error, where)
     else:
-        log.info("%s %s: %s", shown(out_dir), summary["status"], metric_text(summary))
+        log.info("%s %s: %s", shown(out_dir), record.status, metric_text(record))
 
 
 def build_task(plan: RunPlan) -> Task:
@@ -244,23 +247,23 @@ def build_task(plan: RunPlan) -> Task:
 
 def train(
     raw: dict[str, Any],
-    summary: dict[str, Any],
+    record: RunRecord,
     out_dir: Path | None,
     *,
     parallel_jobs: int,
     multirun: bool,
     resume: bool = True,
 ) -> None:
-    """Validate, build and train, filling ``summary`` in; ``out_dir`` None writes nothing (other ranks).
+    """Validate, build and train, filling ``record`` in; ``out_dir`` None writes nothing (other ranks).
 
     With ``resume``, a checkpoint in ``out_dir`` (of this config) is continued; without, it is deleted.
     """
     rank, world, local_rank = dist_env()
     torchrun_sweep = world > 1 and multirun and submitit_tasks() == 1
-    plan = plan_run(raw, summary["choices"], summary["overrides"], world=world, torchrun_sweep=torchrun_sweep)
+    plan = plan_run(raw, record.choices or {}, record.overrides or [], world=world, torchrun_sweep=torchrun_sweep)
     named_callbacks = check_callbacks(raw.get("callbacks"))  # a plugin's name and options, before any tensor work
     if plan.branch is not None:
-        summary["branch"] = plan.branch.record()  # train.branch: the run and checkpoint this one starts from
+        record.branch = plan.branch.record()  # train.branch: the run and checkpoint this one starts from
     threads = raw.get("threads") or default_threads(parallel_jobs)
     torch.set_num_threads(threads)
     device = take_device(plan.device, world, local_rank)
@@ -269,18 +272,18 @@ def train(
     torch.manual_seed(seed)  # the same initial model on every rank
     model = plan.run_model.build(raw)  # the one builder of a run's model (zoo.lab.planning.run_model)
     torch.manual_seed(seed + 1_000_003 * rank)  # dropout and anything else random: per rank
-    train_cfg = describe(summary, plan, task, model, world)
-    summary.update(device=str(device), threads=threads, world_size=world)
-    summary["metric"] = {"name": task.metric, "mode": task.mode(), "value": None}
-    resume_from, metrics, tracker = open_records(out_dir, summary, task, plan, resume=resume, multirun=multirun)
+    train_cfg = describe(record, plan, task, model, world)
+    record.device, record.threads, record.world_size = str(device), threads, world
+    record.metric = {"name": task.metric, "mode": task.mode(), "value": None}
+    resume_from, metrics, tracker = open_records(out_dir, record, task, plan, resume=resume, multirun=multirun)
     writer: Any = None
     if out_dir is not None and train_cfg.checkpoint_every > 0:
         writer = writers.CheckpointWriter(
-            out_dir, config_hash=summary["config_hash"], world_size=world, keep=train_cfg.keep_checkpoints
+            out_dir, config_hash=record.config_hash, world_size=world, keep=train_cfg.keep_checkpoints
         )
     mesh = None
     if world > 1:
-        resume_from, mesh, writer = join_processes(plan, train_cfg, device, out_dir, resume_from, summary, writer)
+        resume_from, mesh, writer = join_processes(plan, train_cfg, device, out_dir, resume_from, record, writer)
     context = RunContext(train_cfg, raw, rank=rank, world=world, out_dir=out_dir, metrics=metrics, tracker=tracker,
                          save_checkpoint=writer)  # fmt: skip
     try:
@@ -290,64 +293,62 @@ def train(
             rank=rank, world=world, callbacks=run_callbacks(context, named_callbacks),
             compile=raw.get("compile", False), parallel=plan.mesh, mesh=mesh, recipe=plan.recipe,
         )  # fmt: skip
-        result = fit(trainer, plan, train_cfg, out_dir, resume_from, summary, writer)
+        result = fit(trainer, plan, train_cfg, out_dir, resume_from, record, writer)
     finally:
         metrics.close()
-        tracker.finish(summary)  # status ok or diverged; running: the run raised
+        tracker.finish(record.to_json())  # status ok or diverged; running: the run raised
         if writer is not None:
             writer.close()
         if world > 1:
             dist.destroy_process_group()
-    record_outcome(summary, trainer, result, task.metric)
+    record_outcome(record, trainer, result, task.metric)
 
 
-def record_outcome(summary: dict[str, Any], trainer: Trainer, result: FitResult, metric: str) -> None:
-    """The run's memory, its metric's final value, and what the last evaluation noticed, into ``summary``."""
-    summary.update(trainer.peak_memory())
-    summary["metric"]["value"] = result.final.get(metric) if result.status == "ok" else None
+def record_outcome(record: RunRecord, trainer: Trainer, result: FitResult, metric: str) -> None:
+    """The run's memory, its metric's final value, and what the last evaluation noticed, into ``record``."""
+    memory = trainer.peak_memory()
+    record.peak_memory_mib, record.kind = memory["peak_memory_mib"], memory["kind"]
+    assert record.metric is not None
+    record.metric["value"] = result.final.get(metric) if result.status == "ok" else None
     if trainer.eval_errors:
-        summary["eval_errors"] = trainer.eval_errors
+        record.eval_errors = trainer.eval_errors
     if trainer.routing:
-        summary["routing"] = trainer.routing  # fraction of routed tokens per expert, per routing part
+        record.routing = trainer.routing  # fraction of routed tokens per expert, per routing part
 
 
-def describe(summary: dict[str, Any], plan: RunPlan, task: Task, model: Any, world: int) -> TrainConfig:
-    """Record the model and data in ``summary``; the train config with its steps set by ``train.budget``."""
+def describe(record: RunRecord, plan: RunPlan, task: Task, model: Any, world: int) -> TrainConfig:
+    """Record the model and data in ``record``; the train config with its steps set by ``train.budget``."""
     flops_per_token = model.flops_per_token(task.seq_len)
     train_cfg, budget = plan.train.with_budget(plan.train.batch_size * task.seq_len * world, flops_per_token)
     if budget is not None:
-        summary["budget"] = budget  # train.budget set the steps
-    summary.update(
-        parameters=model.parameter_counts(),
-        active_parameters=model.num_active_parameters(),
-        flops_per_token=flops_per_token,
-        data=task.info(),
-    )
+        record.budget = budget  # train.budget set the steps
+    record.parameters, record.active_parameters = model.parameter_counts(), model.num_active_parameters()
+    record.flops_per_token, record.data = flops_per_token, task.info()
     paths = absolute_paths({"name": task.name, **plan.task_options})
     if paths:
-        summary["data"]["paths"] = paths  # where evaluation finds the data from any folder (zoo-eval)
+        record.data["paths"] = paths  # where evaluation finds the data from any folder (zoo-eval)
     return train_cfg
 
 
 def open_records(
-    out_dir: Path | None, summary: dict[str, Any], task: Task, plan: RunPlan, *, resume: bool, multirun: bool
+    out_dir: Path | None, record: RunRecord, task: Task, plan: RunPlan, *, resume: bool, multirun: bool
 ) -> tuple[Path | None, MetricsLog, Tracker]:
-    """Rank 0 (``out_dir`` set): the checkpoint to resume from, the summary written (``running``), the
+    """Rank 0 (``out_dir`` set): the checkpoint to resume from, the record written (``running``), the
     metrics log (cut back to that checkpoint) and the tracker run; other ranks: None and no-op writers."""
-    world = summary["world_size"]
-    resume_from = find_checkpoint(out_dir, summary, world, resume) if out_dir is not None else None
+    world, data = record.world_size or 1, record.data or {}
+    resume_from = find_checkpoint(out_dir, record, world, resume) if out_dir is not None else None
     if resume_from is not None:
-        check_same_data(out_dir, summary)  # type: ignore[arg-type]
+        check_same_data(out_dir, record)  # type: ignore[arg-type]
     if out_dir is not None:
-        write_json_atomic(out_dir / SUMMARY, summary)  # status "running": a killed run is re-run on resume
+        write_record(out_dir, record)  # status "running": a killed run is re-run on resume
         ckpt.remove_weights(out_dir)  # weights on disk are always this config's
-        copy_to_run(out_dir, summary["data"])  # the text's tokenizer travels with the run folder
+        copy_to_run(out_dir, data)  # the text's tokenizer travels with the run folder
     if dist_env()[0] == 0:
-        choices = ", ".join(f"{k}={v}" for k, v in summary["choices"].items() if v is not None)
-        data = summary["data"].get("sha256", "generated")[:12]
-        total = summary["parameters"]["total"]
+        choices = ", ".join(f"{k}={v}" for k, v in (record.choices or {}).items() if v is not None)
+        total = f"{(record.parameters or {})['total']:,}"
+        data_hash = data.get("sha256", "generated")[:12]
         log.info(
-            "%s: %s parameters, %s, data %s (%s)", shown(out_dir), f"{total:,}", choices or "defaults", task.name, data
+            "%s: %s parameters, %s, data %s (%s)", shown(out_dir), total, choices or "defaults", task.name, data_hash
         )
     if resume_from is not None and out_dir is not None:
         keep_metrics_until(out_dir, ckpt.read_state(resume_from)["step"])  # the curve continues after it
@@ -357,7 +358,7 @@ def open_records(
     metrics = MetricsLog(out_dir / METRICS if out_dir is not None else None, append=append)
     tracker = Tracker()
     if out_dir is not None:  # rank 0: one tracker run per run folder, beside the sweep's others
-        tracker = open_tracker(plan.logger, out_dir.parent if multirun else out_dir, out_dir.name, summary)
+        tracker = open_tracker(plan.logger, out_dir.parent if multirun else out_dir, out_dir.name, record.to_json())
     return resume_from, metrics, tracker
 
 
@@ -365,13 +366,15 @@ class Refused(Exception):
     """The run may not write its folder (:func:`refuse`): raised where that is found out after planning."""
 
 
-def check_same_data(out_dir: Path, summary: dict[str, Any]) -> None:
+def check_same_data(out_dir: Path, record: RunRecord) -> None:
     """Refuse to resume a run on other data than its checkpoints trained on (its relative ``task.path`` read
     from another working folder, say), naming both hashes."""
-    before = ((read_summary(out_dir) or {}).get("data") or {}).get("sha256")
-    now = summary["data"].get("sha256")
+    prior = read_record(out_dir)
+    before = (prior.data or {}).get("sha256") if prior is not None else None
+    data = record.data or {}
+    now = data.get("sha256")
     if before is not None and now != before:
-        where = (summary["data"].get("paths") or {}).get("path") or "the data read"
+        where = (data.get("paths") or {}).get("path") or "the data read"
         raise Refused(
             f"holds a resumable run that trained on other data (sha256 {before}; {where} has {now}): resume it "
             "where its task.path names that data"
@@ -384,61 +387,63 @@ def fit(
     train_cfg: TrainConfig,
     out_dir: Path | None,
     resume_from: Path | None,
-    summary: dict[str, Any],
+    record: RunRecord,
     writer: Any,
 ) -> FitResult:
-    """Resume (from ``resume_from``), train, and save the final weights; ``summary`` records the result."""
+    """Resume (from ``resume_from``), train, and save the final weights; ``record`` records the result."""
     model, rank, world, sharded = trainer.model, trainer.rank, trainer.world, plan.mesh.sharded
-    summary["resumed_from"] = []
+    record.resumed_from = []
     if resume_from is None and plan.branch is not None:  # a branch's first process: the checkpoint it branches from
         trainer.restore(load_branch(plan.branch, model, trainer.optimizer, world=world), resumed=False)
         if rank == 0:
             log.info("%s: branched from %s", shown(out_dir), plan.branch.folder)
     if resume_from is not None:
         state = ckpt.load_checkpoint(
-            resume_from, model, trainer.optimizer, config_hash=summary["config_hash"], world_size=world
+            resume_from, model, trainer.optimizer, config_hash=record.config_hash, world_size=world
         )
         trainer.restore(state)
-        summary["resumed_from"] = [*state.resumed_from, state.step]  # a branch's start is summary["branch"]["step"]
+        record.resumed_from = [*state.resumed_from, state.step]  # a branch's start is record.branch["step"]
         if rank == 0:
-            log.info("%s: resumed from %s", shown(out_dir), resumed_text(resume_from, summary))
+            log.info("%s: resumed from %s", shown(out_dir), resumed_text(resume_from, record))
     result = trainer.fit()
     if writer is not None:
         writer.close()  # the last checkpoint is on disk before the run says it is done
     whole = writers.full_state_dict(model) if sharded and train_cfg.save == "final" else None  # every rank
     if out_dir is not None and train_cfg.save == "final":
-        meta = {"config_hash": summary["config_hash"], "step": str(result.steps)}
+        meta = {"config_hash": record.config_hash, "step": str(result.steps)}
         ckpt.save_weights(model, out_dir / ckpt.WEIGHTS, meta, state=whole)  # one-process layout
-    summary.update(result.as_dict())
-    summary["flops"] = result.tokens * summary["flops_per_token"]  # training FLOPs spent
+    record.status, record.steps, record.tokens = result.status, result.steps, result.tokens
+    record.train_time_s, record.tokens_per_s, record.reason = result.train_time_s, result.tokens_per_s, result.reason
+    record.final, record.initial, record.spikes = dict(result.final), dict(result.initial), dict(result.spikes)
+    record.flops = result.tokens * (record.flops_per_token or 0)  # training FLOPs spent
     if world > 1 and not sharded:
-        summary["ranks_in_sync"] = ranks_in_sync(model)
+        record.ranks_in_sync = ranks_in_sync(model)
     mesh = plan.mesh
-    summary["parallel"] = {"dp_replicate": mesh.dp_replicate, "dp_shard": mesh.dp_shard, "tp": mesh.tp}
+    record.parallel = {"dp_replicate": mesh.dp_replicate, "dp_shard": mesh.dp_shard, "tp": mesh.tp}
     return result
 
 
-def find_checkpoint(out_dir: Path, summary: dict[str, Any], world: int, resume: bool) -> Path | None:
+def find_checkpoint(out_dir: Path, record: RunRecord, world: int, resume: bool) -> Path | None:
     """The checkpoint to continue from: the newest intact one in ``out_dir`` (checked against this config
     and world size: another's is refused), or None. Those that fail their check are logged, recorded in
-    ``summary["resume_skipped"]`` and deleted. Without ``resume`` the folder's checkpoints are deleted."""
+    ``record.resume_skipped`` and deleted. Without ``resume`` the folder's checkpoints are deleted."""
     ckpt.remove_stale(out_dir)
     if not resume:
         ckpt.clear_checkpoints(out_dir)
         return None
-    chosen, failed = ckpt.choose_checkpoint(out_dir, config_hash=summary["config_hash"], world_size=world)
+    chosen, failed = ckpt.choose_checkpoint(out_dir, config_hash=record.config_hash, world_size=world)
     for name, problem in failed.items():
         log.warning("%s: not resuming from %s: %s", shown(out_dir), name, problem)
     if failed:
-        summary["resume_skipped"] = failed
+        record.resume_skipped = failed
         if chosen is None:
             log.warning("%s: no intact checkpoint: training from step 0", shown(out_dir))
     return chosen
 
 
-def resumed_text(folder: Path, summary: dict[str, Any]) -> str:
+def resumed_text(folder: Path, record: RunRecord) -> str:
     """``step_000120`` (and which newer checkpoints failed their check: find_checkpoint logged why)."""
-    failed = summary.get("resume_skipped") or {}
+    failed = record.resume_skipped or {}
     return folder.name + (f" (newer ones failed their check: {', '.join(failed)})" if failed else "")
 
 
@@ -452,14 +457,13 @@ def shown(path: Path | None) -> str:
         return str(path)
 
 
-def metric_text(summary: dict[str, Any]) -> str:
+def metric_text(record: RunRecord) -> str:
     """``val_bpb=2.3120, 41,000 tokens/s, 25.1 s`` (or the divergence reason)."""
-    if summary.get("status") == "diverged":
-        return summary.get("reason") or "diverged"
-    if summary.get("status") == "incompatible":
-        return str(summary.get("error"))
-    metric = summary.get("metric") or {}
+    if record.status == "diverged":
+        return record.reason or "diverged"
+    if record.status == "incompatible":
+        return str(record.error)
+    metric = record.metric or {}
     value = metric.get("value")
     shown = f"{metric.get('name')}={value:.4f}" if isinstance(value, float) else f"{metric.get('name')}=n/a"
-    rate = summary.get("tokens_per_s") or 0
-    return f"{shown}, {rate:,.0f} tokens/s, {summary.get('wall_time_s', 0):.1f} s"
+    return f"{shown}, {record.tokens_per_s or 0:,.0f} tokens/s, {record.wall_time_s or 0:.1f} s"
