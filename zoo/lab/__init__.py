@@ -1,5 +1,6 @@
-"""The lab: training (:mod:`.train` the run, :mod:`.plan` its config checked in one pass, :mod:`.trainer` the
-loop, :mod:`.step` one training step), tasks (:mod:`.tasks`: data, scoring and the model each trains), run records
-(:mod:`.records`), sweeps (:mod:`.sweep`), reports and plots (:mod:`.report`, :mod:`.plots`) and the
-command lines. Builds on ``zoo.models``; nothing below imports it.
+"""The lab: trains models built by ``zoo.models``, keeps what they did and compares them. Its rooms, in the
+order a run's data flows through them (docs/why.md, "A map of the lab"; import-linter keeps each importing
+only those below it): :mod:`.data`, :mod:`.tasks` and :mod:`.recipe`; :mod:`.records`; :mod:`.planning`;
+:mod:`.training`; :mod:`.studies`; :mod:`.finished` and :mod:`.reports`; :mod:`.commands`. Beside them
+:mod:`.files`, :mod:`.cores` and :mod:`.keys`, which import none of them. Nothing below ``zoo.lab`` imports it.
 """

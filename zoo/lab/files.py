@@ -54,3 +54,11 @@ def clean(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [clean(v) for v in value]
     return value
+
+
+def from_cwd(path: Path) -> Path:
+    """``path`` relative to the working directory when inside it (shorter log lines and messages), else as given."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd())
+    except ValueError:
+        return Path(path)

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from zoo.lab.files import from_cwd
 from zoo.lab.records.summary import SUMMARY, read_record_checked
 
 #: Statuses that are results; any other (``failed``, or ``running`` left by a killed run) is not.
@@ -69,13 +70,5 @@ def exit_if_a_run_failed() -> None:
     """Exit 1, listing them, when the sweep that just ended left failed runs."""
     failed, SweepStatus.failed = SweepStatus.failed, []
     if failed:
-        lines = "\n".join(f"  {relative(path)}: {error}" for path, error in failed)
+        lines = "\n".join(f"  {from_cwd(path)}: {error}" for path, error in failed)
         sys.exit(f"{len(failed)} run(s) failed (a diverged run is a result; a failed one is not):\n{lines}")
-
-
-def relative(path: Path) -> Path:
-    """``path`` relative to the working directory when inside it."""
-    try:
-        return path.resolve().relative_to(Path.cwd())
-    except ValueError:
-        return path

@@ -22,7 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from zoo.lab.records.exit_status import relative
+from zoo.lab.files import from_cwd
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.records.summary import read_record
 
@@ -162,4 +162,4 @@ class WaitForRuns(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         runs = held_runs(Path(config.hydra.sweep.dir))
         if runs:
-            wait_for(runs, show=lambda path: str(relative(path)))
+            wait_for(runs, show=lambda path: str(from_cwd(path)))

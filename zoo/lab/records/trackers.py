@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.core.errors import ConfigError
 from zoo.core.options import resolve_options
 from zoo.core.registry import Registry
+from zoo.lab.records.config import flatten
 from zoo.lab.records.report_files import PLOTS
 
 log = logging.getLogger("zoo.lab.records.trackers")
@@ -104,18 +105,11 @@ def log_report(cfg: dict[str, Any], root: Path) -> None:
         build_tracker(cfg, root).log_report(plots)
 
 
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"block": {"d_model": 64}}`` -> ``{"block.d_model": 64}``; lists and None become strings."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out |= flatten(value, f"{name}.")
-        elif isinstance(value, (bool, int, float, str)):
-            out[name] = value
-        else:
-            out[name] = json.dumps(value)
-    return out
+def plain_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"block": {"d_model": 64}}`` -> ``{"block.d_model": 64}`` (:func:`zoo.lab.records.config.flatten`), with
+    what a tracker's parameters cannot hold (lists, None, an empty section) as JSON text."""
+    plain = (bool, int, float, str)
+    return {key: value if isinstance(value, plain) else json.dumps(value) for key, value in flatten(config).items()}
 
 
 def numeric(record: Mapping[str, Any]) -> dict[str, float]:
@@ -150,7 +144,7 @@ def flat_numbers(value: Any, prefix: str = "") -> dict[str, float]:
 def hparams(summary: dict[str, Any]) -> dict[str, Any]:
     """A run's hyperparameters: its choices (``choice.attn=gqa``), then its flattened config."""
     choices = {f"choice.{k}": str(v) for k, v in (summary.get("choices") or {}).items()}
-    return choices | flatten(summary.get("config") or {})
+    return choices | plain_params(summary.get("config") or {})
 
 
 def finals(summary: dict[str, Any]) -> dict[str, float]:

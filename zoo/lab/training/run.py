@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.lab.cores import dist_env, submitit_tasks
 from zoo.lab.data.tokenizer import copy_to_run
-from zoo.lab.files import write_atomic
+from zoo.lab.files import from_cwd, write_atomic
 from zoo.lab.planning.branch import identity, load_branch, same_start, source_metrics
 from zoo.lab.planning.options import tune_options
 from zoo.lab.planning.plan import RunPlan, plan_run
@@ -449,12 +449,7 @@ def resumed_text(folder: Path, record: RunRecord) -> str:
 
 def shown(path: Path | None) -> str:
     """``path`` relative to the working directory when inside it (shorter log lines)."""
-    if path is None:
-        return "run"
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+    return "run" if path is None else str(from_cwd(path))
 
 
 def metric_text(record: RunRecord) -> str:
