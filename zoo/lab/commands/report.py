@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zoo.core.errors import ConfigError
-from zoo.lab.planning.options import CORRECTIONS, TESTS, report_options
+from zoo.lab.planning.options import CORRECTIONS, TESTS, report_interaction, report_options
 from zoo.lab.records.lock import report_lock
 
 
@@ -28,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--test", choices=TESTS, help="the interval over the per-seed differences (default: the runs' report.test, "
         "else auto: permutation for a bounded metric such as accuracy, t otherwise)"
     )  # fmt: skip
+    parser.add_argument("--interaction", metavar="AXIS,AXIS",
+                        help="an interaction to state beyond a two-axis sweep's own (report.interaction)")  # fmt: skip
     args = parser.parse_args(argv)
     from zoo.lab.reports.report import write_built, written  # the studies and plots: once the arguments are read
     from zoo.lab.reports.table import relative_to
@@ -36,7 +38,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         baseline = report_options({"baseline": args.baseline})[0] if args.baseline else None
         with report_lock(args.dir) if args.dir.is_dir() else contextlib.nullcontext():  # not beside a sweep's own
-            report = build_report(args.dir, baseline=baseline, correction=args.correction, test=args.test)
+            named = report_interaction(args.interaction)
+            report = build_report(args.dir, baseline=baseline, correction=args.correction, test=args.test,
+                                  interaction=named)  # fmt: skip
             print(write_built(report, plots=not args.no_plots), end="")
     except (FileNotFoundError, ConfigError) as error:
         parser.exit(1, f"zoo-report: {error}\n")

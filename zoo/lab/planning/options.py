@@ -1,4 +1,5 @@
-"""The sections that steer a sweep rather than a run, checked: ``report`` (baseline, correction, test) and
+"""The sections that steer a sweep rather than a run, checked: ``report`` (baseline, correction, test,
+interaction) and
 ``tune`` (the learning rates and seeds a tuning sweep tries).
 """
 
@@ -13,7 +14,7 @@ from zoo.core.errors import ConfigError
 TUNE_DIR = "tune"
 
 #: The ``report`` section's keys.
-REPORT_KEYS = ("baseline", "correction", "test")
+REPORT_KEYS = ("baseline", "correction", "test", "interaction")
 
 
 def report_options(raw: Any) -> tuple[dict[str, str] | None, str, str]:
@@ -79,3 +80,17 @@ def tune_options(raw: Any) -> tuple[list[float] | None, list[int]]:
     if not isinstance(seeds, (list, tuple)) or not seeds or not all(isinstance(s, int) for s in seeds):
         raise ConfigError("tune.seeds", seeds, "a non-empty list of integer seeds, e.g. [0]")
     return rates, list(seeds)
+
+
+def report_interaction(raw: Any) -> list[tuple[str, str]] | None:
+    """``report.interaction`` checked: the pairs of axes whose interaction the report states beyond a
+    two-axis sweep's (``[optim, mlp]``, ``"optim,mlp"`` or a list of pairs); None: a two-axis sweep's own."""
+    if raw is None or raw == []:
+        return None
+    if isinstance(raw, str):
+        raw = [part.strip() for part in raw.split(",")]
+    pairs = raw if raw and all(isinstance(p, (list, tuple)) for p in raw) else [raw]
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(isinstance(a, str) and a for a in pair):
+            raise ConfigError("report.interaction", raw, "two swept axes, [optim, mlp], or a list of such pairs")
+    return [(str(a), str(b)) for a, b in pairs]

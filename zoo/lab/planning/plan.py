@@ -21,7 +21,7 @@ from zoo.assembly.spec import BlockSpec
 from zoo.core.errors import ConfigError
 from zoo.lab.planning.branch import Branch, check_branch
 from zoo.lab.planning.mesh import ProcessMesh
-from zoo.lab.planning.options import report_options
+from zoo.lab.planning.options import report_interaction, report_options
 from zoo.lab.planning.run_model import RunModel, with_task_vocab
 from zoo.lab.planning.train_config import TrainConfig, check_run_config
 from zoo.lab.recipe import Recipe, check_recipe
@@ -78,6 +78,7 @@ def plan_run(
     train_cfg, device = check_run_config(raw)
     logger = check_logger(raw.get("logger"))  # a tracker that is not installed fails here, before any work
     report_options(raw.get("report"))  # a bad report.baseline or report.correction fails before training
+    report_interaction((raw.get("report") or {}).get("interaction"))
     # Fail on the block before reading data (a part's name naming the option file that set it).
     resolve_composed(raw.get("block") or {}, choices, overrides)
     if torchrun_sweep:

@@ -12,6 +12,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
+from zoo.lab.reports.table import interval_text
 from zoo.lab.studies.runset import Variant
 from zoo.lab.studies.stats import CONFIDENCE, mean_interval
 from zoo.lab.studies.variants import Report
@@ -257,6 +258,13 @@ def interaction_layout(report: Report) -> list[tuple[str, str, dict[str, str]]]:
     return [(x, line, c) for c in combos[:MAX_PANELS]]
 
 
+def interaction_note(report: Report, axes: set[str]) -> str:
+    """The interactions of a panel's two axes, for its title: the difference of differences, its interval
+    and verdict (zoo.lab.studies.interactions); empty when the report states none for them."""
+    return "".join(f"\ninteraction {i.values[0]}×{i.values[1]}: {interval_text(i.comparison)} {i.verdict}"
+                   for i in report.interactions if set(i.axes) == axes)  # fmt: skip
+
+
 def plot_interactions(report: Report, path: Path) -> Figure:
     """For sweeps of several axes: the headline metric against one axis, one line per value of another,
     the 95% interval over seeds as a band; one panel per value of the remaining axes."""
@@ -293,7 +301,8 @@ def plot_interactions(report: Report, path: Path) -> Figure:
         ax.set_xlabel(x_axis)
         ax.set_ylabel(m)
         ax.grid(alpha=0.3)
-        ax.set_title(", ".join(f"{k}={v}" for k, v in fixed.items()) or f"{m} vs {x_axis}", fontsize="medium")
+        title = ", ".join(f"{k}={v}" for k, v in fixed.items()) or f"{m} vs {x_axis}"
+        ax.set_title(title + interaction_note(report, {x_axis, line_axis}), fontsize="medium")
         ax.legend(fontsize="small")
     for n in range(len(layout), rows * columns):
         grid[n // columns][n % columns].set_visible(False)

@@ -22,6 +22,7 @@ from zoo.lab.reports.table import (
     verdict_text,
 )
 from zoo.lab.studies.fixed import fixed_line
+from zoo.lab.studies.interactions import INTERACTS
 from zoo.lab.studies.peaks import PEAKS
 from zoo.lab.studies.stats import (
     CONFIDENCE,
@@ -149,6 +150,7 @@ def markdown(report: Report) -> str:
     if base is None or not base.by_seed(m):
         lines += ["", f"The baseline {report.baseline_label} has no ok run: nothing to compare with."]
     lines += effects_lines(report)
+    lines += interaction_lines(report)
     lines += lr_lines(report)
     lines += peak_lines(report)
     lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/studies/fixed.py)
@@ -181,6 +183,24 @@ def effects_lines(report: Report) -> list[str]:
         c = e.comparison
         cells = [e.axis, e.value, e.baseline, interval_text(c), verdict_text(c), str(c.pairs), str(c.units)]
         lines.append("| " + " | ".join(cells) + " |")
+    misleading = sorted({axis for i in report.interactions if i.verdict == INTERACTS for axis in i.axes})
+    if misleading:
+        lines += ["", f"Pooled effects of {' and '.join(misleading)} average over effects that differ: these axes "
+                  "interact (below), so read each axis's effect at the other's values, not pooled."]  # fmt: skip
+    return lines
+
+
+def interaction_lines(report: Report) -> list[str]:
+    """One line per interaction: the per-seed difference of differences, its interval and its verdict."""
+    if not report.interactions:
+        return []
+    lines = ["", "Interactions: does one axis's effect depend on the other's value? The difference of differences, "
+             "formed within each seed, its interval over the seeds:", ""]  # fmt: skip
+    for i in report.interactions:
+        c = i.comparison
+        seeds = f"{c.units} seeds" if c.units else "no paired seeds"
+        lines.append(f"- interaction {i.name}: {i.text()} = {interval_text(c)} ({c.test or 'no interval'}, {seeds}):"
+                     f" {i.verdict}")  # fmt: skip
     return lines
 
 

@@ -321,6 +321,22 @@ def spiky(report: Report) -> bool:
     return any(spike_counts(v) for v in report.variants)
 
 
+#: report.csv's interaction columns: filled on the rows of a variant away from both axes' baselines.
+INTERACTION_COLUMNS = ["name", "delta", "ci_low", "ci_high", "verdict"]
+
+
+def interaction_cell(report: Report, variant: Variant, key: str) -> Any:
+    """The interaction (zoo.lab.studies.interactions) whose two values ``variant`` holds: its pair's name,
+    the difference of differences, its interval and verdict; empty for any other variant."""
+    found = next((i for i in report.interactions
+                  if tuple(variant.key[report.axes.index(a)] for a in i.axes) == i.values), None)  # fmt: skip
+    if found is None:
+        return None
+    c = found.comparison
+    return {"name": found.name, "delta": c.delta_mean, "ci_low": c.low, "ci_high": c.high,
+            "verdict": found.verdict}[key]  # fmt: skip
+
+
 #: The variants table, in order: each column of report.md and report.csv is one entry (a column in both
 #: files, or in one: their orders differ where the Markdown groups the comparison before the timings).
 COLUMNS: list[Column] = [
@@ -384,6 +400,7 @@ COLUMNS: list[Column] = [
     Column(None, "{key}", peak_cell, each=peak_columns),
     Column(None, "spikes", lambda r, v, k: spikes_mean(v)),
     Column(None, "spiked_runs", lambda r, v, k: spiked_runs(v)),
+    Column(None, "interaction_{key}", lambda r, v, k: interaction_cell(r, v, k), each=lambda r: INTERACTION_COLUMNS),
 ]
 
 

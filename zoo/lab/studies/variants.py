@@ -18,9 +18,10 @@ from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
 from zoo.lab.keys import NOT_AXES
-from zoo.lab.planning.options import TUNE_DIR, report_options
+from zoo.lab.planning.options import TUNE_DIR, report_interaction, report_options
 from zoo.lab.records.metrics import METRICS
 from zoo.lab.records.summary import SUMMARY, read_record_checked
+from zoo.lab.studies.interactions import Interaction, axis_interactions
 from zoo.lab.studies.peaks import Peak, variant_peaks
 from zoo.lab.studies.runset import Run, Variant
 from zoo.lab.studies.sensitivity import LrStudy, lr_study
@@ -59,6 +60,7 @@ class Report:
     dropped: list[Dropped] = field(default_factory=list)  # run folders left out: their summary could not be read
     comparisons: dict[tuple[str, ...], Comparison] = field(default_factory=dict)  # variant key -> vs baseline
     effects: list[Effect] = field(default_factory=list)  # per axis value, pooled over the other axes
+    interactions: list[Interaction] = field(default_factory=list)  # two axes' difference of differences
     lr: LrStudy | None = None  # the tuning runs (tune.lr, <root>/tune) across the rate grid, with the sensitivity
     peaks: dict[tuple[str, ...], dict[str, Peak]] = field(default_factory=dict)  # variant key -> probe key -> peak
 
@@ -213,13 +215,17 @@ def seed_of(key: Any) -> Any:
 
 
 def build_report(
-    root: Path, baseline: dict[str, str] | None = None, correction: str | None = None, test: str | None = None
+    root: Path,
+    baseline: dict[str, str] | None = None,
+    correction: str | None = None,
+    test: str | None = None,
+    interaction: list[tuple[str, str]] | None = None,
 ) -> Report:
     """The runs under ``root`` grouped into variants and compared with the baseline.
 
-    ``baseline``, ``correction`` and ``test`` default to the runs' own ``report`` section (``report.baseline``,
-    ``report.correction``, ``report.test``), and that to the first value of each swept axis, no correction
-    and ``auto``. Run folders whose summary cannot be read are listed in ``Report.dropped``.
+    ``baseline``, ``correction``, ``test`` and ``interaction`` default to the runs' own ``report`` section, and
+    that to the first value of each swept axis, no correction, ``auto`` and a two-axis sweep's own pair. Run
+    folders whose summary cannot be read are listed in ``Report.dropped``.
     """
     runs, dropped = scan(root)
     if not runs:
@@ -239,10 +245,7 @@ def build_report(
         if run.record.unused_axes and any(r.seed == run.seed and r.status == run.status for r in variant.runs):
             continue  # the same run again, differing only on an axis it does not use: counted once
         variant.runs.append(run)
-    metrics = Counter(r.record.metric.get("name") for r in runs if r.record.metric)
-    metric = metrics.most_common(1)[0][0] if metrics else "val_loss"
-    modes = [r.record.metric.get("mode") for r in runs if r.record.metric and r.record.metric.get("name") == metric]
-    mode = modes[0] if modes else "min"
+    metric, mode = headline(runs)
     family = metric.rsplit("_", 1)[0] if metric.endswith("x") and metric[-2:-1].isdigit() else metric
     finals = sorted({k for r in runs for k in (r.record.final or {})})
     extra = [k for k in finals if k != metric and (k == family or k.startswith(f"{family}_"))]
@@ -263,11 +266,31 @@ def build_report(
     base_key = choose_baseline(runs, axes, given)
     comparisons = compare_variants(variants, groups.get(base_key), base_key, metric, mode, method)
     effects = axis_effects(runs, axes, base_key, metric, mode, method)
+    named = interaction if interaction is not None else launched_interaction(runs)
+    interactions = axis_interactions(runs, axes, base_key, metric, method, named)
     if correction == "holm":
         apply_holm(list(comparisons.values()), mode)
         apply_holm([e.comparison for e in effects], mode)
+        apply_holm([i.comparison for i in interactions], "min")
     return with_studies(Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option,
-                          dropped, comparisons, effects))  # fmt: skip
+                          dropped, comparisons, effects, interactions))  # fmt: skip
+
+
+def headline(runs: Sequence[Run]) -> tuple[str, str]:
+    """The metric most runs name as their headline, and its mode (min or max)."""
+    metrics = Counter(r.record.metric.get("name") for r in runs if r.record.metric)
+    metric = metrics.most_common(1)[0][0] if metrics else "val_loss"
+    modes = [r.record.metric.get("mode") for r in runs if r.record.metric and r.record.metric.get("name") == metric]
+    return metric, modes[0] if modes else "min"
+
+
+def launched_interaction(runs: Sequence[Run]) -> list[tuple[str, str]] | None:
+    """``report.interaction`` as the runs were launched with it (the first run that names one)."""
+    for run in runs:
+        named = ((run.record.config or {}).get("report") or {}).get("interaction")
+        if named:
+            return report_interaction(named)
+    return None
 
 
 def with_studies(report: Report) -> Report:
