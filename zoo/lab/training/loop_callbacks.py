@@ -10,6 +10,7 @@ built from its config (:func:`run_callbacks`, after :func:`check_callbacks` befo
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -147,8 +148,6 @@ def check_callbacks(raw: Any) -> list[tuple[str, dict[str, Any]]]:
     """The ``callbacks`` key checked before any tensor work: ``[(name, options)]``. Each entry a registered
     callback's name or ``{name: {option: value}}``; a built-in (always on) is refused, as are options its
     class does not take."""
-    import inspect
-
     entries = raw if isinstance(raw, (list, tuple)) else [raw] if raw else []
     named = []
     for entry in entries:

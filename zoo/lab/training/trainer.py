@@ -177,6 +177,7 @@ class Trainer:
         if hooks.uses("on_backward_end"):
             step_fn.before_step = lambda: hooks.call("on_backward_end", loop, loop.step)
         hooks.call("on_run_start", loop, first)
+        step_hooks = hooks.uses("on_step_end")
         self.train_model.train()
         batches = self.batches()
         if first == 1:
@@ -194,13 +195,14 @@ class Trainer:
                 started = self.log_step(loop, lr, started)  # the one host sync
                 if loop.status != "ok":
                     break
-            paused = time.perf_counter()
-            if evaluate:
-                loop.final_val = self.evaluate_and_log(loop, step)
-            if hooks.uses("on_step_end"):
-                self.train_time_now = loop.train_time + paused - started
-                hooks.call("on_step_end", loop, step)
-            started += time.perf_counter() - paused  # evaluation and the hooks after a step are not training time
+            if evaluate or step_hooks:  # evaluation and the hooks after a step are not training time
+                paused = time.perf_counter()
+                if evaluate:
+                    loop.final_val = self.evaluate_and_log(loop, step)
+                if step_hooks:
+                    self.train_time_now = loop.train_time + paused - started
+                    hooks.call("on_step_end", loop, step)
+                started += time.perf_counter() - paused
         result = self.result(loop)
         hooks.call("on_run_end", loop, result)
         return result
