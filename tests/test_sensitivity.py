@@ -15,6 +15,7 @@ from scipy import stats as sps
 from zoo.lab.reports.plots import plot_lr
 from zoo.lab.reports.report import write_report
 from zoo.lab.studies import sensitivity
+from zoo.lab.studies.runset import grid_edge
 from zoo.lab.studies.variants import build_report
 
 RATES = (1e-3, 1e-2, 1e-1)
@@ -93,9 +94,11 @@ def test_the_report_columns_carry_the_mean_interval_paired_difference_and_best_l
         half = sps.t.ppf(0.975, 2) * statistics.stdev(values) / 3**0.5
         row = got[norm]
         assert float(row["lr_sensitivity"]) == pytest.approx(mean)
-        assert float(row["lr_sensitivity_ci_low"]) == pytest.approx(mean - half)
+        assert float(row["lr_sensitivity_ci_low"]) == pytest.approx(max(mean - half, 0.0))  # never below 0
         assert float(row["lr_sensitivity_ci_high"]) == pytest.approx(mean + half)
+        assert row["lr_sensitivity_clipped"] == str(mean - half < 0).lower()
         assert row["lr_sensitivity_seeds"] == "3"
+    assert got["none"]["lr_sensitivity_clipped"] == "true"  # 2.0, 2.0, 0.43: the t interval reaches -0.77
     # best_lr: the best mean over seeds among rates where every seed finished (none: 1e-1 diverged on seed 0)
     assert float(got["none"]["best_lr"]) == 1e-2 and float(got["rmsnorm"]["best_lr"]) == 1e-1
     diffs = [HAND["rmsnorm"][s] - HAND["none"][s] for s in range(3)]  # the baseline: qk_norm=none (job 0)
@@ -188,3 +191,44 @@ def test_the_spikes_column_counts_each_variants_spikes_and_says_which_runs(tmp_p
     with open(tmp_path / "runs.csv") as f:
         per_run = {(r["norm"], r["seed"]): r["spikes"] for r in csv.DictReader(f)}
     assert per_run[("layernorm", "1")] == "2" and per_run[("dyt", "0")] == ""
+
+
+def test_grid_edge_names_the_end_a_rate_is_at():
+    assert grid_edge(1e-3, [1e-2, 1e-3, 1e-1]) == "lowest" and grid_edge(0.1, ["0.001", "0.01", "0.1"]) == "highest"
+    assert grid_edge(1e-2, [1e-3, 1e-2, 1e-1]) is None
+    assert grid_edge(1e-2, [1e-2]) is None and grid_edge(None, [1e-3, 1e-2]) is None  # no grid to be at the end of
+
+
+def test_a_best_rate_at_the_end_of_the_grid_is_flagged_in_every_output(tmp_path):
+    """rmsnorm's best rate is 0.1, the highest tried; none's 0.01 is inside the grid."""
+    tuned_sweep(tmp_path)
+    text = write_report(tmp_path)
+    got = rows(tmp_path)
+    assert got["rmsnorm"]["best_lr_edge"] == "highest" and got["none"]["best_lr_edge"] == ""
+    assert "| block.attn.qk_norm=rmsnorm | 0.1 (edge: highest) |" in text
+    assert "| block.attn.qk_norm=none | 0.01 |" in text
+    edge = next(line for line in text.splitlines() if line.startswith("Edge of the grid"))
+    assert "block.attn.qk_norm=rmsnorm (highest)" in edge and "qk_norm=none" not in edge and "one-sided" in edge
+    fig = plot_lr(build_report(tmp_path), tmp_path / "lr.png")
+    assert [t.get_text() for t in fig.axes[0].texts] == ["edge (highest)"]
+
+
+def test_a_tuned_rate_at_the_end_of_the_searched_grid_is_flagged(tmp_path):
+    searched = {"0.001": 3.0, "0.01": 3.2, "0.1": None}  # as summary.json holds it: 0.1 diverged
+    for norm, lr in (("none", 1e-3), ("rmsnorm", 1e-2)):
+        for seed in range(3):
+            tune = {"lr": lr, "searched": searched, "seeds": [0], "metric": "val_bpb"}
+            fake_run(tmp_path, [f"norm={norm}", f"seed={seed}"], value=3.0 - 0.01 * seed, tune=tune)
+    text = write_report(tmp_path)
+    got = rows_by_norm(tmp_path)
+    assert got["none"]["lr_edge"] == "lowest" and got["rmsnorm"]["lr_edge"] == ""
+    assert "| 0.001 (edge: lowest) |" in text and "| 0.01 |" in text
+    assert "Edge of the grid: the tuned rate of norm=none (lowest)" in text
+
+
+def test_a_sensitivity_interval_below_zero_is_clipped_and_marked():
+    curve = sensitivity.LrCurve(("x",), [], None, {0: 0.0, 1: 0.0, 2: 0.6}, [])
+    mean, low, high = curve.sensitivity()
+    half = sps.t.ppf(0.975, 2) * statistics.stdev([0.0, 0.0, 0.6]) / 3**0.5
+    assert (mean, low, high) == pytest.approx((0.2, 0.0, 0.2 + half)) and curve.clipped
+    assert not sensitivity.LrCurve(("x",), [], None, {0: 0.5, 1: 0.6, 2: 0.55}, []).clipped

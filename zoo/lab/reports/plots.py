@@ -334,6 +334,9 @@ def plot_lr(report: Report, path: Path) -> Figure:
         for rate, mean, *_ in points:
             if rate == curve.best_lr:
                 ax.plot(rate, mean, "o", ms=12, mfc="none", mec=color, mew=2)
+                if curve.edge:  # the best rate is an end of the grid: the best may lie beyond it
+                    ax.annotate(f"edge ({curve.edge})", (rate, mean), xytext=(0, -16), textcoords="offset points",
+                                ha="left" if curve.edge == "lowest" else "right", color=color, fontsize="small")
         for p in curve.points:
             if len(p.values) < len(study.seeds):
                 if (interval := p.interval()) is not None:
@@ -360,7 +363,8 @@ def plot_lr(report: Report, path: Path) -> Figure:
     seeds = len(study.seeds)
     band = f"band: {CONFIDENCE:.0%} interval over {seeds} seeds" if seeds > 1 else "one seed: no band"
     ax.set_title(f"{report.root.name}: {study.metric} against the learning rate (tuning runs; {band};\n"
-                 f"circled: the best rate; x: some run diverged or failed)", fontsize="medium")  # fmt: skip
+                 f"circled: the best rate, 'edge' when it ends the grid; x: some run diverged or failed)",
+                 fontsize="medium")  # fmt: skip
     fig.savefig(path, dpi=110)
     return fig
 

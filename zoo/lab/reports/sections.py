@@ -24,6 +24,7 @@ from zoo.lab.reports.table import (
 from zoo.lab.studies.fixed import fixed_line
 from zoo.lab.studies.interactions import INTERACTS
 from zoo.lab.studies.peaks import PEAKS
+from zoo.lab.studies.runset import Variant
 from zoo.lab.studies.stats import (
     CONFIDENCE,
     EXACT_MAX,
@@ -95,6 +96,7 @@ def fairness_lines(report: Report) -> list[str]:
             f"{', '.join(str(s) for s in seeds or [])}, best validation {tuned[0].get('metric')} kept (lr column); "
             f"the tuning runs and their report are in {TUNE_DIR}/, the sensitivity in lr.png."
         )
+        lines += edge_lines(report, [(v, v.tuned_edge) for v in report.variants], "tuned")
     return [""] + lines if lines else []
 
 
@@ -214,6 +216,18 @@ def point_text(point: Any, seeds: int) -> str:
     return fmt(mean) + (f" [{low:.4f}, {high:.4f}]" if low != high else "") + ok
 
 
+def edge_lines(report: Report, edges: list[tuple[Variant, str | None]], which: str) -> list[str]:
+    """A line naming the variants whose ``which`` rate (tuned or best) is an end of its grid, or none."""
+    at = [f"{report.label(v)} ({edge})" for v, edge in edges if edge]
+    if not at:
+        return []
+    return [
+        f"Edge of the grid: the {which} rate of {', '.join(at)} is the lowest or highest rate tried, so the best may "
+        "lie beyond the grid and the sensitivity there is one-sided (it sees one side of the curve only); widen "
+        "tune.lr past that end to see both."
+    ]
+
+
 def sensitivity_lines(report: Report) -> list[str]:
     """What the sensitivity is, or why it is not computed."""
     study = report.lr
@@ -234,6 +248,9 @@ def sensitivity_lines(report: Report) -> list[str]:
             f"Sensitivity not computed: no tuning run records its {m} at initialization (summary `initial`, "
             f"from the step-0 validation of newer runs); retrain the tuning runs to get it."
         )
+    lines += edge_lines(report, [(v, c.edge) for v in report.variants if (c := lr_curve(report, v))], "best")
+    if any(c.clipped for c in study.curves.values()):
+        lines.append("A sensitivity is never below 0: an interval reaching below it is cut at 0 and marked clipped.")
     for curve in study.curves.values():
         if curve.missing and curve.per_seed:
             seeds = ", ".join(str(s) for s in curve.missing)
@@ -264,7 +281,8 @@ def lr_lines(report: Report) -> list[str]:
     for variant in report.variants:
         if (curve := lr_curve(report, variant)) is None:
             continue
-        cells = [report.label(variant), fmt_rate(curve.best_lr), *(point_text(p, seeds) for p in curve.points),
+        cells = [report.label(variant), fmt_rate(curve.best_lr, curve.edge),
+                 *(point_text(p, seeds) for p in curve.points),
                  sensitivity_text(report, variant, ""), lr_delta_text(report, variant)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -253,8 +253,13 @@ def best_lr(report: Report, variant: Variant) -> float | None:
     return c.best_lr if (c := lr_curve(report, variant)) else None
 
 
-def fmt_rate(rate: float | None) -> str:
-    return "" if rate is None else f"{rate:.3g}"
+def fmt_rate(rate: float | None, edge: str | None = None) -> str:
+    """``0.003``, or ``0.001 (edge: lowest)`` for a rate at an end of its grid (the best may lie beyond it)."""
+    return "" if rate is None else f"{rate:.3g}" + (f" (edge: {edge})" if edge else "")
+
+
+def best_edge(report: Report, variant: Variant) -> str | None:
+    return c.edge if (c := lr_curve(report, variant)) else None
 
 
 def sensitivity(report: Report, variant: Variant, i: int) -> float | None:
@@ -266,7 +271,8 @@ def sensitivity(report: Report, variant: Variant, i: int) -> float | None:
 def sensitivity_text(report: Report, variant: Variant, key: str) -> str:
     """``0.1234 [0.1000, 0.1468]`` (mean over seeds and its interval), the mean alone for one seed, or empty."""
     mean, low, high = (sensitivity(report, variant, i) for i in range(3))
-    return fmt(mean) + (f" [{low:.4f}, {high:.4f}]" if low is not None and high is not None else "")
+    clipped = " clipped" if (c := lr_curve(report, variant)) and c.clipped else ""
+    return fmt(mean) + (f" [{low:.4f}, {high:.4f}]{clipped}" if low is not None and high is not None else "")
 
 
 def lr_delta_text(report: Report, variant: Variant) -> str:
@@ -370,8 +376,10 @@ COLUMNS: list[Column] = [
             k for k in sorted({k for run in r.runs for k in (run.record.final or {})}) if k != r.metric
         ],
     ),  # fmt: skip
-    Column("lr (tuned)", None, lambda r, v, k: v.tuned_lr, formatted(lambda v: v.tuned_lr, ".3g"), when=tuned),
-    Column("best lr", None, lambda r, v, k: best_lr(r, v), lambda r, v, k: fmt_rate(best_lr(r, v)), when=studied),
+    Column("lr (tuned)", None, lambda r, v, k: v.tuned_lr, lambda r, v, k: fmt_rate(v.tuned_lr, v.tuned_edge),
+           when=tuned),  # fmt: skip
+    Column("best lr", None, lambda r, v, k: best_lr(r, v), lambda r, v, k: fmt_rate(best_lr(r, v), best_edge(r, v)),
+           when=studied),  # fmt: skip
     Column(
         "lr sensitivity [{ci:.0%} CI]", None, lambda r, v, k: sensitivity(r, v, 0), sensitivity_text, when=sensitive
     ),  # fmt: skip
@@ -385,6 +393,7 @@ COLUMNS: list[Column] = [
     Column("status", "status", lambda r, v, k: v.status),
     Column(None, "{key}", stat_value, each=lambda r: STAT_COLUMNS),
     Column(None, "lr", lambda r, v, k: v.tuned_lr),
+    Column(None, "lr_edge", lambda r, v, k: v.tuned_edge),
     Column(None, "steps", lambda r, v, k: v.mean_of("steps")),
     Column(None, "flops", lambda r, v, k: v.mean_of("flops")),
     Column(None, "budget", lambda r, v, k: budget_text(v)),
@@ -392,9 +401,12 @@ COLUMNS: list[Column] = [
     Column(None, "pass_threshold", lambda r, v, k: threshold_of(r)),
     Column(None, "clipped", lambda r, v, k: clipped_cell(comparison(r, v))),
     Column(None, "best_lr", lambda r, v, k: best_lr(r, v)),
+    Column(None, "best_lr_edge", lambda r, v, k: best_edge(r, v)),
     Column(None, "lr_sensitivity", lambda r, v, k: sensitivity(r, v, 0)),
     Column(None, "lr_sensitivity_ci_low", lambda r, v, k: sensitivity(r, v, 1)),
     Column(None, "lr_sensitivity_ci_high", lambda r, v, k: sensitivity(r, v, 2)),
+    Column(None, "lr_sensitivity_clipped", lambda r, v, k: str(c.clipped).lower() if (c := lr_curve(r, v)) and
+           sensitivity(r, v, 1) is not None else None),  # fmt: skip
     Column(None, "lr_sensitivity_seeds", lambda r, v, k: len(c.per_seed) if (c := lr_curve(r, v)) else None),
     Column(None, "lr_sensitivity_{key}", lr_delta_cell, each=lambda r: LR_DELTA_COLUMNS),
     Column(None, "{key}", peak_cell, each=peak_columns),

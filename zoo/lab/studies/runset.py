@@ -20,6 +20,15 @@ UNUSED = "unused"
 UNSET = "unset"
 
 
+def grid_edge(rate: float | None, grid: Any) -> str | None:
+    """``"lowest"`` or ``"highest"`` when ``rate`` is that end of ``grid`` (two rates or more), else None: a best
+    rate at the edge of its grid may not be the best at all (the curve was seen on one side of it only)."""
+    rates = sorted({float(r) for r in grid})
+    if rate is None or len(rates) < 2:
+        return None
+    return "lowest" if math.isclose(rate, rates[0]) else "highest" if math.isclose(rate, rates[-1]) else None
+
+
 @dataclass
 class Run:
     """One run folder: its record (summary.json) and its overrides as ``{key: value}``."""
@@ -108,6 +117,12 @@ class Variant:
     def tuned_lr(self) -> float | None:
         """The learning rate ``tune.lr`` chose for this variant (None without tuning)."""
         return next((r.record.tune["lr"] for r in self.runs if r.record.tune and r.record.tune.get("lr")), None)
+
+    @property
+    def tuned_edge(self) -> str | None:
+        """``"lowest"`` or ``"highest"`` when the tuned rate is that end of the grid ``tune.lr`` searched."""
+        tune = next((r.record.tune for r in self.runs if r.record.tune and r.record.tune.get("lr")), None)
+        return grid_edge(float(tune["lr"]), tune.get("searched") or {}) if tune else None
 
     @property
     def budget(self) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zoo.lab.studies.runset import Run, Variant
+from zoo.lab.studies.runset import Run, Variant, grid_edge
 from zoo.lab.studies.stats import Comparison, compare, difference_range, mean_interval
 
 
@@ -88,14 +88,22 @@ class LrCurve:
     missing: list[Any]  # tune seeds without a metric at initialization: no sensitivity for them
     initial: dict[Any, float] = field(default_factory=dict)  # each seed's metric at initialization
     comparison: Comparison | None = None
+    edge: str | None = None  # "lowest" or "highest": the best rate is that end of the grid
 
     def sensitivity(self) -> tuple[float, float | None, float | None] | None:
-        """Mean over seeds and its 95% t interval (no interval for one seed; None without any)."""
+        """Mean over seeds and its 95% t interval, its low end clipped at 0 (a sensitivity is never negative;
+        :attr:`clipped` says when); no interval for one seed; None without any."""
         values = list(self.per_seed.values())
         if not values:
             return None
         interval = mean_interval(values)
-        return interval if interval else (values[0], None, None)
+        return (interval[0], max(interval[1], 0.0), interval[2]) if interval else (values[0], None, None)
+
+    @property
+    def clipped(self) -> bool:
+        """Whether the sensitivity's t interval reached below 0 and was cut there."""
+        interval = mean_interval(list(self.per_seed.values())) if len(self.per_seed) > 1 else None
+        return interval is not None and interval[1] < 0
 
 
 @dataclass
@@ -144,7 +152,8 @@ def build_curve(key: tuple[str, ...], runs: Sequence[Run], study: LrStudy) -> Lr
     initial = {s: x for s, x in found.items() if x is not None}
     per_seed = {s: seed_sensitivity([p.values.get(s) for p in points], initial[s], mode) for s in initial}
     missing = [s for s in study.seeds if s not in initial]
-    return LrCurve(key, points, best_rate(points, study.seeds, mode), per_seed, missing, initial)
+    best = best_rate(points, study.seeds, mode)
+    return LrCurve(key, points, best, per_seed, missing, initial, edge=grid_edge(best, study.rates))
 
 
 def seed_order(seed: Any) -> tuple[int, Any]:

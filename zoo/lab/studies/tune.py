@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.core.errors import ConfigError
 from zoo.lab.planning.options import TUNE_DIR, tune_options
 from zoo.lab.records.config import config_hash
+from zoo.lab.studies.runset import grid_edge
 from zoo.lab.studies.variants import collect
 
 log = logging.getLogger("zoo.lab.studies.tune")
@@ -73,6 +74,9 @@ def choose_lr(config: dict[str, Any], tune_dir: Path) -> dict[str, Any]:
             "tune.lr", rates, f"no tuning run of this variant finished ok under {tune_dir} (see its report.md)"
         )
     best = (min if mode == "min" else max)(finished, key=finished.__getitem__)
+    if edge := grid_edge(best, searched):
+        log.warning("tune.lr chose %g, the %s rate of its grid %s: the best may lie beyond it; widen tune.lr",
+                    best, edge, sorted(searched))  # fmt: skip
     return {"lr": best, "metric": metric, "mode": mode, "searched": searched, "seeds": seeds}
 
 
