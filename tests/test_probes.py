@@ -6,6 +6,7 @@ the spike detector on planted spikes."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -23,12 +24,11 @@ from zoo.lab.records import checkpoint as ckpt
 from zoo.lab.records.config import config_hash
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.tasks import build_task
-from zoo.lab.training import probes
+from zoo.lab.training import probes, spikes
 from zoo.lab.training import trainer as trainer_module
 from zoo.lab.training.loop_state import LoopState
 from zoo.lab.training.probes import PROBE_KEYS, Probes, forward_probe
 from zoo.lab.training.run import run
-from zoo.lab.training.spikes import MIN_HISTORY, spike_indices, spikes
 from zoo.lab.training.step import Stepper
 from zoo.lab.training.trainer import Trainer
 from zoo.models.language import build_model
@@ -253,39 +253,75 @@ def test_probe_every_is_out_of_the_config_hash():
 # --- Spikes --------------------------------------------------------------------------------------------
 
 
-def smooth(n: int, seed: int = 0) -> list[float]:
-    """A falling loss curve with a little noise, as a healthy run logs it."""
+def early_curve(n: int, seed: int = 0) -> list[list[float | None]]:
+    """Every step of a healthy run's start, as the loop sees it: a loss falling fast from 5.5 towards 2.5 with
+    each batch's scatter (2%), and a gradient norm that rises out of initialization and settles, scattered by
+    20% from step to step."""
     rng = random.Random(seed)
-    return [2.0 + 3.0 * math.exp(-i / 15) + rng.gauss(0, 0.01) for i in range(n)]
+    loss = [2.5 + 3.0 * math.exp(-i / 25) for i in range(n)]
+    grad = [0.5 + 1.5 * (1 - math.exp(-i / 5)) * math.exp(-i / 60) for i in range(n)]
+    return [[i + 1, x * math.exp(rng.gauss(0, 0.02)), g * math.exp(rng.gauss(0, 0.2))]
+            for i, (x, g) in enumerate(zip(loss, grad, strict=True))]  # fmt: skip
 
 
-def test_a_smooth_series_has_no_spike_and_a_planted_one_is_found_where_it_is():
+def judged(rows: list[list[float | None]]) -> dict:
+    state = spikes.new_state()
+    spikes.update(state, rows)
+    return spikes.result(state)
+
+
+def test_a_healthy_start_has_no_spike_and_planted_ones_are_found_at_their_step():
+    """Every step judged: a +40% loss jump at step 30 of 100 (where the curve still falls fast) and a 10x
+    gradient-norm jump are each found at the step they happen, and nowhere else."""
     for seed in range(20):
-        assert spike_indices(smooth(200, seed)) == []
-        rising = [1.0 + 0.01 * i + random.Random(seed).gauss(0, 0.02) for i in range(200)]  # a norm growing steadily
-        assert spike_indices(rising) == []
-    series = smooth(100)
-    series[60] += 1.0  # one bad step
-    assert spike_indices(series) == [60]
-    assert spike_indices([5.0] * MIN_HISTORY + [50.0]) == [MIN_HISTORY]  # judged from MIN_HISTORY values on
-    assert spike_indices([5.0] * (MIN_HISTORY - 1) + [50.0]) == []
-    assert spike_indices([1.0, None, 1.0, 1.0, 1.0, 1.0, 1.0, float("nan"), 9.0]) == [8]  # unknowns skipped
-    curve = [[s, loss, 1.0] for s, loss in zip(range(10, 1010, 10), series, strict=True)]
-    curve[80][2] = 30.0  # a gradient-norm spike alone
-    assert spikes(curve) == {"count": 2, "steps": [610, 810]}
+        assert judged(early_curve(100, seed)) == {
+            "count": 0, "steps": [], "by": {"loss": [], "grad_norm": []}, "judged": 100 - spikes.MIN_HISTORY,
+        }  # fmt: skip
+        loss_jump, grad_jump = early_curve(100, seed), early_curve(100, seed)
+        loss_jump[29][1] *= 1.4
+        grad_jump[69][2] *= 10
+        assert judged(loss_jump)["by"] == {"loss": [30], "grad_norm": []} and judged(loss_jump)["steps"] == [30]
+        assert judged(grad_jump)["by"] == {"loss": [], "grad_norm": [70]} and judged(grad_jump)["count"] == 1
+        rising = [[i, 1.0 + 0.01 * i + random.Random(seed).gauss(0, 0.02), 1.0] for i in range(200)]  # steady
+        assert judged(rising)["count"] == 0
 
 
-def test_a_step_at_a_huge_rate_is_a_spike_at_the_next_step(tmp_path, monkeypatch):
-    """The rate x 300 for step 16 only: the loss of step 17 (the first forward after it) jumps."""
+def test_a_step_is_judged_once_it_has_enough_history_and_unknowns_are_skipped():
+    flat = [[i, 5.0, None] for i in range(spikes.MIN_HISTORY)]
+    assert judged([*flat, [99, 50.0, None]])["steps"] == [99]  # judged from MIN_HISTORY values on
+    assert judged([*flat[1:], [99, 50.0, None]]) == {
+        "count": None, "steps": [], "judged": 0,
+        "reason": f"not measurable: no step had {spikes.MIN_HISTORY} earlier steps with a finite loss or "
+                  "gradient norm",
+    }  # fmt: skip
+    gaps = [[i, 1.0, None] for i in range(6)] + [[6, None, None], [7, float("nan"), 1.0]]
+    gaps += [[8 + i, 1.0, None] for i in range(4)] + [[12, 9.0, None]]
+    assert judged(gaps)["steps"] == [12]  # ten finite losses before step 12: the unknowns skipped
+
+
+def test_the_detector_state_is_plain_and_judging_in_pieces_is_judging_at_once():
+    rows = early_curve(60, 3)
+    rows[40][1] *= 1.5
+    state = spikes.new_state()
+    for start in range(0, 60, 7):  # log every 7 steps, the state through JSON between (as a checkpoint holds it)
+        spikes.update(state, rows[start : start + 7])
+        state = json.loads(json.dumps(state))
+    assert spikes.result(state) == judged(rows) and judged(rows)["steps"] == [41]
+    assert all(len(h) <= spikes.WINDOW for h in state["history"].values())  # bounded, however long the run
+
+
+def test_a_step_at_a_huge_rate_is_a_spike_at_the_next_step_with_sparse_logging(tmp_path, monkeypatch):
+    """The rate x 300 for step 16 only: the loss of step 17 (the first forward after it) jumps; logged every 8
+    steps, the detector still sees step 17 (it judges every step, not the log steps)."""
     lr_at = trainer_module.lr_at
     monkeypatch.setattr(trainer_module, "lr_at", lambda s, i, cfg: lr_at(s, i, cfg) * (300 if i == 15 else 1))
-    summary = run(tiny("train.steps=24", "train.log_every=1", "train.eval_every=0"), tmp_path / "spiked")
+    summary = run(tiny("train.steps=24", "train.log_every=8", "train.eval_every=0"), tmp_path / "spiked")
     assert summary["spikes"]["steps"][:1] == [17] and summary["status"] == "ok"
     monkeypatch.undo()
-    assert run(tiny("train.steps=24", "train.log_every=1", "train.eval_every=0"), tmp_path / "smooth")["spikes"] == {
-        "count": 0,
-        "steps": [],
-    }
+    smooth = run(tiny("train.steps=24", "train.log_every=8", "train.eval_every=0"), tmp_path / "smooth")
+    assert smooth["spikes"]["count"] == 0 and smooth["spikes"]["judged"] == 24 - spikes.MIN_HISTORY
+    short = run(tiny("train.steps=8", "train.eval_every=0"), tmp_path / "short")
+    assert short["spikes"]["count"] is None and short["spikes"]["reason"].startswith("not measurable")
 
 
 def test_a_mixer_without_logits_is_skipped_by_name(tmp_path):

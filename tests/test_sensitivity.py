@@ -179,18 +179,26 @@ def test_the_spikes_column_counts_each_variants_spikes_and_says_which_runs(tmp_p
     counts = {"layernorm": [0, 2, 1], "rmsnorm": [0, 0, 0]}
     for norm, per_seed in counts.items():
         for seed, n in enumerate(per_seed):
-            spikes = {"count": n, "steps": list(range(10, 10 + 10 * n, 10))}
+            spikes = {"count": n, "steps": list(range(10, 10 + 10 * n, 10)), "judged": 90}
             fake_run(tmp_path, [f"norm={norm}", f"seed={seed}"], value=3.0 - 0.1 * seed, spikes=spikes)
     fake_run(tmp_path, ["norm=dyt", "seed=0"], value=3.0)  # an older run: no spike score
+    too_short = {"count": None, "steps": [], "judged": 0, "reason": "not measurable: ..."}
+    fake_run(tmp_path, ["norm=layernorm", "seed=3"], value=3.0, spikes=too_short)
+    logged_only = {"count": 0, "steps": []}  # judged on the logged curve only (an earlier score): it could not see
+    for seed in range(2):
+        fake_run(tmp_path, ["norm=none", f"seed={seed}"], value=3.0, spikes=logged_only)
     text = write_report(tmp_path)
     got = rows_by_norm(tmp_path)
     assert float(got["layernorm"]["spikes"]) == pytest.approx(1.0) and got["layernorm"]["spiked_runs"] == "2/3"
     assert float(got["rmsnorm"]["spikes"]) == 0 and got["rmsnorm"]["spiked_runs"] == "0/3"
     assert got["dyt"]["spikes"] == "" and got["dyt"]["spiked_runs"] == ""
-    assert "| spikes (mean; runs) |" in text and "| 1; 2/3 |" in text
+    assert got["none"]["spikes"] == "" and got["none"]["spiked_runs"] == "not measurable"  # never 0
+    assert "| spikes (mean; runs) |" in text and "| 1; 2/3 (1 not measurable) |" in text
+    assert "| not measurable |" in text and "| 0; 0/3 |" in text
     with open(tmp_path / "runs.csv") as f:
         per_run = {(r["norm"], r["seed"]): r["spikes"] for r in csv.DictReader(f)}
     assert per_run[("layernorm", "1")] == "2" and per_run[("dyt", "0")] == ""
+    assert per_run[("layernorm", "3")] == per_run[("none", "0")] == "not measurable"
 
 
 def test_grid_edge_names_the_end_a_rate_is_at():

@@ -25,6 +25,7 @@ from zoo.lab.reports.table import (
     csv_columns,
     header_fields,
     relative_to,
+    run_spikes,
     stat_cells,
     studied,
 )
@@ -67,7 +68,7 @@ def write_csv(report: Report) -> None:
                 writer.writerow(
                     [relative_to(r.path, report.root), *v.key, r.seed, r.status, value,
                      (r.record.parameters or {}).get("total"), r.record.tokens_per_s, r.record.wall_time_s,
-                     r.record.error or r.record.reason, passed, (r.record.spikes or {}).get("count")]
+                     r.record.error or r.record.reason, passed, run_spikes(r.record)]
                 )  # fmt: skip
         for d in report.dropped:  # no summary to read the axes from: the folder and the reason
             writer.writerow([relative_to(d.path, report.root), *[""] * len(report.axes), "", "not read", "", "", "",

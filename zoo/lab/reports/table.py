@@ -300,10 +300,28 @@ def comparison_of_lr(report: Report, variant: Variant) -> Comparison | None:
     return c.comparison if (c := lr_curve(report, variant)) else None
 
 
+#: A run's spike score when the run recorded one it could not compute: too short, or judged on the logged
+#: curve only (runs from before the score judged every step).
+NOT_MEASURABLE = "not measurable"
+
+
+def run_spikes(record: Any) -> int | str | None:
+    """A run's spike count (summary ``spikes``): the count, :data:`NOT_MEASURABLE`, or None (no score)."""
+    score = record.spikes
+    if score is None:
+        return None
+    count, judged = score.get("count"), score.get("judged")
+    measured = isinstance(count, int) and not isinstance(count, bool) and isinstance(judged, int) and judged > 0
+    return count if measured else NOT_MEASURABLE
+
+
 def spike_counts(variant: Variant) -> list[int]:
-    """Each run's loss and gradient-norm spikes (summary ``spikes.count``), over the runs that recorded one."""
-    counts = [r.record.spikes for r in variant.runs if r.record.spikes is not None]
-    return [int(c["count"]) for c in counts if isinstance(c.get("count"), int) and not isinstance(c["count"], bool)]
+    """Each run's loss and gradient-norm spikes, over the runs whose score could be measured."""
+    return [c for r in variant.runs if isinstance(c := run_spikes(r.record), int)]
+
+
+def unmeasured(variant: Variant) -> int:
+    return sum(run_spikes(r.record) == NOT_MEASURABLE for r in variant.runs)
 
 
 def spikes_mean(variant: Variant) -> float | None:
@@ -312,19 +330,23 @@ def spikes_mean(variant: Variant) -> float | None:
 
 
 def spiked_runs(variant: Variant) -> str:
-    """``1/3``: the runs with a spike, of those that recorded the score (empty when none did)."""
+    """``1/3``: the runs with a spike, of those that measured the score; ``not measurable`` when none could."""
     counts = spike_counts(variant)
-    return f"{sum(c > 0 for c in counts)}/{len(counts)}" if counts else ""
+    if not counts:
+        return NOT_MEASURABLE if unmeasured(variant) else ""
+    return f"{sum(c > 0 for c in counts)}/{len(counts)}"
 
 
 def spikes_text(report: Report, variant: Variant, key: str) -> str:
-    mean = spikes_mean(variant)
-    return "" if mean is None else f"{mean:.2g}; {spiked_runs(variant)}"
+    mean, missing = spikes_mean(variant), unmeasured(variant)
+    if mean is None:
+        return NOT_MEASURABLE if missing else ""
+    return f"{mean:.2g}; {spiked_runs(variant)}" + (f" ({missing} {NOT_MEASURABLE})" if missing else "")
 
 
 def spiky(report: Report) -> bool:
-    """Whether some run recorded its spike score (summary ``spikes``)."""
-    return any(spike_counts(v) for v in report.variants)
+    """Whether some run recorded its spike score (summary ``spikes``), measurable or not."""
+    return any(run_spikes(r.record) is not None for v in report.variants for r in v.runs)
 
 
 #: report.csv's interaction columns: filled on the rows of a variant away from both axes' baselines.

@@ -4,7 +4,7 @@ built from its config (:func:`run_callbacks`, after :func:`check_callbacks` befo
 - ``records``: every record to ``metrics.jsonl`` and the tracker (``logger=``), on rank 0;
 - ``progress``: the progress bar (``progress``: null shows it on a terminal), on rank 0;
 - ``probes``: ``train.probe_every``'s probe records (zoo.lab.training.probes), on rank 0;
-- ``spikes``: the spike score of the logged curve, into the summary (zoo.lab.training.spikes);
+- ``spikes``: the spike score of every step's loss and gradient norm, into the summary (zoo.lab.training.spikes);
 - ``checkpoints``: a checkpoint every ``train.checkpoint_every`` steps, on every rank.
 """
 
@@ -18,10 +18,10 @@ from tqdm import tqdm
 
 from zoo.core.errors import ConfigError
 from zoo.lab.records.checkpoint import TrainState
+from zoo.lab.training import spikes
 from zoo.lab.training.callbacks import CALLBACKS, Callback, RunContext
 from zoo.lab.training.loop_state import FitResult, LoopState
 from zoo.lab.training.probes import Probes
-from zoo.lab.training.spikes import spikes
 
 
 @CALLBACKS.register("records")
@@ -108,16 +108,27 @@ class Probing(Callback):
 
 @CALLBACKS.register("spikes")
 class SpikeDetection(Callback):
-    """The steps where the logged loss or gradient norm spiked, into summary.json's `spikes`."""
+    """The steps where the loss or the gradient norm spiked, judged on every step, into summary.json's `spikes`."""
 
     always = True
+
+    def __init__(self) -> None:
+        self.loop: LoopState | None = None
 
     @classmethod
     def from_run(cls, run: RunContext, **options: Any) -> Callback | None:
         return cls()
 
+    def on_run_start(self, loop: LoopState, first: int) -> None:
+        self.loop = loop
+        loop.callback_state.setdefault("spikes", spikes.new_state())  # a resumed run's goes on
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        if record.get("kind") == "train" and self.loop is not None:
+            spikes.update(self.loop.callback_state["spikes"], self.loop.logged_steps)
+
     def on_run_end(self, loop: LoopState, result: FitResult) -> None:
-        result.spikes = spikes(loop.curve)
+        result.spikes = spikes.result(loop.callback_state["spikes"])
 
 
 @CALLBACKS.register("checkpoints")

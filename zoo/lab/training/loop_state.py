@@ -35,7 +35,7 @@ class LoopState:
     ``aux_sums`` and the gradient norms since the last log step are per rank, on the device."""
 
     SAVED: ClassVar[tuple[str, ...]] = (
-        "n_summed", "reference", "last_loss", "final_val", "train_time", "initial", "curve",
+        "n_summed", "reference", "last_loss", "final_val", "train_time", "initial", "callback_state",
     )  # fmt: skip
 
     n_summed: int = 0  # steps summed into loss_sum since the last log step
@@ -47,8 +47,13 @@ class LoopState:
     loss_sum: torch.Tensor | None = None
     grad_sum: torch.Tensor | None = None  # the steps' gradient norms (before clipping) since the last log step
     grad_max: torch.Tensor | None = None  # ... and the largest of them
-    #: ``[step, loss, grad_norm_max]`` of every log step (zoo.lab.training.spikes reads it).
-    curve: list[list[float | None]] = field(default_factory=list)
+    #: Each step's loss and gradient norm since the last log step, on the device (a tensor [2] per step).
+    pending: list[torch.Tensor] = field(default_factory=list)
+    #: ``[step, loss, grad_norm]`` of every step up to the latest log step since the one before (the loss
+    #: averaged over ranks, None where unknown): set before the log step's ``train`` record is emitted.
+    logged_steps: list[list[float | None]] = field(default_factory=list)
+    #: The callbacks' own state, by callback name (plain values): checkpoints keep it, a resumed run goes on.
+    callback_state: dict[str, Any] = field(default_factory=dict)
     aux_sums: dict[str, torch.Tensor] = field(default_factory=dict)  # each auxiliary loss since the last log
     last_aux: dict[str, float] = field(default_factory=dict)  # their means at the last log step
     step: int = 0
@@ -63,5 +68,5 @@ class LoopState:
     def restore(self, loop: dict[str, Any]) -> None:
         """Take the values a checkpoint recorded (:meth:`saved`)."""
         for name in self.SAVED:
-            if name in loop:  # "initial", "curve": not in checkpoints written before they were recorded
+            if name in loop:  # "initial", "callback_state": not in checkpoints written before they were recorded
                 setattr(self, name, loop[name])

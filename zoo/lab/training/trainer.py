@@ -129,6 +129,8 @@ class Trainer:
             mine.update(grad_sum=loop.grad_sum.detach().cpu().clone(), grad_max=loop.grad_max.detach().cpu().clone())
         if loop.aux_sums:
             mine["aux_sums"] = {name: value.detach().cpu().clone() for name, value in loop.aux_sums.items()}
+        if loop.pending:  # the steps since the last log step, each [loss, grad norm]
+            mine["pending"] = torch.stack(loop.pending).cpu()
         ranks = [mine]
         if self.world > 1:
             ranks = [None] * self.world
@@ -163,6 +165,8 @@ class Trainer:
             unknown = torch.full((), math.nan if loop.n_summed else 0.0, device=self.device)  # an older checkpoint
             loop.grad_sum = mine.get("grad_sum", unknown).to(self.device)
             loop.grad_max = mine.get("grad_max", unknown).to(self.device)
+            if "pending" in mine:
+                loop.pending = list(mine["pending"].to(self.device))
         return loop, self.restored.step + 1
 
     def fit(self) -> FitResult:
@@ -217,6 +221,8 @@ class Trainer:
         if grad_norm is not None and loop.grad_sum is not None and loop.grad_max is not None:
             loop.grad_sum = loop.grad_sum + grad_norm
             loop.grad_max = torch.maximum(loop.grad_max, grad_norm)
+        unknown = torch.full((), math.nan, device=loss.device)
+        loop.pending.append(torch.stack([loss.detach().float(), unknown if grad_norm is None else grad_norm.float()]))
         loop.n_summed += 1
 
     def evaluate_initial(self, loop: LoopState) -> None:
@@ -247,11 +253,11 @@ class Trainer:
             loop.last_aux = aux
         step = loop.step
         grads = self.grad_norms(loop)
+        loop.logged_steps = self.steps_since_log(loop)
         self.emit(
             {"kind": "train", "step": step, "tokens": step * self.tokens_per_step, "loss": loop.last_loss, "lr": lr,
              "tokens_per_s": rate, **grads, **aux}
         )  # fmt: skip
-        loop.curve.append([step, loop.last_loss, grads["grad_norm_max"]])
         loop.loss_sum.zero_()
         loop.n_summed = 0
         loop.reference = loop.last_loss if loop.reference is None else loop.reference
@@ -261,6 +267,16 @@ class Trainer:
             first = loop.reference
             loop.reason = f"loss {loop.last_loss:.4g} at step {step} (first loss {first:.4g}, limit x{limit:g})"
         return now
+
+    def steps_since_log(self, loop: LoopState) -> list[list[float | None]]:
+        """``[step, loss, grad_norm]`` of each step since the last log step (the loss averaged over ranks; None:
+        unknown), read in one transfer; the pending values start again."""
+        if not loop.pending:
+            return []
+        values = self.mean_over_ranks(torch.stack(loop.pending)).tolist()  # [steps, 2]: loss, grad norm
+        loop.pending = []
+        first = loop.step - len(values) + 1
+        return [[first + i, *(x if math.isfinite(x) else None for x in row)] for i, row in enumerate(values)]
 
     def grad_norms(self, loop: LoopState) -> dict[str, float | None]:
         """The mean and the largest gradient norm (before clipping) of the steps since the last log step (the
