@@ -5,7 +5,7 @@ gradient norm (before clipping) to :func:`update` at each log step, and the stat
 last :data:`WINDOW` values of each series), so it rides in checkpoints. On the log of each series (a loss
 jump and a gradient-norm jump read as ratios), a step's value x is a spike when
 
-    x > level + Z * noise   and   x > level + log(1 + REL)
+    x > level + Z * noise   and   x > level + log(1 + REL[series])
 
 where ``level`` is the median of the :data:`LEVEL` steps before it (where the curve is now, even while it
 falls fast) and ``noise`` the step-to-step scatter of the :data:`WINDOW` steps before it: the mean absolute
@@ -35,21 +35,23 @@ LEVEL = 5
 MIN_HISTORY = 10
 #: How many noise units above the level a spike lies at least.
 Z = 7.0
-#: ... and by at least this fraction of the level (a near-constant series' tiny wobble is no spike).
-REL = 0.1
+#: ... and by at least this fraction of the level: a loss 10% up, a gradient norm doubled (its step-to-step
+#: scatter is wider; a healthy run's norm moves 1.3-1.9x for a step at the end of warmup, docs/runs.md).
+REL = {"loss": 0.1, "grad_norm": 1.0}
 #: The series judged, in the order :func:`update` takes their values.
 SERIES = ("loss", "grad_norm")
 
 
-def is_spike(value: float, history: Sequence[float]) -> bool:
-    """Whether ``value`` (a log) spikes against ``history``, the finite logs of the steps before it (in order)."""
+def is_spike(value: float, history: Sequence[float], series: str = "loss") -> bool:
+    """Whether ``value`` (a log of ``series``) spikes against ``history``, the finite logs of the steps before it
+    (in order)."""
     if len(history) < MIN_HISTORY:
         return False
     recent = history[-WINDOW:]
     level = statistics.median(recent[-LEVEL:])
     steps = sorted(abs(b - a) for a, b in zip(recent, recent[1:], strict=False))[:-TRIM]
     noise = statistics.fmean(steps) * math.sqrt(math.pi) / 2
-    return value > level + Z * noise and value > level + math.log1p(REL)
+    return value > level + Z * noise and value > level + math.log1p(REL[series])
 
 
 def log_of(value: float | None) -> float | None:
@@ -68,7 +70,7 @@ def update(state: dict[str, Any], steps: Sequence[Sequence[float | None]]) -> No
             if value is None:
                 continue
             judged |= len(history) >= MIN_HISTORY
-            if is_spike(value, history):
+            if is_spike(value, history, name):
                 state["by"][name].append(step)
                 if step not in state["steps"]:
                     state["steps"].append(step)
