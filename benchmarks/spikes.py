@@ -113,16 +113,21 @@ def main() -> None:
     print(f"\n{len(runs)} runs of {args.steps} steps; a spike planted at each of steps {args.at}, one at a time")
     print("| plant | " + " | ".join(f"step {s}" for s in at) + " | recall | detections elsewhere |")
     print("|---|" + "---|" * (len(at) + 2))
+    misses: list[str] = []
     for label, column, factor in (("loss", 1, args.loss_jump), ("grad norm", 2, args.grad_jump)):
-        hits, elsewhere = {s: 0 for s in at}, 0
-        for _, series, _ in runs:
+        hits, elsewhere, missed = {s: 0 for s in at}, 0, []
+        for name, series, _ in runs:
             for step in at:
                 seen = found(planted(series, step, column, factor))
                 hits[step] += step in seen
                 elsewhere += len([s for s in seen if s != step])
+                if step not in seen:
+                    missed.append(f"{name} at step {step}")
         total = sum(hits.values())
         cells = " | ".join(f"{hits[s]}/{len(runs)}" for s in at)
         print(f"| {label} x {factor:g} | {cells} | {total}/{len(runs) * len(at)} | {elsewhere} |")
+        misses.append(f"missed, {label} x {factor:g}: {', '.join(missed) or 'none'}")
+    print("\n".join(misses))
     print(f"\nFalse alarms: what the detector found in the unplanted {args.steps}-step runs")
     alarms([(name, summary) for name, _, summary in runs])
     if args.sweep:
