@@ -110,17 +110,18 @@ def test_data_benchmark_times_the_token_loader_and_zoo_prepare(monkeypatch, caps
 
 
 def test_mup_transfer_finds_the_best_rate_per_width_and_the_regret(monkeypatch, capsys, tmp_path):
-    """Fake runs where the standard best rate halves as width doubles and μP's stays: the table says so."""
+    """Fake runs where the standard best rate halves as width doubles and μP's stays: the tables say so, with
+    the report's paired intervals over the 3 seeds."""
     import json
 
     for param, shift in (("standard", True), ("mup", False)):
         for width in (32, 64, 128):
             best = 0.004 * 64 / width if shift else 0.004
             for lr in (0.001, 0.002, 0.004, 0.008):
-                for seed in (0, 1):
+                for seed in (0, 1, 2):
                     folder = tmp_path / f"{param}-{width}-{lr}-{seed}"
                     folder.mkdir()
-                    value = 3.0 + abs(math.log2(lr / best)) * 0.1 + seed * 0.01
+                    value = 3.0 + abs(math.log2(lr / best)) * 0.1 + seed * 0.01 + (width == 128) * seed * 0.001
                     config = {"param": {"name": param}, "block": {"d_model": width}, "train": {"lr": lr}, "seed": seed}
                     summary = {"status": "ok", "config": config, "metric": {"name": "val_bpb", "value": value}}
                     (folder / "summary.json").write_text(json.dumps(summary))
@@ -128,10 +129,14 @@ def test_mup_transfer_finds_the_best_rate_per_width_and_the_regret(monkeypatch, 
         sys, "argv", ["mup_transfer.py", str(tmp_path), "--base", "64", "--out", str(tmp_path / "t.png")]
     )
     runpy.run_path(str(BENCHMARKS / "mup_transfer.py"), run_name="__main__")
-    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in capsys.readouterr().out.splitlines()}
-    assert rows[("standard", "32")].split("|")[-3].strip() == "0.008"  # the best rate moved
-    assert rows[("standard", "128")].split("|")[-3].strip() == "0.002"
-    assert rows[("standard", "128")].split("|")[-2].strip().startswith("+0.1000")  # one octave off: 0.1 worse
-    assert all(rows[("mup", str(w))].split("|")[-3].strip() == "0.004" for w in (32, 64, 128))
-    assert rows[("mup", "128")].split("|")[-2].strip().startswith("+0.0000")
+    rates, params, widths = capsys.readouterr().out.split("\n\n")
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line.split("|") for line in rates.splitlines()}
+    assert rows[("standard", "32")][-4].strip() == "0.008 (edge: highest)"  # the best rate moved, off the grid
+    assert rows[("standard", "128")][-4].strip() == "0.002"
+    assert rows[("standard", "128")][-3].strip().startswith("+0.1000 [")  # one octave off: 0.1 worse
+    assert rows[("standard", "128")][-3].strip().endswith("worse")
+    assert all(rows[("mup", str(w))][-4].strip() == "0.004" for w in (32, 64, 128))
+    assert rows[("mup", "128")][-3].strip().startswith("+0.0000")
+    assert "| 128 | -0.1000 [" in params  # at the base's best rate, 0.004: an octave off the standard optimum
+    assert "| mup | 128 | 0.004 | 3.0110 | +0.0010 [" in widths  # each width against the base at its rate
     assert (tmp_path / "t.png").stat().st_size > 5_000

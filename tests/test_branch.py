@@ -216,3 +216,24 @@ def test_a_partial_baseline_completes_from_the_runs_it_names(tmp_path, capsys):
     text = (tmp_path / "report.md").read_text()
     assert "nothing to compare with" not in text and "| cosine | unset |" in text
     assert "baseline schedule=cosine train.branch.step=unset" in text
+
+
+def test_a_branch_from_a_sweep_folder_at_its_decay_finds_its_source_run(runs, tmp_path):
+    """``train.branch.from=<sweep folder> train.branch.step=decay`` (a ladder's budgets): the one run there of
+    this config but for its steps, branched where this run's decay starts (15 steps: step 12), as if named."""
+    sweep = tmp_path / "sweep"
+    shutil.copytree(runs / "wsd24", sweep / "wsd24")
+    found = run(branch(sweep, "decay", "train.steps=15"), tmp_path / "found")
+    assert found["status"] == "ok", found["error"]
+    assert found["config"]["train"]["branch"] == {"from": str(sweep / "wsd24"), "step": 12}
+    named = run(branch(runs / "wsd24", 12, "train.steps=15"), tmp_path / "named")
+    assert found["final"] == named["final"] and found["branch"]["checksum"] == named["branch"]["checksum"]
+    two = run(branch(runs, "decay", "train.steps=15"), tmp_path / "two")  # wsd12 and wsd24 both match
+    assert two["status"] == "failed" and "it holds 2 runs (wsd12, wsd24)" in two["error"]
+    none = run(branch(sweep, "decay", "train.steps=15", "mlp=swiglu"), tmp_path / "none")
+    assert none["status"] == "failed" and "it holds no finished run" in none["error"]
+    cosine = tiny("train.checkpoint_every=3", "train.keep_checkpoints=10", "block.dropout=0.1",
+                  f"train.branch.from={sweep}", "train.branch.step=decay", "train.steps=15")  # fmt: skip
+    refused = run(cosine, tmp_path / "cosine")
+    assert refused["status"] == "failed"
+    assert "train.branch.step='decay': a WSD schedule's decay start" in refused["error"]

@@ -87,6 +87,66 @@ def branch_options(train: Any) -> tuple[str | None, int | None]:
     return source, step
 
 
+#: ``train.branch.step``'s word for the step where this run's WSD decay starts.
+DECAY = "decay"
+
+
+def resolve_branch(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with ``train.branch`` as one run folder and one step: a ``from`` that is a sweep folder (no
+    summary.json of its own) becomes the one run under it of this config but for what a branch may change
+    (:data:`MAY_DIFFER`); ``step: decay`` becomes the step where this run's WSD decay starts. A ladder's budgets
+    branch this way from its longest runs (zoo/lab/studies/ladder_runs.py)."""
+    section = (raw.get("train") or {}).get("branch")
+    if not isinstance(section, dict) or section.get("from") is None:
+        return raw
+    source, step = section["from"], section.get("step")
+    folder = Path(str(source)).expanduser()
+    if folder.is_dir() and not (folder / "summary.json").is_file() and any(folder.glob("*/summary.json")):
+        folder = matching_run(folder, raw, str(source))  # a sweep folder: its run of this config
+    if step == DECAY:
+        step = decay_step(raw)
+    return {**raw, "train": {**raw["train"], "branch": {**section, "from": str(folder), "step": step}}}
+
+
+def decay_step(raw: dict[str, Any]) -> int:
+    """The step where the run's WSD decay starts (``train.branch.step: decay``); refused for another schedule."""
+    from zoo.lab.planning.train_config import TrainConfig
+
+    schedule = Recipe(schedule=raw.get("schedule") or {"name": "cosine"}).schedule_entry()
+    start = getattr(schedule, "decay_start", None)
+    if start is None:
+        name = (raw.get("schedule") or {}).get("name", "cosine")
+        raise ConfigError("train.branch.step", DECAY, f"a WSD schedule's decay start (schedule=wsd), not {name}'s")
+    return int(start(TrainConfig.from_config(raw.get("train")).steps))
+
+
+def matching_run(sweep: Path, raw: dict[str, Any], source: str) -> Path:
+    """The one run folder under ``sweep`` (its own runs, not a nested sweep's) whose config is ``raw``'s but for
+    what a branch may change; refused by name when there is none or more than one."""
+    found = []
+    for summary in sorted(sweep.glob("*/summary.json")):
+        record, _ = read_record_checked(summary.parent)
+        ok = record is not None and record.config is not None and record.status == "ok"
+        if ok and not differing(record.config, raw):  # type: ignore[union-attr]
+            found.append(summary.parent)
+    if len(found) != 1:
+        what = "no finished run" if not found else f"{len(found)} runs ({', '.join(p.name for p in found[:3])})"
+        why = ("a run folder, or a sweep folder holding one finished run of this config but for its steps and "
+               f"schedule: it holds {what}")
+        raise ConfigError("train.branch.from", source, why)
+    return found[0]
+
+
+def differing(theirs: dict[str, Any], raw: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The keys where a source's config differs from ``raw`` beyond what a branch may change."""
+    return {
+        k: values
+        for k, values in config_differences(theirs, raw).items()
+        if not any(k == d or (d.endswith(".") and k.startswith(d)) for d in MAY_DIFFER)
+        and k != "schedule"  # the default schedule, left out of both
+    }
+
+
 def check_branch(raw: dict[str, Any], train: Any, recipe: Recipe, *, world: int) -> Branch | None:
     """The run's branch, checked against its source (no tensor work: the checkpoint's files are verified
     against their manifest, nothing is loaded); None when ``train.branch`` is unset."""
@@ -115,12 +175,7 @@ def check_branch(raw: dict[str, Any], train: Any, recipe: Recipe, *, world: int)
 
 def check_same_run(raw: dict[str, Any], theirs: dict[str, Any], source: str) -> None:
     """Refuse a source whose config differs from this run's in more than :data:`MAY_DIFFER`, naming each key."""
-    differ = {
-        k: values
-        for k, values in config_differences(theirs, raw).items()
-        if not any(k == d or (d.endswith(".") and k.startswith(d)) for d in MAY_DIFFER)
-        and k != "schedule"  # the default schedule, left out of both
-    }
+    differ = differing(theirs, raw)
     if differ:
         shown = differences_text(differ, 5)
         raise ConfigError(

@@ -27,7 +27,7 @@ from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.lab.cores import dist_env, submitit_tasks
 from zoo.lab.data.tokenizer import copy_to_run
 from zoo.lab.files import from_cwd, write_atomic
-from zoo.lab.planning.branch import identity, load_branch, same_start, source_metrics
+from zoo.lab.planning.branch import identity, load_branch, resolve_branch, same_start, source_metrics
 from zoo.lab.planning.options import tune_options
 from zoo.lab.planning.plan import RunPlan, plan_run
 from zoo.lab.planning.run_model import with_task_vocab
@@ -148,6 +148,7 @@ def run_record(
         raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
         assert isinstance(raw, dict)
         raw = tuned(with_task_vocab(raw), record, tune_dir)  # model.vocab_size null: the task's, recorded
+        raw = resolve_branch(raw)  # train.branch from a sweep folder, or at its decay: one run, one step
         record.config, record.config_hash, record.unused_axes = raw, config_hash(raw), unused_axes(raw)
         record.choices = {k: v for k, v in (record.choices or {}).items() if k not in record.unused_axes}
         if writes:
