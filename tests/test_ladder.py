@@ -5,16 +5,23 @@ from the wrong run, fail; a ladder too small is refused by name."""
 
 from __future__ import annotations
 
+import csv
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
 from helpers import fake_run
+from matplotlib.image import imread
 
+from zoo.core.errors import ConfigError
+from zoo.lab.reports.report import write_report
 from zoo.lab.studies import ladder
 from zoo.lab.studies.ladder import Cell, LadderError, envelope, fit_law, ladder_study
+from zoo.lab.studies.tune import variant_hash
 from zoo.lab.studies.variants import build_report
+from zoo.lab.training.ladder_runs import branch_name, check_ladder
 
 WIDTHS = (32, 48, 64, 96)
 BUDGETS = (250, 500, 1000)
@@ -42,7 +49,8 @@ def write_ladder(root: Path, variants: dict[str, float], noise: float = 0.002, s
                 for s, offset in SEED_OFFSET.items():
                     loss = true_loss(width, steps) * (1 + offset) + rng.gauss(0, noise)
                     flops = 6 * params(width) * steps * TOKENS_PER_STEP / m
-                    config = {"seed": s, "block": {"d_model": width}, "train": {"steps": steps}}
+                    config = {"seed": s, "block": {"d_model": width}, "train": {"steps": steps},
+                              "ladder": {"steps": list(BUDGETS[:-1]), "extrapolate": 10}}  # fmt: skip
                     overrides = [f"mlp={name}", f"block.d_model={width}", f"train.steps={steps}", f"seed={s}"]
                     fake_run(root, overrides, value=loss, config=config, flops=flops, job=job)
 
@@ -135,3 +143,64 @@ def test_the_fit_recovers_a_pure_power_law_exactly():
     assert (fit.E, fit.A, fit.alpha) == pytest.approx((1.1, 0.7, 0.3), rel=1e-3)
     assert max(abs(r) for r in fit.residuals) < 1e-6
     assert math.isinf(fit.compute_for(1.0))  # below the floor E: never reached
+
+
+def test_the_report_of_a_ladder_has_its_section_csv_and_plot(tmp_path):
+    write_ladder(tmp_path, {"base": 1.0, "better": 1.5})
+    text = write_report(tmp_path)
+    section = text[text.index("Ladder (ladder.steps"):]
+    assert "| mlp=better |" in section and "| better |" in section and "| mlp=base |" in section
+    with open(tmp_path / "ladder.csv") as f:
+        rows = {r["mlp"]: r for r in csv.DictReader(f)}
+    assert float(rows["better"]["multiplier"]) == pytest.approx(1.5, rel=0.02)
+    assert float(rows["better"]["multiplier_ci_low"]) < 1.5 < float(rows["better"]["multiplier_ci_high"])
+    assert rows["better"]["verdict"] == "better" and rows["base"]["verdict"] == "baseline"
+    assert float(rows["better"]["compute_extrapolated"]) == pytest.approx(10 * float(rows["better"]["compute"]))
+    assert int(rows["base"]["envelope_cells"]) >= 3 and rows["base"]["seeds"] == "3"
+    assert imread(tmp_path / "ladder.png").shape[1] > 1000
+
+
+def test_a_sweep_that_is_not_a_ladder_gets_no_ladder_section(tmp_path):
+    for seed in range(3):
+        fake_run(tmp_path, ["mlp=gelu", f"seed={seed}"], value=3.0 + seed * 0.01)
+        fake_run(tmp_path, ["mlp=swiglu", f"seed={seed}"], value=2.9 + seed * 0.01)
+    text = write_report(tmp_path)
+    assert "Ladder" not in text and not (tmp_path / "ladder.csv").exists() and not (tmp_path / "ladder.png").exists()
+
+
+WSD_LADDER = {"schedule": {"name": "wsd", "decay_fraction": 0.2}, "ladder": {"steps": [200, 400]},
+              "train": {"steps": 800, "checkpoint_every": 160, "keep_checkpoints": 4}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change, widths, message",
+    [
+        ({}, ["32", "64"], "block.d_model='32,64': at least 3 widths"),
+        ({"ladder": {"steps": [400]}}, ["32", "48", "64"], "at least 2 shorter budgets"),
+        ({"ladder": {"steps": [200, 900]}}, ["32", "48", "64"], "distinct step counts below train.steps=800"),
+        ({"schedule": {"name": "cosine"}}, ["32", "48", "64"], "schedule='cosine': wsd for a ladder"),
+        ({"train": {"steps": 800, "checkpoint_every": 100, "keep_checkpoints": 4}}, ["32", "48", "64"],
+         "train.checkpoint_every=100: a divisor of every branch's start, [160, 320]"),
+        ({"train": {"steps": 800, "checkpoint_every": 160, "keep_checkpoints": 2}}, ["32", "48", "64"],
+         "train.keep_checkpoints=2: at least 4"),
+    ],
+)  # fmt: skip
+def test_a_ladder_that_cannot_be_fitted_or_branched_is_refused_before_any_run(change, widths, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_ladder({**WSD_LADDER, **change}, widths)
+
+
+def test_a_ladder_that_can_be_branched_passes_and_names_its_branches():
+    assert check_ladder(WSD_LADDER, ["32", "48", "64", "96"]) == [200, 400]
+    assert check_ladder({**WSD_LADDER, "ladder": {"steps": None}}, ["32"]) == []  # not a ladder: nothing to check
+    assert branch_name("block.d_model=32,seed=0,train.steps=800", 200) == "block.d_model=32,seed=0,train.steps=200"
+    assert branch_name("block.d_model=32,seed=0", 200) == "block.d_model=32,seed=0,train.steps=200"
+
+
+def test_tune_width_matches_a_variants_runs_at_every_width_to_its_tuning_runs():
+    small = {"block": {"d_model": 64, "n_heads": 4}, "seed": 0, "train": {"lr": 1e-3}}
+    wide = {"block": {"d_model": 128, "n_heads": 4}, "seed": 1, "train": {"lr": 3e-3}}
+    assert variant_hash(small, any_width=True) == variant_hash(wide, any_width=True)
+    assert variant_hash(small) != variant_hash(wide)
+    other = {"block": {"d_model": 128, "n_heads": 2}, "seed": 1, "train": {"lr": 3e-3}}
+    assert variant_hash(other, any_width=True) != variant_hash(small, any_width=True)  # another variant

@@ -12,7 +12,7 @@ from typing import Any
 COMPUTES = ("block", "model", "encoder", "task", "train", "seed", "device", "sweep")
 #: Top-level keys that change how fast a run goes, what it leaves on disk or how the report reads it, never
 #: a number it computes: left out of the hash (adding a tracker or a callback to a finished sweep skips its runs).
-RUNTIME = ("threads", "progress", "logger", "report", "tune", "compile", "parallel", "callbacks")
+RUNTIME = ("threads", "progress", "logger", "report", "tune", "ladder", "compile", "parallel", "callbacks")
 #: Sections added after runs were recorded: in the hash only away from their default
 #: (zoo.lab.recipe.is_default for ``optim`` and ``schedule``; ``param=standard``).
 RECIPE = ("optim", "schedule")

@@ -95,7 +95,7 @@ def resolve_branch(raw: dict[str, Any]) -> dict[str, Any]:
     """``raw`` with ``train.branch`` as one run folder and one step: a ``from`` that is a sweep folder (no
     summary.json of its own) becomes the one run under it of this config but for what a branch may change
     (:data:`MAY_DIFFER`); ``step: decay`` becomes the step where this run's WSD decay starts. A ladder's budgets
-    branch this way from its longest runs (zoo/lab/studies/ladder_runs.py)."""
+    branch this way from its longest runs (zoo/lab/training/ladder_runs.py)."""
     section = (raw.get("train") or {}).get("branch")
     if not isinstance(section, dict) or section.get("from") is None:
         return raw

@@ -63,8 +63,11 @@ def tune_options(raw: Any) -> tuple[list[float] | None, list[int]]:
     """The ``tune`` section checked: (rates or None, tune seeds)."""
     raw = dict(raw or {})
     for key in raw:
-        if key not in ("lr", "seeds"):
-            raise ConfigError(f"tune.{key}", raw[key], "unknown key; allowed: lr, seeds")
+        if key not in ("lr", "seeds", "width"):
+            raise ConfigError(f"tune.{key}", raw[key], "unknown key; allowed: lr, seeds, width")
+    width = raw.get("width")
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width <= 0):
+        raise ConfigError("tune.width", width, "a positive block.d_model to tune at (null: each run's own)")
     rates, seeds = raw.get("lr"), raw.get("seeds", [0])
     if rates is not None:
         if isinstance(rates, (int, float)):
@@ -80,6 +83,28 @@ def tune_options(raw: Any) -> tuple[list[float] | None, list[int]]:
     if not isinstance(seeds, (list, tuple)) or not seeds or not all(isinstance(s, int) for s in seeds):
         raise ConfigError("tune.seeds", seeds, "a non-empty list of integer seeds, e.g. [0]")
     return rates, list(seeds)
+
+
+def ladder_options(raw: Any, steps: int) -> tuple[list[int], float]:
+    """The ``ladder`` section checked against the runs' ``train.steps``: (the shorter budgets, sorted; the
+    extrapolation factor). No budgets: not a ladder."""
+    raw = dict(raw or {})
+    for key in raw:
+        if key not in ("steps", "extrapolate"):
+            raise ConfigError(f"ladder.{key}", raw[key], "unknown key; allowed: steps, extrapolate")
+    budgets, far = raw.get("steps"), raw.get("extrapolate", 10)
+    if isinstance(far, bool) or not isinstance(far, (int, float)) or not far >= 1:
+        raise ConfigError("ladder.extrapolate", far, "a number at least 1 (times the largest compute trained)")
+    if budgets is None:
+        return [], float(far)
+    if isinstance(budgets, int) and not isinstance(budgets, bool):
+        budgets = [budgets]
+    ok = isinstance(budgets, (list, tuple)) and all(isinstance(b, int) and not isinstance(b, bool) for b in budgets)
+    if not ok or not all(0 < b < steps for b in budgets) or len(set(budgets)) != len(budgets):
+        raise ConfigError("ladder.steps", budgets, f"distinct step counts below train.steps={steps}, e.g. [300,600]")
+    if len(budgets) < 2:
+        raise ConfigError("ladder.steps", budgets, "at least 2 shorter budgets: with train.steps, the 3 a fit needs")
+    return sorted(budgets), float(far)
 
 
 def report_interaction(raw: Any) -> list[tuple[str, str]] | None:

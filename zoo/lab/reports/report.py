@@ -17,6 +17,7 @@ from zoo.lab.planning.options import report_options
 from zoo.lab.records.lock import report_lock
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.records.report_files import OPTIONAL, PLOTS, TABLES
+from zoo.lab.reports.ladder import plot_ladder, write_ladder_csv
 from zoo.lab.reports.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_probes, plot_routing
 from zoo.lab.reports.sections import markdown, warning_lines
 from zoo.lab.reports.table import (
@@ -99,6 +100,7 @@ def write_built(report: Report, plots: bool = True) -> str:
         (report.root / stale).unlink(missing_ok=True)
     (report.root / "report.md").write_text(text)
     write_csv(report)
+    write_ladder_csv(report)  # a ladder sweep's only
     if plots:
         metrics = {r.path: read_metrics(r.path) for r in report.runs}
         plot_curves(report, report.root / "curves.png", metrics)
@@ -109,6 +111,7 @@ def write_built(report: Report, plots: bool = True) -> str:
         if studied(report):  # tune.lr's runs under tune/
             plot_lr(report, report.root / "lr.png")
         plot_routing(report, report.root / "routing.png")  # only when some run routes tokens (mlp=moe)
+        plot_ladder(report, report.root / "ladder.png")  # only for a ladder sweep (ladder.steps)
     return text
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.lab.planning.options import TESTS, TUNE_DIR
+from zoo.lab.reports.ladder import ladder_lines
 from zoo.lab.reports.table import (
     fmt,
     fmt_rate,
@@ -154,6 +155,7 @@ def markdown(report: Report) -> str:
     lines += effects_lines(report)
     lines += interaction_lines(report)
     lines += lr_lines(report)
+    lines += ladder_lines(report)
     lines += peak_lines(report)
     lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/studies/fixed.py)
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]

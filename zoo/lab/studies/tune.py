@@ -6,6 +6,8 @@ first trains every variant at every listed rate on ``tune.seeds`` (seed 0 by def
 run takes the rate that gave its variant the best validation metric (the headline metric, averaged
 over the tune seeds; a rate where a run diverged or failed is never chosen). Each run's summary
 records the choice under ``tune``; the sweep's report shows the rate per variant and draws ``lr.png``.
+With ``tune.width`` the tuning runs train at that ``block.d_model`` only and every width takes its rate
+(under ``param=mup`` the rate tuned at one width transfers: a ladder tunes at its base width).
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ log = logging.getLogger("zoo.lab.studies.tune")
 #: The tuning runs' folder inside the sweep folder (the report leaves it out of the sweep's table).
 
 
-def variant_hash(config: dict[str, Any]) -> str:
-    """What a run computes, less its seed and learning rate: the same for a variant's tune runs and its runs."""
+def variant_hash(config: dict[str, Any], any_width: bool = False) -> str:
+    """What a run computes, less its seed and learning rate (and its width, ``any_width``: ``tune.width``): the
+    same for a variant's tune runs and its runs."""
     config = copy.deepcopy(config)
     config.pop("seed", None)
     if isinstance(config.get("train"), dict):
         config["train"].pop("lr", None)
+    if any_width and isinstance(config.get("block"), dict):
+        config["block"].pop("d_model", None)
     return config_hash(config)
 
 
@@ -48,13 +53,14 @@ def choose_lr(config: dict[str, Any], tune_dir: Path) -> dict[str, Any]:
     Returns ``{"lr", "metric", "mode", "searched": {rate: mean metric or None}, "seeds"}``.
     """
     rates, seeds = tune_options(config.get("tune"))
-    key = variant_hash(config)
+    width = (config.get("tune") or {}).get("width")
+    key = variant_hash(config, any_width=width is not None)
     results: dict[float, list[float | None]] = {}
     metric, mode = None, "min"
     runs = collect(tune_dir) if tune_dir.is_dir() else []
     for run in runs:
         cfg = run.record.config
-        if cfg is None or variant_hash(cfg) != key:
+        if cfg is None or variant_hash(cfg, any_width=width is not None) != key:
             continue
         rate = float((cfg.get("train") or {}).get("lr"))
         if rates is not None and rate not in rates:
@@ -82,15 +88,17 @@ def choose_lr(config: dict[str, Any], tune_dir: Path) -> dict[str, Any]:
 
 def search_argv(config: DictConfig, tune_dir: Path, rates: list[float], seeds: list[int]) -> list[str]:
     """The command line of the tuning sweep: the sweep's own, each rate on the tune seeds, into ``tune_dir``."""
-    task = [
-        o for o in config.hydra.overrides.task
-        if not o.lstrip("+~").startswith(("tune.", "tune=", "seed=", "train.lr="))
-    ]  # fmt: skip
+    width = (config.get("tune") or {}).get("width")
+    drop = ("tune.", "tune=", "seed=", "train.lr=", "ladder.", "ladder=", *(("block.d_model=",) if width else ()))
+    task = [o for o in config.hydra.overrides.task if not o.lstrip("+~").startswith(drop)]
     hydra = [o for o in config.hydra.overrides.hydra if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
     return [
         "-m",
         *task,
+        *((f"block.d_model={width}",) if width else ()),  # tune.width: every width takes this width's rate
         "tune.lr=null",
+        "ladder.steps=null",  # a ladder's budgets are its runs', not its tuning runs'
+
         f"seed={','.join(str(s) for s in seeds)}",
         f"train.lr={','.join(repr(r) for r in rates)}",
         *hydra,

@@ -63,6 +63,7 @@ class Report:
     interactions: list[Interaction] = field(default_factory=list)  # two axes' difference of differences
     lr: LrStudy | None = None  # the tuning runs (tune.lr, <root>/tune) across the rate grid, with the sensitivity
     peaks: dict[tuple[str, ...], dict[str, Peak]] = field(default_factory=dict)  # variant key -> probe key -> peak
+    ladder: Any = None  # a ladder sweep's fit (ladder.steps; zoo.lab.studies.ladder.LadderStudy), None otherwise
 
     @property
     def runs(self) -> list[Run]:
@@ -302,4 +303,17 @@ def with_studies(report: Report) -> Report:
     compared = (report.variants, report.baseline, report.test)
     report.lr = lr_study(*compared, report.axes, report.metric, report.mode, runs) if runs else None
     report.peaks = variant_peaks(*compared)
+    report.ladder = ladder_of(report)
     return report
+
+
+def ladder_of(report: Report) -> Any:
+    """A ladder sweep's fit (its runs recorded ``ladder.steps``), None for any other sweep."""
+    section = next((s for r in report.runs if (s := (r.record.config or {}).get("ladder")) and s.get("steps")), None)
+    if section is None:
+        return None
+    from zoo.lab.studies.ladder import ladder_study  # numpy and scipy.optimize: only a ladder's report needs them
+
+    baseline = dict(zip(report.axes, report.baseline, strict=True))
+    far = float(section.get("extrapolate") or 10)
+    return ladder_study(report.runs, report.axes, baseline, report.metric, report.mode, report.test, far)
