@@ -40,7 +40,7 @@ def test_run_writes_metrics_and_summary(tmp_path):
     assert [r["step"] for r in records if r["kind"] == "val"] == [0, 6, 12]  # 0: the initial weights
     assert summary["initial"] == {k: v for k, v in records[0].items() if k not in ("kind", "step", "tokens")}
     assert {"loss", "lr", "tokens_per_s", "tokens", "grad_norm", "grad_norm_max"} <= set(records[1])
-    assert summary["spikes"] == {"count": 0, "steps": []}
+    assert summary["spikes"] == {"count": 0, "steps": [], "by": {"loss": [], "grad_norm": []}, "judged": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "manifest.json",  # model.safetensors' sha256
         "metrics.jsonl",
@@ -365,14 +365,15 @@ def test_the_trainer_and_the_run_entry_name_no_task():
 def test_a_checkpoint_records_the_loops_running_values_as_before(tmp_path):
     """state.json's ``loop`` keeps its keys (checkpoints written before still resume): the first loss,
     the last logged one, the last evaluation, steps summed since the last log and the training time;
-    and, added since (an older checkpoint resumes without them), the initial evaluation and the logged
-    curve of loss and gradient norms the spike score reads."""
+    and, added since (an older checkpoint resumes without them), the initial evaluation and the callbacks'
+    state (the spike detector's: the logs of every step's loss and gradient norm up to the last log step,
+    the steps after it kept per rank until the next)."""
     from zoo.lab.records import checkpoint as ckpt
 
     summary = run(tiny("train.checkpoint_every=4", "train.keep_checkpoints=5", "train.log_every=3"), tmp_path)
     assert summary["status"] == "ok"
     loop = ckpt.read_state(ckpt.step_dir(tmp_path, 8))["state"]["loop"]
-    assert set(loop) == {"n_summed", "reference", "last_loss", "final_val", "train_time", "initial", "curve"}
+    assert set(loop) == {"n_summed", "reference", "last_loss", "final_val", "train_time", "initial", "callback_state"}
     records = read_metrics(tmp_path)
     train = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}  # logged at 1, 3, 6, 9, 12
     val = next(r for r in records if r["kind"] == "val" and r["step"] == 6)
@@ -380,8 +381,12 @@ def test_a_checkpoint_records_the_loops_running_values_as_before(tmp_path):
     assert loop["final_val"] == {k: v for k, v in val.items() if k.startswith("val_")}
     assert 0 < loop["train_time"] < summary["train_time_s"]
     assert loop["initial"] == summary["initial"]
-    grads = {r["step"]: r["grad_norm_max"] for r in records if r["kind"] == "train"}
-    assert loop["curve"] == [[s, train[s], grads[s]] for s in (1, 3, 6)]
+    spikes = loop["callback_state"]["spikes"]
+    assert [len(h) for h in spikes["history"].values()] == [6, 6]  # steps 1 to 6, the last log step before 8
+    assert spikes["judged"] == 0 and spikes["steps"] == []  # none has 10 earlier steps yet
+    assert math.exp(spikes["history"]["loss"][0]) == pytest.approx(train[1])  # step 1 logged alone
+    rank = ckpt.read_state(ckpt.step_dir(tmp_path, 8))["state"]["ranks"][0]
+    assert tuple(rank["pending"].shape) == (2, 2)  # steps 7 and 8: loss and gradient norm, until step 9's log
 
 
 def test_a_run_checks_each_section_once_and_builds_from_what_it_resolved(tmp_path, monkeypatch):

@@ -77,16 +77,16 @@ def check_ladder(config: dict[str, Any], widths: list[str]) -> list[int]:
     return budgets
 
 
-def branch_config(source: dict[str, Any], folder: Path, budget: int) -> dict[str, Any]:
-    """A branch's config: its source run's (at the rate the source was tuned to, not tuned again), with
-    ``train.steps`` the budget, from the source's checkpoint where the budget's decay starts."""
-    train = {**source["train"], "steps": budget, "branch": {"from": str(folder), "step": "decay"}}
-    return {**source, "train": train, "tune": {**(source.get("tune") or {}), "lr": None}}
+def branch_config(parent: dict[str, Any], folder: Path, budget: int) -> dict[str, Any]:
+    """A branch's config: its parent run's (at the rate the parent was tuned to, not tuned again), with
+    ``train.steps`` the budget, from the parent's checkpoint where the budget's decay starts."""
+    train = {**parent["train"], "steps": budget, "branch": {"from": str(folder), "step": "decay"}}
+    return {**parent, "train": train, "tune": {**(parent.get("tune") or {}), "lr": None}}
 
 
-def branch_name(source: str, budget: int) -> str:
-    """The branch's folder name: its source's, with ``train.steps`` the budget."""
-    parts = [p for p in source.split(",") if not p.startswith("train.steps=")]
+def branch_name(parent: str, budget: int) -> str:
+    """The branch's folder name: its parent run's, with ``train.steps`` the budget."""
+    parts = [p for p in parent.split(",") if not p.startswith("train.steps=")]
     return ",".join(sorted([*parts, f"train.steps={budget}"]))
 
 
@@ -113,12 +113,12 @@ class LadderCallback(Callback):
         from zoo.lab.training.run import run_record
 
         sweep = Path(config.hydra.sweep.dir)
-        sources = [r for r in collect(sweep) if r.path.parent == sweep and r.status == "ok"]
-        log.info("ladder: %d runs x budgets %s, branched into %s", len(sources), budgets, sweep / BUDGETS_DIR)
-        for source in sources:
+        parents = [r for r in collect(sweep) if r.path.parent == sweep and r.status == "ok"]
+        log.info("ladder: %d runs x budgets %s, branched into %s", len(parents), budgets, sweep / BUDGETS_DIR)
+        for parent in parents:
             for budget in budgets:
-                overrides = [o for o in source.record.overrides or [] if not o.startswith("train.steps=")]
-                out = sweep / BUDGETS_DIR / branch_name(source.path.name, budget)
-                run_record(branch_config(source.record.config, source.path, budget), out,  # type: ignore[arg-type]
-                           overrides=[*overrides, f"train.steps={budget}"], choices=source.record.choices,
+                overrides = [o for o in parent.record.overrides or [] if not o.startswith("train.steps=")]
+                out = sweep / BUDGETS_DIR / branch_name(parent.path.name, budget)
+                run_record(branch_config(parent.record.config, parent.path, budget), out,  # type: ignore[arg-type]
+                           overrides=[*overrides, f"train.steps={budget}"], choices=parent.record.choices,
                            multirun=True)  # fmt: skip
