@@ -165,3 +165,13 @@ def test_console_scripts_resolve():
     for target in scripts.values():
         module, _, attr = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attr)), target
+
+
+def test_a_sweep_runs_on_every_core_by_default_unless_told():
+    """As many runs at a time as the cores hold at the sweep's threads (sweeps/quick.yaml: 1 each)."""
+    assert sweep_argv("quick", [], cores=4)[:3] == ["+sweeps=quick", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4"]
+    assert sweep_argv("quick", ["threads=2"], cores=4)[1:3] == ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    assert sweep_argv("quick", ["threads=2"], cores=2) == ["+sweeps=quick", "threads=2"]  # one at a time
+    assert sweep_argv("quick", [], cores=1) == ["+sweeps=quick"]
+    told = ["hydra/launcher=basic", "seed=0"]
+    assert sweep_argv("quick", told, cores=8) == ["+sweeps=quick", *told]  # the command line's launcher

@@ -30,9 +30,25 @@ def describe(name: str) -> str:
     return ""
 
 
-def sweep_argv(name: str, overrides: Sequence[str]) -> list[str]:
-    """The ``zoo-train`` arguments that run sweep ``name`` (the ``sweeps`` group is on zoo's search path)."""
-    return [f"+sweeps={name}", *overrides]
+def sweep_argv(name: str, overrides: Sequence[str], cores: int | None = None) -> list[str]:
+    """The ``zoo-train`` arguments that run sweep ``name`` (the ``sweeps`` group is on zoo's search path): on
+    every core by default, :func:`parallel_jobs` runs at a time, unless the command line names a launcher."""
+    jobs = [] if any(o.startswith("hydra/launcher=") for o in overrides) else parallel_jobs(name, overrides, cores)
+    return [f"+sweeps={name}", *jobs, *overrides]
+
+
+def parallel_jobs(name: str, overrides: Sequence[str], cores: int | None = None) -> list[str]:
+    """``hydra/launcher=joblib hydra.launcher.n_jobs=N``: as many runs at a time as the cores hold at the
+    sweep's ``threads`` each (its command line's, else its file's, else 1); nothing for one at a time."""
+    from omegaconf import OmegaConf
+
+    from zoo.lab.cores import usable_cores
+
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("threads=")]
+    threads = given[-1] if given else OmegaConf.load(SWEEPS_DIR / f"{name}.yaml").get("threads")
+    per_run = int(threads) if str(threads).isdigit() and int(threads) > 0 else 1
+    n = max(1, (cores or usable_cores()) // per_run)
+    return ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n}"] if n > 1 else []
 
 
 def sweep_main(argv: Sequence[str] | None = None) -> None:

@@ -21,7 +21,7 @@ def label(study: LadderStudy, key: tuple[str, ...]) -> str:
     return " ".join(f"{a}={v}" for a, v in zip(study.axes, key, strict=True)) or "the ladder"
 
 
-def interval_text(i: Interval | None, spec: str = ".3f") -> str:
+def interval_text(i: Interval | None, spec: str = ".3g") -> str:
     if i is None:
         return "baseline"
     if i.mean is None or i.low is None or i.high is None:
@@ -61,7 +61,7 @@ def ladder_lines(report: Report) -> list[str]:
         cells = [label(study, key), f"{fit.E:.4f}", f"{fit.A:.4f}", f"{fit.alpha:.4f}", str(len(fit.cells)),
                  f"{rms(fit.residuals):.4f}", f"{row.compute:.3g}", interval_text(row.multiplier),
                  verdict(row.multiplier), interval_text(row.multiplier_far), verdict(row.multiplier_far),
-                 interval_text(row.alpha_delta, "+.4f"), verdict(row.alpha_delta)]  # fmt: skip
+                 interval_text(row.alpha_delta, "+.3f"), verdict(row.alpha_delta)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     if study.errors:
         lines += ["", "Not fitted (no number is given for these):"] + [f"- {e}" for e in study.errors]

@@ -7,9 +7,12 @@ than every cell of less compute) the loss follows
 
     L(C) = E + A (C / C0)^-alpha
 
-with C0 the ladder's geometric-mean compute (so A is on the loss's own scale): fitted by least squares on
-log L with a Huber loss (``scipy.optimize.least_squares``) from a grid of starting points, the best
-converged fit kept (Hoffmann et al. 2022's approach 3, as Besiroglu et al. 2024 re-examine it).
+with C0 the ladder's geometric-mean compute (so A is on the loss's own scale) and the floor E shared by every
+variant (the loss no amount of compute removes: the data's, whatever the architecture, Hoffmann et al.'s E);
+fitted jointly by least squares on log L with a Huber loss (``scipy.optimize.least_squares``) from a grid of
+starting points, the best converged fit kept (Hoffmann et al. 2022's approach 3, as Besiroglu et al. 2024
+re-examine it). A floor per variant, fitted on the few cells of its envelope, sits close to its last cells
+and leaves a better variant's loss below the baseline's floor, a multiplier no compute could give.
 
 The **compute multiplier** of a variant at compute C is the compute the baseline's law needs to reach the
 variant's loss at C, over C: above 1 the variant is worth that much more compute than the baseline, below 1
@@ -86,32 +89,48 @@ def envelope(cells: Sequence[Cell]) -> list[Cell]:
     return kept
 
 
-def fit_law(cells: Sequence[Cell], c0: float, label: str) -> PowerLaw:
-    """The law fitted on the envelope of ``cells`` (see the module docstring); :class:`LadderError` when the
-    envelope has fewer than :data:`MIN_RUNGS` cells or no start converges."""
-    front = envelope(cells)
-    if len(front) < MIN_RUNGS:
-        raise LadderError(f"{label}: {len(front)} cells on the compute-optimal envelope, a fit needs at least "
-                          f"{MIN_RUNGS} (more widths or budgets, or budgets where wider models win)")  # fmt: skip
-    x = np.array([c.compute / c0 for c in front])
-    y = np.log([c.loss for c in front])
-    low = float(min(c.loss for c in front))
+def fit_laws(cells: dict[Any, Sequence[Cell]], c0: float, label: str) -> dict[Any, PowerLaw]:
+    """Each variant's law fitted on its envelope, the floor E shared by all (see the module docstring);
+    :class:`LadderError` when an envelope has fewer than :data:`MIN_RUNGS` cells or no start converges."""
+    fronts = {key: envelope(c) for key, c in cells.items()}
+    for key, front in fronts.items():
+        if len(front) < MIN_RUNGS:
+            name = " ".join(map(str, key)) if isinstance(key, tuple) else str(key)
+            where = f"{label}: {name}" if len(fronts) > 1 else label
+            raise LadderError(f"{where}: {len(front)} cells on the compute-optimal envelope, a fit needs at least "
+                              f"{MIN_RUNGS} (more widths or budgets, or budgets where wider models win)")  # fmt: skip
+    keys = list(fronts)
+    xs = [np.array([c.compute / c0 for c in fronts[k]]) for k in keys]
+    ys = [np.log([c.loss for c in fronts[k]]) for k in keys]
+    low = float(min(c.loss for f in fronts.values() for c in f))
 
     def residuals(p: np.ndarray) -> np.ndarray:
-        return np.log(p[0] + np.exp(p[1]) * x ** -p[2]) - y
+        return np.concatenate([np.log(p[0] + np.exp(p[1 + 2 * i]) * x ** -p[2 + 2 * i]) - y
+                               for i, (x, y) in enumerate(zip(xs, ys, strict=True))])  # fmt: skip
 
+    lower = [0.0] + [-30.0, 1e-3] * len(keys)
+    upper = [low * (1 - 1e-6)] + [30.0, 5.0] * len(keys)
     best = None
     for e0 in START_E:
         for a0 in START_ALPHA:
-            start = np.array([e0 * low, math.log(max(low * (1 - e0), 1e-6)), a0])
-            fit = least_squares(residuals, start, bounds=([0.0, -30.0, 1e-3], [low * (1 - 1e-6), 30.0, 5.0]),
-                                loss="huber", f_scale=HUBER)  # fmt: skip
+            start = np.array([e0 * low] + [math.log(max(low * (1 - e0), 1e-6)), a0] * len(keys))
+            fit = least_squares(residuals, start, bounds=(lower, upper), loss="huber", f_scale=HUBER)
             if fit.success and np.all(np.isfinite(fit.x)) and (best is None or fit.cost < best.cost):
                 best = fit
     if best is None:
         raise LadderError(f"{label}: the fit did not converge from any of {len(START_E) * len(START_ALPHA)} starts")
-    E, log_a, alpha = (float(v) for v in best.x)
-    return PowerLaw(E, math.exp(log_a), alpha, c0, list(front), [float(r) for r in residuals(best.x)])
+    p, r = [float(v) for v in best.x], [float(v) for v in residuals(best.x)]
+    out, at = {}, 0
+    for i, key in enumerate(keys):
+        n = len(fronts[key])
+        out[key] = PowerLaw(p[0], math.exp(p[1 + 2 * i]), p[2 + 2 * i], c0, list(fronts[key]), r[at : at + n])
+        at += n
+    return out
+
+
+def fit_law(cells: Sequence[Cell], c0: float, label: str) -> PowerLaw:
+    """One variant's law on its own (:func:`fit_laws` with one variant: its own floor E)."""
+    return fit_laws({label: cells}, c0, label)[label]
 
 
 def multiplier(variant: PowerLaw, baseline: PowerLaw, compute: float) -> float:
@@ -210,13 +229,21 @@ class LadderStudy:
     errors: list[str] = field(default_factory=list)
 
 
-def fit_variant(key: tuple[str, ...], runs: Sequence[Run], metric: str, c0: float, label: str) -> LadderRow:
-    """A variant's row without the comparison: its laws and its largest compute (:class:`LadderError`)."""
+def variant_cells(key: tuple[str, ...], runs: Sequence[Run], metric: str, label: str) -> dict[Any, list[Cell]]:
+    """A variant's cells per seed, its rungs checked (:class:`LadderError`)."""
     per_seed = ladder_cells(runs, metric)
     check_rungs(per_seed, label)
-    cells = mean_cells(per_seed)
-    fits = {seed: fit_law(c, c0, f"{label}, seed {seed}") for seed, c in sorted(per_seed.items(), key=str)}
-    return LadderRow(key, fit_law(cells, c0, label), fits, max(c.compute for c in cells))
+    return per_seed
+
+
+def fit_rows(per_variant: dict[tuple[str, ...], dict[Any, list[Cell]]], c0: float) -> dict[tuple[str, ...], LadderRow]:
+    """Every variant's law on the seed means and on each seed, the floor E shared within each fit."""
+    means = {key: mean_cells(per_seed) for key, per_seed in per_variant.items()}
+    fits = fit_laws(means, c0, "the ladder")
+    seeds = sorted({s for per_seed in per_variant.values() for s in per_seed}, key=str)
+    by_seed = {s: fit_laws({k: v[s] for k, v in per_variant.items() if s in v}, c0, f"seed {s}") for s in seeds}
+    return {key: LadderRow(key, fits[key], {s: f[key] for s, f in by_seed.items() if key in f},
+                           max(c.compute for c in means[key])) for key in per_variant}  # fmt: skip
 
 
 def compare_rows(row: LadderRow, base: LadderRow, test: str, extrapolate: float) -> None:
@@ -251,12 +278,17 @@ def ladder_study(
         study.errors.append("no run recorded its training FLOPs (summary flops)")
         return study
     c0 = math.exp(statistics.fmean(math.log(c) for c in computes))
+    per_variant = {}
     for key, group in groups.items():
         label = " ".join(f"{a}={v}" for a, v in zip(variant_axes, key, strict=True)) or "the ladder"
         try:
-            study.rows[key] = fit_variant(key, group, metric, c0, label)
+            per_variant[key] = variant_cells(key, group, metric, label)
         except LadderError as error:
             study.errors.append(str(error))
+    try:
+        study.rows = fit_rows(per_variant, c0) if per_variant else {}
+    except LadderError as error:
+        study.errors.append(str(error))
     base = study.rows.get(base_key)
     if base is None:
         study.errors.append("the baseline variant has no fit: no multiplier is given")
