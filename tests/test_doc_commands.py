@@ -84,7 +84,10 @@ def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str])
     first = [first_value(a) if "=" in a else a for a in args]
     kept = [a for a in first if a.split("=")[0] not in TINY and not a.startswith("hydra.sweep.dir")]
     if program == "zoo-sweep":  # pin every key the sweep file sweeps to one value
-        params = yaml.safe_load((ROOT / "sweeps" / f"{args[0]}.yaml").read_text())["hydra"]["sweeper"]["params"]
+        sweep = yaml.safe_load((ROOT / "sweeps" / f"{args[0]}.yaml").read_text())
+        params = sweep["hydra"]["sweeper"]["params"]
+        if "ladder" in sweep:  # one width and one step: its grid point as an ordinary run (tests/test_ladder.py)
+            kept.append("ladder.steps=null")
         given = {a.split("=")[0] for a in kept}
         for key, values in params.items():
             if key not in given:
