@@ -6,13 +6,16 @@ from the wrong run, fail; a ladder too small is refused by name."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import random
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import fake_run
+from helpers import fake_run, tiny_cli
 from matplotlib.image import imread
 
 from zoo.core.errors import ConfigError
@@ -204,3 +207,27 @@ def test_tune_width_matches_a_variants_runs_at_every_width_to_its_tuning_runs():
     assert variant_hash(small) != variant_hash(wide)
     other = {"block": {"d_model": 128, "n_heads": 2}, "seed": 1, "train": {"lr": 3e-3}}
     assert variant_hash(other, any_width=True) != variant_hash(small, any_width=True)  # another variant
+
+
+@pytest.mark.slow
+def test_a_ladder_sweep_branches_its_budgets_and_a_null_variant_gets_a_multiplier_of_1(tmp_path):
+    """``zoo-sweep ladder`` end to end at tiny sizes: 3 widths x 3 seeds x 2 variants that compute the same
+    thing (attention on sdpa and on the math backend) to 40 steps, the 10- and 20-step budgets branched from
+    their checkpoints into budgets/, and the report's multiplier of one backend against the other holding 1."""
+    tiny = [f"{k}={v}" for k, v in tiny_cli(steps=40).items() if k != "block.d_model"]
+    args = ["ladder", "block.d_model=16,24,32", "block.attn.backend=sdpa,math", "pos=none", "mlp=gelu", "tune.lr=null",
+            "train.warmup_steps=2", "train.checkpoint_every=4", "train.keep_checkpoints=10", "ladder.steps=[10,20]",
+            *tiny, f"hydra.sweep.dir={tmp_path / 'ladder'}"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "zoo.lab.commands.sweep", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    root = tmp_path / "ladder"
+    branches = [json.loads(p.read_text()) for p in (root / "budgets").glob("*/summary.json")]
+    assert len(branches) == 2 * 3 * 3 * 2 and {b["status"] for b in branches} == {"ok"}
+    assert {(b["config"]["train"]["steps"], b["branch"]["step"]) for b in branches} == {(10, 8), (20, 16)}
+    with open(root / "ladder.csv") as f:
+        rows = {r["block.attn.backend"]: r for r in csv.DictReader(f)}
+    assert rows["sdpa"]["verdict"] == "baseline"
+    low, high = float(rows["math"]["multiplier_ci_low"]), float(rows["math"]["multiplier_ci_high"])
+    assert low <= 1 <= high and rows["math"]["verdict"] == "within noise", rows["math"]
+    assert "Ladder (ladder.steps" in (root / "report.md").read_text() and (root / "ladder.png").is_file()
