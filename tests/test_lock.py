@@ -85,7 +85,7 @@ def test_two_sweeps_at_once_into_one_folder_train_each_run_once(tmp_path):
     folder = tmp_path / "sweep"
     steps = [a for a in SMALL if not a.startswith(("train.steps", "train.eval_every"))]
     args = ["quick", "pos=none", "mlp=gelu", "seed=0,1,2", *steps, "train.steps=60", "train.eval_every=30",
-            f"hydra.sweep.dir={folder}"]  # fmt: skip
+            "hydra/launcher=basic", f"hydra.sweep.dir={folder}"]  # fmt: skip  (one run at a time: they meet)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "zoo.lab.commands.sweep", *args]
     sweeps = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=PIPE, stderr=STDOUT, text=True) for _ in range(2)]
