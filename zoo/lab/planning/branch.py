@@ -14,6 +14,7 @@ cosine run's): refused, not warned about, as such a branch is not any run's cont
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,15 +109,22 @@ def resolve_branch(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "train": {**raw["train"], "branch": {**section, "from": str(folder), "step": step}}}
 
 
-def decay_step(raw: dict[str, Any]) -> int:
-    """The step where the run's WSD decay starts (``train.branch.step: decay``); refused for another schedule."""
-    from zoo.lab.planning.train_config import TrainConfig
-
+def decay_start(raw: dict[str, Any], field: str, value: Any, allowed: str) -> Callable[[int], int]:
+    """The run's WSD schedule's ``decay_start(steps)``; for another schedule ConfigError(``field``, ``value``,
+    ``allowed``) naming it."""
     schedule = Recipe(schedule=raw.get("schedule") or {"name": "cosine"}).schedule_entry()
     start = getattr(schedule, "decay_start", None)
     if start is None:
         name = (raw.get("schedule") or {}).get("name", "cosine")
-        raise ConfigError("train.branch.step", DECAY, f"a WSD schedule's decay start (schedule=wsd), not {name}'s")
+        raise ConfigError(field, value, f"{allowed}, not {name}'s")
+    return start
+
+
+def decay_step(raw: dict[str, Any]) -> int:
+    """The step where the run's WSD decay starts (``train.branch.step: decay``); refused for another schedule."""
+    from zoo.lab.planning.train_config import TrainConfig
+
+    start = decay_start(raw, "train.branch.step", DECAY, "a WSD schedule's decay start (schedule=wsd)")
     return int(start(TrainConfig.from_config(raw.get("train")).steps))
 
 

@@ -114,15 +114,19 @@ class Variant:
         return out
 
     @property
+    def tune(self) -> dict[str, Any] | None:
+        """``tune.lr``'s choice for this variant (summary ``tune``: lr, searched...), None without tuning."""
+        return next((r.record.tune for r in self.runs if r.record.tune and r.record.tune.get("lr")), None)
+
+    @property
     def tuned_lr(self) -> float | None:
         """The learning rate ``tune.lr`` chose for this variant (None without tuning)."""
-        return next((r.record.tune["lr"] for r in self.runs if r.record.tune and r.record.tune.get("lr")), None)
+        return tune["lr"] if (tune := self.tune) else None
 
     @property
     def tuned_edge(self) -> str | None:
         """``"lowest"`` or ``"highest"`` when the tuned rate is that end of the grid ``tune.lr`` searched."""
-        tune = next((r.record.tune for r in self.runs if r.record.tune and r.record.tune.get("lr")), None)
-        return grid_edge(float(tune["lr"]), tune.get("searched") or {}) if tune else None
+        return grid_edge(float(tune["lr"]), tune.get("searched") or {}) if (tune := self.tune) else None
 
     @property
     def budget(self) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
+from zoo.lab.planning.branch import decay_start
 from zoo.lab.planning.options import ladder_options
 
 log = logging.getLogger("zoo.lab.training.ladder_runs")
@@ -45,13 +46,8 @@ def swept_values(config: DictConfig, key: str) -> list[str]:
 
 def decay_starts(config: dict[str, Any], budgets: list[int]) -> dict[int, int]:
     """``{budget: the step its WSD decay starts}``; refused when the schedule is not WSD."""
-    from zoo.lab.recipe import Recipe
-
-    schedule = Recipe(schedule=config.get("schedule") or {"name": "cosine"}).schedule_entry()
-    start = getattr(schedule, "decay_start", None)
-    if start is None:
-        name = (config.get("schedule") or {}).get("name", "cosine")
-        raise ConfigError("schedule", name, "wsd for a ladder (its budgets branch from the stable phase)")
+    name = (config.get("schedule") or {}).get("name", "cosine")
+    start = decay_start(config, "schedule", name, "wsd for a ladder (its budgets branch from the stable phase)")
     return {b: int(start(b)) for b in budgets}
 
 

@@ -47,8 +47,8 @@ class LoopState:
     loss_sum: torch.Tensor | None = None
     grad_sum: torch.Tensor | None = None  # the steps' gradient norms (before clipping) since the last log step
     grad_max: torch.Tensor | None = None  # ... and the largest of them
-    #: Each step's loss and gradient norm since the last log step, on the device (a tensor [2] per step).
-    pending: list[torch.Tensor] = field(default_factory=list)
+    #: Each step's loss and gradient norm since the last log step, on the device (a pair of scalars per step).
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     #: ``[step, loss, grad_norm]`` of every step up to the latest log step since the one before (the loss
     #: averaged over ranks, None where unknown): set before the log step's ``train`` record is emitted.
     logged_steps: list[list[float | None]] = field(default_factory=list)

@@ -130,7 +130,7 @@ class Trainer:
         if loop.aux_sums:
             mine["aux_sums"] = {name: value.detach().cpu().clone() for name, value in loop.aux_sums.items()}
         if loop.pending:  # the steps since the last log step, each [loss, grad norm]
-            mine["pending"] = torch.stack(loop.pending).cpu()
+            mine["pending"] = pending_values(loop.pending).cpu()
         ranks = [mine]
         if self.world > 1:
             ranks = [None] * self.world
@@ -166,7 +166,7 @@ class Trainer:
             loop.grad_sum = mine.get("grad_sum", unknown).to(self.device)
             loop.grad_max = mine.get("grad_max", unknown).to(self.device)
             if "pending" in mine:
-                loop.pending = list(mine["pending"].to(self.device))
+                loop.pending = [(row[0], row[1]) for row in mine["pending"].to(self.device)]
         return loop, self.restored.step + 1
 
     def fit(self) -> FitResult:
@@ -221,8 +221,9 @@ class Trainer:
         if grad_norm is not None and loop.grad_sum is not None and loop.grad_max is not None:
             loop.grad_sum = loop.grad_sum + grad_norm
             loop.grad_max = torch.maximum(loop.grad_max, grad_norm)
-        unknown = torch.full((), math.nan, device=loss.device)
-        loop.pending.append(torch.stack([loss.detach().float(), unknown if grad_norm is None else grad_norm.float()]))
+        if grad_norm is None:
+            grad_norm = torch.full((), math.nan, device=loss.device)
+        loop.pending.append((loss.detach(), grad_norm))  # no kernel per step: stacked at the log step
         loop.n_summed += 1
 
     def evaluate_initial(self, loop: LoopState) -> None:
@@ -273,7 +274,7 @@ class Trainer:
         unknown), read in one transfer; the pending values start again."""
         if not loop.pending:
             return []
-        values = self.mean_over_ranks(torch.stack(loop.pending)).tolist()  # [steps, 2]: loss, grad norm
+        values = self.mean_over_ranks(pending_values(loop.pending)).tolist()  # [steps, 2]: loss, grad norm
         loop.pending = []
         first = loop.step - len(values) + 1
         return [[first + i, *(x if math.isfinite(x) else None for x in row)] for i, row in enumerate(values)]
@@ -332,3 +333,9 @@ class Trainer:
         if self.device.type == "cuda":
             return {"peak_memory_mib": torch.cuda.max_memory_allocated(self.device) / 2**20, "kind": "cuda_allocated"}
         return {"peak_memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "kind": "process_rss"}
+
+
+def pending_values(pending: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The steps' (loss, gradient norm) pairs as one float32 tensor [steps, 2]."""
+    losses, norms = zip(*pending, strict=True)
+    return torch.stack([torch.stack(losses).float(), torch.stack(norms).float()], dim=1)
