@@ -229,13 +229,6 @@ class LadderStudy:
     errors: list[str] = field(default_factory=list)
 
 
-def variant_cells(key: tuple[str, ...], runs: Sequence[Run], metric: str, label: str) -> dict[Any, list[Cell]]:
-    """A variant's cells per seed, its rungs checked (:class:`LadderError`)."""
-    per_seed = ladder_cells(runs, metric)
-    check_rungs(per_seed, label)
-    return per_seed
-
-
 def fit_rows(per_variant: dict[tuple[str, ...], dict[Any, list[Cell]]], c0: float) -> dict[tuple[str, ...], LadderRow]:
     """Every variant's law on the seed means and on each seed, the floor E shared within each fit."""
     means = {key: mean_cells(per_seed) for key, per_seed in per_variant.items()}
@@ -282,7 +275,9 @@ def ladder_study(
     for key, group in groups.items():
         label = " ".join(f"{a}={v}" for a, v in zip(variant_axes, key, strict=True)) or "the ladder"
         try:
-            per_variant[key] = variant_cells(key, group, metric, label)
+            cells = ladder_cells(group, metric)
+            check_rungs(cells, label)  # a variant too small for a fit is named and left out of it
+            per_variant[key] = cells
         except LadderError as error:
             study.errors.append(str(error))
     try:
