@@ -231,3 +231,15 @@ def test_a_ladder_sweep_branches_its_budgets_and_a_null_variant_gets_a_multiplie
     low, high = float(rows["math"]["multiplier_ci_low"]), float(rows["math"]["multiplier_ci_high"])
     assert low <= 1 <= high and rows["math"]["verdict"] == "within noise", rows["math"]
     assert "Ladder (ladder.steps" in (root / "report.md").read_text() and (root / "ladder.png").is_file()
+
+
+def test_a_variant_too_small_for_a_fit_is_named_and_left_out_while_the_others_fit(tmp_path):
+    write_ladder(tmp_path, {"base": 1.0, "better": 1.5, "worse": 0.8})
+    for path in [*tmp_path.glob("mlp=worse,block.d_model=64*"), *tmp_path.glob("mlp=worse,block.d_model=96*")]:
+        for f in path.iterdir():
+            f.unlink()
+        path.rmdir()
+    result = study(tmp_path)
+    assert set(result.rows) == {("base",), ("better",)}
+    assert result.errors == ["mlp=worse: 2 widths (block.d_model) finished (32, 48); a ladder needs at least 3"]
+    assert result.rows[("better",)].multiplier.mean == pytest.approx(1.5, rel=0.02)
