@@ -92,9 +92,11 @@ def fairness_lines(report: Report) -> list[str]:
             report.lr.rates if report.lr else []
         )
         seeds = tuned[0].get("seeds")
+        width = next((w for r in report.runs if (w := ((r.record.config or {}).get("tune") or {}).get("width"))), None)
+        at = f" at block.d_model={width} for every width (tune.width)" if width else ""
         lines.append(
             f"Learning rate tuned per variant (tune.lr): each tried at {', '.join(f'{r:g}' for r in rates)} on seed "
-            f"{', '.join(str(s) for s in seeds or [])}, best validation {tuned[0].get('metric')} kept (lr column); "
+            f"{', '.join(str(s) for s in seeds or [])}{at}, best validation {tuned[0].get('metric')} kept (lr column); "
             f"the tuning runs and their report are in {TUNE_DIR}/, the sensitivity in lr.png."
         )
         lines += edge_lines(report, [(v, v.tuned_edge) for v in report.variants], "tuned")
