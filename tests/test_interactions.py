@@ -8,6 +8,7 @@ import pytest
 from scipy import stats
 
 from zoo.core.errors import ConfigError
+from zoo.lab.commands.report import main as report_main
 from zoo.lab.planning.options import report_interaction
 from zoo.lab.records.summary import RunRecord, write_record
 from zoo.lab.reports.report import write_report
@@ -88,3 +89,33 @@ def test_a_named_pair_is_stated_in_a_sweep_of_more_axes(tmp_path):
 def test_a_bad_report_interaction_is_refused(bad):
     with pytest.raises(ConfigError, match="report.interaction"):
         report_interaction(bad)
+
+
+def test_zoo_report_refuses_an_interaction_of_axes_it_did_not_sweep_before_writing_anything(tmp_path, capsys):
+    """An axis the runs do not sweep (or the seed, or one axis twice): exit 1, one line naming the swept axes,
+    and the report already there left as it is (its own interaction line kept)."""
+    sweep(tmp_path)
+    report_main([str(tmp_path), "--no-plots"])
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert b"- interaction " in before["report.md"]
+    capsys.readouterr()
+    swept = ", ".join(build_report(tmp_path).axes)
+    for bad, says in [
+        ("nosuch,mlp", f"report.interaction='nosuch,mlp': 'nosuch' is not a swept axis; swept: {swept}"),
+        ("optim,seed", f"report.interaction='optim,seed': 'seed' is not a swept axis; swept: {swept}"),
+        ("mlp,mlp", "report.interaction='mlp,mlp': two different swept axes ('mlp' is named twice)"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            report_main([str(tmp_path), "--interaction", bad])
+        printed = capsys.readouterr()
+        assert exited.value.code == 1 and printed.out == "" and printed.err == f"zoo-report: {says}\n", printed
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_a_recorded_interaction_of_axes_not_swept_keeps_the_sweeps_own(tmp_path, caplog):
+    """Runs recorded with a report.interaction naming an axis they do not sweep (launched before it was checked):
+    the report says so and states the two-axis sweep's own interaction, not none."""
+    sweep(tmp_path, interaction=["nosuch", "mlp"])
+    report = build_report(tmp_path, test="t")
+    assert [i.axes for i in report.interactions] == [tuple(report.axes)]
+    assert "'nosuch' is not a swept axis" in caplog.text

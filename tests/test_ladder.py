@@ -19,12 +19,13 @@ from helpers import fake_run, tiny_cli
 from matplotlib.image import imread
 
 from zoo.core.errors import ConfigError
+from zoo.lab.planning.sweep import check_ladder
 from zoo.lab.reports.report import write_report
 from zoo.lab.studies import ladder
 from zoo.lab.studies.ladder import Cell, LadderError, envelope, fit_law, ladder_study
 from zoo.lab.studies.tune import variant_hash
 from zoo.lab.studies.variants import build_report
-from zoo.lab.training.ladder_runs import branch_name, check_ladder
+from zoo.lab.training.ladder_runs import branch_name
 
 WIDTHS = (32, 48, 64, 96)
 BUDGETS = (250, 500, 1000)

@@ -11,11 +11,12 @@ import pytest
 import yaml
 from helpers import ROOT, SMALL, interrupt, summaries, without_timings, zoo_cli
 from matplotlib.image import imread
+from omegaconf import OmegaConf
 
 import zoo
 from zoo import build_model, compose
 from zoo.lab.commands.sweep import SWEEPS_DIR, sweep_argv, sweep_main, sweep_names
-from zoo.lab.commands.train import run_dirname
+from zoo.lab.commands.train import run_folder_name
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.records.summary import read_summary
 from zoo.lab.training.run import run
@@ -61,7 +62,7 @@ def test_sweep_resumes_on_submitit_local(tmp_path):
     folder = tmp_path / "sweep"
     fixed = ["pos=none", "mlp=gelu", "seed=0", *[a for a in SMALL if not a.startswith("block.n_heads")]]
     overrides = [*fixed, "block.n_heads=4"]
-    name = run_dirname(",".join(sorted(o for o in overrides if not o.startswith(("threads=", "progress=")))))
+    name = run_folder_name(overrides)  # as Hydra names it (conf/config.yaml's hydra.sweep.subdir)
     cfg = compose(sweep_argv("quick", overrides))
     before = run(cfg, folder / name, overrides=overrides)
     assert before["status"] == "ok"
@@ -175,3 +176,88 @@ def test_a_sweep_runs_on_every_core_by_default_unless_told():
     assert sweep_argv("quick", [], cores=1) == ["+sweeps=quick"]
     told = ["hydra/launcher=basic", "seed=0"]
     assert sweep_argv("quick", told, cores=8) == ["+sweeps=quick", *told]  # the command line's launcher
+
+
+def hydra_config(*overrides: str):
+    """zoo's config with Hydra's node, as a job of a sweep with these overrides sees it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from zoo.assembly.config_tree import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+def keys_that_change_no_run() -> list[str]:
+    """Every key zoo.lab.keys gives a runtime role, as an override names it: each runtime section and each of its
+    keys in zoo's config (a tracker's options too), the sweep file, and the runtime keys of ``train``."""
+    from zoo.lab.keys import RUNTIME, RUNTIME_TRAIN, SWEEP_FILE
+    from zoo.lab.records.config import flatten
+
+    config = OmegaConf.to_container(compose(["logger=tensorboard"]), resolve=True)
+    keys = [SWEEP_FILE, *(f"train.{key}" for key in RUNTIME_TRAIN)]
+    for section in RUNTIME:
+        keys += [section, *(f"{section}.{k}" for k in flatten(config[section]) if isinstance(config[section], dict))]
+    return keys
+
+
+def test_no_key_that_changes_no_run_names_its_folder_or_changes_its_hash():
+    """Derived from zoo.lab.keys, so a key given a runtime role later is covered: each such key, given to a sweep,
+    leaves its run folders' names (Hydra's hydra.sweep.subdir) and its config hash as they were, but those that
+    still name folders (NAMING_RUNTIME: a sweep over them compares speed or memory); and the names of runs that set
+    none of them are what they always were."""
+    from omegaconf import open_dict
+
+    from zoo.lab.keys import NAMING_RUNTIME, SWEEP_FILE, names_folder
+    from zoo.lab.records.config import config_hash
+
+    base = ["mlp=gelu", "pos=none", "seed=0", "train.steps=4"]
+    assert run_folder_name(base) == "mlp=gelu,pos=none,seed=0,train.steps=4"  # as before: no run folder renamed
+    assert run_folder_name(["+sweeps=quick", "threads=2", *base]) == run_folder_name(base)
+    assert run_folder_name(["compile=true", "parallel.tp=2", *base]).startswith("compile=true,mlp=gelu,")
+    assert hydra_config(*base, "report.interaction=[pos,mlp]", "tune.width=64").hydra.sweep.subdir == \
+        run_folder_name(base)  # fmt: skip
+    config = OmegaConf.to_container(compose(base), resolve=True)
+    keys = keys_that_change_no_run()
+    assert {"report.interaction", "report.baseline", "tune.lr", "ladder.steps", "logger.dir"} <= set(keys), keys
+    for key in keys:
+        kept = any(key == k or key.startswith(f"{k}.") for k in NAMING_RUNTIME)
+        assert names_folder(key) == kept, key
+        for override in (f"{key}=changed", f"+{key}=[a,b]", f"~{key}"):
+            assert (run_folder_name([*base, override]) != run_folder_name(base)) == kept, override
+        if key == SWEEP_FILE:
+            continue  # a group whose file sets values (those it sets do name runs), no key of the config
+        changed = OmegaConf.create(config)
+        with open_dict(changed):
+            OmegaConf.update(changed, key, "changed", force_add=True)
+        assert config_hash(OmegaConf.to_container(changed)) == config_hash(config), key
+
+
+def test_a_sweeps_report_tune_and_ladder_are_checked_against_its_axes_before_any_run(tmp_path):
+    """A report.interaction of an axis the sweep does not sweep (its file's or its command line's), one axis twice,
+    or a bad report or tune option: refused in one line before any run, the swept axes named, no folder made."""
+    from zoo.lab.planning.sweep import check_sweep, swept_axes
+
+    assert swept_axes(hydra_config("+sweeps=quick")) == ["pos", "mlp"]  # seed is not an axis
+    assert swept_axes(hydra_config("+sweeps=quick", "mlp=gelu")) == ["pos"]  # the command line's value wins
+    check_sweep(hydra_config("+sweeps=quick", "report.interaction=[mlp,pos]"))
+    for bad, says in [
+        ("report.interaction=[nosuch,mlp]", "report.interaction='nosuch,mlp': 'nosuch' is not a swept axis; swept: "
+                                            "pos, mlp"),
+        ("report.interaction=[pos,pos]", "report.interaction=['pos', 'pos']: two different swept axes"),
+        ("report.test=nosuch", "report.test='nosuch'"),
+        ("tune.lr=[-1]", "tune.lr=[-1]"),
+    ]:  # fmt: skip
+        with pytest.raises(zoo.ConfigError) as refused:
+            check_sweep(hydra_config("+sweeps=quick", bad))
+        assert str(refused.value).startswith(says), str(refused.value)
+    folder = tmp_path / "sweep"
+    done = zoo_cli("zoo.train", "-m", "mlp=gelu,swiglu", "report.interaction=[mlp,pos]", f"hydra.sweep.dir={folder}",
+                   cwd=tmp_path, returncode=1)  # fmt: skip
+    assert done.stderr.splitlines() == [
+        "zoo-sweep: refused before any run: report.interaction='mlp,pos': 'pos' is not a swept axis; swept: mlp"
+    ]
+    assert not folder.exists() and not (tmp_path / "runs").exists()

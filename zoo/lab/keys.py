@@ -1,6 +1,7 @@
 """The run config's keys by role, in one place: which top-level keys a run config may hold, which of them
-(and of ``train``) change what a run computes and so its config hash, which only how it runs, and which
-were added after runs were recorded (left out of the hash at the value that changes nothing).
+(and of ``train``) change what a run computes and so its config hash, which only how it runs, which
+were added after runs were recorded (left out of the hash at the value that changes nothing), and which
+name a sweep's run folders (:func:`names_folder`).
 """
 
 from __future__ import annotations
@@ -32,3 +33,23 @@ NEUTRAL_TRAIN: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step":
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat, the sweep
 #: file, and where a branch starts (its identity is the source run's hash, not the path).
 NOT_AXES = frozenset({"seed", "sweeps", "train.branch.from"})
+
+#: The ``sweeps`` group: the sweep file a sweep was launched from (the sweep's own folder, not a run's).
+SWEEP_FILE = "sweeps"
+#: Runtime keys that still name run folders: a sweep over them (``compile=true,false``) compares speed or
+#: memory, a folder each, and the folders of runs launched with them keep their names.
+NAMING_RUNTIME = ("compile", "parallel", "train.activation_checkpointing")
+
+
+def names_folder(key: str) -> bool:
+    """Whether an override of ``key`` (``mlp``, ``train.lr``; ``+report.test``'s key is ``report.test``) is in
+    a sweep's run folder names. Not the sweep file, nor a runtime key (:data:`RUNTIME`, ``train.`` +
+    :data:`RUNTIME_TRAIN`: the report's, tuning's and ladder's sections among them) but those of
+    :data:`NAMING_RUNTIME`: a report key given to a finished sweep leaves its runs where they are, skipped."""
+    head, _, rest = key.partition(".")
+    if any(key == k or key.startswith(f"{k}.") for k in NAMING_RUNTIME):
+        return True
+    if head == SWEEP_FILE or head in RUNTIME:
+        return False
+    return not (head == "train" and rest.partition(".")[0] in RUNTIME_TRAIN)
+

@@ -29,7 +29,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "else auto: permutation for a bounded metric such as accuracy, t otherwise)"
     )  # fmt: skip
     parser.add_argument("--interaction", metavar="AXIS,AXIS",
-                        help="an interaction to state beyond a two-axis sweep's own (report.interaction)")  # fmt: skip
+                        help="an interaction to state beyond a two-axis sweep's own (report.interaction): two "
+                        "swept axes, refused otherwise before anything is written")  # fmt: skip
     args = parser.parse_args(argv)
     from zoo.lab.reports.report import write_built, written  # the studies and plots: once the arguments are read
     from zoo.lab.reports.table import relative_to
@@ -37,8 +38,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         baseline = report_options({"baseline": args.baseline})[0] if args.baseline else None
+        named = report_interaction(args.interaction)  # its axes: against the swept ones (build_report)
         with report_lock(args.dir) if args.dir.is_dir() else contextlib.nullcontext():  # not beside a sweep's own
-            named = report_interaction(args.interaction)
             report = build_report(args.dir, baseline=baseline, correction=args.correction, test=args.test,
                                   interaction=named)  # fmt: skip
             print(write_built(report, plots=not args.no_plots), end="")

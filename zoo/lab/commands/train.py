@@ -18,6 +18,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -30,6 +31,7 @@ from zoo.core.registry import AXES
 from zoo.lab.commands.argv import exit_on_bad_overrides
 from zoo.lab.cores import dist_env
 from zoo.lab.files import write_atomic
+from zoo.lab.keys import names_folder
 from zoo.lab.planning.options import TUNE_DIR
 from zoo.lab.records.exit_status import exit_if_a_run_failed, note_refused
 
@@ -43,7 +45,18 @@ def run_dirname(overrides: str, limit: int = 200) -> str:
     return name
 
 
-OmegaConf.register_new_resolver("zoo_dirname", run_dirname, replace=True)
+def run_folder_name(overrides: Sequence[str]) -> str:
+    """A sweep's run folder name from the run's command-line overrides (``hydra.overrides.task``): those of the
+    keys that name a run (:func:`zoo.lab.keys.names_folder`: no runtime, report, tuning or ladder key), sorted
+    and joined with ``,`` as Hydra's ``override_dirname`` joins them, made path-safe by :func:`run_dirname`."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    lines = [str(line) for line in overrides]
+    parsed = OverridesParser.create().parse_overrides(lines)
+    return run_dirname(",".join(sorted(o.input_line for o in parsed if names_folder(o.key_or_group))))
+
+
+OmegaConf.register_new_resolver("zoo_dirname", run_folder_name, replace=True)
 
 
 def hydra_job(cfg: DictConfig) -> str:

@@ -1,6 +1,6 @@
 """The sections that steer a sweep rather than a run, checked: ``report`` (baseline, correction, test,
-interaction) and
-``tune`` (the learning rates and seeds a tuning sweep tries).
+interaction: against the swept axes by :func:`check_interaction`), ``tune`` (the learning rates and seeds a
+tuning sweep tries) and ``ladder`` (its budgets).
 """
 
 from __future__ import annotations
@@ -112,10 +112,23 @@ def report_interaction(raw: Any) -> list[tuple[str, str]] | None:
     two-axis sweep's (``[optim, mlp]``, ``"optim,mlp"`` or a list of pairs); None: a two-axis sweep's own."""
     if raw is None or raw == []:
         return None
-    if isinstance(raw, str):
-        raw = [part.strip() for part in raw.split(",")]
-    pairs = raw if raw and all(isinstance(p, (list, tuple)) for p in raw) else [raw]
+    listed = [part.strip() for part in raw.split(",")] if isinstance(raw, str) else raw
+    pairs = listed if listed and all(isinstance(p, (list, tuple)) for p in listed) else [listed]
     for pair in pairs:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(isinstance(a, str) and a for a in pair):
             raise ConfigError("report.interaction", raw, "two swept axes, [optim, mlp], or a list of such pairs")
+        if pair[0] == pair[1]:
+            raise ConfigError("report.interaction", raw, f"two different swept axes ({pair[0]!r} is named twice)")
     return [(str(a), str(b)) for a, b in pairs]
+
+
+def check_interaction(named: list[tuple[str, str]], axes: list[str]) -> list[tuple[str, str]]:
+    """``named`` (:func:`report_interaction`'s pairs), each axis one that ``axes`` (the swept axes) holds: a
+    ConfigError names the first that is not, and the swept axes."""
+    for pair in named:
+        for axis in pair:
+            if axis not in axes:
+                swept = ", ".join(axes) or "none"
+                shown = ",".join(pair)
+                raise ConfigError("report.interaction", shown, f"{axis!r} is not a swept axis; swept: {swept}")
+    return named

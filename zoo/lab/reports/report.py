@@ -13,7 +13,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.lab.planning.options import report_options
+from zoo.lab.planning.options import report_interaction, report_options
 from zoo.lab.records.lock import report_lock
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.records.report_files import OPTIONAL, PLOTS, TABLES
@@ -129,8 +129,9 @@ class ReportCallback(Callback):
         try:
             section = OmegaConf.to_container(config.report, resolve=True) if "report" in config else None
             baseline, correction, test = report_options(section)
+            named = report_interaction((section or {}).get("interaction"))  # the sweep's, its runs skipped or not
             with report_lock(root):  # a second sweep into this folder writes its report after this one
-                report = build_report(root, baseline=baseline, correction=correction, test=test)
+                report = build_report(root, baseline=baseline, correction=correction, test=test, interaction=named)
                 text = write_built(report)
         except Exception as error:  # a report problem must not hide the runs' own results
             log.error("report for %s failed: %s: %s", root, type(error).__name__, error)

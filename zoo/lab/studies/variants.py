@@ -6,6 +6,7 @@ but the seed; a :class:`Report` holds them sorted best first by the headline met
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
 from zoo.lab.keys import NOT_AXES
-from zoo.lab.planning.options import TUNE_DIR, report_interaction, report_options
+from zoo.lab.planning.options import TUNE_DIR, check_interaction, report_interaction, report_options
 from zoo.lab.records.metrics import METRICS
 from zoo.lab.records.summary import SUMMARY, read_record_checked
 from zoo.lab.studies.interactions import Interaction, axis_interactions
@@ -26,6 +27,8 @@ from zoo.lab.studies.peaks import Peak, variant_peaks
 from zoo.lab.studies.runset import Run, Variant
 from zoo.lab.studies.sensitivity import LrStudy, lr_study
 from zoo.lab.studies.stats import Comparison, apply_holm, chosen_test, compare, difference_range
+
+log = logging.getLogger("zoo.lab.studies.variants")
 
 
 def unused_axes(config: dict[str, Any]) -> list[str]:
@@ -267,8 +270,7 @@ def build_report(
     base_key = choose_baseline(runs, axes, given)
     comparisons = compare_variants(variants, groups.get(base_key), base_key, metric, mode, method)
     effects = axis_effects(runs, axes, base_key, metric, mode, method)
-    named = interaction if interaction is not None else launched_interaction(runs)
-    interactions = axis_interactions(runs, axes, base_key, metric, method, named)
+    interactions = axis_interactions(runs, axes, base_key, metric, method, named_interaction(interaction, runs, axes))
     if correction == "holm":
         apply_holm(list(comparisons.values()), mode)
         apply_holm([e.comparison for e in effects], mode)
@@ -283,6 +285,22 @@ def headline(runs: Sequence[Run]) -> tuple[str, str]:
     metric = metrics.most_common(1)[0][0] if metrics else "val_loss"
     modes = [r.record.metric.get("mode") for r in runs if r.record.metric and r.record.metric.get("name") == metric]
     return metric, modes[0] if modes else "min"
+
+
+def named_interaction(
+    given: list[tuple[str, str]] | None, runs: Sequence[Run], axes: Sequence[str]
+) -> list[tuple[str, str]] | None:
+    """The interactions a report states beyond a two-axis sweep's own: ``given`` (``zoo-report --interaction``,
+    the sweep's ``report.interaction``), refused (ConfigError naming the swept axes) unless each of its axes is
+    swept; else the runs' own ``report.interaction``, left out with a warning where its axes are not swept."""
+    if given is not None:
+        return check_interaction(given, list(axes))
+    launched = launched_interaction(runs)
+    try:
+        return check_interaction(launched, list(axes)) if launched else None
+    except ConfigError as error:
+        log.warning("the runs' report.interaction left out of the report: %s", error)
+        return None
 
 
 def launched_interaction(runs: Sequence[Run]) -> list[tuple[str, str]] | None:

@@ -8,69 +8,25 @@ step where that budget's decay starts (``train.branch.step=decay``: the stable p
 total, Hägele et al. 2024), into ``<sweep dir>/budgets/``. Each branch is an ordinary run (folder, summary,
 lock; skipped when done, so a ladder resumes); the report then fits the ladder (zoo.lab.studies.ladder).
 
-Before any run, a ladder that could not be fitted or branched is refused by name: fewer than 2 shorter
-budgets or 3 widths, a schedule other than WSD, or a decay start without a checkpoint kept to branch from.
+Before any run, a ladder that could not be fitted or branched is refused by name
+(zoo.lab.planning.sweep.check_ladder).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.core.errors import ConfigError
-from zoo.lab.planning.branch import decay_start
 from zoo.lab.planning.options import ladder_options
 
 log = logging.getLogger("zoo.lab.training.ladder_runs")
 
 #: The branches' folder inside the sweep folder.
 BUDGETS_DIR = "budgets"
-#: The fewest widths a ladder fits (zoo.lab.studies.ladder.MIN_RUNGS, without importing numpy here).
-MIN_WIDTHS = 3
-
-
-def swept_values(config: DictConfig, key: str) -> list[str]:
-    """The values a sweep gives ``key``: its command line's, else its sweep file's ``hydra.sweeper.params``."""
-    for override in config.hydra.overrides.task:
-        if override.startswith(f"{key}="):
-            return override.split("=", 1)[1].split(",")
-    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
-    value = params.get(key)
-    return str(value).split(",") if value is not None else [str(OmegaConf.select(config, key))]
-
-
-def decay_starts(config: dict[str, Any], budgets: list[int]) -> dict[int, int]:
-    """``{budget: the step its WSD decay starts}``; refused when the schedule is not WSD."""
-    name = (config.get("schedule") or {}).get("name", "cosine")
-    start = decay_start(config, "schedule", name, "wsd for a ladder (its budgets branch from the stable phase)")
-    return {b: int(start(b)) for b in budgets}
-
-
-def check_ladder(config: dict[str, Any], widths: list[str]) -> list[int]:
-    """The ladder's shorter budgets, checked before any run (ConfigError names the key); [] for no ladder."""
-    train = config.get("train") or {}
-    steps = int(train.get("steps", 0))
-    budgets, _ = ladder_options(config.get("ladder"), steps)
-    if not budgets:
-        return []
-    if len(set(widths)) < MIN_WIDTHS:
-        raise ConfigError("block.d_model", ",".join(widths), f"at least {MIN_WIDTHS} widths for a ladder's fit")
-    starts = decay_starts(config, budgets)
-    every, keep = int(train.get("checkpoint_every") or 0), int(train.get("keep_checkpoints") or 0)
-    first = min(starts.values())
-    if every <= 0 or any(s % every for s in starts.values()):
-        why = f"a divisor of every branch's start, {sorted(starts.values())} (ladder.steps={budgets})"
-        raise ConfigError("train.checkpoint_every", every, why)
-    needed = (steps - 1) // every - first // every + 1
-    if 0 < keep < needed:
-        why = f"at least {needed}: the checkpoints from step {first} on, where the branches start"
-        raise ConfigError("train.keep_checkpoints", keep, why)
-    return budgets
 
 
 def branch_config(parent: dict[str, Any], folder: Path, budget: int) -> dict[str, Any]:
@@ -84,18 +40,6 @@ def branch_name(parent: str, budget: int) -> str:
     """The branch's folder name: its parent run's, with ``train.steps`` the budget."""
     parts = [p for p in parent.split(",") if not p.startswith("train.steps=")]
     return ",".join(sorted([*parts, f"train.steps={budget}"]))
-
-
-class LadderCheck(Callback):
-    """Hydra callback, first of all: refuse a ladder that cannot be fitted or branched before any run (tuning too)."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        keys = [k for k in ("train", "ladder", "schedule") if k in config]
-        raw = {k: OmegaConf.to_container(config[k], resolve=True) for k in keys}
-        try:
-            check_ladder(raw, swept_values(config, "block.d_model"))
-        except ConfigError as error:
-            sys.exit(f"zoo-sweep: refused before any run: {error}")
 
 
 class LadderCallback(Callback):
