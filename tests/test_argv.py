@@ -3,10 +3,13 @@ key or value, did you mean, what exists) and one line, never Hydra's "use +..." 
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
 import pytest
+from helpers import ROOT
 
 from zoo.core.errors import ConfigError
 from zoo.lab.commands.argv import check_overrides, group_options
@@ -87,3 +90,49 @@ def test_zoo_train_and_zoo_sweep_exit_with_one_line(capsys, tmp_path):
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert ok.returncode == 0 and "extra: 1" in ok.stdout and "rmsnorm" in ok.stdout, ok.stderr
+
+
+#: Runs ``zoo-train`` with each command line in one process (torch imported once), each from the working folder:
+#: its exit status, what it printed on stdout and stderr, and what the working folder holds after it.
+IN_ONE_PROCESS = """
+import contextlib, io, json, os, sys
+from hydra.core.global_hydra import GlobalHydra
+from zoo.lab.commands.train import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["zoo-train", *argv]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main()
+            code = 0
+        except SystemExit as exited:
+            code = exited.code
+    GlobalHydra.instance().clear()
+    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "left": sorted(os.listdir("."))})
+print(json.dumps(results))
+"""
+
+
+def test_a_single_runs_config_error_is_one_line_on_stderr_and_leaves_nothing_behind(tmp_path):
+    """As a misspelt key is: exit 1, one ``zoo-train: <field>=...`` line on stderr, nothing on stdout, no run folder
+    (not even an empty runs/train/), whichever check refuses it."""
+    small = ["block.d_model=32", "block.n_heads=4", "model.n_layers=1", "train.steps=2", "threads=1"]
+    cases = {
+        "callbacks": ["callbacks=[nosuch]"],
+        "train.steps": ["train.steps=-1"],
+        "task.path": ["task=tokens", f"task.path={tmp_path / 'no-such-data'}"],
+        "train.branch.step": ["schedule=wsd", "train.branch.step=1"],
+        "train.branch.from": [f"train.branch.from={tmp_path / 'no-such-run'}", "train.branch.step=1"],
+        "block.n_heads": ["block.n_heads=5"],
+    }
+    argvs = [[*small, *more] for more in cases.values()]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", IN_ONE_PROCESS, json.dumps(argvs)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for field, result in zip(cases, json.loads(done.stdout.splitlines()[-1]), strict=True):
+        assert result["code"] == 1 and result["stdout"] == "", (field, result)
+        (line,) = result["stderr"].splitlines()
+        assert line.startswith(f"zoo-train: {field}="), (field, line)
+        assert result["left"] == [], (field, result["left"])

@@ -6,8 +6,9 @@
 
 Each run folder gets ``metrics.jsonl`` and ``summary.json`` (status ``ok``, ``diverged``,
 ``incompatible`` (parts the compatibility map refuses to combine, with the reason) or ``failed``).
-A failed run is recorded and never stops a sweep; a run whose summary already says
-``ok`` for the same config is skipped, so re-running a sweep into its folder resumes it.
+A failed run is recorded and never stops a sweep; one run's bad config is one ``zoo-train: ...`` line on
+stderr, exit status 1 and no run folder. A run whose summary already says ``ok`` for the same config is
+skipped, so re-running a sweep into its folder resumes it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,6 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.assembly.config_tree import CONF_DIR
+from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
 from zoo.lab.commands.argv import exit_on_bad_overrides
 from zoo.lab.cores import dist_env
@@ -77,25 +80,42 @@ def hydra_job(cfg: DictConfig) -> str:
         parallel = os.cpu_count() or 1
     out_dir = Path(hc.runtime.output_dir)
     fresh = not any(out_dir.iterdir()) if out_dir.is_dir() else True
-    record = run_record(
-        cfg,
-        out_dir,
-        overrides=list(hc.overrides.task),
-        choices=choices,
-        parallel_jobs=parallel,
-        multirun=multirun,
-        job=hc.job.num if multirun else None,
-        tune_dir=Path(hc.sweep.dir) / TUNE_DIR if multirun else None,
-        on_write=lambda: write_hydra_record(out_dir, cfg),
-    )
+    try:
+        record = run_record(
+            cfg,
+            out_dir,
+            overrides=list(hc.overrides.task),
+            choices=choices,
+            parallel_jobs=parallel,
+            multirun=multirun,
+            job=hc.job.num if multirun else None,
+            tune_dir=Path(hc.sweep.dir) / TUNE_DIR if multirun else None,
+            on_write=lambda: write_hydra_record(out_dir, cfg),
+            raise_config_errors=not multirun,  # a sweep records a run's config error and trains the others
+        )
+    except ConfigError as error:  # one run's config refused: as a misspelt key is (zoo/lab/commands/argv.py)
+        exit_refused(error, out_dir if fresh else None)
     if record.status == "refused" and multirun:
         note_refused(Path(hc.sweep.dir), out_dir, str(record.error))
-    refused_early = (record.error or "").startswith("ConfigError") and record.parameters is None
-    if not multirun and fresh and refused_early and dist_env()[0] == 0:
-        shutil.rmtree(out_dir, ignore_errors=True)  # a config refused before training leaves no run folder
     if record.status in ("failed", "incompatible", "locked", "refused") and not multirun:
         raise SystemExit(1)  # a single run: fail the command (a sweep carries on)
     return record.status
+
+
+def exit_refused(error: ConfigError, made: Path | None) -> NoReturn:
+    """Exit 1 with ``zoo-train: <error>`` (one line on stderr, from rank 0), leaving nothing behind: ``made``,
+    the run folder Hydra made for the run, is removed with the folders above it that it leaves empty, up to
+    the working folder (``runs/train/``)."""
+    if dist_env()[0] == 0:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+            here = Path.cwd().resolve()
+            for folder in made.resolve().parents:
+                if folder == here or here not in folder.parents or any(folder.iterdir()):
+                    break
+                folder.rmdir()
+        print(f"zoo-train: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
 
 
 def write_hydra_record(out_dir: Path, cfg: DictConfig) -> None:

@@ -1,7 +1,7 @@
 """One run from its config to its folder: the lock, a finished run skipped and another config refused
 (before anything is written), the plan, a branch's or a checkpoint's start, the loop, and the run's record
 (summary.json, :class:`zoo.lab.records.summary.RunRecord`) written as it goes. A failed run is recorded,
-never raised: a sweep carries on."""
+never raised: a sweep carries on (one ``zoo-train`` run's config error is raised, nothing written)."""
 
 from __future__ import annotations
 
@@ -129,10 +129,13 @@ def run_record(
     job: int | None = None,
     tune_dir: Path | None = None,
     on_write: Callable[[], None] | None = None,
+    raise_config_errors: bool = False,
 ) -> RunRecord:
     """Train one configuration; rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``out_dir``.
 
-    Never raises for a bad config or a failing run: the record says ``failed`` with the error.
+    Never raises for a bad config or a failing run: the record says ``failed`` with the error; with
+    ``raise_config_errors`` (one ``zoo-train`` run), a config refused before the model is built raises its
+    ConfigError instead, nothing written to ``out_dir`` by the run.
     With ``resume``, a folder whose summary already says ``ok`` for the same config is left as it is; a
     folder that holds a finished run (or the weights or checkpoints of one) of another config is refused,
     nothing written (status ``refused``). ``on_write``: called once before the first write to ``out_dir``.
@@ -145,25 +148,24 @@ def run_record(
     record = RunRecord(run_dir=str(out_dir) if out_dir else None, choices=dict(choices or {}),
                        overrides=list(overrides), started=now(), versions=versions(), job=job)  # fmt: skip
     try:
-        raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-        assert isinstance(raw, dict)
-        raw = tuned(with_task_vocab(raw), record, tune_dir)  # model.vocab_size null: the task's, recorded
-        raw = resolve_branch(raw)  # train.branch from a sweep folder, or at its decay: one run, one step
-        record.config, record.config_hash, record.unused_axes = raw, config_hash(raw), unused_axes(raw)
-        record.choices = {k: v for k, v in (record.choices or {}).items() if k not in record.unused_axes}
+        raw = resolved(cfg, record, tune_dir)
         if writes:
             answer = done_or_refused(out_dir, raw, record, resume=resume, world=world)  # type: ignore[arg-type]
             if answer is not None:
                 return answer
-            if on_write is not None:
-                on_write()
-        train(raw, record, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun, resume=resume)
+        plan = planned(raw, record, multirun=multirun)  # a bad config fails here, before the run writes anything
+        if writes and on_write is not None:
+            on_write()
+        train(raw, plan, record, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun,
+              resume=resume)  # fmt: skip
     except Refused as why:
         return refuse(out_dir, str(why), world)  # type: ignore[arg-type]
-    except IncompatibleParts as error:  # a grid's refused combination: recorded with its reason
-        record.status, record.error = "incompatible", f"IncompatibleParts: {error}"
     except ConfigError as error:
-        record.status, record.error = "failed", f"ConfigError: {error}"
+        if raise_config_errors and record.parameters is None:
+            raise  # one run's config refused before its model: the command says it and exits
+        incompatible = isinstance(error, IncompatibleParts)  # a grid's refused combination: recorded with its reason
+        record.status = "incompatible" if incompatible else "failed"
+        record.error = f"{'IncompatibleParts' if incompatible else 'ConfigError'}: {error}"
     except Exception as error:
         record.status, record.error = "failed", f"{type(error).__name__}: {error}"
         record.traceback = traceback.format_exc()
@@ -174,6 +176,17 @@ def run_record(
     if rank == 0:
         log_end(record, out_dir, writes)
     return record
+
+
+def resolved(cfg: DictConfig | dict[str, Any], record: RunRecord, tune_dir: Path | None) -> dict[str, Any]:
+    """The run's config as it computes (tuned, its branch resolved), recorded in ``record`` with its hash."""
+    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    assert isinstance(raw, dict)
+    raw = tuned(with_task_vocab(raw), record, tune_dir)  # model.vocab_size null: the task's, recorded
+    raw = resolve_branch(raw)  # train.branch from a sweep folder, or at its decay: one run, one step
+    record.config, record.config_hash, record.unused_axes = raw, config_hash(raw), unused_axes(raw)
+    record.choices = {k: v for k, v in (record.choices or {}).items() if k not in record.unused_axes}
+    return raw
 
 
 def done_or_refused(
@@ -246,8 +259,18 @@ def build_task(plan: RunPlan) -> Task:
     return task
 
 
+def planned(raw: dict[str, Any], record: RunRecord, *, multirun: bool) -> tuple[RunPlan, list[tuple[str, dict]]]:
+    """The run's config checked before anything is written or built (ConfigError names the first mistake): its
+    plan (:func:`zoo.lab.planning.plan.plan_run`) and the loop's callbacks named in ``callbacks``."""
+    world = dist_env()[1]
+    torchrun_sweep = world > 1 and multirun and submitit_tasks() == 1
+    plan = plan_run(raw, record.choices or {}, record.overrides or [], world=world, torchrun_sweep=torchrun_sweep)
+    return plan, check_callbacks(raw.get("callbacks"))  # a plugin's name and options, before any tensor work
+
+
 def train(
     raw: dict[str, Any],
+    checked: tuple[RunPlan, list[tuple[str, dict]]],
     record: RunRecord,
     out_dir: Path | None,
     *,
@@ -255,14 +278,12 @@ def train(
     multirun: bool,
     resume: bool = True,
 ) -> None:
-    """Validate, build and train, filling ``record`` in; ``out_dir`` None writes nothing (other ranks).
-
-    With ``resume``, a checkpoint in ``out_dir`` (of this config) is continued; without, it is deleted.
+    """Build and train from the checked config (:func:`planned`), filling ``record`` in; ``out_dir`` None
+    writes nothing (other ranks). With ``resume``, a checkpoint in ``out_dir`` (of this config) is continued;
+    without, it is deleted.
     """
     rank, world, local_rank = dist_env()
-    torchrun_sweep = world > 1 and multirun and submitit_tasks() == 1
-    plan = plan_run(raw, record.choices or {}, record.overrides or [], world=world, torchrun_sweep=torchrun_sweep)
-    named_callbacks = check_callbacks(raw.get("callbacks"))  # a plugin's name and options, before any tensor work
+    plan, named_callbacks = checked
     if plan.branch is not None:
         record.branch = plan.branch.record()  # train.branch: the run and checkpoint this one starts from
     threads = raw.get("threads") or default_threads(parallel_jobs)
