@@ -130,3 +130,27 @@ def test_zoo_parts_lists_the_callbacks(capsys):
     listed = out.split("callback:", 1)[1]
     for name in ("records", "progress", "probes", "spikes", "checkpoints"):
         assert re.search(rf"^  {name}\b", listed, re.M), name
+
+
+def test_a_refused_callbacks_name_is_offered_only_names_callbacks_takes(registered):
+    """The did-you-mean and the list name only callbacks ``callbacks`` accepts (each offered name is then taken);
+    the built-in ones are listed apart, each with the key that turns it on."""
+    from zoo.core.errors import ConfigError
+    from zoo.lab.training.loop_callbacks import check_callbacks
+
+    class Recorder(Callback):
+        """Does nothing."""
+
+    registered("recorder", Recorder)
+    built_in = [part for part in CALLBACKS.parts() if part.cls.always]
+    for name in ("progres", "progress", "spikes", "recordr", "nosuch"):
+        with pytest.raises(ConfigError) as refused:
+            check_callbacks([name])
+        text = str(refused.value)
+        offered = re.findall(r"did you mean '(\w+)'", text) + text.split("to name here: ")[1].split(";")[0].split(", ")
+        assert offered and all(check_callbacks([n]) == [(n, {})] for n in offered), text
+        listed = text.split("built in, each on by its own key: ")[1]
+        assert listed == ", ".join(f"{p.name} ({p.cls.own_key or 'every run'})" for p in built_in), text
+    assert {p.name: p.cls.own_key for p in built_in if p.cls.own_key} == {
+        "progress": "progress", "probes": "train.probe_every", "checkpoints": "train.checkpoint_every"
+    }  # fmt: skip

@@ -98,6 +98,8 @@ class Callback:
 
     #: Built in: :meth:`from_run` decides for every run; otherwise only when ``callbacks`` names it.
     always: ClassVar[bool] = False
+    #: A built-in's own run key that turns it on (``progress``, ``train.probe_every``); empty: on in every run.
+    own_key: ClassVar[str] = ""
     trainer: LoopView
 
     @classmethod

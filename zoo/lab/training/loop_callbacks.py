@@ -10,6 +10,7 @@ built from its config (:func:`run_callbacks`, after :func:`check_callbacks` befo
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from zoo.core.errors import ConfigError
+from zoo.core.registry import FAILED_PLUGINS
 from zoo.lab.records.checkpoint import TrainState
 from zoo.lab.training import spikes
 from zoo.lab.training.callbacks import CALLBACKS, Callback, RunContext
@@ -47,6 +49,7 @@ class Progress(Callback):
     """The progress bar, with the logged loss and tokens/s (`progress`: null on a terminal only), on rank 0."""
 
     always = True
+    own_key = "progress"
 
     def __init__(self, show: bool | None = None) -> None:
         self.show, self.bar, self.last = show, None, 0
@@ -79,6 +82,7 @@ class Probing(Callback):
     """`train.probe_every`: attention and output logits, residual RMS, gradient norms and update ratios, on rank 0."""
 
     always = True
+    own_key = "train.probe_every"
 
     def __init__(self, every: int) -> None:
         self.every, self.probes, self.due = every, None, False
@@ -136,6 +140,7 @@ class Checkpoints(Callback):
     """A checkpoint every `train.checkpoint_every` steps (not at the last: the final weights are saved), every rank."""
 
     always = True
+    own_key = "train.checkpoint_every"
 
     def __init__(self, every: int, save: Callable[[TrainState, Any, Any], None] | None) -> None:
         self.every, self.save = every, save
@@ -168,9 +173,9 @@ def check_callbacks(raw: Any) -> list[tuple[str, dict[str, Any]]]:
             name, options = entry, {}
         else:
             raise ConfigError("callbacks", raw, "a list of callback names, or {name: {option: value}} entries")
+        if str(name) not in CALLBACKS or CALLBACKS.get(str(name)).cls.always:
+            raise not_a_callback(str(name))
         part = CALLBACKS.get(str(name))
-        if part.cls.always:
-            raise ConfigError("callbacks", name, f"built in: {name!r} is on in every run whose own keys ask for it")
         options = dict(options or {})
         accepted = inspect.signature(part.cls).parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
@@ -180,6 +185,24 @@ def check_callbacks(raw: Any) -> list[tuple[str, dict[str, Any]]]:
                 raise ConfigError(f"callbacks.{name}.{key}", options[key], f"options of {name}: {allowed}")
         named.append((str(name), options))
     return named
+
+
+def not_a_callback(name: str) -> ConfigError:
+    """``callbacks`` naming a built-in or an unknown callback: the closest name and the list offer only those
+    ``callbacks`` may give (a plugin's); the built-ins are listed with the keys that turn them on."""
+    parts = CALLBACKS.parts()
+    givable = [p.name for p in parts if not p.cls.always]
+    builtins = ", ".join(f"{p.name} ({p.cls.own_key or 'every run'})" for p in parts if p.cls.always)
+    if name in CALLBACKS:
+        part = CALLBACKS.get(name).cls
+        what = f"built in: on by its own key {part.own_key}" if part.own_key else "built in: on in every run"
+    else:
+        close = difflib.get_close_matches(name, givable, n=1)
+        what = "unknown callback" + (f"; did you mean {close[0]!r}?" if close else "")
+    offered = ", ".join(givable) or "none (a plugin registers one: docs/runs.md, Adding a callback)"
+    failed = "".join(f"; {failure}" for failure in FAILED_PLUGINS)
+    listed = f"to name here: {offered}; built in, each on by its own key: {builtins}{failed}"
+    return ConfigError("callbacks", name, f"{what}; {listed}")
 
 
 def run_callbacks(run: RunContext, named: list[tuple[str, dict[str, Any]]]) -> list[Callback]:
