@@ -92,6 +92,23 @@ def test_zoo_train_and_zoo_sweep_exit_with_one_line(capsys, tmp_path):
     assert ok.returncode == 0 and "extra: 1" in ok.stdout and "rmsnorm" in ok.stdout, ok.stderr
 
 
+def test_a_key_looked_for_under_another_name_says_where_its_setting_is():
+    """Every key of zoo.lab.keys.ELSEWHERE, on the command line and in its section's own check."""
+    from zoo.lab.keys import ELSEWHERE
+    from zoo.lab.planning.options import ladder_options, report_options, tune_options
+
+    checks = {"ladder": lambda raw: ladder_options(raw, 100), "report": report_options, "tune": tune_options}
+    for key, where in ELSEWHERE.items():
+        with pytest.raises(ConfigError) as on_the_command_line:
+            check_overrides([f"{key}=[32,64]"])
+        assert where in str(on_the_command_line.value), str(on_the_command_line.value)
+        section, _, name = key.partition(".")
+        with pytest.raises(ConfigError) as in_its_section:
+            checks[section]({name: [32, 64]})
+        assert str(in_its_section.value).startswith(f"{key}=[32, 64]: unknown key; {where}; allowed: ")
+    assert "block.d_model" in ELSEWHERE["ladder.widths"]
+
+
 #: Runs ``zoo-train`` with each command line in one process (torch imported once), each from the working folder:
 #: its exit status, what it printed on stdout and stderr, and what the working folder holds after it.
 IN_ONE_PROCESS = """

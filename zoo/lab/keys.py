@@ -53,3 +53,8 @@ def names_folder(key: str) -> bool:
         return False
     return not (head == "train" and rest.partition(".")[0] in RUNTIME_TRAIN)
 
+
+#: Keys looked for under another name: ``{key: where its setting is}`` (said beside "unknown key").
+ELSEWHERE = {
+    "ladder.widths": "a ladder's widths are the values of block.d_model it sweeps, e.g. block.d_model=64,128,256",
+}

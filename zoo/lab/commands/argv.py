@@ -22,6 +22,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
+from zoo.lab.keys import ELSEWHERE
 
 #: Flags that point Hydra at another config tree: the overrides are then not zoo's to judge.
 OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
@@ -98,7 +99,9 @@ def check_path(key: str, value: str, cfg: DictConfig, rest: Sequence[str], head:
         if not isinstance(node, DictConfig) or not OmegaConf.is_struct(node) or len(node) == 0:
             return
         if part not in node:
-            raise unknown(key, value, f"key {part!r} of {path}", part, sorted(node), "keys")
+            where = ELSEWHERE.get(f"{path}.{part}")
+            raise unknown(key, value, f"key {part!r} of {path}" + (f" ({where})" if where else ""), part,
+                          sorted(node), "keys")  # fmt: skip
         node, path = node[part], f"{path}.{part}"
 
 

@@ -9,12 +9,21 @@ import math
 from typing import Any
 
 from zoo.core.errors import ConfigError
+from zoo.lab.keys import ELSEWHERE
 
 #: Where a sweep's tuning runs go, beside its runs: ``<sweep dir>/tune/``.
 TUNE_DIR = "tune"
 
 #: The ``report`` section's keys.
 REPORT_KEYS = ("baseline", "correction", "test", "interaction")
+
+
+def unknown_key(section: str, key: str, value: Any, allowed: tuple[str, ...]) -> ConfigError:
+    """``<section>.<key>=<value>: unknown key; allowed: ...`` (and where its setting is, for a key looked for
+    under another name: :data:`zoo.lab.keys.ELSEWHERE`)."""
+    where = ELSEWHERE.get(f"{section}.{key}")
+    hint = f"{where}; " if where else ""
+    return ConfigError(f"{section}.{key}", value, f"unknown key; {hint}allowed: {', '.join(allowed)}")
 
 
 def report_options(raw: Any) -> tuple[dict[str, str] | None, str, str]:
@@ -27,7 +36,7 @@ def report_options(raw: Any) -> tuple[dict[str, str] | None, str, str]:
     raw = dict(raw or {})
     for key in raw:
         if key not in REPORT_KEYS:
-            raise ConfigError(f"report.{key}", raw[key], f"unknown key; allowed: {', '.join(REPORT_KEYS)}")
+            raise unknown_key("report", key, raw[key], REPORT_KEYS)
     correction = str(raw.get("correction") or "none")
     if correction not in CORRECTIONS:
         raise ConfigError("report.correction", correction, " or ".join(CORRECTIONS))
@@ -64,7 +73,7 @@ def tune_options(raw: Any) -> tuple[list[float] | None, list[int]]:
     raw = dict(raw or {})
     for key in raw:
         if key not in ("lr", "seeds", "width"):
-            raise ConfigError(f"tune.{key}", raw[key], "unknown key; allowed: lr, seeds, width")
+            raise unknown_key("tune", key, raw[key], ("lr", "seeds", "width"))
     width = raw.get("width")
     if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width <= 0):
         raise ConfigError("tune.width", width, "a positive block.d_model to tune at (null: each run's own)")
@@ -91,7 +100,7 @@ def ladder_options(raw: Any, steps: int) -> tuple[list[int], float]:
     raw = dict(raw or {})
     for key in raw:
         if key not in ("steps", "extrapolate"):
-            raise ConfigError(f"ladder.{key}", raw[key], "unknown key; allowed: steps, extrapolate")
+            raise unknown_key("ladder", key, raw[key], ("steps", "extrapolate"))
     budgets, far = raw.get("steps"), raw.get("extrapolate", 10)
     if isinstance(far, bool) or not isinstance(far, (int, float)) or not far >= 1:
         raise ConfigError("ladder.extrapolate", far, "a number at least 1 (times the largest compute trained)")
