@@ -17,7 +17,7 @@ from zoo.lab.data.tokenizer import BYTE_TASKS, Codec, run_codec
 from zoo.lab.planning.run_model import build_run_model, is_language_model
 from zoo.lab.planning.train_config import TrainConfig
 from zoo.lab.records import checkpoint as ckpt
-from zoo.lab.records.summary import RunRecord, read_record
+from zoo.lab.records.summary import SUMMARY, RunRecord, read_record_checked
 from zoo.lab.tasks import Task, build_task
 from zoo.lab.tasks.base import task_options
 from zoo.lab.training.evaluation import Evaluator
@@ -42,11 +42,15 @@ def run_folder(path: str | Path) -> Path:
 
 def run_record(path: str | Path) -> RunRecord:
     """The record of the run at ``path`` (a run folder or one of its checkpoints), with its config; else a
-    ConfigError naming the folder."""
+    ConfigError naming the folder and why its summary.json does not read (not JSON, a field not of its type)."""
     run_dir = run_folder(path)
-    record = read_record(run_dir)
-    if record is None or record.config is None:
-        raise ConfigError("run", str(run_dir), "a run folder with a summary.json (zoo-train writes one)")
+    record, problem = read_record_checked(run_dir)
+    if problem == f"no {SUMMARY}":
+        raise ConfigError("run", str(run_dir), f"a run folder with a {SUMMARY} (zoo-train writes one)")
+    if record is None:
+        raise ConfigError("run", str(run_dir), f"{problem}: a {SUMMARY} as zoo-train writes it")
+    if record.config is None:
+        raise ConfigError("run", str(run_dir), f"{SUMMARY} records no config (status {record.status!r})")
     return record
 
 
