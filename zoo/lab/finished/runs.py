@@ -129,6 +129,18 @@ def run_task_config(path: str | Path, data: str | None = None) -> dict[str, Any]
     return task_cfg
 
 
+def run_task(task_cfg: dict[str, Any], *, given: bool) -> Task:
+    """The run's task on its data; where the data is not at the path the run recorded (deleted, or moved), an
+    error that names both ways to give it: ``--data`` (moved) or ``zoo-prepare`` (gone)."""
+    try:
+        return build_task(task_cfg)
+    except ConfigError as error:
+        if given or error.field != "task.path":
+            raise
+        moved = "; or, if the run's data moved, give its new place with --data PATH"
+        raise ConfigError(error.field, error.value, error.allowed + moved) from None
+
+
 def check_data(path: str | Path, task: Task, task_cfg: dict[str, Any]) -> None:
     """Refuse data whose sha256 differs from the one the run recorded, naming both (generated data has none)."""
     recorded = (run_record(path).data or {}).get("sha256")
@@ -168,7 +180,7 @@ def evaluation(
     task_cfg = run_task_config(path, data)
     if lengths is not None:
         task_cfg["eval_lengths"] = list(lengths)
-    task = build_task(task_cfg)
+    task = run_task(task_cfg, given=data is not None)
     check_data(path, task, task_cfg)
     model, config = load_run(path, device)
     train = TrainConfig.from_config(config.get("train"))
