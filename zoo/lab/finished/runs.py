@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from zoo.core.errors import ConfigError
+from zoo.core.registry import UnknownName, installed_plugins
 from zoo.lab.data.tokenizer import BYTE_TASKS, Codec, run_codec
 from zoo.lab.planning.run_model import build_run_model, is_language_model
 from zoo.lab.planning.train_config import TrainConfig
@@ -77,13 +79,38 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
         hint = f"; its latest checkpoint is {latest}" if latest is not None else ""
         allowed = f"has no {ckpt.WEIGHTS} (status {record.status!r}; train.save=final keeps it){hint}"
         raise ConfigError("run", str(path), allowed)
-    model = build_run_model(config).to(device)  # every axis applied: task's model kind, μP, ...
+    with plugins_named(record):
+        model = build_run_model(config).to(device)  # every axis applied: task's model kind, μP, ...
     meta = ckpt.load_weights(model, weights, unverified_ok=True)  # format 1: no manifest, a warning
     if meta.get("config_hash") not in (None, record.config_hash):
         raise ConfigError(
             "run", str(path), f"weights of config {meta['config_hash']}, summary.json of {record.config_hash}"
         )
     return LoadedRun(model.eval(), config)
+
+
+def missing_plugins(record: RunRecord) -> list[str]:
+    """The plugins the run trained with (summary.json's ``versions.plugins``) that are not installed here as they
+    were: ``zoo-dyt 0.1.0 (not installed)``, ``zoo-dyt 0.1.0 (installed: 0.2.0)``."""
+    recorded, here = (record.versions or {}).get("plugins") or {}, installed_plugins()
+    return [
+        f"{name} {version} ({'not installed' if name not in here else f'installed: {here[name]}'})"
+        for name, version in recorded.items()
+        if here.get(name) != version
+    ]
+
+
+@contextlib.contextmanager
+def plugins_named(record: RunRecord) -> Iterator[None]:
+    """An unknown part (or task) name raised inside, with the plugins the run trained with that are missing here."""
+    try:
+        yield
+    except UnknownName as error:
+        missing = missing_plugins(record)
+        if not missing:
+            raise
+        trained = f"; the run trained with plugin {', '.join(missing)} (summary.json's versions.plugins): install it"
+        raise UnknownName(error.field, error.value, error.allowed + trained) from None
 
 
 def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path) -> Path:
@@ -180,7 +207,8 @@ def evaluation(
     task_cfg = run_task_config(path, data)
     if lengths is not None:
         task_cfg["eval_lengths"] = list(lengths)
-    task = run_task(task_cfg, given=data is not None)
+    with plugins_named(run_record(path)):
+        task = run_task(task_cfg, given=data is not None)
     check_data(path, task, task_cfg)
     model, config = load_run(path, device)
     train = TrainConfig.from_config(config.get("train"))
