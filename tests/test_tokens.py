@@ -230,7 +230,7 @@ DOCS = ["première ligne 漢", "", "second 🦒 — naïve", "def f(x):\n    ret
 
 
 def test_parquet_files_give_their_text_field_and_bad_fields_are_clear_errors(tmp_path):
-    pa = pytest.importorskip("pyarrow", reason="Parquet input needs pyarrow: pip install zoo[parquet]")
+    pa = pytest.importorskip("pyarrow", reason="Parquet input needs pyarrow: pip install -e '.[parquet]'")
     import pyarrow.parquet as pq
 
     (tmp_path / "in").mkdir()
@@ -246,7 +246,7 @@ def test_parquet_files_give_their_text_field_and_bad_fields_are_clear_errors(tmp
 
 
 def test_a_saved_datasets_folder_is_read_offline_split_after_split(tmp_path, monkeypatch):
-    datasets = pytest.importorskip("datasets", reason="datasets folders need datasets: pip install zoo[datasets]")
+    datasets = pytest.importorskip("datasets", reason="datasets folders need datasets: pip install -e '.[datasets]'")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     datasets.Dataset.from_dict({"content": DOCS[:3]}).save_to_disk(str(tmp_path / "one"))
     splits = {"train": datasets.Dataset.from_dict({"content": DOCS[:3]}),
