@@ -89,7 +89,7 @@ def test_without_the_tokenizers_library_bytes_still_work_and_bpe_says_what_to_in
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails
     src = corpus(tmp_path / "in")
     prepare([str(src)], tmp_path / "bytes", progress=False)
-    with pytest.raises(ConfigError, match=r"--tokenizer='bpe'.*pip install zoo\[tokens\]"):
+    with pytest.raises(ConfigError, match=r"--tokenizer='bpe'.*pip install -e \"\.\[tokens\]\" in zoo's clone"):
         prepare([str(src)], tmp_path / "bpe", tokenizer="bpe", progress=False)
 
 
