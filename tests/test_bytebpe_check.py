@@ -108,3 +108,28 @@ def test_the_check_is_bounded_by_documents_and_characters():
     sample = check_sample(["x" * 1000, "y" * CHECK_CHARS, "z"])
     assert [len(d) for d in sample] == [1000, CHECK_CHARS - 1000]
     assert check_sample([]) == []
+
+
+class Shifted:
+    """An encoder giving the library's ids with the last token of the run dropped (``end=-1``) or one more
+    token added after it (``end=+1``): every id they share agrees."""
+
+    def __init__(self, tokenizer, end: int) -> None:
+        self.tokenizer, self.end = tokenizer, end
+
+    def encode_all(self, docs):
+        ids = [i for doc in docs for i in self.tokenizer.encode(doc, add_special_tokens=False).ids]
+        return np.array(ids[:-1] if self.end < 0 else [*ids, 0], dtype=np.int64)
+
+
+@pytest.mark.parametrize("end", [-1, 1])
+def test_an_encoder_that_drops_or_adds_a_token_at_the_end_is_caught_there(monkeypatch, end):
+    tok = load_tokenizer("bpe", 300, [CODE * 20])
+    docs = [CODE, "x = 1\n", "print(x)\n"]
+    assert prepare_module.first_difference(tok, bytebpe.fast_encoder(tok), docs) is None  # the same ids
+    last = len(tok.encode(docs[-1], add_special_tokens=False).ids)
+    at = last - 1 if end < 0 else last  # the token dropped, or the one past the library's last
+    assert prepare_module.first_difference(tok, Shifted(tok, end), docs) == (2, at)
+    monkeypatch.setattr(prepare_module, "fast_encoder", lambda tokenizer: Shifted(tokenizer, end))
+    said = f"{LIBRARY} (bytebpe differed at document 2, token {at})"
+    assert prepare_module.checked_encoder(tok, docs) == (False, said)  # the library encodes the run

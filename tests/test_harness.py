@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from helpers import tiny, zoo_cli
 
-pytest.importorskip("lm_eval", reason="lm-eval is an optional extra: pip install zoo[eval]")
+pytest.importorskip("lm_eval", reason="lm-eval is an optional extra: pip install -e '.[eval]'")
 from lm_eval.api.instance import Instance  # noqa: E402
 
 import zoo  # noqa: E402

@@ -294,3 +294,28 @@ def test_a_plugin_registers_a_task_and_a_tracker_like_a_part(plugins, capsys):
     assert printer.endswith("Prints each record.  [prefix=>]  (from zoo-lab-extra)"), printer
     with pytest.raises(ConfigError, match=r"^logger='printr': unknown logger; did you mean 'printer'\?"):
         check_logger({"name": "printr"})
+
+
+def test_a_run_records_its_plugins_and_one_evaluated_without_them_names_the_missing_package(plugins, tmp_path):
+    from helpers import tiny
+
+    from zoo.lab.commands.evaluate import main as eval_main
+    from zoo.lab.training.run import run
+
+    options = {"norm/tanhnorm.yaml": "# @package block.norm\nname: tanhnorm\ngain_init: 1.0\n"}
+    plugins.add("zoo-tanh", {"zoo_tanh": NORM.format(name="tanhnorm")}, {"tanh": "zoo_tanh"}, options, "zoo_tanh.conf")
+    summary = run(tiny("norm=tanhnorm", "train.steps=2", "train.eval_every=2"), tmp_path / "run")
+    assert summary["status"] == "ok", summary["error"]
+    assert summary["versions"]["plugins"] == {"zoo-tanh": "0.1"}
+    assert zoo.load_run(tmp_path / "run").model.blocks[0].placement.norms[0].weight.shape == (32,)
+    (plugins.root / "zoo_tanh-0.1.dist-info/entry_points.txt").unlink()  # uninstalled: no entry point
+    registry.plugin_entry_points.cache_clear()
+    NORMS.unregister("tanhnorm")
+    with pytest.raises(ConfigError) as missing:
+        zoo.load_run(tmp_path / "run")
+    assert "'tanhnorm': unknown norm" in str(missing.value)
+    assert str(missing.value).endswith("; the run trained with plugin zoo-tanh 0.1 (not installed) (summary.json's "
+                                       "versions.plugins): install it")  # fmt: skip
+    with pytest.raises(SystemExit) as exited:
+        eval_main([str(tmp_path / "run")])
+    assert "zoo-tanh 0.1 (not installed)" in str(exited.value.code)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 import pytest
 
@@ -70,3 +71,37 @@ def test_surrogate_pairs_and_line_separators_in_jsonl_strings_are_text(tmp_path)
     src.write_text('{"text": "\\ud83e\\udd92 a\u2028b\x85c"}\n', encoding="utf-8")
     prepare([str(src)], tmp_path / "out", val_fraction=0.3, progress=False)
     assert split_text(tmp_path / "out", "train") + split_text(tmp_path / "out", "val") == "🦒 a\u2028b\x85c"
+
+
+@pytest.mark.parametrize(
+    ("options", "missing_library", "error"),
+    [
+        (["--tokenizer", "bpe"], True, """--tokenizer='bpe': bytes, or install the tokenizers library (the tokens """
+         """extra): pip install -e ".[tokens]" in zoo's clone"""),  # fmt: skip
+        (["--tokenizer", "bpe", "--vocab-size", "100"], False, "--vocab-size=100: at least 256 (every byte is a "),
+        (["--tokenizer", "BROKEN"], False, "--tokenizer='BROKEN': a tokenizer.json the tokenizers library reads ("),
+    ],
+)
+def test_a_tokenizer_that_cannot_be_had_is_refused_before_any_input_is_read(
+    tmp_path, monkeypatch, capsys, options, missing_library, error
+):
+    from zoo.lab.data import prepare as prepare_module
+
+    if missing_library:
+        monkeypatch.setitem(sys.modules, "tokenizers", None)  # not installed: importing it raises ImportError
+    else:
+        pytest.importorskip("tokenizers")
+    (tmp_path / "in.txt").write_text(SMALL)
+    (tmp_path / "broken.json").write_text('{"model": ')
+    options = [str(tmp_path / "broken.json") if o == "BROKEN" else o for o in options]
+    error = error.replace("BROKEN", str(tmp_path / "broken.json"))
+
+    def read(*_, **__):
+        pytest.fail("an input was read before the tokenizer was checked")
+
+    monkeypatch.setattr(prepare_module, "sources_hash", read)
+    monkeypatch.setattr(prepare_module, "read_all", read)
+    assert main([str(tmp_path / "in.txt"), "--out", str(tmp_path / "out"), "--workers", "1", *options]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"zoo-prepare: {error}"), err
+    assert not (tmp_path / "out").exists()

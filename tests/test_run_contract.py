@@ -256,6 +256,15 @@ def test_evaluation_reads_the_recorded_data_or_the_one_given_and_refuses_other_d
     with pytest.raises(ConfigError) as other:  # the other data in this working folder
         evaluate_run(folder, data="tokens")
     assert recorded["data"]["sha256"] in str(other.value) and other.value.field == "data.sha256"
+    assert recorded["data"]["paths"] == {"path": str(work / "tokens")}  # the recorded path, read without --data
+    shutil.rmtree(work / "tokens")
+    with pytest.raises(ConfigError) as gone:  # deleted there: both ways to give it back named
+        evaluate_run(folder)
+    assert "zoo-prepare" in str(gone.value) and "--data PATH" in str(gone.value) and gone.value.field == "task.path"
+    tokens_folder(work / "tokens", corpus_text(1))  # replaced there by other data of the same format
+    with pytest.raises(ConfigError) as replaced:
+        evaluate_run(folder)
+    assert recorded["data"]["sha256"] in str(replaced.value) and replaced.value.field == "data.sha256"
 
 
 @pytest.mark.parametrize("trained", ["tokens-muon-wsd-branch"], indirect=True)

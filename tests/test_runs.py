@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import shutil
 
@@ -16,6 +17,7 @@ from zoo.core.errors import ConfigError
 from zoo.lab.commands.evaluate import main as eval_main
 from zoo.lab.commands.generate import main as generate_main
 from zoo.lab.finished.runs import evaluate_run, load_codec, text_to_tokens, tokens_to_text
+from zoo.lab.records.summary import NEWER
 from zoo.lab.training.run import run
 from zoo.models import language
 
@@ -216,3 +218,49 @@ def test_a_folder_that_is_no_run_is_one_line_from_zoo_eval_and_zoo_generate(tmp_
                 main([str(folder), *argv])
             message = f"run='{folder}': a run folder with a summary.json (zoo-train writes one)"
             assert str(exited.value.code).endswith(message), exited.value.code
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        ("cut", "summary.json is not valid JSON ("),
+        ("steps", "summary.json: steps: a str, not an integer: "),
+        ("schema", "summary.json: schema='99': not an integer: "),
+    ],
+)
+def test_a_summary_that_does_not_read_is_named_with_its_problem(trained, tmp_path, damage, problem):
+    root, _, summary = trained
+    folder = tmp_path / "run"
+    shutil.copytree(root / "bytes", folder)
+    text = json.dumps({**summary, "steps": "five"} if damage == "steps" else {**summary, "schema": "99"})
+    (folder / "summary.json").write_text(text[: len(text) // 2] if damage == "cut" else text)
+    expected = f"run='{folder}': {problem}"
+    with pytest.raises(ConfigError) as error:
+        zoo.load_run(folder)
+    assert str(error.value).startswith(expected), error.value
+    for main, argv in ((eval_main, []), (generate_main, ["x"])):
+        with pytest.raises(SystemExit) as exited:
+            main([str(folder), *argv])
+        assert str(exited.value.code).startswith(f"zoo-{'eval' if main is eval_main else 'generate'}: {expected}")
+
+
+def test_a_summary_of_a_newer_schema_reads_with_one_warning_from_every_reader(trained, tmp_path, caplog, capsys):
+    from zoo.lab.commands.report import main as report_main
+    from zoo.lab.records.summary import SCHEMA
+
+    root, _, summary = trained
+    folder = tmp_path / "sweep" / "run"
+    shutil.copytree(root / "bytes", folder)
+    (folder / "summary.json").write_text(json.dumps({**summary, "schema": SCHEMA + 97, "energy_j": 3.5}))
+    warning = f"{folder / 'summary.json'}: schema 99, written by a newer zoo (this one writes schema {SCHEMA}): read"
+    for use in (
+        lambda: eval_main([str(folder)]),
+        lambda: generate_main([str(folder), "x", "--max-new-tokens", "2"]),
+        lambda: zoo.load_run(folder),
+        lambda: report_main([str(tmp_path / "sweep"), "--no-plots"]),
+    ):
+        caplog.clear()
+        NEWER.clear()
+        use()
+        assert [r.getMessage()[: len(warning)] for r in caplog.records if r.levelno >= logging.WARNING] == [warning]
+    assert f"| {summary['final']['val_bpb']:.4f} |" in capsys.readouterr().out  # read, its numbers reported

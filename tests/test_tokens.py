@@ -89,7 +89,7 @@ def test_without_the_tokenizers_library_bytes_still_work_and_bpe_says_what_to_in
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails
     src = corpus(tmp_path / "in")
     prepare([str(src)], tmp_path / "bytes", progress=False)
-    with pytest.raises(ConfigError, match=r"--tokenizer='bpe'.*pip install zoo\[tokens\]"):
+    with pytest.raises(ConfigError, match=r"--tokenizer='bpe'.*pip install -e \"\.\[tokens\]\" in zoo's clone"):
         prepare([str(src)], tmp_path / "bpe", tokenizer="bpe", progress=False)
 
 
@@ -230,7 +230,7 @@ DOCS = ["première ligne 漢", "", "second 🦒 — naïve", "def f(x):\n    ret
 
 
 def test_parquet_files_give_their_text_field_and_bad_fields_are_clear_errors(tmp_path):
-    pa = pytest.importorskip("pyarrow", reason="Parquet input needs pyarrow: pip install zoo[parquet]")
+    pa = pytest.importorskip("pyarrow", reason="Parquet input needs pyarrow: pip install -e '.[parquet]'")
     import pyarrow.parquet as pq
 
     (tmp_path / "in").mkdir()
@@ -246,7 +246,7 @@ def test_parquet_files_give_their_text_field_and_bad_fields_are_clear_errors(tmp
 
 
 def test_a_saved_datasets_folder_is_read_offline_split_after_split(tmp_path, monkeypatch):
-    datasets = pytest.importorskip("datasets", reason="datasets folders need datasets: pip install zoo[datasets]")
+    datasets = pytest.importorskip("datasets", reason="datasets folders need datasets: pip install -e '.[datasets]'")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     datasets.Dataset.from_dict({"content": DOCS[:3]}).save_to_disk(str(tmp_path / "one"))
     splits = {"train": datasets.Dataset.from_dict({"content": DOCS[:3]}),

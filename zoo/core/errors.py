@@ -5,6 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 
+def install_extra(extra: str) -> str:
+    """How to install one of zoo's optional extras (pyproject.toml), for an error to say: from zoo's clone."""
+    return f'pip install -e ".[{extra}]" in zoo\'s clone'
+
+
 class ConfigError(ValueError):
     """A configuration value is not allowed.
 

@@ -37,6 +37,10 @@ CONF_GROUP = "zoo.conf"
 BUILT_IN = "built-in"
 
 
+class UnknownName(ConfigError):
+    """A name that no entry of a registry has: a typo, or a part of a plugin that is not installed here."""
+
+
 @dataclass(frozen=True)
 class Part:
     """A registered part: the class to build, the options its name presets, and its catalogue entry."""
@@ -129,7 +133,7 @@ class Registry:
             close = difflib.get_close_matches(str(name), self._parts, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             failed = "".join(f"; {failure}" for failure in FAILED_PLUGINS)
-            raise ConfigError(
+            raise UnknownName(
                 self.where, name, f"unknown {self.axis}; {hint}registered: {', '.join(self._parts)}{failed}"
             )
         return self._parts[name]
@@ -196,6 +200,16 @@ def package_of(ep: importlib.metadata.EntryPoint) -> str:
     """The distribution that declares ``ep`` (``zoo-dyt``), or its module's top package."""
     dist = getattr(ep, "dist", None)
     return dist.name if dist is not None else ep.value.split(":")[0].split(".")[0]
+
+
+def installed_plugins() -> dict[str, str]:
+    """``{distribution: version}`` of every installed package with ``zoo.parts`` entry points (a run records
+    them in summary.json's ``versions``), loaded or not."""
+    found = {}
+    for ep in plugin_entry_points(PARTS_GROUP):
+        dist = getattr(ep, "dist", None)
+        found[package_of(ep)] = dist.version if dist is not None else "unknown"
+    return found
 
 
 def load_plugins() -> None:

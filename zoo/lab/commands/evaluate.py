@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from zoo.core.errors import ConfigError
+from zoo.core.errors import ConfigError, install_extra
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--data", default=None, help="the run's data folder or files, moved (default: where the run read them)"
     )
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--harness", default=None, help="lm-eval tasks separated by commas (pip install zoo[eval])")
+    parser.add_argument("--harness", default=None, help='lm-eval tasks separated by commas (pip install -e ".[eval]")')
     parser.add_argument("--include-path", default=None, help="a folder of lm-eval task YAML files (--harness)")
     parser.add_argument("--limit", type=int, default=None, help="at most this many documents per task (--harness)")
     parser.add_argument("--batch-size", type=int, default=8, help="requests per forward pass (--harness)")
@@ -67,7 +67,7 @@ def load_harness() -> Any:
     try:
         from zoo.lab.finished import harness
     except ImportError as e:
-        raise ConfigError("lm-eval", None, f"installed: pip install zoo[eval] ({e})") from None
+        raise ConfigError("lm-eval", None, f"installed: {install_extra('eval')} ({e})") from None
     return harness
 
 

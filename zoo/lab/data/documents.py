@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zoo.core.errors import ConfigError
+from zoo.core.errors import ConfigError, install_extra
 from zoo.lab.data.sources import walk
 
 #: A UTF-16 surrogate: JSON's ``\ud800``-``\udfff`` escapes decode to one when not paired, and UTF-8 has none.
@@ -44,7 +44,7 @@ def optional(module: str, extra: str, what: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ConfigError("INPUT", what, f"the {module} library: pip install zoo[{extra}]") from None
+        raise ConfigError("INPUT", what, f"the {module} library: {install_extra(extra)}") from None
 
 
 def text_column(values: Sequence[Any], source: str, field: str) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from zoo.core.errors import ConfigError
+from zoo.core.errors import ConfigError, install_extra
 from zoo.lab.data.bytebpe import ByteBPEEncoder, fast_encoder
 from zoo.lab.data.documents import read_documents, source_files
 from zoo.lab.data.sources import FORMAT, META, walk
@@ -76,34 +76,46 @@ def training_sample(docs: Sequence[str], max_chars: int) -> list[str]:
     return list(docs[:: -(-total // max_chars)])  # a ceil division: the stride
 
 
-def load_tokenizer(spec: str, vocab_size: int, docs: Sequence[str], train_chars: int = 0) -> Any | None:
-    """None for ``bytes``; a byte-level BPE for ``bpe``, trained on :func:`training_sample` of ``docs``
-    (``train_chars``, 0 for all of them); else a tokenizer.json file."""
+def check_tokenizer(spec: str, vocab_size: int) -> Any | None:
+    """``--tokenizer`` checked before any input is read: the tokenizers library installed (for any but
+    ``bytes``), ``bpe``'s ``--vocab-size``, a tokenizer.json file read (returned; None for bytes and bpe)."""
     if spec == "bytes":
         return None
     try:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from tokenizers import Tokenizer
     except ImportError:
-        raise ConfigError(
-            "--tokenizer", spec, "bytes, or install the tokenizers library: pip install zoo[tokens]"
-        ) from None
-
+        allowed = f"bytes, or install the tokenizers library (the tokens extra): {install_extra('tokens')}"
+        raise ConfigError("--tokenizer", spec, allowed) from None
     if spec == "bpe":
         if vocab_size < 256:
             raise ConfigError("--vocab-size", vocab_size, "at least 256 (every byte is a token)")
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        alphabet = pre_tokenizers.ByteLevel.alphabet()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=False)
-        tok.train_from_iterator(training_sample(docs, train_chars), trainer=trainer)
-        return tok
+        return None
     path = tokenizer_file(spec)
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the library raises a bare Exception on a bad file
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError("--tokenizer", spec, f"a tokenizer.json the tokenizers library reads ({reason})") from None
+
+
+def train_bpe(vocab_size: int, docs: Sequence[str], train_chars: int = 0) -> Any:
+    """A byte-level BPE of ``vocab_size`` tokens trained on :func:`training_sample` of ``docs`` (``train_chars``,
+    0 for all of them)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=False)
+    tok.train_from_iterator(training_sample(docs, train_chars), trainer=trainer)
+    return tok
+
+
+def load_tokenizer(spec: str, vocab_size: int, docs: Sequence[str], train_chars: int = 0) -> Any | None:
+    """None for ``bytes``; for ``bpe`` one trained on ``docs`` (:func:`train_bpe`); else a tokenizer.json file."""
+    tok = check_tokenizer(spec, vocab_size)
+    return train_bpe(vocab_size, docs, train_chars) if spec == "bpe" else tok
 
 
 class LibraryEncoder:
@@ -356,6 +368,7 @@ def prepare(
     ``train_chars``: the characters a ``bpe`` is trained on (:func:`training_sample`; 0 for all);
     ``shard_tokens``: the most tokens one shard file holds."""
     check_options(val_fraction, workers, train_chars, shard_tokens)
+    tok = check_tokenizer(tokenizer, vocab_size)  # before any input is read (or hashed)
     out, files = Path(out), source_files(inputs, pattern)
     request = {"sources": sources_hash(files), "tokenizer": tokenizer_id(tokenizer, vocab_size)}
     request["val_fraction"], request["shard_tokens"] = val_fraction, shard_tokens
@@ -371,7 +384,7 @@ def prepare(
         raise ConfigError(
             "INPUT", list(inputs), f"no text found (files matching {pattern!r}, or {text_field!r} fields)"
         )
-    tok = load_tokenizer(tokenizer, vocab_size, docs, train_chars)
+    tok = train_bpe(vocab_size, docs, train_chars) if tokenizer == "bpe" else tok  # a file: read above
     vocab = 256 if tok is None else tok.get_vocab_size()
     dtype = "uint16" if vocab <= 1 << 16 else "uint32"
     meta = {"format": FORMAT, "version": 1, **request, "vocab_size": vocab, "dtype": dtype, "splits": {}}

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zoo.core.errors import ConfigError
+from zoo.core.errors import ConfigError, install_extra
 
 #: The copy of the run's tokenizer in its run folder.
 RUN_TOKENIZER = "tokenizer.json"
@@ -101,7 +101,7 @@ def run_codec(run_dir: str | Path, task: str, data: dict[str, Any]) -> Codec:
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ConfigError("tokenizer", str(path), "the tokenizers library: pip install zoo[tokens]") from None
+        raise ConfigError("tokenizer", str(path), f"the tokenizers library: {install_extra('tokens')}") from None
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as e:  # the library raises a bare Exception on a bad file

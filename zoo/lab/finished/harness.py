@@ -4,8 +4,8 @@ command line through ``python -m zoo.lab.finished.harness --model zoo --model_ar
 lm-eval with model plugins (after its 0.4.13 release) finds ``zoo`` through the package's
 ``lm_eval.models`` entry point, so ``lm_eval --model zoo`` works; 0.4.13 finds a model class only
 once the module defining it is imported: importing this module registers ``zoo``, and ``python -m
-zoo.lab.finished.harness`` (``zoo-lm-eval``) is lm-eval's command line with it registered. Needs ``pip
-install zoo[eval]`` (lm-eval >= 0.4, < 0.5).
+zoo.lab.finished.harness`` (``zoo-lm-eval``) is lm-eval's command line with it registered. Needs the ``eval``
+extra (``pip install -e ".[eval]"``: lm-eval >= 0.4, < 0.5).
 
 Text goes in and out through the run's tokenizer (:func:`zoo.lab.finished.runs.load_codec`): UTF-8 bytes for
 ``bytes`` runs, the run's verified ``tokenizer.json`` for ``tokens`` runs. The zoo's models have no

@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -13,11 +14,12 @@ import torch
 from torch import nn
 
 from zoo.core.errors import ConfigError
+from zoo.core.registry import UnknownName, installed_plugins
 from zoo.lab.data.tokenizer import BYTE_TASKS, Codec, run_codec
 from zoo.lab.planning.run_model import build_run_model, is_language_model
 from zoo.lab.planning.train_config import TrainConfig
 from zoo.lab.records import checkpoint as ckpt
-from zoo.lab.records.summary import RunRecord, read_record
+from zoo.lab.records.summary import SUMMARY, RunRecord, read_record_checked
 from zoo.lab.tasks import Task, build_task
 from zoo.lab.tasks.base import task_options
 from zoo.lab.training.evaluation import Evaluator
@@ -42,11 +44,15 @@ def run_folder(path: str | Path) -> Path:
 
 def run_record(path: str | Path) -> RunRecord:
     """The record of the run at ``path`` (a run folder or one of its checkpoints), with its config; else a
-    ConfigError naming the folder."""
+    ConfigError naming the folder and why its summary.json does not read (not JSON, a field not of its type)."""
     run_dir = run_folder(path)
-    record = read_record(run_dir)
-    if record is None or record.config is None:
-        raise ConfigError("run", str(run_dir), "a run folder with a summary.json (zoo-train writes one)")
+    record, problem = read_record_checked(run_dir)
+    if problem == f"no {SUMMARY}":
+        raise ConfigError("run", str(run_dir), f"a run folder with a {SUMMARY} (zoo-train writes one)")
+    if record is None:
+        raise ConfigError("run", str(run_dir), f"{problem}: a {SUMMARY} as zoo-train writes it")
+    if record.config is None:
+        raise ConfigError("run", str(run_dir), f"{SUMMARY} records no config (status {record.status!r})")
     return record
 
 
@@ -73,13 +79,38 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
         hint = f"; its latest checkpoint is {latest}" if latest is not None else ""
         allowed = f"has no {ckpt.WEIGHTS} (status {record.status!r}; train.save=final keeps it){hint}"
         raise ConfigError("run", str(path), allowed)
-    model = build_run_model(config).to(device)  # every axis applied: task's model kind, μP, ...
+    with plugins_named(record):
+        model = build_run_model(config).to(device)  # every axis applied: task's model kind, μP, ...
     meta = ckpt.load_weights(model, weights, unverified_ok=True)  # format 1: no manifest, a warning
     if meta.get("config_hash") not in (None, record.config_hash):
         raise ConfigError(
             "run", str(path), f"weights of config {meta['config_hash']}, summary.json of {record.config_hash}"
         )
     return LoadedRun(model.eval(), config)
+
+
+def missing_plugins(record: RunRecord) -> list[str]:
+    """The plugins the run trained with (summary.json's ``versions.plugins``) that are not installed here as they
+    were: ``zoo-dyt 0.1.0 (not installed)``, ``zoo-dyt 0.1.0 (installed: 0.2.0)``."""
+    recorded, here = (record.versions or {}).get("plugins") or {}, installed_plugins()
+    return [
+        f"{name} {version} ({'not installed' if name not in here else f'installed: {here[name]}'})"
+        for name, version in recorded.items()
+        if here.get(name) != version
+    ]
+
+
+@contextlib.contextmanager
+def plugins_named(record: RunRecord) -> Iterator[None]:
+    """An unknown part (or task) name raised inside, with the plugins the run trained with that are missing here."""
+    try:
+        yield
+    except UnknownName as error:
+        missing = missing_plugins(record)
+        if not missing:
+            raise
+        trained = f"; the run trained with plugin {', '.join(missing)} (summary.json's versions.plugins): install it"
+        raise UnknownName(error.field, error.value, error.allowed + trained) from None
 
 
 def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path) -> Path:
@@ -125,6 +156,18 @@ def run_task_config(path: str | Path, data: str | None = None) -> dict[str, Any]
     return task_cfg
 
 
+def run_task(task_cfg: dict[str, Any], *, given: bool) -> Task:
+    """The run's task on its data; where the data is not at the path the run recorded (deleted, or moved), an
+    error that names both ways to give it: ``--data`` (moved) or ``zoo-prepare`` (gone)."""
+    try:
+        return build_task(task_cfg)
+    except ConfigError as error:
+        if given or error.field != "task.path":
+            raise
+        moved = "; or, if the run's data moved, give its new place with --data PATH"
+        raise ConfigError(error.field, error.value, error.allowed + moved) from None
+
+
 def check_data(path: str | Path, task: Task, task_cfg: dict[str, Any]) -> None:
     """Refuse data whose sha256 differs from the one the run recorded, naming both (generated data has none)."""
     recorded = (run_record(path).data or {}).get("sha256")
@@ -164,7 +207,8 @@ def evaluation(
     task_cfg = run_task_config(path, data)
     if lengths is not None:
         task_cfg["eval_lengths"] = list(lengths)
-    task = build_task(task_cfg)
+    with plugins_named(run_record(path)):
+        task = run_task(task_cfg, given=data is not None)
     check_data(path, task, task_cfg)
     model, config = load_run(path, device)
     train = TrainConfig.from_config(config.get("train"))

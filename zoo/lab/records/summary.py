@@ -3,12 +3,16 @@ atomically and read back checked field by field.
 
 Schema: :data:`SCHEMA` is written in the record's ``schema`` field; a summary.json without one is schema 1
 (written before the field existed, with the same fields otherwise), and reads the same way. A field this
-code does not know (a newer writer's) is kept in :attr:`RunRecord.extra` and written back unchanged.
+code does not know (a newer writer's) is kept in :attr:`RunRecord.extra` and written back unchanged. A
+summary of a newer schema (written by a newer zoo) reads the same way, each known field checked for its
+type, with a warning naming it, once per folder and process: :func:`read_record_checked` decides that for
+every reader (the report, zoo-eval, zoo-generate, ``zoo.load_run``, resume, branches).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -17,6 +21,8 @@ from typing import Any
 from zoo.lab.files import write_json_atomic
 
 SUMMARY = "summary.json"
+
+log = logging.getLogger("zoo.lab.records.summary")
 
 #: The layout version a run writes in its summary's ``schema`` field (none: schema 1).
 SCHEMA = 2
@@ -35,7 +41,7 @@ class RunRecord:
     choices: dict[str, Any] | None = None  # the group choices (attn=gqa, ...)
     overrides: list[str] | None = None  # the command line's key=value overrides
     started: str | None = None  # ISO time, UTC
-    versions: dict[str, Any] | None = None  # python, torch, zoo, hydra, platform
+    versions: dict[str, Any] | None = None  # python, torch, zoo, hydra, platform, plugins (zoo.parts providers)
     job: int | None = None  # Hydra's job number in a sweep
     tune: dict[str, Any] | None = None  # tune.lr's choice: lr, metric, mode, searched, seeds
     config: dict[str, Any] | None = None  # the resolved config
@@ -195,9 +201,29 @@ def read_record_checked(run_dir: Path) -> tuple[RunRecord | None, str | None]:
     except OSError as error:
         return None, f"{SUMMARY} cannot be read ({error.strerror or error})"
     try:
-        return RunRecord.from_json(data), None
+        record = RunRecord.from_json(data)
     except RecordError as error:
         return None, f"{SUMMARY}: {error}"
+    if record.schema > SCHEMA:
+        warn_newer(run_dir, record.schema)
+    return record, None
+
+
+#: The run folders whose summary.json was found written by a newer zoo (each warned of once a process).
+NEWER: set[Path] = set()
+
+
+def warn_newer(run_dir: Path, schema: int) -> None:
+    """Warn, once a process for ``run_dir``, that its summary.json has a newer layout than this zoo writes."""
+    where = Path(run_dir).resolve()
+    if where in NEWER:
+        return
+    NEWER.add(where)
+    log.warning(
+        "%s: schema %d, written by a newer zoo (this one writes schema %d): read with the fields this zoo knows, "
+        "the others kept as they are; upgrade zoo to read it as it was written", Path(run_dir) / SUMMARY, schema,
+        SCHEMA,
+    )  # fmt: skip
 
 
 def read_record(run_dir: Path) -> RunRecord | None:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError, IncompatibleParts
+from zoo.core.registry import installed_plugins
 from zoo.lab.cores import dist_env, submitit_tasks
 from zoo.lab.data.tokenizer import copy_to_run
 from zoo.lab.files import from_cwd, write_atomic
@@ -56,13 +57,15 @@ from zoo.lab.training.trainer import FitResult, Trainer
 log = logging.getLogger("zoo.lab.training.run")
 
 
-def versions() -> dict[str, str]:
+def versions() -> dict[str, Any]:
+    """What the run ran on: python, torch, zoo, hydra, the platform, and the installed part plugins."""
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "zoo": package_version(),
         "hydra": hydra.__version__,
         "platform": platform.platform(),
+        "plugins": installed_plugins(),
     }
 
 
