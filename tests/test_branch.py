@@ -169,8 +169,10 @@ def test_the_branch_keys_leave_the_config_hash_of_other_runs_as_it_was():
         (("from=wsd24", "step=12"), "train.branch.step=12: in 1..11: below train.steps=12"),
         (("from=wsd24",), "train.branch.from="),
         (("step=decay",), "train.branch.step='decay': needs train.branch.from too"),
-        (("from=wsd24", "step=last"), "train.branch.step='last': the step of one of train.branch.from's checkpoints "
-                                      "(an integer), or decay"),
+        (
+            ("from=wsd24", "step=last"),
+            "train.branch.step='last': the step of one of train.branch.from's checkpoints (an integer), or decay",
+        ),
         (("from=wsd24", "step=9", "block.d_ff=64"), "it differs in block.d_ff: None there, 64 here"),
         (("from=wsd24", "step=9", "seed=1"), "it differs in seed: 0 there, 1 here"),
         (("from=wsd24", "step=9", "optim=sgd"), "it differs in optim.dampening"),
