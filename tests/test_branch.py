@@ -13,9 +13,11 @@ from helpers import fake_run, interrupt, tiny, without_timings
 from safetensors.torch import load_file
 
 from zoo.lab.commands.report import main as report_main
+from zoo.lab.records import checkpoint as ckpt
 from zoo.lab.records.checkpoint import WEIGHTS
 from zoo.lab.records.config import config_hash
 from zoo.lab.records.metrics import read_metrics
+from zoo.lab.records.state_tree import tensor_bytes
 from zoo.lab.studies.runset import UNSET
 from zoo.lab.studies.variants import build_report
 from zoo.lab.training.run import run
@@ -122,6 +124,35 @@ def test_a_branch_folder_of_another_start_is_refused_untouched(runs, tmp_path):
     assert {p: p.read_bytes() for p in (tmp_path / "branch").rglob("*") if p.is_file()} == before
 
 
+def retrained(checkpoint) -> None:
+    """The checkpoint as another training of its run would leave it: other weights, its manifest agreeing."""
+    weights, meta = ckpt.read_weights(checkpoint / WEIGHTS)
+    first = next(iter(weights))
+    weights[first] = weights[first] + 1e-3
+    ckpt.write_files(checkpoint, {WEIGHTS: tensor_bytes(weights, meta)}, ckpt.read_manifest(checkpoint))
+
+
+def test_a_finished_branch_rerun_from_another_start_of_the_same_config_is_refused_untouched(runs, tmp_path):
+    """The branch's config hash leaves out where its source lies: the same config branched from another
+    run of the source's config but for its steps, or from a retrained checkpoint of the same run, is not the
+    finished branch (its start differs) and is refused, never skipped as done."""
+    shutil.copytree(runs / "wsd24", tmp_path / "src")
+    done = run(branch(tmp_path / "src", 6, "train.steps=12"), tmp_path / "branch")
+    assert done["status"] == "ok", done["error"]
+    before = {p: p.read_bytes() for p in (tmp_path / "branch").rglob("*") if p.is_file()}
+    shutil.rmtree(tmp_path / "src")
+    shutil.copytree(runs / "wsd12", tmp_path / "src")  # another source run: its config hash and checkpoint differ
+    other = run(branch(tmp_path / "src", 6, "train.steps=12"), tmp_path / "branch")  # the same config, path too
+    assert other["status"] == "refused", other
+    assert "branched from another start" in other["error"]
+    shutil.rmtree(tmp_path / "src")
+    shutil.copytree(runs / "wsd24", tmp_path / "src")
+    retrained(tmp_path / "src" / "checkpoints" / "step_000006")  # the same source run, another checkpoint
+    again = run(branch(tmp_path / "src", 6, "train.steps=12"), tmp_path / "branch")
+    assert again["status"] == "refused" and "branched from another start" in again["error"], again
+    assert {p: p.read_bytes() for p in (tmp_path / "branch").rglob("*") if p.is_file()} == before
+
+
 def test_the_branch_keys_leave_the_config_hash_of_other_runs_as_it_was():
     cfg = tiny()
     assert cfg["train"]["branch"] == {"from": None, "step": None}
@@ -137,6 +168,11 @@ def test_the_branch_keys_leave_the_config_hash_of_other_runs_as_it_was():
         (("from=wsd24", "step=5"), "train.branch.step=5: the step of an intact checkpoint of "),
         (("from=wsd24", "step=12"), "train.branch.step=12: in 1..11: below train.steps=12"),
         (("from=wsd24",), "train.branch.from="),
+        (("step=decay",), "train.branch.step='decay': needs train.branch.from too"),
+        (
+            ("from=wsd24", "step=last"),
+            "train.branch.step='last': the step of one of train.branch.from's checkpoints (an integer), or decay",
+        ),
         (("from=wsd24", "step=9", "block.d_ff=64"), "it differs in block.d_ff: None there, 64 here"),
         (("from=wsd24", "step=9", "seed=1"), "it differs in seed: 0 there, 1 here"),
         (("from=wsd24", "step=9", "optim=sgd"), "it differs in optim.dampening"),

@@ -32,9 +32,11 @@ HAND = {
 }
 
 
-def tuned_sweep(root: Path, initial: dict | None = INITIAL, metric: dict | None = None, grid: dict = GRID) -> None:
+def tuned_sweep(root: Path, initial: dict | None = INITIAL, metric: dict | None = None, grid: dict = GRID,
+                searched: dict | None = None) -> None:  # fmt: skip
     """A sweep of qk_norm x 3 seeds whose tune/ holds every variant at every rate on the 3 tune seeds (each run
-    recording its seed's ``initial`` metric, but seed 0's diverged runs; none when ``initial`` is None)."""
+    recording its seed's ``initial`` metric, but seed 0's diverged runs; none when ``initial`` is None); the
+    sweep's runs record ``searched`` as the rates tune.lr searched (none by default)."""
     metric = metric or {"name": "val_bpb", "mode": "min"}
     for norm, seeds in grid.items():
         for seed, values in seeds.items():
@@ -45,7 +47,7 @@ def tuned_sweep(root: Path, initial: dict | None = INITIAL, metric: dict | None 
                 status = "ok" if value is not None else "diverged"
                 fake_run(root / "tune", [f"block.attn.qk_norm={norm}", f"seed={seed}", f"train.lr={rate}"],
                          status=status, value=value, metric=metric, **extra)  # fmt: skip
-            tune = {"lr": 1e-2, "searched": {}, "seeds": [0, 1, 2], "metric": metric["name"]}
+            tune = {"lr": 1e-2, "searched": searched or {}, "seeds": [0, 1, 2], "metric": metric["name"]}
             fake_run(root, [f"block.attn.qk_norm={norm}", f"seed={seed}"], value=2.5 + 0.01 * seed, metric=metric,
                      tune=tune, job=seed)  # fmt: skip
 
@@ -216,7 +218,8 @@ def test_a_best_rate_at_the_end_of_the_grid_is_flagged_in_every_output(tmp_path)
     assert "| block.attn.qk_norm=rmsnorm | 0.1 (edge: highest) |" in text
     assert "| block.attn.qk_norm=none | 0.01 |" in text
     edge = next(line for line in text.splitlines() if line.startswith("Edge of the grid"))
-    assert "block.attn.qk_norm=rmsnorm (highest)" in edge and "qk_norm=none" not in edge and "one-sided" in edge
+    assert edge.startswith("Edge of the grid: the best rate is the highest rate tried for block.attn.qk_norm=rmsnorm,")
+    assert "qk_norm=none" not in edge and "lowest" not in edge and "one-sided" in edge
     fig = plot_lr(build_report(tmp_path), tmp_path / "lr.png")
     assert [t.get_text() for t in fig.axes[0].texts] == ["edge (highest)"]
 
@@ -231,7 +234,35 @@ def test_a_tuned_rate_at_the_end_of_the_searched_grid_is_flagged(tmp_path):
     got = rows_by_norm(tmp_path)
     assert got["none"]["lr_edge"] == "lowest" and got["rmsnorm"]["lr_edge"] == ""
     assert "| 0.001 (edge: lowest) |" in text and "| 0.01 |" in text
-    assert "Edge of the grid: the tuned rate of norm=none (lowest)" in text
+    assert "Edge of the grid: the tuned rate is the lowest rate tried for norm=none, so" in text
+
+
+def test_the_header_the_lr_section_and_the_lr_column_read_one_grid_per_variant(tmp_path):
+    """tune/ holds an earlier, wider sweep's runs (up to 0.1), but this sweep's runs were tuned on 0.001 and 0.01
+    (their ``tune.searched``) and took 0.01, the highest of that grid, where 0.1 would be the best of tune/: the
+    header, the learning-rate section and the lr columns all read the grid tune.lr searched, and mark 0.01 as
+    its highest rate; the runs at 0.1 are left out and said to be."""
+    grid = {"none": {0: (3.0, 2.5, 2.0), 1: (3.1, 2.6, 2.1), 2: (3.2, 2.7, 2.2)},
+            "rmsnorm": {0: (3.0, 2.6, 2.4), 1: (3.1, 2.7, 2.5), 2: (3.3, 2.8, 2.5)}}  # fmt: skip
+    tuned_sweep(tmp_path, grid=grid, searched={"0.001": 3.1, "0.01": 2.6})
+    text = write_report(tmp_path)
+    got = rows(tmp_path)
+    study = build_report(tmp_path).lr
+    assert study.rates == [1e-3, 1e-2] and len(study.outside) == 6
+    for norm in grid:
+        assert [p.rate for p in study.curves[(norm,)].points] == [1e-3, 1e-2]
+        assert float(got[norm]["best_lr"]) == float(got[norm]["lr"]) == 1e-2
+        assert got[norm]["best_lr_edge"] == got[norm]["lr_edge"] == "highest"
+    hand = (3.0 + 2.5) / 2 - 2.5  # seed 0 of none over the searched grid: 0.1 is not in it
+    assert study.curves[("none",)].per_seed[0] == pytest.approx(hand)
+    assert "Learning rate tuned per variant (tune.lr): each tried at 0.001, 0.01 on seed 0, 1, 2," in text
+    assert "Learning rate: the tuning runs (tune/), each variant at 2 rates on 3 seeds (0, 1, 2)" in text
+    assert "Left out: 6 tuning runs at lr 0.1, outside the grid tune.lr searched for their variants" in text
+    assert "| lr 0.001 | lr 0.01 | lr sensitivity" in text and "lr 0.1 |" not in text
+    labels = "block.attn.qk_norm=none, block.attn.qk_norm=rmsnorm"
+    assert text.count(f"the tuned rate is the highest rate tried for {labels}, so") == 1
+    assert text.count(f"the best rate is the highest rate tried for {labels}, so") == 1
+    assert text.count("0.01 (edge: highest)") == 6  # per variant: lr (tuned) and best lr, and the section's best lr
 
 
 def test_a_sensitivity_interval_below_zero_is_clipped_and_marked():

@@ -69,6 +69,10 @@ def same_start(recorded: dict[str, Any] | None, current: dict[str, Any] | None) 
     return all(recorded.get(k) == v for k, v in current.items() if k in recorded)
 
 
+#: ``train.branch.step``'s word for the step where this run's WSD decay starts.
+DECAY = "decay"
+
+
 def branch_options(train: Any) -> tuple[str | None, int | None]:
     """``train.branch``'s ``from`` and ``step`` (both None: not a branch), their types checked."""
     section = (train or {}).get("branch") if isinstance(train, dict) else None
@@ -79,17 +83,14 @@ def branch_options(train: Any) -> tuple[str | None, int | None]:
     source, step = section.get("from"), section.get("step")
     if source is not None and not isinstance(source, str):
         raise ConfigError("train.branch.from", source, "a run folder (a path)")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-        raise ConfigError("train.branch.step", step, "the step of one of train.branch.from's checkpoints (an integer)")
     if (source is None) != (step is None):
         field, value = ("train.branch.step", step) if source is None else ("train.branch.from", source)
         other = "train.branch.from" if source is None else "train.branch.step"
         raise ConfigError(field, value, f"needs {other} too: a branch starts from one checkpoint of one run")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        allowed = f"the step of one of train.branch.from's checkpoints (an integer), or {DECAY} (a WSD decay's start)"
+        raise ConfigError("train.branch.step", step, allowed)
     return source, step
-
-
-#: ``train.branch.step``'s word for the step where this run's WSD decay starts.
-DECAY = "decay"
 
 
 def resolve_branch(raw: dict[str, Any]) -> dict[str, Any]:

@@ -14,12 +14,14 @@ from zoo.lab.reports.table import (
     interval_text,
     lr_curve,
     lr_delta_text,
+    lr_grid,
     markdown_columns,
     peak_delta_text,
     peak_of,
     peak_text,
     relative_to,
     sensitivity_text,
+    tuned_edge,
     verdict_text,
 )
 from zoo.lab.studies.fixed import fixed_line
@@ -86,21 +88,33 @@ def fairness_lines(report: Report) -> list[str]:
             f"Budget: {shown} per run (train.budget): each variant's steps are set from its tokens per step and "
             f"FLOPs per token; the steps and FLOPs columns are what each spent (mean over seeds)."
         )
-    tuned = [r.record.tune for r in report.runs if r.record.tune and r.record.tune.get("lr")]
-    if tuned:
-        rates = sorted({float(rate) for t in tuned for rate in t.get("searched", {})}) or (
-            report.lr.rates if report.lr else []
-        )
-        seeds = tuned[0].get("seeds")
-        width = next((w for r in report.runs if (w := ((r.record.config or {}).get("tune") or {}).get("width"))), None)
-        at = f" at block.d_model={width} for every width (tune.width)" if width else ""
-        lines.append(
-            f"Learning rate tuned per variant (tune.lr): each tried at {', '.join(f'{r:g}' for r in rates)} on seed "
-            f"{', '.join(str(s) for s in seeds or [])}{at}, best validation {tuned[0].get('metric')} kept (lr column); "
-            f"the tuning runs and their report are in {TUNE_DIR}/, the sensitivity in lr.png."
-        )
-        lines += edge_lines(report, [(v, v.tuned_edge) for v in report.variants], "tuned")
+    lines += tuning_lines(report)
     return [""] + lines if lines else []
+
+
+def rates_text(rates: list[float]) -> str:
+    return ", ".join(f"{r:g}" for r in rates)
+
+
+def tuning_lines(report: Report) -> list[str]:
+    """How ``tune.lr`` chose each variant's rate: the grid (each variant's, :func:`lr_grid`, as the learning-rate
+    section and the lr column read it), the seeds and the width; and the variants whose rate ends its grid."""
+    tuned = [v for v in report.variants if v.tune]
+    if not tuned:
+        return []
+    first = tuned[0].tune or {}
+    grids = {tuple(lr_grid(report, v)) for v in tuned}
+    tried = (f"each tried at {rates_text(list(grids.pop()))}" if len(grids) == 1 else "each tried at its own grid ("
+             + "; ".join(f"{report.label(v)}: {rates_text(lr_grid(report, v))}" for v in tuned) + ")")  # fmt: skip
+    width = next((w for r in report.runs if (w := ((r.record.config or {}).get("tune") or {}).get("width"))), None)
+    at = f" at block.d_model={width} for every width (tune.width)" if width else ""
+    seeds = ", ".join(str(s) for s in first.get("seeds") or [])
+    return [
+        f"Learning rate tuned per variant (tune.lr): {tried} on seed {seeds}{at}, best validation "
+        f"{first.get('metric')} kept (lr column); the tuning runs and their report are in {TUNE_DIR}/, the "
+        "sensitivity in lr.png.",
+        *edge_lines(report, [(v, tuned_edge(report, v)) for v in report.variants], "tuned"),
+    ]
 
 
 def optimizer_of(run: Any) -> str:
@@ -222,13 +236,14 @@ def point_text(point: Any, seeds: int) -> str:
 
 def edge_lines(report: Report, edges: list[tuple[Variant, str | None]], which: str) -> list[str]:
     """A line naming the variants whose ``which`` rate (tuned or best) is an end of its grid, or none."""
-    at = [f"{report.label(v)} ({edge})" for v, edge in edges if edge]
-    if not at:
+    at = {end: [report.label(v) for v, edge in edges if edge == end] for end in ("lowest", "highest")}
+    said = [f"the {end} rate tried for {', '.join(labels)}" for end, labels in at.items() if labels]
+    if not said:
         return []
     return [
-        f"Edge of the grid: the {which} rate of {', '.join(at)} is the lowest or highest rate tried, so the best may "
-        "lie beyond the grid and the sensitivity there is one-sided (it sees one side of the curve only); widen "
-        "tune.lr past that end to see both."
+        f"Edge of the grid: the {which} rate is {' and '.join(said)}, so the best may lie beyond the grid and the "
+        "sensitivity there is one-sided (it sees one side of the curve only); widen tune.lr past that end to see "
+        "both."
     ]
 
 
@@ -263,6 +278,17 @@ def sensitivity_lines(report: Report) -> list[str]:
     return lines
 
 
+def outside_lines(report: Report) -> list[str]:
+    """The tuning runs left out of the section: at rates outside the grid ``tune.lr`` searched for their variant."""
+    study = report.lr
+    if study is None or not study.outside:
+        return []
+    n, rates = len(study.outside), sorted({float(r.value("train.lr")) for r in study.outside})
+    whose = "their variants" if n != 1 else "its variant"
+    return [f"Left out: {n} tuning run{'s' if n != 1 else ''} at lr {rates_text(rates)}, outside the grid tune.lr "
+            f"searched for {whose} (as the sweep's runs record it)."]  # fmt: skip
+
+
 def lr_lines(report: Report) -> list[str]:
     """The learning-rate section (tuning runs under tune/): per variant the best rate, the metric at each
     rate over the tune seeds, the sensitivity and its difference from the baseline's."""
@@ -270,11 +296,14 @@ def lr_lines(report: Report) -> list[str]:
     if study is None or not study.curves:
         return []
     seeds = len(study.seeds)
+    same = len({tuple(p.rate for p in c.points) for c in study.curves.values()}) == 1
+    at = f"at {len(study.rates)} rates" if same else f"at the rates of its grid ({len(study.rates)} in all)"
     lines = [
         "",
-        f"Learning rate: the tuning runs ({TUNE_DIR}/), each variant at {len(study.rates)} rates on {seeds} "
+        f"Learning rate: the tuning runs ({TUNE_DIR}/), each variant {at} on {seeds} "
         f"seed{'s' if seeds != 1 else ''} ({', '.join(str(s) for s in study.seeds)}); each rate's {study.metric} "
         f"is the mean [{CONFIDENCE:.0%} t interval] over the seeds that finished ok (lr.png).",
+        *outside_lines(report),
         *sensitivity_lines(report),
         "",
         "| variant | best lr | "
@@ -285,8 +314,9 @@ def lr_lines(report: Report) -> list[str]:
     for variant in report.variants:
         if (curve := lr_curve(report, variant)) is None:
             continue
+        points = {p.rate: point_text(p, seeds) for p in curve.points}
         cells = [report.label(variant), fmt_rate(curve.best_lr, curve.edge),
-                 *(point_text(p, seeds) for p in curve.points),
+                 *(points.get(rate, "") for rate in study.rates),
                  sensitivity_text(report, variant, ""), lr_delta_text(report, variant)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.lab.studies.peaks import PEAKS, Peak
-from zoo.lab.studies.runset import Variant
+from zoo.lab.studies.runset import Variant, grid_edge
 from zoo.lab.studies.sensitivity import LrCurve
 from zoo.lab.studies.stats import (
     CONFIDENCE,
@@ -262,6 +262,17 @@ def best_edge(report: Report, variant: Variant) -> str | None:
     return c.edge if (c := lr_curve(report, variant)) else None
 
 
+def lr_grid(report: Report, variant: Variant) -> list[float]:
+    """The rates the variant's tuned and best rates were chosen among (its learning-rate curve's, read on
+    :func:`zoo.lab.studies.sensitivity.rate_grid`; the rates ``tune.lr`` searched without tuning runs to read)."""
+    return [p.rate for p in c.points] if (c := lr_curve(report, variant)) else variant.tuned_grid
+
+
+def tuned_edge(report: Report, variant: Variant) -> str | None:
+    """``"lowest"`` or ``"highest"`` when the variant's tuned rate is that end of its grid (:func:`lr_grid`)."""
+    return grid_edge(variant.tuned_lr, lr_grid(report, variant))
+
+
 def sensitivity(report: Report, variant: Variant, i: int) -> float | None:
     """The variant's learning-rate sensitivity: mean over seeds (``i`` 0), its interval's low (1) or high (2)."""
     values = c.sensitivity() if (c := lr_curve(report, variant)) else None
@@ -398,7 +409,7 @@ COLUMNS: list[Column] = [
             k for k in sorted({k for run in r.runs for k in (run.record.final or {})}) if k != r.metric
         ],
     ),  # fmt: skip
-    Column("lr (tuned)", None, lambda r, v, k: v.tuned_lr, lambda r, v, k: fmt_rate(v.tuned_lr, v.tuned_edge),
+    Column("lr (tuned)", None, lambda r, v, k: v.tuned_lr, lambda r, v, k: fmt_rate(v.tuned_lr, tuned_edge(r, v)),
            when=tuned),  # fmt: skip
     Column("best lr", None, lambda r, v, k: best_lr(r, v), lambda r, v, k: fmt_rate(best_lr(r, v), best_edge(r, v)),
            when=studied),  # fmt: skip
@@ -415,7 +426,7 @@ COLUMNS: list[Column] = [
     Column("status", "status", lambda r, v, k: v.status),
     Column(None, "{key}", stat_value, each=lambda r: STAT_COLUMNS),
     Column(None, "lr", lambda r, v, k: v.tuned_lr),
-    Column(None, "lr_edge", lambda r, v, k: v.tuned_edge),
+    Column(None, "lr_edge", lambda r, v, k: tuned_edge(r, v)),
     Column(None, "steps", lambda r, v, k: v.mean_of("steps")),
     Column(None, "flops", lambda r, v, k: v.mean_of("flops")),
     Column(None, "budget", lambda r, v, k: budget_text(v)),

@@ -124,9 +124,9 @@ class Variant:
         return tune["lr"] if (tune := self.tune) else None
 
     @property
-    def tuned_edge(self) -> str | None:
-        """``"lowest"`` or ``"highest"`` when the tuned rate is that end of the grid ``tune.lr`` searched."""
-        return grid_edge(float(tune["lr"]), tune.get("searched") or {}) if (tune := self.tune) else None
+    def tuned_grid(self) -> list[float]:
+        """The rates ``tune.lr`` searched for this variant (summary ``tune.searched``), empty without tuning."""
+        return sorted({float(rate) for rate in (self.tune or {}).get("searched") or {}})
 
     @property
     def budget(self) -> dict[str, Any] | None:

@@ -8,7 +8,9 @@ for a variant that reaches its best at every rate, and larger the more the rate 
 initialization is each run's summary ``initial`` (its step-0 validation, the same for every rate of a seed);
 a seed whose runs lack it has no sensitivity, and the study says so. Per variant: the best rate, the metric
 at each rate (mean and 95% interval over seeds), the sensitivity's mean over seeds with its interval, and its
-difference from the baseline's, paired by seed (lower is better, whatever the metric's direction).
+difference from the baseline's, paired by seed (lower is better, whatever the metric's direction). A variant is
+read on one grid, :func:`rate_grid`: the rates ``tune.lr`` searched for it, as its runs record them; tuning runs
+at other rates (an earlier sweep's into the same folder) are left out, and the study keeps them to say so.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class LrStudy:
     rates: list[float]
     seeds: list[Any]
     curves: dict[tuple[str, ...], LrCurve] = field(default_factory=dict)
+    outside: list[Run] = field(default_factory=list)  # tuning runs at rates outside their variant's grid: left out
 
     @property
     def computed(self) -> bool:
@@ -136,11 +139,19 @@ def seed_initial(runs: Sequence[Run], seed: Any, metric: str) -> float | None:
     return next((x for r in runs if r.seed == seed and (x := initial_of(r, metric)) is not None), None)
 
 
-def build_curve(key: tuple[str, ...], runs: Sequence[Run], study: LrStudy) -> LrCurve:
-    """A variant's curve from its tuning runs (any rate, seed): a run missing from the grid counts at init."""
+def rate_grid(variant: Variant, tried: Sequence[float]) -> list[float]:
+    """The one grid a variant's rates are read on (its tuned rate, its best rate, their edge marks, its
+    sensitivity): the rates ``tune.lr`` searched for it as its runs record them, else ``tried`` (every rate of
+    its tuning runs: runs that record no search)."""
+    return variant.tuned_grid or sorted(tried)
+
+
+def build_curve(key: tuple[str, ...], runs: Sequence[Run], grid: Sequence[float], study: LrStudy) -> LrCurve:
+    """A variant's curve over its ``grid`` from its tuning runs (any seed): a run missing from the grid counts at
+    init."""
     m, mode = study.metric, study.mode
     cell = {(rate_of(r), r.seed): r for r in runs}
-    points = [RatePoint(rate, {}, 0) for rate in study.rates]
+    points = [RatePoint(rate, {}, 0) for rate in grid]
     for point in points:
         for seed in study.seeds:
             run = cell.get((point.rate, seed))
@@ -153,7 +164,7 @@ def build_curve(key: tuple[str, ...], runs: Sequence[Run], study: LrStudy) -> Lr
     per_seed = {s: seed_sensitivity([p.values.get(s) for p in points], initial[s], mode) for s in initial}
     missing = [s for s in study.seeds if s not in initial]
     best = best_rate(points, study.seeds, mode)
-    return LrCurve(key, points, best, per_seed, missing, initial, edge=grid_edge(best, study.rates))
+    return LrCurve(key, points, best, per_seed, missing, initial, edge=grid_edge(best, grid))
 
 
 def seed_order(seed: Any) -> tuple[int, Any]:
@@ -173,14 +184,18 @@ def lr_study(
     (``tuning``: the runs under ``<sweep dir>/tune``) on ``metric``, each variant's sensitivity compared with
     the ``baseline`` variant's, paired by seed under ``test`` (the report's)."""
     runs = [r for r in tuning if rate_of(r) is not None]
-    study = LrStudy(metric, mode, sorted({rate_of(r) for r in runs}),  # type: ignore[type-var]
-                    sorted({r.seed for r in runs}, key=seed_order))  # fmt: skip
+    tried = sorted({rate_of(r) for r in runs})  # type: ignore[type-var]
     by_key: dict[tuple[str, ...], list[Run]] = {}
     for run in runs:
         by_key.setdefault(tuple(run.value(a) for a in axes), []).append(run)
-    for variant in variants:
-        if variant.key in by_key:
-            study.curves[variant.key] = build_curve(variant.key, by_key[variant.key], study)
+    grids = {v.key: rate_grid(v, tried) for v in variants if v.key in by_key}
+    kept = {key: [r for r in by_key[key] if rate_of(r) in grid] for key, grid in grids.items()}
+    seeds = {r.seed for rs in kept.values() for r in rs} or {r.seed for r in runs}
+    rates = sorted({rate for grid in grids.values() for rate in grid}) or tried
+    study = LrStudy(metric, mode, rates, sorted(seeds, key=seed_order))
+    study.outside = [r for key in grids for r in by_key[key] if rate_of(r) not in grids[key]]
+    for key, grid in grids.items():
+        study.curves[key] = build_curve(key, kept[key], grid, study)
     base = study.curves.get(baseline)
     if base is not None and base.per_seed:
         for curve in study.curves.values():
