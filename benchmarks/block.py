@@ -44,7 +44,7 @@ def fwd_bwd(module: nn.Module, x: torch.Tensor, call: Callable[[torch.Tensor], t
 def zoo_block(preset: str, args: argparse.Namespace, *choices: str, **block: object) -> nn.Module:
     overrides = [f"preset={preset}", f"block.d_model={args.d_model}", f"block.n_heads={args.n_heads}", *choices]
     overrides += [f"block.{k}={v}" for k, v in block.items()]
-    return zoo.build_block(zoo.compose(overrides).block)
+    return zoo.build_block(zoo.compose(overrides).block, context="model")  # positions a model adds: not the block's
 
 
 def llama_peer(args: argparse.Namespace, d_ff: int) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:

@@ -50,6 +50,16 @@ def test_bookkeeping_benchmark_times_the_report_and_tuning_against_the_sweep(mon
     assert "(target < 5%)" in out and not (tmp_path / "sweep" / "report.md").exists()  # written to a copy
 
 
+def test_block_benchmark_times_the_blocks_against_their_peers(monkeypatch, capsys):
+    tiny = "--batch 2 --time 8 --d-model 16 --n-heads 4 --repeats 1 --threads 1"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["block.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "block.py"), run_name="__main__")
+    out = capsys.readouterr().out  # the gpt preset's learned positions are the model's: its block builds
+    assert "| zoo gpt (sdpa) | " in out and "| zoo llama (sdpa) | " in out
+    assert "| torch TransformerEncoderLayer | " in out
+
+
 def test_block_benchmark_times_moe_against_per_expert_loops_and_dense(monkeypatch, capsys):
     tiny = "--moe-only --batch 2 --time 8 --d-model 16 --n-heads 4 --experts 4 --top-k 2 --repeats 1 --threads 1"
     monkeypatch.syspath_prepend(str(BENCHMARKS))

@@ -17,7 +17,7 @@ from torch import nn
 from zoo.core.dims import BlockDims, dropout
 from zoo.core.errors import ConfigError
 from zoo.core.registry import MLPS
-from zoo.core.tp import Plan, column_branch
+from zoo.core.tp import DTensor, Plan, column_branch
 
 
 def glu_width(d_model: int, multiple_of: int = 8) -> int:
@@ -108,8 +108,22 @@ class GatedMLP(MLP):
         return {"gate_up.weight": {"gate": gate, "up": up}}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = rearrange(self.gate_up(x), "... (f two) -> two ... f", two=2)  # (b, t, 2f) -> 2 x (b, t, f)
+        gate, up = self.gate_and_up(x)
         return self.down(self.drop(self.activation(gate) * up))
+
+    def gate_and_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """gate(x) and up(x), (b, t, f) each: one matmul per matrix of ``gate_up`` (its rows as strided views,
+        no copy), so each comes out contiguous. Halves of the one fused output would be strided views: the
+        activation and the product run slower on them, and their backward copies both back into one.
+        Under tensor parallelism (a DTensor weight) ``gate_up``'s own call, whose hooks gather the input
+        and sum its gradient over the ranks."""
+        if isinstance(self.gate_up.weight, DTensor):
+            gate, up = rearrange(self.gate_up(x), "... (f two) -> two ... f", two=2)  # (b, t, 2f) -> 2 x (b, t, f)
+            return gate, up
+        weights = split_gate_up(self.gate_up.weight)
+        biases = (None, None) if self.gate_up.bias is None else split_gate_up(self.gate_up.bias)
+        gate, up = (F.linear(x, w, b) for w, b in zip(weights, biases, strict=True))
+        return gate, up
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
         """``gate_up`` column-wise (interleaved rows: each rank matching gate and up units), ``down`` row-wise."""
