@@ -33,3 +33,14 @@ def test_doc_examples_run(page, registries_restored):
     namespace: dict[str, object] = {}
     for i, block in enumerate(blocks):
         exec(compile(block, f"{page} block {i}", "exec"), namespace)
+
+
+def test_every_path_a_page_names_is_there_or_one_it_says_to_add():
+    """A repository path in a page (`zoo/lab/tasks/base.py`, `conf/task/`) exists, or is a file the page
+    tells the reader to create, in a folder that exists (`conf/task/copy.yaml`): never one of a layout
+    the code has left."""
+    root = DOCS.parent
+    for page in [root / "README.md", *sorted(DOCS.glob("*.md"))]:
+        named = re.findall(r"(?<![\w/.])((?:zoo|tests|conf|benchmarks|sweeps|examples)/[\w/.\-]*\w)", page.read_text())
+        for path in sorted(set(named)):
+            assert (root / path).exists() or (root / path).parent.is_dir(), f"{page.name} names {path}: no such folder"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -126,6 +127,26 @@ def test_zoo_sweep_lists_the_versioned_sweeps(capsys):
         assert name in sweep_names() and f"  {name} " in out
     with pytest.raises(SystemExit, match="did you mean 'quick'"):
         sweep_main(["quikc"])
+
+
+def test_zoo_sweep_help_gives_each_sweeps_first_sentence_whole(capsys):
+    sweep_main(["--help"])
+    out = capsys.readouterr().out
+    entries = dict(re.findall(r"^  (\w+) +(.*(?:\n {19}.*)*)", out, flags=re.MULTILINE))
+    assert set(entries) == set(sweep_names()), out
+    for name, entry in entries.items():
+        shown = " ".join(entry.split())
+        header = " ".join(line.lstrip("#").strip() for line in header_lines(SWEEPS_DIR / f"{name}.yaml"))
+        assert header.startswith(shown) and shown.endswith("."), (name, shown)  # no sentence cut at a line's end
+        rest = header[len(shown) :]
+        assert not rest or re.match(r" [^\d]", rest), (name, shown, rest[:40])  # nor at "et al. 2023"
+    assert entries["attention"].split()[-1] == "pairs)."  # its header's first sentence spans two lines
+
+
+def header_lines(path: Path) -> list[str]:
+    """A sweep file's comment lines after ``# @package _global_``, up to its first setting."""
+    lines = path.read_text().splitlines()[1:]
+    return lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))]
 
 
 def swept_values(key: str, values: str) -> list[str]:

@@ -9,7 +9,9 @@ are skipped). It exits 1 when a run failed (a diverged run is a result), after w
 
 from __future__ import annotations
 
+import re
 import sys
+import textwrap
 from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
@@ -18,16 +20,29 @@ from pathlib import Path
 SWEEPS_DIR = Path(str(files("zoo.sweeps")))
 
 
+#: The help's line width: each sweep's description wraps under its own column.
+HELP_WIDTH = 110
+
+
 def sweep_names() -> list[str]:
     return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
 
 
+#: A sentence's end: a full stop at the end or before a word, not before a number (``et al. 2023``, ``e.g. 256``).
+SENTENCE_END = re.compile(r"\.(?:\s+(?=\D)|$)")
+
+
 def describe(name: str) -> str:
-    """The sweep file's first comment line after the package header."""
+    """The first sentence of the sweep file's header comment (the comment lines after ``# @package``),
+    however many lines it spans."""
+    header = []
     for line in (SWEEPS_DIR / f"{name}.yaml").read_text().splitlines()[1:]:
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
+        if not line.startswith("#"):
+            break
+        header.append(line.lstrip("#").strip())
+    text = " ".join(header)
+    end = SENTENCE_END.search(text)
+    return text[: end.start() + 1] if end else text
 
 
 def sweep_argv(name: str, overrides: Sequence[str], cores: int | None = None) -> list[str]:
@@ -58,7 +73,9 @@ def sweep_main(argv: Sequence[str] | None = None) -> None:
     if not args or args[0] in ("-h", "--help", "--list"):
         print("usage: zoo-sweep NAME [hydra overrides]   (sweeps/NAME.yaml; output in runs/NAME/)\n\nsweeps:")
         for name in names:
-            print(f"  {name:<16} {describe(name)}")
+            first = f"  {name:<16} "
+            print(textwrap.fill(describe(name), HELP_WIDTH, initial_indent=first, subsequent_indent=" " * len(first),
+                                break_on_hyphens=False))  # fmt: skip
         return
     name, overrides = args[0], args[1:]
     if name not in names:
