@@ -148,7 +148,7 @@ def relative_error(a: float, b: float) -> float:
 
 def check_evaluation(folder: Path) -> None:
     recorded = read_summary(folder)["final"]
-    metrics, errors = evaluate_run(folder)
+    metrics, errors, _ = evaluate_run(folder)
     assert not errors
     compared = {k: v for k, v in metrics.items() if k in recorded}
     assert compared and set(compared) == {k for k in recorded if k.startswith("val_")}
@@ -251,7 +251,7 @@ def test_evaluation_reads_the_recorded_data_or_the_one_given_and_refuses_other_d
     row, folders, work = trained
     folder = folders["run"]
     recorded = read_summary(folder)
-    metrics, _ = evaluate_run(folder, data=str(work / "tokens"))  # the run's data, named on the command line
+    metrics, _, _ = evaluate_run(folder, data=str(work / "tokens"))  # the run's data, named on the command line
     assert metrics["val_bpb"] == pytest.approx(recorded["final"]["val_bpb"], rel=1e-6)
     with pytest.raises(ConfigError) as other:  # the other data in this working folder
         evaluate_run(folder, data="tokens")
@@ -275,6 +275,6 @@ def test_a_run_recorded_before_absolute_paths_reads_the_working_folder_with_a_wa
     del summary["data"]["paths"]
     write_json_atomic(folder / "summary.json", summary)
     monkeypatch.chdir(work)
-    metrics, _ = evaluate_run(folder)
+    metrics, _, _ = evaluate_run(folder)
     assert metrics["val_bpb"] == pytest.approx(summary["final"]["val_bpb"], rel=1e-6)
     assert "recorded no absolute data path" in caplog.text

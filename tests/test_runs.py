@@ -61,7 +61,7 @@ def test_a_checkpoint_loads_and_a_run_without_weights_says_why(tmp_path):
 
 def test_zoo_eval_reproduces_the_runs_validation_and_goes_longer(trained, capsys):
     root, _, summary = trained
-    metrics, errors = evaluate_run(root / "bytes")
+    metrics, errors, _ = evaluate_run(root / "bytes")
     assert metrics == {k: v for k, v in summary["final"].items() if k != "train_loss"} and not errors
     eval_main([str(root / "bytes"), "--lengths", "1,2,4"])
     out = capsys.readouterr().out
@@ -207,7 +207,7 @@ def test_evaluation_builds_no_optimizer(trained, monkeypatch):
 
     monkeypatch.setattr(Recipe, "build", lambda *a, **k: pytest.fail("evaluation built an optimizer"))
     root, _, summary = trained
-    metrics, errors = evaluate_run(root / "bytes")
+    metrics, errors, _ = evaluate_run(root / "bytes")
     assert not errors and metrics["val_bpb"] == pytest.approx(summary["final"]["val_bpb"], rel=1e-6)
 
 

@@ -42,11 +42,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.harness is not None:
         return harness_main(args)
-    from zoo.lab.finished.runs import evaluation  # after the arguments: --help answers before torch
+    from zoo.lab.finished.runs import evaluate_run  # after the arguments: --help answers before torch
 
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else None
-        task, metrics, errors = evaluation(args.run, lengths, args.device, args.batches, args.data)
+        metrics, errors, task = evaluate_run(args.run, lengths, args.device, args.batches, args.data)
     except ConfigError as error:
         sys.exit(f"zoo-eval: {error}")
     names = list(task.metrics)

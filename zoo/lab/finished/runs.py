@@ -188,22 +188,11 @@ def evaluate_run(
     device: str = "cpu",
     batches: int | None = None,
     data: str | None = None,
-) -> tuple[dict[str, float | None], dict[str, str]]:
+) -> tuple[dict[str, float | None], dict[str, str], Task]:
     """The run's validation metrics at ``lengths`` (multiples of its trained length; default: the
-    run's own ``task.eval_lengths``), computed as training computes them; and per-length errors.
-    The data is the run's (recorded absolute, or ``data``), checked against its recorded sha256 first."""
-    _, metrics, errors = evaluation(path, lengths, device, batches, data)
-    return metrics, errors
-
-
-def evaluation(
-    path: str | Path,
-    lengths: Sequence[int] | None = None,
-    device: str = "cpu",
-    batches: int | None = None,
-    data: str | None = None,
-) -> tuple[Task, dict[str, float | None], dict[str, str]]:
-    """:func:`evaluate_run` with the task it evaluated on (its metric names and lengths, for a table)."""
+    run's own ``task.eval_lengths``), computed as training computes them; per-length errors; and the
+    task evaluated on (its metric names and lengths, for a table). The data is the run's (recorded
+    absolute, or ``data``), checked against its recorded sha256 first."""
     task_cfg = run_task_config(path, data)
     if lengths is not None:
         task_cfg["eval_lengths"] = list(lengths)
@@ -215,4 +204,4 @@ def evaluation(
     if config.get("threads"):
         torch.set_num_threads(config["threads"])
     evaluator = Evaluator(model, task, train.batch_size, batches or train.eval_batches, device=torch.device(device))
-    return task, evaluator.evaluate(), evaluator.eval_errors  # as training evaluates, with no optimizer built
+    return evaluator.evaluate(), evaluator.eval_errors, task  # as training evaluates, with no optimizer built
