@@ -37,8 +37,18 @@ from typing import Any
 import numpy as np
 
 from zoo.lab.studies import ladder_iso as iso
-from zoo.lab.studies.ladder_law import Cell, LadderError, PowerLaw, envelope, fit_law, fit_laws, held_out
-from zoo.lab.studies.ladder_law import HeldOut, multiplier, parameters
+from zoo.lab.studies.ladder_law import (
+    Cell,
+    HeldOut,
+    LadderError,
+    PowerLaw,
+    envelope,
+    fit_law,
+    fit_laws,
+    held_out,
+    multiplier,
+    parameters,
+)
 from zoo.lab.studies.runset import Run
 from zoo.lab.studies.stats import MIN_PAIRS, NOISE, TOO_FEW
 
@@ -74,7 +84,8 @@ def ladder_cells(runs: Sequence[Run], metric: str) -> dict[Any, list[Cell]]:
         seconds = run.record.train_time_s
         time = float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else math.nan
         if run.status == "ok" and ok and flops > 0 and width and steps:
-            out.setdefault(replicate_key(run), []).append(Cell(int(width), int(steps), float(flops), float(value), time))
+            cell = Cell(int(width), int(steps), float(flops), float(value), time)
+            out.setdefault(replicate_key(run), []).append(cell)
     return out
 
 
@@ -249,16 +260,20 @@ def compare(base: LadderRow, row: LadderRow, draws: int = iso.DRAWS) -> Answer:
     return answer
 
 
-def law_draws(base: LadderRow, row: LadderRow, fit: tuple[PowerLaw, PowerLaw], c0: float, at: float) -> list[float]:
-    """The law's multiplier at ``at`` refitted on :data:`LAW_DRAWS` paired two-level bootstrap draws."""
+def law_draws(base: LadderRow, row: LadderRow, fit: tuple[PowerLaw, PowerLaw], c0: float, at: float,
+              draws: int) -> list[float]:  # fmt: skip
+    """The law's multiplier at ``at`` refitted on ``draws`` paired two-level bootstrap draws."""
     b, v = grid_of(base.per_seed), grid_of(row.per_seed)
+    cells = sorted(set(b.cells) | set(v.cells))
+    b, v = iso.aligned(b, cells), iso.aligned(v, cells)
     b_loss, v_loss = iso.paired_rows(b, v)
     n = len(b_loss)
     if n < 2:
         return []
     rng = np.random.default_rng(iso.BOOT_SEED)
-    seeds = rng.integers(0, n, size=(LAW_DRAWS, n))
-    b_draws, v_draws = iso.resample(b_loss, seeds, rng), iso.resample(v_loss, seeds, rng)
+    seeds = rng.integers(0, n, size=(draws, n))
+    swap = rng.integers(0, b_loss.shape[1], size=(draws, n, b_loss.shape[1]))
+    b_draws, v_draws = iso.resample(b_loss, seeds, swap), iso.resample(v_loss, seeds, swap)
     out = []
     for bl, vl in zip(b_draws, v_draws, strict=True):
         cells = {k: [Cell(w, s, float(c), float(y)) for (w, s), c, y in zip(g.cells, g.cost, ys, strict=True)
@@ -271,7 +286,7 @@ def law_draws(base: LadderRow, row: LadderRow, fit: tuple[PowerLaw, PowerLaw], c
     return out
 
 
-def fit_pair_law(base: LadderRow, row: LadderRow, c0: float, extrapolate: float) -> Law:
+def fit_pair_law(base: LadderRow, row: LadderRow, c0: float, extrapolate: float, draws: int = LAW_DRAWS) -> Law:
     """The pair's law (shared floor, own floors, held-out check) read at the variant's largest compute."""
     law = Law(compute=row.compute)
     try:
@@ -285,8 +300,8 @@ def fit_pair_law(base: LadderRow, row: LadderRow, c0: float, extrapolate: float)
     law.far = multiplier(law.var, law.base, at * extrapolate)
     law.baseline_extrapolation = law.base.compute_for(law.var.loss(at)) / base.compute
     law.predicted_difference = abs(math.log(law.var.loss(at) / law.base.loss(at)))
-    draws = np.array(law_draws(base, row, (law.base, law.var), c0, at))
-    law.low, law.high = iso.log_interval(draws, len(base.per_seed)) if len(draws) else (math.nan, math.nan)
+    refits = np.array(law_draws(base, row, (law.base, law.var), c0, at, draws))
+    law.low, law.high = iso.log_interval(refits, len(base.per_seed)) if len(refits) else (math.nan, math.nan)
     law.held_out = held_out(base.cells, row.cells, c0, parameters(law.base, law.var))
     law.verdict = law_verdict(law)
     return law
@@ -305,7 +320,8 @@ def law_verdict(law: Law) -> str:
         return FLOOR
     held = law.held_out
     if held is None or held.error > law.predicted_difference:
-        shown = "no held-out fit" if held is None else f"held-out error {held.error:.3g} > {law.predicted_difference:.3g}"
+        shown = "no held-out fit" if held is None else f"held-out error {held.error:.3g}"
+        shown += f" > predicted difference {law.predicted_difference:.3g}" if held else ""
         return f"{WITHHELD} ({shown})"
     reach = max(LAW_REACH, held.reach)
     if not law.baseline_extrapolation <= reach:
@@ -343,10 +359,10 @@ def group_cells(study: LadderStudy, runs: Sequence[Run]) -> dict[tuple[str, ...]
 
 def ladder_study(
     runs: Sequence[Run], axes: Sequence[str], baseline: dict[str, str], metric: str, mode: str, test: str,
-    extrapolate: float = 10.0, draws: int = iso.DRAWS, law: bool = True,
+    extrapolate: float = 10.0, draws: int = iso.DRAWS, law: int = LAW_DRAWS,
 ) -> LadderStudy:  # fmt: skip
     """Every variant against the ``baseline`` variant (its values of ``axes`` less the rungs' keys) on
-    ``metric``: the data's answer and, with ``law``, the pair's law. ``test`` is not used: a ladder's interval
+    ``metric``: the data's answer and the pair's law (:func:`answer_all`). ``test`` is not used: a ladder's interval
     is its bootstrap's (zoo.lab.studies.ladder_iso)."""
     variant_axes = [a for a in axes if not is_rung_key(a)]
     base_key = tuple(baseline.get(a, "") for a in variant_axes)
@@ -358,8 +374,9 @@ def ladder_study(
 
 
 def answer_all(study: LadderStudy, per_variant: dict[tuple[str, ...], dict[Any, list[Cell]]], draws: int = iso.DRAWS,
-               law: bool = True) -> LadderStudy:  # fmt: skip
-    """``study``'s rows from each variant's cells per replicate, each answered against the baseline's."""
+               law: int = LAW_DRAWS) -> LadderStudy:  # fmt: skip
+    """``study``'s rows from each variant's cells per replicate, each answered against the baseline's (``draws``
+    bootstrap draws) and, unless ``law`` is 0, by the pair's law (``law`` refits for its interval)."""
     for key, per_seed in per_variant.items():
         cells = mean_cells(per_seed)
         study.rows[key] = LadderRow(key, cells, per_seed, max(c.compute for c in cells))
@@ -372,5 +389,5 @@ def answer_all(study: LadderStudy, per_variant: dict[tuple[str, ...], dict[Any, 
             row.answer = compare(base, row, draws)
             if law:
                 c0 = math.exp(statistics.fmean(math.log(c.compute) for c in [*base.cells, *row.cells]))
-                row.answer.law = fit_pair_law(base, row, c0, study.extrapolate)
+                row.answer.law = fit_pair_law(base, row, c0, study.extrapolate, law)
     return study

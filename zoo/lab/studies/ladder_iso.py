@@ -94,16 +94,16 @@ def cost_points(base: Grid, var: Grid) -> np.ndarray:
     return np.geomspace(low, high, POINTS) if low < high else np.array([])
 
 
-def resample(loss: np.ndarray, seeds: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def resample(loss: np.ndarray, seeds: np.ndarray, swap: np.ndarray) -> np.ndarray:
     """Two-level draws of ``loss[replicate, cell]``, one per row of ``seeds[draw, n]``: the drawn seeds' runs,
-    each with its own noise (the residual after the cell's and the seed's means) swapped for one drawn from
-    the same seed's runs; returned as the cells' means over the drawn seeds, ``[draw, cell]``."""
+    each with its own noise (the residual after the cell's and the seed's means) swapped for that of the
+    same seed's run at cell ``swap[draw, n, cell]``; returned as the cells' means over the drawn seeds,
+    ``[draw, cell]``. The same ``seeds`` and ``swap`` for both curves of a pair keep it paired."""
     with np.errstate(all="ignore"):
         cell = np.nanmean(loss, axis=0)
         offset = np.nanmean(loss - cell, axis=1, keepdims=True)
     residual = np.nan_to_num(loss - cell - offset)
     picked, own = loss[seeds], residual[seeds]  # [draw, n, cell]
-    swap = rng.integers(0, loss.shape[1], size=picked.shape)
     noise = np.take_along_axis(own, swap, axis=2) - own
     with np.errstate(all="ignore"):
         return np.nanmean(picked + noise, axis=1)
@@ -150,8 +150,17 @@ class Pair:
             return tuple(np.nanpercentile(self.draws_difference, [tail, 100 - tail], axis=0))  # type: ignore[return-value]
 
 
+def aligned(grid: Grid, cells: list[tuple[int, int]]) -> Grid:
+    """``grid`` on ``cells`` (its own and more: nan where it has none)."""
+    at = [grid.cells.index(c) if c in grid.cells else -1 for c in cells]
+    cost = np.array([grid.cost[i] if i >= 0 else math.nan for i in at])
+    loss = np.stack([grid.loss[:, i] if i >= 0 else np.full(len(grid.replicates), math.nan) for i in at], axis=1)
+    return Grid(grid.replicates, cells, cost, loss)
+
+
 def paired_rows(base: Grid, var: Grid) -> tuple[np.ndarray, np.ndarray]:
-    """The two curves' ``loss`` rows of the replicates both ran, in the same order (the pairing)."""
+    """The two curves' ``loss`` rows of the replicates both ran, in the same order (the pairing); the grids'
+    cells the same (:func:`aligned`)."""
     shared = [r for r in base.replicates if r in var.replicates]
     return (base.loss[[base.replicates.index(r) for r in shared]],
             var.loss[[var.replicates.index(r) for r in shared]])  # fmt: skip
@@ -168,6 +177,8 @@ def answer(base_cost: np.ndarray, var_cost: np.ndarray, base_loss: np.ndarray, v
 
 def compare_grids(base: Grid, var: Grid, draws: int = DRAWS) -> Pair:
     """The variant's iso-loss answer against the baseline's, with ``draws`` paired two-level bootstrap draws."""
+    cells = sorted(set(base.cells) | set(var.cells))
+    base, var = aligned(base, cells), aligned(var, cells)
     b_loss, v_loss = paired_rows(base, var)
     points = cost_points(base, var)
     low, mid, diff, (b, v) = answer(base.cost, var.cost, np.nanmean(base.loss, 0), np.nanmean(var.loss, 0), points)
@@ -177,7 +188,8 @@ def compare_grids(base: Grid, var: Grid, draws: int = DRAWS) -> Pair:
         return pair
     rng = np.random.default_rng(BOOT_SEED)
     seeds = rng.integers(0, n, size=(draws, n))  # the same seeds for both curves: the pairing
-    b_draws, v_draws = resample(b_loss, seeds, rng), resample(v_loss, seeds, rng)
+    swap = rng.integers(0, b_loss.shape[1], size=(draws, n, b_loss.shape[1]))
+    b_draws, v_draws = resample(b_loss, seeds, swap), resample(v_loss, seeds, swap)
     lows, mids, diffs = np.full(draws, math.nan), np.full(draws, math.nan), np.full((draws, len(points)), math.nan)
     for i in range(draws):
         lows[i], mids[i], diffs[i], _ = answer(base.cost, var.cost, b_draws[i], v_draws[i], points)
@@ -187,5 +199,7 @@ def compare_grids(base: Grid, var: Grid, draws: int = DRAWS) -> Pair:
 
 def seed_multipliers(base: Grid, var: Grid) -> list[float]:
     """Each replicate's own multiplier at the lowest loss its two envelopes reach (nan where they do not meet)."""
+    cells = sorted(set(base.cells) | set(var.cells))
+    base, var = aligned(base, cells), aligned(var, cells)
     b_loss, v_loss = paired_rows(base, var)
     return [iso_multipliers(front(base.cost, b), front(var.cost, v))[0] for b, v in zip(b_loss, v_loss, strict=True)]
