@@ -74,10 +74,16 @@ def truth(base, var, loss: float) -> float:
     return reach(base) / reach(var)
 
 
+def steep(x):
+    """A companion whose loss falls faster, to a lower floor: a sweep-wide fit's floor follows it."""
+    return 2.0 + 0.6 * x**-0.5
+
+
 def test_a_pure_2x_shift_is_covered_by_its_interval_in_90_percent_of_draws():
     covered = 0
     for i in range(50):
-        study = answers({"base": base_law, "shift": lambda x: base_law(2 * x)}, np.random.default_rng(i))
+        study = answers({"base": base_law, "shift": lambda x: base_law(2 * x), "steep": steep},
+                        np.random.default_rng(i))  # fmt: skip
         covered += study.rows[("shift",)].answer.low < 2 < study.rows[("shift",)].answer.high
     assert covered >= 45, covered
 
@@ -126,7 +132,7 @@ def test_a_variant_under_every_loss_the_baseline_reaches_is_not_reached_with_its
 def test_a_third_steep_variant_moves_a_pairs_answer_by_less_than_half_its_interval():
     shift = lambda x: base_law(2 * x)  # noqa: E731
     pair = answers({"base": base_law, "shift": shift}, np.random.default_rng(500), law=20)
-    three = answers({"base": base_law, "shift": shift, "steep": lambda x: 2.0 + 0.6 * x**-0.5},
+    three = answers({"base": base_law, "shift": shift, "steep": steep},
                     np.random.default_rng(500), law=20)  # the same draws for base and shift, then steep's
     a, b = pair.rows[("shift",)].answer, three.rows[("shift",)].answer
     assert abs(math.log(a.multiplier / b.multiplier)) < math.log(a.high / a.low) / 4
@@ -198,6 +204,31 @@ def test_a_data_seed_left_null_keeps_every_existing_runs_hash():
     # the hash main 9facfbe gave this config, before data_seed existed
     assert config_hash({**config, "data_seed": None}) == config_hash(config) == "3fbe93cb8e0d3a42"
     assert config_hash({**config, "data_seed": 3}) != config_hash(config)  # set, it is what the run computes
+
+
+def test_data_seed_orders_the_data_alone_and_names_the_replicate():
+    from zoo.lab.planning.train_config import data_seed
+    from zoo.lab.records.summary import RunRecord
+    from zoo.lab.studies.runset import Run
+
+    assert data_seed({"seed": 3}) == data_seed({"seed": 3, "data_seed": None}) == 3  # as before the key
+    assert data_seed({"seed": 3, "data_seed": 7}) == 7
+    runs = [Run(Path(f"r{s}{d}"), RunRecord(config={"seed": s, "data_seed": d}), {}) for s in (0,) for d in (1, 2)]
+    assert [r.seed for r in runs] == ["0 (data 1)", "0 (data 2)"]  # two replicates, not one seed twice
+    assert ladder.noise_source(runs) == "data order only (data_seed; seed fixed)"
+    old = [Run(Path(f"r{s}"), RunRecord(config={"seed": s}), {}) for s in (0, 1)]
+    assert [r.seed for r in old] == [0, 1] and ladder.noise_source(old) == "init and data order (seed)"
+
+
+def test_the_rate_is_checked_per_budget_on_the_tuning_runs_decays():
+    from zoo.lab.records.summary import RunRecord
+    from zoo.lab.studies.runset import Run
+
+    loss = {(800, 1e-3): 3.10, (800, 3e-3): 3.00, (240, 1e-3): 3.30, (240, 3e-3): 3.40, (80, 3e-3): 3.6}
+    runs = [Run(Path(f"{s},{lr}"), RunRecord(status="ok", config={"train": {"steps": s, "lr": lr}},
+                                             final={"val_bpb": v}), {"mlp": "gelu"}) for (s, lr), v in loss.items()]
+    text = ladder.rate_check(runs, ["mlp"], "val_bpb")[("gelu",)]
+    assert text == "80: the tuned 0.003; 240: 0.001 (+3.0% at the tuned 0.003); 800: the tuned 0.003"
 
 
 def write_ladder(root: Path, rng: np.random.Generator) -> None:

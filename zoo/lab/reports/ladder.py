@@ -94,6 +94,9 @@ def ladder_lines(report: Report) -> list[str]:
                      f"{num(held.base_error, '.4f')}, {num(held.var_error, '.4f')}" if held else "-",
                      num(law.predicted_difference, ".4f"), law.verdict]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    if study.rates:
+        lines += ["", "The rate per budget (tuned at the longest, each budget's best among the tuning runs' decays):"]
+        lines += [f"- {label(study, key)}: {text}" for key, text in study.rates.items()]
     if study.errors:
         lines += ["", "Not fitted (no number is given for these):"] + [f"- {e}" for e in study.errors]
     return lines
@@ -111,7 +114,7 @@ COLUMNS = [
     "time_multiplier_ci_low", "time_multiplier_ci_high", "law_E", "law_A", "law_alpha", "law_alpha_baseline",
     "law_c0", "law_compute", "law_multiplier", "law_multiplier_ci_low", "law_multiplier_ci_high",
     "law_multiplier_own_floors", "law_multiplier_extrapolated", "baseline_extrapolation", "heldout_width",
-    "heldout_error_baseline", "heldout_error_variant", "law_predicted_difference", "law_verdict",
+    "heldout_error_baseline", "heldout_error_variant", "law_predicted_difference", "law_verdict", "rate_check",
 ]  # fmt: skip
 
 
@@ -121,16 +124,16 @@ def cell(value: Any) -> Any:
 
 def csv_row(study: LadderStudy, row: LadderRow) -> list[Any]:
     head = [len(envelope_of(row)), len(row.per_seed), study.varied, row.compute]
-    a = row.answer
+    a, rates = row.answer, study.rates.get(row.key, "")
     if a is None:
-        return head + ["", "", "", "", "", "", "", "", "baseline"] + [""] * (len(COLUMNS) - 13)
+        return head + ["", "", "", "", "", "", "", "", "baseline"] + [""] * (len(COLUMNS) - 14) + [rates]
     law, held = a.law, a.law.held_out
     fit = [law.var.E, law.var.A, law.var.alpha, law.base.alpha, law.var.c0] if law.var and law.base else [""] * 5
     values = [*a.losses, a.multiplier, a.low, a.high, a.mid, a.mid_low, a.mid_high, a.verdict, a.data_lower_bound,
               a.data_upper_bound, a.crossing_compute, a.seed_spread, a.time, a.time_low, a.time_high, *fit,
               law.compute, law.multiplier, law.low, law.high, law.own_floors, law.far, law.baseline_extrapolation,
               held.width if held else "", held.base_error if held else "", held.var_error if held else "",
-              law.predicted_difference, law.verdict]  # fmt: skip
+              law.predicted_difference, law.verdict, rates]  # fmt: skip
     return [cell(v) for v in head + values]
 
 

@@ -194,6 +194,7 @@ class LadderStudy:
     rows: dict[tuple[str, ...], LadderRow] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     varied: str = ""  # what the replicates varied (noise_source)
+    rates: dict[tuple[str, ...], str] = field(default_factory=dict)  # rate_check, per variant
 
 
 def not_reached(pair: iso.Pair) -> tuple[str, float, float]:
@@ -340,6 +341,30 @@ def noise_source(runs: Sequence[Run]) -> str:
     return "init only (data_seed fixed)" if len(seeds) > 1 else "data order only (data_seed; seed fixed)"
 
 
+def rate_check(tune_runs: Sequence[Run], axes: Sequence[str], metric: str) -> dict[tuple[str, ...], str]:
+    """Per variant, the rate tuned at the longest budget against each budget's best among the tuning runs and
+    their decays (``tune/budgets/``): ``"200: 6e-3 (+0.4% at the tuned 2.5e-3)"``, or ``"200: the tuned"``."""
+    table: dict[tuple[str, ...], dict[int, dict[float, list[float]]]] = {}
+    for run in tune_runs:
+        value, config = run.record.final_value(metric), run.record.config or {}
+        lr, steps = (config.get("train") or {}).get("lr"), (config.get("train") or {}).get("steps")
+        if run.status == "ok" and isinstance(value, (int, float)) and math.isfinite(value) and lr and steps:
+            key = tuple(run.value(a) for a in axes)
+            table.setdefault(key, {}).setdefault(int(steps), {}).setdefault(float(lr), []).append(float(value))
+    out = {}
+    for key, budgets in table.items():
+        means = {b: {lr: statistics.fmean(v) for lr, v in rates.items()} for b, rates in sorted(budgets.items())}
+        longest = max(means)
+        tuned = min(means[longest], key=means[longest].__getitem__)
+        words = []
+        for budget, rates in means.items():
+            best = min(rates, key=rates.__getitem__)
+            gap = f" (+{rates[tuned] / rates[best] - 1:.1%} at the tuned {tuned:g})" if tuned in rates else ""
+            words.append(f"{budget}: the tuned {tuned:g}" if best == tuned else f"{budget}: {best:g}{gap}")
+        out[key] = "; ".join(words)
+    return out
+
+
 def group_cells(study: LadderStudy, runs: Sequence[Run]) -> dict[tuple[str, ...], dict[Any, list[Cell]]]:
     """Each variant's cells per replicate; a variant too small for a ladder is named and left out."""
     groups: dict[tuple[str, ...], list[Run]] = {}
@@ -359,17 +384,19 @@ def group_cells(study: LadderStudy, runs: Sequence[Run]) -> dict[tuple[str, ...]
 
 def ladder_study(
     runs: Sequence[Run], axes: Sequence[str], baseline: dict[str, str], metric: str, mode: str, test: str,
-    extrapolate: float = 10.0, draws: int = iso.DRAWS, law: int = LAW_DRAWS,
+    extrapolate: float = 10.0, draws: int = iso.DRAWS, law: int = LAW_DRAWS, tune_runs: Sequence[Run] = (),
 ) -> LadderStudy:  # fmt: skip
     """Every variant against the ``baseline`` variant (its values of ``axes`` less the rungs' keys) on
     ``metric``: the data's answer and the pair's law (:func:`answer_all`). ``test`` is not used: a ladder's interval
-    is its bootstrap's (zoo.lab.studies.ladder_iso)."""
+    is its bootstrap's (zoo.lab.studies.ladder_iso). ``tune_runs``: the tuning sweep's runs and their decays,
+    for :func:`rate_check`."""
     variant_axes = [a for a in axes if not is_rung_key(a)]
     base_key = tuple(baseline.get(a, "") for a in variant_axes)
     study = LadderStudy(metric, variant_axes, base_key, extrapolate, varied=noise_source(runs))
     if mode != "min":
         study.errors.append(f"{metric}: a ladder fits a loss (lower is better), not a {mode}-is-better metric")
         return study
+    study.rates = rate_check(tune_runs, variant_axes, metric)
     return answer_all(study, group_cells(study, runs), draws, law)
 
 
