@@ -10,7 +10,7 @@ from typing import Any
 
 #: Top-level keys that change what a run computes: each is in its config hash. ``sweep`` holds values a
 #: sweep file interpolates (free-form); ``encoder`` an encoder-decoder's encoder section.
-COMPUTES = ("block", "model", "encoder", "task", "train", "seed", "device", "sweep")
+COMPUTES = ("block", "model", "encoder", "task", "train", "seed", "data_seed", "device", "sweep")
 #: Top-level keys that change how fast a run goes, what it leaves on disk or how the report reads it, never
 #: a number it computes: left out of the hash (adding a tracker or a callback to a finished sweep skips its runs).
 RUNTIME = ("threads", "progress", "logger", "report", "tune", "ladder", "compile", "parallel", "callbacks")
@@ -29,10 +29,14 @@ RUNTIME_TRAIN = ("save", "checkpoint_every", "keep_checkpoints", "activation_che
 #: ``train`` keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (so an older run folder of the same config is still skipped as done, and its checkpoints resume).
 NEUTRAL_TRAIN: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}}
+#: Top-level keys added after runs were recorded, left out of the hash at the value that changes nothing
+#: (``data_seed`` null: the data order follows ``seed``, as it did before the key existed).
+NEUTRAL_TOP: dict[str, Any] = {"data_seed": None}
 
-#: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat, the sweep
+#: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
+#: order's), the sweep
 #: file, and where a branch starts (its identity is the source run's hash, not the path).
-NOT_AXES = frozenset({"seed", "sweeps", "train.branch.from"})
+NOT_AXES = frozenset({"seed", "data_seed", "sweeps", "train.branch.from"})
 
 #: The ``sweeps`` group: the sweep file a sweep was launched from (the sweep's own folder, not a run's).
 SWEEP_FILE = "sweeps"

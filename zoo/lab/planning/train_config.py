@@ -129,12 +129,19 @@ class TrainConfig:
         return lr_at(Cosine(), step, self)
 
 
+def data_seed(raw: dict[str, Any]) -> int:
+    """The seed of a run's data order: ``data_seed``, or ``seed`` when it is null (every run before the key)."""
+    data = raw.get("data_seed")
+    return int(raw.get("seed", 0) if data is None else data)
+
+
 def check_run_config(raw: dict[str, Any]) -> tuple[TrainConfig, torch.device]:
     """Validate the run-level keys (``seed``, ``device``, ``threads``, ``train``); no tensor work."""
     for key in raw:
         if key not in RUN_KEYS:
             raise ConfigError(key, raw[key], f"unknown top-level key; allowed: {', '.join(sorted(RUN_KEYS))}")
     check_type("seed", raw.get("seed", 0), int)
+    check_type("data_seed", raw.get("data_seed"), int | None)
     check_type("threads", raw.get("threads"), int | None)
     check_type("progress", raw.get("progress"), bool | None)
     check_type("compile", raw.get("compile", False), bool)

@@ -9,19 +9,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from zoo.lab.files import clean
-from zoo.lab.keys import NEUTRAL_TRAIN, PARAM, RECIPE, RUNTIME, RUNTIME_TRAIN
+from zoo.lab.keys import NEUTRAL_TOP, NEUTRAL_TRAIN, PARAM, RECIPE, RUNTIME, RUNTIME_TRAIN
 
 
 def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
-    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, the default recipe, ``param=standard``).
+    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN` and ``NEUTRAL_TOP``, the default recipe,
+    ``param=standard``).
 
     A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
     source's config hash, step and checkpoint checksum instead (zoo.lab.planning.branch), so a source and its branches
     moved together are the same runs. ``branch_path``: keep the path, as hashes recorded before did."""
     from zoo.lab.recipe import is_default, param
 
-    semantic = {k: v for k, v in config.items() if k not in RUNTIME}
+    semantic = {k: v for k, v in config.items() if k not in RUNTIME and not (k in NEUTRAL_TOP and v == NEUTRAL_TOP[k])}
     for key in RECIPE:
         if key in semantic and is_default(key, semantic[key]):
             del semantic[key]

@@ -1,6 +1,7 @@
 """A ladder sweep's part of the report (``ladder.steps``, zoo/lab/studies/ladder.py): its section in report.md,
-``ladder.csv`` (one row per variant) and ``ladder.png`` (loss against compute with each variant's fit, the
-multiplier against compute with its band, the fits' residuals). A sweep that is not a ladder gets none."""
+``ladder.csv`` (one row per variant) and ``ladder.png`` (loss against compute with each envelope, the paired
+loss difference with its band and any crossing, the iso-loss multiplier against loss with any not-reached
+bound). A sweep that is not a ladder gets none."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from zoo.lab.reports.plots import palette
-from zoo.lab.studies.ladder import Interval, LadderRow, LadderStudy, multiplier, seed_interval
+from zoo.lab.studies.ladder import LAW_REACH, SEED_SPREAD, Answer, Cell, LadderRow, LadderStudy, envelope
+from zoo.lab.studies.ladder_iso import cost_at
 from zoo.lab.studies.stats import CONFIDENCE
 from zoo.lab.studies.variants import Report
 
@@ -21,80 +24,121 @@ def label(study: LadderStudy, key: tuple[str, ...]) -> str:
     return " ".join(f"{a}={v}" for a, v in zip(study.axes, key, strict=True)) or "the ladder"
 
 
-def interval_text(i: Interval | None, spec: str = ".3g") -> str:
-    if i is None:
-        return "baseline"
-    if i.mean is None or i.low is None or i.high is None:
-        return i.verdict
-    return f"{i.mean:{spec}} [{i.low:{spec}}, {i.high:{spec}}]"
+def num(value: float, spec: str = ".3g") -> str:
+    return f"{value:{spec}}" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
 
 
-def rms(values: list[float]) -> float:
-    return math.sqrt(sum(v * v for v in values) / len(values)) if values else math.nan
+def ci_text(mean: float, low: float, high: float) -> str:
+    if not math.isfinite(mean):
+        return "-"
+    return f"{num(mean)} [{num(low)}, {num(high)}]" if math.isfinite(low) else num(mean)
+
+
+def bound_text(a: Answer) -> str:
+    if math.isfinite(a.data_lower_bound):
+        return f"at least {num(a.data_lower_bound)} (measured)"
+    if math.isfinite(a.data_upper_bound):
+        return f"at most {num(a.data_upper_bound)} (measured)"
+    if math.isfinite(a.crossing_compute):
+        return f"crosses at C = {num(a.crossing_compute)}"
+    return ""
+
+
+def intro(study: LadderStudy, report: Report) -> str:
+    return (
+        f"Ladder (ladder.steps; ladder.csv, ladder.png): per variant, the loss ({study.metric}) against training "
+        f"compute C (each run's FLOPs; a branch counts its source's steps), the (width, budget) cells averaged "
+        f"over the seeds ({study.varied} varied between them). Each variant is answered on its pair alone (it "
+        f"and the baseline). Multiplier (no law): C_baseline(L) / C_variant(L) on the two compute-optimal "
+        f"envelopes, interpolated log-log, at the lowest loss both reach and at the middle of the range both "
+        f"reach [{CONFIDENCE:.0%} interval: a two-level bootstrap, seeds and runs within a seed, paired]; the "
+        f"same on the runs' training time. Verdict, the first that holds: too few seeds; unidentified (the "
+        f"seeds' own multipliers span more than {SEED_SPREAD:g}x); not reached (one envelope lies wholly below "
+        f"or above the other's losses: a measured bound, no multiplier); scale-dependent (the paired loss "
+        f"difference is significantly of both signs within the compute trained); else better / worse / within "
+        f"noise. Law (secondary): L(C) = E + A (C / C0)^-alpha fitted on the pair's envelopes with a shared "
+        f"floor, read at the variant's largest compute; floor-dependent when each curve's own floor moves it "
+        f"past its interval; withheld when its error on the largest width held out exceeds the difference it "
+        f"predicts, or when it reads the baseline more than {LAW_REACH:g}x past its largest compute (and past "
+        f"what the held-out check reached). Report test {report.test} is not used here."
+    )
 
 
 def ladder_lines(report: Report) -> list[str]:
-    """The ladder section of report.md: how the fit and the multiplier are read, a row per variant, refusals."""
+    """The ladder section of report.md: how it is read, a row per variant, refusals."""
     study = report.ladder
     if study is None:
         return []
-    far, first = study.extrapolate, next(iter(study.rows.values()), None)
-    c0 = f" (C0 = {first.fit.c0:.3g} FLOPs)" if first else ""
     lines = [
         "",
-        f"Ladder (ladder.steps; ladder.csv, ladder.png): per variant, the loss ({study.metric}) against training "
-        f"compute C (each run's FLOPs; a branch counts its source's steps), the (width, budget) cells averaged "
-        f"over the seeds, fitted on the compute-optimal envelope as L(C) = E + A (C / C0)^-alpha{c0} with a Huber "
-        f"loss on log L. Multiplier: the compute the baseline's fit needs to reach the variant's loss at C, over "
-        f"C (above 1: the variant is worth that much more compute), at the largest compute it trained and at "
-        f"{far:g}x it (an extrapolation); the geometric mean over the seeds of each seed's refit, variant and "
-        f"baseline of the same seed [{CONFIDENCE:.0%} interval, {report.test}]. Δalpha: the variant's exponent "
-        f"minus the baseline's (steeper: the gap grows with compute).",
+        intro(study, report),
         "",
-        f"| variant | E | A | alpha | envelope cells | RMS residual (log L) | compute C | multiplier at C "
-        f"[{CONFIDENCE:.0%} CI] | verdict | multiplier at {far:g}x C [{CONFIDENCE:.0%} CI] | verdict | Δalpha "
-        f"[{CONFIDENCE:.0%} CI] | verdict |",
-        "|" + "---|" * 13,
+        f"| variant | envelope cells | seeds | verdict | multiplier at the lowest loss both reach "
+        f"[{CONFIDENCE:.0%} CI] | at mid-range | loss range both reach | in wall time | bound or crossing | "
+        f"law multiplier [{CONFIDENCE:.0%} CI] | own floors | baseline read at (x its largest C) | held-out "
+        f"error (base, variant) | predicted difference | law verdict |",
+        "|" + "---|" * 15,
     ]  # fmt: skip
     for key, row in study.rows.items():
-        fit = row.fit
-        cells = [label(study, key), f"{fit.E:.4f}", f"{fit.A:.4f}", f"{fit.alpha:.4f}", str(len(fit.cells)),
-                 f"{rms(fit.residuals):.4f}", f"{row.compute:.3g}", interval_text(row.multiplier),
-                 verdict(row.multiplier), interval_text(row.multiplier_far), verdict(row.multiplier_far),
-                 interval_text(row.alpha_delta, "+.3f"), verdict(row.alpha_delta)]  # fmt: skip
+        a = row.answer
+        if a is None:
+            cells = [label(study, key), str(len(envelope_of(row))), str(len(row.per_seed)), "baseline"] + [""] * 11
+        else:
+            law, held = a.law, a.law.held_out
+            cells = [label(study, key), str(len(envelope_of(row))), str(a.seeds), a.verdict,
+                     ci_text(a.multiplier, a.low, a.high), ci_text(a.mid, a.mid_low, a.mid_high),
+                     f"{num(a.losses[0], '.4f')}-{num(a.losses[1], '.4f')}" if a.losses[0] <= a.losses[1] else "none",
+                     ci_text(a.time, a.time_low, a.time_high), bound_text(a),
+                     ci_text(law.multiplier, law.low, law.high),
+                     num(law.own_floors), num(law.baseline_extrapolation),
+                     f"{num(held.base_error, '.4f')}, {num(held.var_error, '.4f')}" if held else "-",
+                     num(law.predicted_difference, ".4f"), law.verdict]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    if study.rates:
+        lines += ["", "The rate per budget (tuned at the longest, each budget's best among the tuning runs' decays):"]
+        lines += [f"- {label(study, key)}: {text}" for key, text in study.rates.items()]
     if study.errors:
         lines += ["", "Not fitted (no number is given for these):"] + [f"- {e}" for e in study.errors]
     return lines
 
 
-def verdict(i: Interval | None) -> str:
-    return "" if i is None or i.mean is None else i.verdict
+def envelope_of(row: LadderRow) -> list[Cell]:
+    return envelope(row.cells)
 
 
 #: ladder.csv's columns after the variant's axis values.
 COLUMNS = [
-    "E", "A", "alpha", "c0", "envelope_cells", "residual_rms", "compute", "multiplier", "multiplier_ci_low",
-    "multiplier_ci_high", "verdict", "compute_extrapolated", "multiplier_extrapolated",
-    "multiplier_extrapolated_ci_low", "multiplier_extrapolated_ci_high", "verdict_extrapolated", "alpha_delta",
-    "alpha_delta_ci_low", "alpha_delta_ci_high", "alpha_verdict", "seeds",
+    "envelope_cells", "seeds", "varied", "compute", "loss_lowest_shared", "loss_highest_shared", "multiplier",
+    "multiplier_ci_low", "multiplier_ci_high", "multiplier_mid", "multiplier_mid_ci_low", "multiplier_mid_ci_high",
+    "verdict", "data_lower_bound", "data_upper_bound", "crossing_compute", "seed_spread", "time_multiplier",
+    "time_multiplier_ci_low", "time_multiplier_ci_high", "law_E", "law_A", "law_alpha", "law_alpha_baseline",
+    "law_c0", "law_compute", "law_multiplier", "law_multiplier_ci_low", "law_multiplier_ci_high",
+    "law_multiplier_own_floors", "law_multiplier_extrapolated", "baseline_extrapolation", "heldout_width",
+    "heldout_error_baseline", "heldout_error_variant", "law_predicted_difference", "law_verdict", "rate_check",
 ]  # fmt: skip
 
 
+def cell(value: Any) -> Any:
+    return "" if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def csv_row(study: LadderStudy, row: LadderRow) -> list[Any]:
-    base = row.key == study.baseline
-    near, far, alpha = row.multiplier, row.multiplier_far, row.alpha_delta
-
-    def parts(i: Interval | None) -> list[Any]:
-        return ["", "", "", "baseline" if base else ""] if i is None else [i.mean, i.low, i.high, i.verdict]
-
-    fit = row.fit
-    return [fit.E, fit.A, fit.alpha, fit.c0, len(fit.cells), rms(fit.residuals), row.compute, *parts(near),
-            row.compute * study.extrapolate, *parts(far), *parts(alpha), len(row.seed_fits)]  # fmt: skip
+    head = [len(envelope_of(row)), len(row.per_seed), study.varied, row.compute]
+    a, rates = row.answer, study.rates.get(row.key, "")
+    if a is None:
+        return head + ["", "", "", "", "", "", "", "", "baseline"] + [""] * (len(COLUMNS) - 14) + [rates]
+    law, held = a.law, a.law.held_out
+    fit = [law.var.E, law.var.A, law.var.alpha, law.base.alpha, law.var.c0] if law.var and law.base else [""] * 5
+    values = [*a.losses, a.multiplier, a.low, a.high, a.mid, a.mid_low, a.mid_high, a.verdict, a.data_lower_bound,
+              a.data_upper_bound, a.crossing_compute, a.seed_spread, a.time, a.time_low, a.time_high, *fit,
+              law.compute, law.multiplier, law.low, law.high, law.own_floors, law.far, law.baseline_extrapolation,
+              held.width if held else "", held.base_error if held else "", held.var_error if held else "",
+              law.predicted_difference, law.verdict, rates]  # fmt: skip
+    return [cell(v) for v in head + values]
 
 
 def write_ladder_csv(report: Report) -> None:
-    """ladder.csv: a row per fitted variant (its axis values, the law, the multipliers); none without a ladder."""
+    """ladder.csv: a row per variant (its axis values, the data's answer, the law's); none without a ladder."""
     study = report.ladder
     if study is None:
         return
@@ -105,63 +149,81 @@ def write_ladder_csv(report: Report) -> None:
             writer.writerow([*key, *csv_row(study, row)])
 
 
+def draw_row(axes: Any, study: LadderStudy, row: LadderRow, color: Any) -> None:
+    """One variant on the three panels: runs and envelope; paired difference and crossing; iso-loss curve."""
+    loss_ax, diff_ax, mult_ax = axes
+    name = label(study, row.key)
+    for cells in row.per_seed.values():
+        loss_ax.plot([c.compute for c in cells], [c.loss for c in cells], ".", color=color, alpha=0.3)
+    front = envelope_of(row)
+    loss_ax.plot([c.compute for c in front], [c.loss for c in front], "o-", color=color, mfc="none", label=name)
+    a = row.answer
+    if a is None or a.pair is None:
+        return
+    pair, law = a.pair, a.law
+    if law.var is not None and law.base is not None:
+        grid = np.geomspace(front[0].compute, row.compute * study.extrapolate, 40)
+        loss_ax.plot(grid, [law.var.loss(c) for c in grid], "--", color=color, lw=0.8)
+    if len(pair.points):
+        diff_ax.plot(pair.points, pair.difference, "-", color=color, label=name)
+        if pair.draws_difference.size:
+            low, high = pair.difference_interval()
+            diff_ax.fill_between(pair.points, low, high, color=color, alpha=0.2)
+    if math.isfinite(a.crossing_compute):
+        for ax in (loss_ax, diff_ax):
+            ax.axvline(a.crossing_compute, color=color, ls=":", lw=1.2)
+        diff_ax.annotate("crossing", (a.crossing_compute, 0), color=color, textcoords="offset points",
+                         xytext=(4, 6), fontsize="small")  # fmt: skip
+    low, high = pair.losses
+    if low <= high:
+        ls = np.geomspace(low, high, 30)
+        mult_ax.plot(ls, [cost_at(pair.base, v) / cost_at(pair.var, v) for v in ls], "-", color=color, label=name)
+        if math.isfinite(a.low):
+            mult_ax.errorbar([low], [a.multiplier], yerr=[[a.multiplier - a.low], [a.high - a.multiplier]],
+                             fmt="o", color=color, capsize=3)  # fmt: skip
+    bound = a.data_lower_bound if math.isfinite(a.data_lower_bound) else a.data_upper_bound
+    if math.isfinite(bound):
+        at = pair.var[1][0]
+        mult_ax.plot([at], [bound], "^" if math.isfinite(a.data_lower_bound) else "v", color=color, ms=10)
+        mult_ax.annotate(f"not reached: {'>=' if math.isfinite(a.data_lower_bound) else '<='} {bound:.3g}",
+                         (at, bound), color=color, textcoords="offset points", xytext=(6, 0), fontsize="small")
+        loss_ax.annotate("not reached", (front[0].compute, front[0].loss), color=color, textcoords="offset points",
+                         xytext=(4, -12), fontsize="small")  # fmt: skip
+
+
 def plot_ladder(report: Report, path: Path) -> bool:
-    """ladder.png: loss against compute (log axes: every run, each variant's envelope and fit), the multiplier
-    against compute with its band (each seed's refit), and the fits' residuals. False without a fitted ladder."""
+    """ladder.png: loss against compute (log axes: every run, each envelope, the pair laws dashed), the paired
+    loss difference against compute with its band and crossings, the iso-loss multiplier against loss (its
+    interval at the lowest loss both reach, a not-reached bound as a triangle). False without a ladder."""
     study = report.ladder
     if study is None or not study.rows:
         return False
     fig = Figure(figsize=(16, 4.8), layout="constrained")
-    loss_ax, mult_ax, res_ax = fig.subplots(1, 3)
+    axes = fig.subplots(1, 3)
     colors = dict(zip(study.rows, palette(len(study.rows)), strict=True))
-    top = max(r.compute for r in study.rows.values()) * study.extrapolate
-    low = min(c.compute for r in study.rows.values() for f in r.seed_fits.values() for c in f.cells)
-    grid = [low * (top / low) ** (i / 60) for i in range(61)]
-    base = study.rows.get(study.baseline)
     for key, row in study.rows.items():
-        color, name = colors[key], label(study, key)
-        for fit in row.seed_fits.values():
-            loss_ax.plot([c.compute for c in fit.cells], [c.loss for c in fit.cells], ".", color=color, alpha=0.3)
-        loss_ax.plot([c.compute for c in row.fit.cells], [c.loss for c in row.fit.cells], "o", color=color,
-                     mfc="none", ms=8)  # fmt: skip
-        trained = [c for c in grid if c <= row.compute]
-        loss_ax.plot(trained, [row.fit.loss(c) for c in trained], "-", color=color, label=name)
-        beyond = [c for c in grid if c >= row.compute]
-        loss_ax.plot(beyond, [row.fit.loss(c) for c in beyond], "--", color=color)
-        res_ax.plot([c.compute for c in row.fit.cells], row.fit.residuals, "o-", color=color, label=name)
-        if base is not None and key != study.baseline:
-            band = [band_at(row, base, c, report.test) for c in grid]
-            kept = [(c, b) for c, b in zip(grid, band, strict=True) if b.mean is not None]
-            if kept:
-                xs = [c for c, _ in kept]
-                mult_ax.plot(xs, [b.mean for _, b in kept], color=color, label=name)
-                mult_ax.fill_between(xs, [b.low for _, b in kept], [b.high for _, b in kept], color=color, alpha=0.2)
-                mult_ax.axvline(row.compute, color=color, ls=":", lw=1)
-    for ax in (loss_ax, mult_ax, res_ax):
+        draw_row(axes, study, row, colors[key])
+    loss_ax, diff_ax, mult_ax = axes
+    for ax in (loss_ax, diff_ax):
         ax.set_xscale("log")
         ax.set_xlabel("training compute C (FLOPs, log scale)")
+    for ax in axes:
         ax.grid(alpha=0.3, which="both")
     loss_ax.set_yscale("log")
     loss_ax.set_ylabel(f"{study.metric} (log scale)")
-    loss_ax.set_title("runs (dots), envelope (circles), fit (dashed: extrapolated)", fontsize="medium")
+    loss_ax.set_title("runs (dots), envelopes (circles), pair laws (dashed)", fontsize="medium")
+    diff_ax.axhline(0.0, color="black", lw=0.8)
+    diff_ax.set_ylabel(f"{study.metric}: variant - baseline at equal compute")
+    diff_ax.set_title(f"paired difference, {CONFIDENCE:.0%} band (dotted: crossing)", fontsize="medium")
     mult_ax.axhline(1.0, color="black", lw=0.8)
+    mult_ax.set_xscale("log")
     mult_ax.set_yscale("log")
-    mult_ax.set_ylabel("compute multiplier vs the baseline")
-    mult_ax.set_title(f"multiplier, {CONFIDENCE:.0%} band over seeds (dotted: largest compute trained)",
-                      fontsize="medium")  # fmt: skip
-    res_ax.axhline(0.0, color="black", lw=0.8)
-    res_ax.set_ylabel("fit residual (log L fitted - measured)")
-    res_ax.set_title("residuals on the envelope (seed means)", fontsize="medium")
-    for ax in (loss_ax, mult_ax, res_ax):
+    mult_ax.set_xlabel(f"{study.metric} both reach (log scale)")
+    mult_ax.set_ylabel("iso-loss multiplier C_baseline(L) / C_variant(L)")
+    mult_ax.set_title("multiplier (bar: interval at the lowest loss; triangle: bound)", fontsize="medium")
+    for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
     fig.suptitle(f"{report.root.name}: ladder, baseline {label(study, study.baseline)}")
     fig.savefig(path, dpi=110)
     return True
-
-
-def band_at(row: LadderRow, base: LadderRow, compute: float, test: str) -> Interval:
-    """The multiplier at ``compute`` over the seeds (each seed's refit against the baseline's of that seed)."""
-    seeds = [s for s in row.seed_fits if s in base.seed_fits]
-    values = [multiplier(row.seed_fits[s], base.seed_fits[s], compute) for s in seeds]
-    return seed_interval(values, test, log=True, center=1.0, words=("better", "worse"))

@@ -1,27 +1,29 @@
-"""A scaling ladder's fit: each variant's loss against training compute, and its compute multiplier.
+"""A scaling ladder's answer per variant: how much compute it is worth against the baseline, and what the data
+identify of it.
 
 A ladder trains every variant at several widths and budgets on several seeds (``zoo-sweep ladder``,
-docs/sweeps.md#ladders). Per variant, each (width, budget) cell's loss is averaged over the seeds and the
-runs' training FLOPs are the compute. On the compute-optimal envelope (the cells that reach a lower loss
-than every cell of less compute) the loss follows
+docs/sweeps.md#ladders). Each run is a cell: its width, budget, training FLOPs (a branch counts its source's
+steps), training time (a branch's counts its source's too) and final loss. Each pair, the variant and the
+baseline, is answered on its own two curves only: no other variant of the sweep moves it.
 
-    L(C) = E + A (C / C0)^-alpha
+The primary answer needs no law (zoo.lab.studies.ladder_iso): the iso-loss multiplier on the two envelopes,
+in FLOPs and in wall time, with a paired two-level bootstrap interval. The verdict (:func:`data_verdict`) is
+decided in this order, the first that holds:
 
-with C0 the ladder's geometric-mean compute (so A is on the loss's own scale) and the floor E shared by every
-variant (the loss no amount of compute removes: the data's, whatever the architecture, Hoffmann et al.'s E);
-fitted jointly by least squares on log L with a Huber loss (``scipy.optimize.least_squares``) from a grid of
-starting points, the best converged fit kept (Hoffmann et al. 2022's approach 3, as Besiroglu et al. 2024
-re-examine it). A floor per variant, fitted on the few cells of its envelope, sits close to its last cells
-and leaves a better variant's loss below the baseline's floor, a multiplier no compute could give.
+1. ``too few seeds``: fewer than :data:`MIN_PAIRS` seeds both ran;
+2. ``unidentified``: the seeds disagree (their own multipliers span more than :data:`SEED_SPREAD` x), or
+   most bootstrap draws' envelopes do not meet;
+3. ``not reached``: the variant's envelope lies below every loss the baseline's reaches (``data_lower_bound``:
+   the baseline's largest compute over the variant's smallest, which already reaches lower; measured, no
+   law), or above every loss it reaches, for a worse one (``data_upper_bound``, the reverse); no multiplier;
+4. ``scale-dependent``: the paired loss difference at equal compute is significantly below 0 at one compute
+   trained and above at another (``crossing_compute``: where it changes sign);
+5. ``better`` / ``worse`` / ``within noise``: the multiplier's interval at the lowest loss both reach lies
+   above 1, below, or holds it.
 
-The **compute multiplier** of a variant at compute C is the compute the baseline's law needs to reach the
-variant's loss at C, over C: above 1 the variant is worth that much more compute than the baseline, below 1
-less. It is read at the largest compute the variant trained and at ``extrapolate`` times it. Its interval:
-each seed's runs refitted (the variant's and the baseline's of the same seed), the per-seed log multipliers
-under the report's test (a t interval, a permutation or a bootstrap over the seeds), exponentiated; the same
-for the exponents' difference ``alpha - alpha_baseline`` (above 0: the variant's loss falls faster, the gap
-grows with compute). A ladder too small to fit (fewer than 3 widths or 3 budgets, an envelope of fewer than
-3 cells) or a fit that does not converge raises :class:`LadderError`, naming it, instead of giving a number.
+The law (zoo.lab.studies.ladder_law), secondary and labelled so, is fitted per pair under the shared floor
+and under each curve's own, read at the variant's largest compute, with a held-out check; its verdict
+(:func:`law_verdict`) says when it is withheld.
 """
 
 from __future__ import annotations
@@ -33,133 +35,68 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
+from zoo.lab.studies import ladder_iso as iso
+from zoo.lab.studies.ladder_law import (
+    Cell,
+    HeldOut,
+    LadderError,
+    PowerLaw,
+    envelope,
+    fit_law,
+    fit_laws,
+    held_out,
+    multiplier,
+    parameters,
+)
 from zoo.lab.studies.runset import Run
-from zoo.lab.studies.stats import MIN_PAIRS, NOISE, TOO_FEW, paired_test
+from zoo.lab.studies.stats import MIN_PAIRS, NOISE, TOO_FEW
 
-#: The fewest widths and budgets a ladder needs, and envelope cells a law is fitted on (three parameters).
+__all__ = ["Cell", "LadderError", "PowerLaw", "envelope", "fit_law", "ladder_study"]
+
+#: The fewest widths and budgets a ladder needs.
 MIN_RUNGS = 3
-#: The Huber loss's threshold on the residual of log L (0.1%: a cell further off counts linearly).
-HUBER = 1e-3
-#: Starting points: fractions of the least loss for E, and exponents.
-START_E = (0.0, 0.5, 0.8, 0.95)
-START_ALPHA = (0.05, 0.2, 0.5, 1.0)
+#: Seeds whose own multipliers span more than this factor leave the answer unidentified.
+SEED_SPREAD = 10.0
+#: The law gives a verdict read at most this many times beyond the baseline's largest compute (further only
+#: as far as the held-out check reached and passed).
+LAW_REACH = 2.0
+#: Bootstrap draws for the law's interval (each a refit).
+LAW_DRAWS = 50
+UNIDENTIFIED, NOT_REACHED, SCALE = "unidentified", "not reached", "scale-dependent"
+FLOOR, WITHHELD = "floor-dependent", "withheld"
 
 
-class LadderError(ValueError):
-    """A ladder that cannot be fitted, with the reason (shown in the report instead of a number)."""
-
-
-@dataclass(frozen=True)
-class Cell:
-    """A (width, budget) rung: its training compute (FLOPs) and loss, one seed's or the mean over seeds."""
-
-    width: int
-    steps: int
-    compute: float
-    loss: float
-
-
-@dataclass
-class PowerLaw:
-    """``L(C) = E + A (C / c0)^-alpha`` and the cells it was fitted on, with their log residuals."""
-
-    E: float
-    A: float
-    alpha: float
-    c0: float
-    cells: list[Cell] = field(default_factory=list)
-    residuals: list[float] = field(default_factory=list)  # log L fitted minus log L measured, per cell
-
-    def loss(self, compute: float) -> float:
-        return self.E + self.A * (compute / self.c0) ** -self.alpha
-
-    def compute_for(self, loss: float) -> float:
-        """The compute at which this law reaches ``loss`` (inf when it is at or below the law's floor E)."""
-        return self.c0 * (self.A / (loss - self.E)) ** (1 / self.alpha) if loss > self.E else math.inf
-
-
-def envelope(cells: Sequence[Cell]) -> list[Cell]:
-    """The compute-optimal cells: in order of compute, each with a lower loss than every cell of less compute."""
-    kept: list[Cell] = []
-    for cell in sorted(cells, key=lambda c: (c.compute, c.loss)):
-        if not kept or cell.loss < kept[-1].loss:
-            kept.append(cell)
-    return kept
-
-
-def fit_laws(cells: dict[Any, Sequence[Cell]], c0: float, label: str) -> dict[Any, PowerLaw]:
-    """Each variant's law fitted on its envelope, the floor E shared by all (see the module docstring);
-    :class:`LadderError` when an envelope has fewer than :data:`MIN_RUNGS` cells or no start converges."""
-    fronts = {key: envelope(c) for key, c in cells.items()}
-    for key, front in fronts.items():
-        if len(front) < MIN_RUNGS:
-            name = " ".join(map(str, key)) if isinstance(key, tuple) else str(key)
-            where = f"{label}: {name}" if len(fronts) > 1 else label
-            raise LadderError(f"{where}: {len(front)} cells on the compute-optimal envelope, a fit needs at least "
-                              f"{MIN_RUNGS} (more widths or budgets, or budgets where wider models win)")  # fmt: skip
-    keys = list(fronts)
-    xs = [np.array([c.compute / c0 for c in fronts[k]]) for k in keys]
-    ys = [np.log([c.loss for c in fronts[k]]) for k in keys]
-    low = float(min(c.loss for f in fronts.values() for c in f))
-
-    def residuals(p: np.ndarray) -> np.ndarray:
-        return np.concatenate([np.log(p[0] + np.exp(p[1 + 2 * i]) * x ** -p[2 + 2 * i]) - y
-                               for i, (x, y) in enumerate(zip(xs, ys, strict=True))])  # fmt: skip
-
-    lower = [0.0] + [-30.0, 1e-3] * len(keys)
-    upper = [low * (1 - 1e-6)] + [30.0, 5.0] * len(keys)
-    best = None
-    for e0 in START_E:
-        for a0 in START_ALPHA:
-            start = np.array([e0 * low] + [math.log(max(low * (1 - e0), 1e-6)), a0] * len(keys))
-            fit = least_squares(residuals, start, bounds=(lower, upper), loss="huber", f_scale=HUBER)
-            if fit.success and np.all(np.isfinite(fit.x)) and (best is None or fit.cost < best.cost):
-                best = fit
-    if best is None:
-        raise LadderError(f"{label}: the fit did not converge from any of {len(START_E) * len(START_ALPHA)} starts")
-    p, r = [float(v) for v in best.x], [float(v) for v in residuals(best.x)]
-    out, at = {}, 0
-    for i, key in enumerate(keys):
-        n = len(fronts[key])
-        out[key] = PowerLaw(p[0], math.exp(p[1 + 2 * i]), p[2 + 2 * i], c0, list(fronts[key]), r[at : at + n])
-        at += n
-    return out
-
-
-def fit_law(cells: Sequence[Cell], c0: float, label: str) -> PowerLaw:
-    """One variant's law on its own (:func:`fit_laws` with one variant: its own floor E)."""
-    return fit_laws({label: cells}, c0, label)[label]
-
-
-def multiplier(variant: PowerLaw, baseline: PowerLaw, compute: float) -> float:
-    """The baseline's compute to reach the variant's loss at ``compute``, over ``compute`` (inf: never)."""
-    return baseline.compute_for(variant.loss(compute)) / compute
+def replicate_key(run: Run) -> Any:
+    """A run's replicate (what pairs it with the baseline's runs): its seed, with its data seed when set."""
+    return run.seed
 
 
 def ladder_cells(runs: Sequence[Run], metric: str) -> dict[Any, list[Cell]]:
-    """``{seed: its cells}`` of a variant's finished runs: width ``block.d_model``, budget ``train.steps``, the
-    run's training FLOPs (a branch's count its source's steps) and its final ``metric``."""
+    """``{replicate: its cells}`` of a variant's finished runs: width ``block.d_model``, budget ``train.steps``,
+    the run's training FLOPs and time (a branch's count its source's steps) and its final ``metric``."""
     out: dict[Any, list[Cell]] = {}
     for run in runs:
         value, flops = run.record.final_value(metric), run.record.flops
         config = run.record.config or {}
         width, steps = (config.get("block") or {}).get("d_model"), (config.get("train") or {}).get("steps")
         ok = isinstance(value, (int, float)) and math.isfinite(value) and isinstance(flops, (int, float))
+        seconds = run.record.train_time_s
+        time = float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else math.nan
         if run.status == "ok" and ok and flops > 0 and width and steps:
-            out.setdefault(run.seed, []).append(Cell(int(width), int(steps), float(flops), float(value)))
+            cell = Cell(int(width), int(steps), float(flops), float(value), time)
+            out.setdefault(replicate_key(run), []).append(cell)
     return out
 
 
 def mean_cells(per_seed: dict[Any, list[Cell]]) -> list[Cell]:
-    """Each (width, budget) cell averaged over the seeds that ran it (compute and loss)."""
+    """Each (width, budget) cell averaged over the seeds that ran it (compute, loss and time)."""
     groups: dict[tuple[int, int], list[Cell]] = {}
     for cells in per_seed.values():
         for c in cells:
             groups.setdefault((c.width, c.steps), []).append(c)
-    return [Cell(w, s, statistics.fmean(c.compute for c in g), statistics.fmean(c.loss for c in g))
-            for (w, s), g in sorted(groups.items())]  # fmt: skip
+    return [Cell(w, s, statistics.fmean(c.compute for c in g), statistics.fmean(c.loss for c in g),
+                 statistics.fmean(c.time for c in g)) for (w, s), g in sorted(groups.items())]  # fmt: skip
 
 
 def check_rungs(per_seed: dict[Any, list[Cell]], label: str) -> None:
@@ -172,49 +109,78 @@ def check_rungs(per_seed: dict[Any, list[Cell]], label: str) -> None:
             raise LadderError(f"{label}: {len(found)} {name} finished ({shown}); a ladder needs at least {MIN_RUNGS}")
 
 
-@dataclass
-class Interval:
-    """A per-seed quantity's mean with its interval under the report's test, and the verdict."""
-
-    mean: float | None
-    low: float | None
-    high: float | None
-    verdict: str
-    seeds: int
-
-
-def seed_interval(values: Sequence[float], test: str, log: bool, center: float, words: tuple[str, str]) -> Interval:
-    """The per-seed ``values``' mean and interval under ``test`` (on a log scale when ``log``, back-transformed);
-    the verdict ``words[0]`` when the interval lies above ``center``, ``words[1]`` below, else within noise."""
-    usable = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
-    if len(usable) < len(values):
-        return Interval(None, None, None, "out of range (a seed's loss lies beyond the baseline's fitted floor)",
-                        len(values))  # fmt: skip
-    if len(usable) < MIN_PAIRS:
-        return Interval(None, None, None, TOO_FEW, len(values))
-    mean, low, high, _, _ = paired_test([math.log(v) if log else v for v in usable], test)
-    back = math.exp if log else (lambda v: v)
-    mean, low, high = float(back(mean)), float(back(low)), float(back(high))
-    verdict = words[0] if low > center else words[1] if high < center else NOISE
-    return Interval(mean, low, high, verdict, len(values))
+def grid_of(per_seed: dict[Any, list[Cell]], cost: str = "compute") -> iso.Grid:
+    """A variant's cells as an :class:`iso.Grid` on ``cost`` (``compute`` or ``time``, the cell's mean)."""
+    replicates = sorted(per_seed, key=str)
+    keys = sorted({(c.width, c.steps) for cs in per_seed.values() for c in cs})
+    loss = np.full((len(replicates), len(keys)), math.nan)
+    costs: dict[tuple[int, int], list[float]] = {}
+    for i, r in enumerate(replicates):
+        for c in per_seed[r]:
+            loss[i, keys.index((c.width, c.steps))] = c.loss
+            costs.setdefault((c.width, c.steps), []).append(getattr(c, cost))
+    with np.errstate(all="ignore"):
+        mean = np.array([np.nanmean(costs[k]) if np.isfinite(costs[k]).any() else math.nan for k in keys])
+    return iso.Grid(replicates, keys, mean, loss)
 
 
-#: The keys a ladder varies within a variant: the width, the budget and the branch a budget came from.
 def is_rung_key(key: str) -> bool:
+    """The keys a ladder varies within a variant: the width, the budget and the branch a budget came from."""
     return key in ("block.d_model", "train.steps") or key.startswith("train.branch.")
 
 
 @dataclass
+class Law:
+    """The pair's law (secondary): its fit under the shared floor, the answer under each curve's own floor,
+    where it is read, its held-out check and its verdict."""
+
+    base: PowerLaw | None = None
+    var: PowerLaw | None = None
+    compute: float = math.nan  # where it is read: the variant's largest compute
+    multiplier: float = math.nan
+    low: float = math.nan
+    high: float = math.nan
+    own_floors: float = math.nan  # the multiplier under each curve's own floor
+    far: float = math.nan  # the multiplier at LadderStudy.extrapolate x compute (no verdict)
+    baseline_extrapolation: float = math.nan  # the baseline's compute it reads, over its largest trained
+    predicted_difference: float = math.nan  # |log L_variant - log L_baseline| at ``compute``
+    held_out: HeldOut | None = None
+    verdict: str = ""
+
+
+@dataclass
+class Answer:
+    """A variant against the baseline: the data's answer (no law) and the law's."""
+
+    multiplier: float = math.nan
+    low: float = math.nan
+    high: float = math.nan
+    mid: float = math.nan
+    mid_low: float = math.nan
+    mid_high: float = math.nan
+    losses: tuple[float, float] = (math.nan, math.nan)  # the loss range both reach
+    verdict: str = ""
+    data_lower_bound: float = math.nan
+    data_upper_bound: float = math.nan
+    crossing_compute: float = math.nan
+    seed_spread: float = math.nan  # largest over smallest of the seeds' own multipliers
+    time: float = math.nan  # the iso-loss multiplier in training time
+    time_low: float = math.nan
+    time_high: float = math.nan
+    seeds: int = 0
+    pair: iso.Pair | None = None
+    law: Law = field(default_factory=Law)
+
+
+@dataclass
 class LadderRow:
-    """One variant on the ladder: its law (seed means) and each seed's, and against the baseline's."""
+    """One variant on the ladder: its cells (seed means and per replicate), and its answer (None: baseline)."""
 
     key: tuple[str, ...]
-    fit: PowerLaw
-    seed_fits: dict[Any, PowerLaw]
+    cells: list[Cell]
+    per_seed: dict[Any, list[Cell]]
     compute: float  # the largest compute it trained (a cell's mean over seeds)
-    multiplier: Interval | None = None  # None for the baseline
-    multiplier_far: Interval | None = None  # at LadderStudy.extrapolate x compute
-    alpha_delta: Interval | None = None
+    answer: Answer | None = None
 
 
 @dataclass
@@ -227,68 +193,228 @@ class LadderStudy:
     extrapolate: float
     rows: dict[tuple[str, ...], LadderRow] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    varied: str = ""  # what the replicates varied (noise_source)
+    rates: dict[tuple[str, ...], str] = field(default_factory=dict)  # rate_check, per variant
 
 
-def fit_rows(per_variant: dict[tuple[str, ...], dict[Any, list[Cell]]], c0: float) -> dict[tuple[str, ...], LadderRow]:
-    """Every variant's law on the seed means and on each seed, the floor E shared within each fit."""
-    means = {key: mean_cells(per_seed) for key, per_seed in per_variant.items()}
-    fits = fit_laws(means, c0, "the ladder")
-    seeds = sorted({s for per_seed in per_variant.values() for s in per_seed}, key=str)
-    by_seed = {s: fit_laws({k: v[s] for k, v in per_variant.items() if s in v}, c0, f"seed {s}") for s in seeds}
-    return {key: LadderRow(key, fits[key], {s: f[key] for s, f in by_seed.items() if key in f},
-                           max(c.compute for c in means[key])) for key in per_variant}  # fmt: skip
+def not_reached(pair: iso.Pair) -> tuple[str, float, float]:
+    """(verdict word, lower bound, upper bound) when one envelope lies wholly below the other's losses."""
+    (bc, by), (vc, vy) = pair.base, pair.var
+    if vy[0] < by[-1]:  # the variant's highest loss lies below the baseline's lowest
+        return NOT_REACHED, float(bc[-1] / vc[0]), math.nan
+    if vy[-1] > by[0]:
+        return NOT_REACHED, math.nan, float(bc[0] / vc[-1])
+    return "", math.nan, math.nan
 
 
-def compare_rows(row: LadderRow, base: LadderRow, test: str, extrapolate: float) -> None:
-    """The row's multiplier (at its largest compute and ``extrapolate`` x it) and exponent difference against
-    ``base``, each seed's law against the baseline's of the same seed."""
-    seeds = [s for s in row.seed_fits if s in base.seed_fits]
-    words = ("better", "worse")
-    for name, at in (("multiplier", row.compute), ("multiplier_far", row.compute * extrapolate)):
-        values = [multiplier(row.seed_fits[s], base.seed_fits[s], at) for s in seeds]
-        setattr(row, name, seed_interval(values, test, log=True, center=1.0, words=words))
-    deltas = [row.seed_fits[s].alpha - base.seed_fits[s].alpha for s in seeds]
-    row.alpha_delta = seed_interval(deltas, test, log=False, center=0.0, words=("steeper", "shallower"))
+def crossing(pair: iso.Pair) -> float:
+    """The compute where the paired difference changes sign, when it is significantly negative at one compute
+    trained and positive at another (nan: no significant change of sign)."""
+    if not pair.draws_difference.size:
+        return math.nan
+    low, high = pair.difference_interval()
+    below, above = np.flatnonzero(high < 0), np.flatnonzero(low > 0)
+    if not len(below) or not len(above):
+        return math.nan
+    d, c = pair.difference, pair.points
+    a, b = sorted((below[0], above[0]) if abs(below[0] - above[0]) < abs(below[-1] - above[-1]) else
+                  (below[-1], above[-1]))  # fmt: skip
+    for i in range(a, b):
+        if np.isfinite(d[i]) and np.isfinite(d[i + 1]) and d[i] * d[i + 1] <= 0:
+            t = d[i] / (d[i] - d[i + 1]) if d[i] != d[i + 1] else 0.5
+            return float(math.exp(math.log(c[i]) + t * (math.log(c[i + 1]) - math.log(c[i]))))
+    return float(math.sqrt(c[a] * c[b]))
+
+
+def data_verdict(answer: Answer, pair: iso.Pair) -> None:
+    """The data's verdict, in the module docstring's order, with its bounds and crossing."""
+    if answer.seeds < MIN_PAIRS:
+        answer.verdict = TOO_FEW
+    elif answer.seed_spread > SEED_SPREAD:
+        answer.verdict = UNIDENTIFIED
+    elif (reached := not_reached(pair))[0]:
+        answer.verdict, answer.data_lower_bound, answer.data_upper_bound = reached
+        answer.multiplier = answer.mid = math.nan
+    elif math.isfinite(cross := crossing(pair)):
+        answer.verdict, answer.crossing_compute = SCALE, cross
+    elif not math.isfinite(answer.low):
+        answer.verdict = UNIDENTIFIED
+    else:
+        answer.verdict = "better" if answer.low > 1 else "worse" if answer.high < 1 else NOISE
+
+
+def compare(base: LadderRow, row: LadderRow, draws: int = iso.DRAWS) -> Answer:
+    """The data's answer for ``row`` against ``base`` (FLOPs and time), with its verdict."""
+    b, v = grid_of(base.per_seed), grid_of(row.per_seed)
+    pair = iso.compare_grids(b, v, draws)
+    answer = Answer(pair.low, *pair.interval(pair.draws_low), pair.mid, *pair.interval(pair.draws_mid),
+                    losses=pair.losses, seeds=pair.seeds, pair=pair)  # fmt: skip
+    spread = [m for m in iso.seed_multipliers(b, v) if math.isfinite(m) and m > 0]
+    answer.seed_spread = max(spread) / min(spread) if len(spread) >= 2 else math.nan
+    bt, vt = grid_of(base.per_seed, "time"), grid_of(row.per_seed, "time")
+    if np.isfinite(bt.cost).all() and np.isfinite(vt.cost).all():
+        timed = iso.compare_grids(bt, vt, draws)
+        answer.time, (answer.time_low, answer.time_high) = timed.low, timed.interval(timed.draws_low)
+    data_verdict(answer, pair)
+    if answer.verdict == NOT_REACHED:
+        answer.low = answer.high = answer.mid_low = answer.mid_high = answer.time = math.nan
+    return answer
+
+
+def law_draws(base: LadderRow, row: LadderRow, fit: tuple[PowerLaw, PowerLaw], c0: float, at: float,
+              draws: int) -> list[float]:  # fmt: skip
+    """The law's multiplier at ``at`` refitted on ``draws`` paired two-level bootstrap draws."""
+    b, v = grid_of(base.per_seed), grid_of(row.per_seed)
+    cells = sorted(set(b.cells) | set(v.cells))
+    b, v = iso.aligned(b, cells), iso.aligned(v, cells)
+    b_loss, v_loss = iso.paired_rows(b, v)
+    n = len(b_loss)
+    if n < 2:
+        return []
+    rng = np.random.default_rng(iso.BOOT_SEED)
+    seeds = rng.integers(0, n, size=(draws, n))
+    swap = rng.integers(0, b_loss.shape[1], size=(draws, n, b_loss.shape[1]))
+    b_draws, v_draws = iso.resample(b_loss, seeds, swap), iso.resample(v_loss, seeds, swap)
+    out = []
+    for bl, vl in zip(b_draws, v_draws, strict=True):
+        cells = {k: [Cell(w, s, float(c), float(y)) for (w, s), c, y in zip(g.cells, g.cost, ys, strict=True)
+                     if math.isfinite(y)] for k, g, ys in (("b", b, bl), ("v", v, vl))}  # fmt: skip
+        try:
+            laws = fit_laws(cells, c0, "draw", start=parameters(*fit))
+        except LadderError:
+            continue
+        out.append(multiplier(laws["v"], laws["b"], at))
+    return out
+
+
+def fit_pair_law(base: LadderRow, row: LadderRow, c0: float, extrapolate: float, draws: int = LAW_DRAWS) -> Law:
+    """The pair's law (shared floor, own floors, held-out check) read at the variant's largest compute."""
+    law = Law(compute=row.compute)
+    try:
+        fits = fit_laws({"b": base.cells, "v": row.cells}, c0, "the pair")
+        own = fit_law(base.cells, c0, "the baseline"), fit_law(row.cells, c0, "the variant")
+    except LadderError as error:
+        law.verdict = f"no fit: {error}"
+        return law
+    law.base, law.var, at = fits["b"], fits["v"], row.compute
+    law.multiplier, law.own_floors = multiplier(law.var, law.base, at), multiplier(own[1], own[0], at)
+    law.far = multiplier(law.var, law.base, at * extrapolate)
+    law.baseline_extrapolation = law.base.compute_for(law.var.loss(at)) / base.compute
+    law.predicted_difference = abs(math.log(law.var.loss(at) / law.base.loss(at)))
+    refits = np.array(law_draws(base, row, (law.base, law.var), c0, at, draws))
+    law.low, law.high = iso.log_interval(refits, len(base.per_seed)) if len(refits) else (math.nan, math.nan)
+    law.held_out = held_out(base.cells, row.cells, c0, parameters(law.base, law.var))
+    law.verdict = law_verdict(law)
+    return law
+
+
+def law_verdict(law: Law) -> str:
+    """The law's verdict, the first that holds: ``floor-dependent`` (the answers under the shared floor and
+    under each curve's own differ by more than the interval's half width, in log), ``withheld`` (the held-out
+    error exceeds the predicted difference; or it is read beyond :data:`LAW_REACH` x the baseline's largest
+    compute and beyond what the held-out check reached), else the interval's better / worse / within noise."""
+    if not math.isfinite(law.low):
+        return UNIDENTIFIED
+    half = (math.log(law.high) - math.log(law.low)) / 2
+    own = law.own_floors
+    if not (math.isfinite(own) and own > 0 and abs(math.log(own) - math.log(law.multiplier)) <= half):
+        return FLOOR
+    held = law.held_out
+    if held is None or held.error > law.predicted_difference:
+        shown = "no held-out fit" if held is None else f"held-out error {held.error:.3g}"
+        shown += f" > predicted difference {law.predicted_difference:.3g}" if held else ""
+        return f"{WITHHELD} ({shown})"
+    reach = max(LAW_REACH, held.reach)
+    if not law.baseline_extrapolation <= reach:
+        return f"{WITHHELD} (read {law.baseline_extrapolation:.3g}x past the baseline's largest compute)"
+    return "better" if law.low > 1 else "worse" if law.high < 1 else NOISE
+
+
+def noise_source(runs: Sequence[Run]) -> str:
+    """What the ladder's replicates varied: the seed (initialization and data order), or one of the two."""
+    seeds = {(r.record.config or {}).get("seed") for r in runs}
+    data = {(r.record.config or {}).get("data_seed") for r in runs}
+    if data == {None}:
+        return "init and data order (seed)"
+    if len(seeds) > 1 and len(data) > 1:
+        return "init (seed) and data order (data_seed), each"
+    return "init only (data_seed fixed)" if len(seeds) > 1 else "data order only (data_seed; seed fixed)"
+
+
+def rate_check(tune_runs: Sequence[Run], axes: Sequence[str], metric: str) -> dict[tuple[str, ...], str]:
+    """Per variant, the rate tuned at the longest budget against each budget's best among the tuning runs and
+    their decays (``tune/budgets/``): ``"200: 6e-3 (+0.4% at the tuned 2.5e-3)"``, or ``"200: the tuned"``."""
+    table: dict[tuple[str, ...], dict[int, dict[float, list[float]]]] = {}
+    for run in tune_runs:
+        value, config = run.record.final_value(metric), run.record.config or {}
+        lr, steps = (config.get("train") or {}).get("lr"), (config.get("train") or {}).get("steps")
+        if run.status == "ok" and isinstance(value, (int, float)) and math.isfinite(value) and lr and steps:
+            key = tuple(run.value(a) for a in axes)
+            table.setdefault(key, {}).setdefault(int(steps), {}).setdefault(float(lr), []).append(float(value))
+    out = {}
+    for key, budgets in table.items():
+        means = {b: {lr: statistics.fmean(v) for lr, v in rates.items()} for b, rates in sorted(budgets.items())}
+        longest = max(means)
+        tuned = min(means[longest], key=means[longest].__getitem__)
+        words = []
+        for budget, rates in means.items():
+            best = min(rates, key=rates.__getitem__)
+            gap = f" (+{rates[tuned] / rates[best] - 1:.1%} at the tuned {tuned:g})" if tuned in rates else ""
+            words.append(f"{budget}: the tuned {tuned:g}" if best == tuned else f"{budget}: {best:g}{gap}")
+        out[key] = "; ".join(words)
+    return out
+
+
+def group_cells(study: LadderStudy, runs: Sequence[Run]) -> dict[tuple[str, ...], dict[Any, list[Cell]]]:
+    """Each variant's cells per replicate; a variant too small for a ladder is named and left out."""
+    groups: dict[tuple[str, ...], list[Run]] = {}
+    for run in runs:
+        groups.setdefault(tuple(run.value(a) for a in study.axes), []).append(run)
+    out = {}
+    for key, group in groups.items():
+        label = " ".join(f"{a}={v}" for a, v in zip(study.axes, key, strict=True)) or "the ladder"
+        try:
+            cells = ladder_cells(group, study.metric)
+            check_rungs(cells, label)
+            out[key] = cells
+        except LadderError as error:
+            study.errors.append(str(error))
+    return out
 
 
 def ladder_study(
     runs: Sequence[Run], axes: Sequence[str], baseline: dict[str, str], metric: str, mode: str, test: str,
-    extrapolate: float = 10.0,
+    extrapolate: float = 10.0, draws: int = iso.DRAWS, law: int = LAW_DRAWS, tune_runs: Sequence[Run] = (),
 ) -> LadderStudy:  # fmt: skip
-    """The ladder's laws and multipliers: ``runs`` grouped by their values of ``axes`` less the rungs' keys,
-    each against the ``baseline`` variant (its values of those axes), on ``metric`` under ``test``."""
+    """Every variant against the ``baseline`` variant (its values of ``axes`` less the rungs' keys) on
+    ``metric``: the data's answer and the pair's law (:func:`answer_all`). ``test`` is not used: a ladder's interval
+    is its bootstrap's (zoo.lab.studies.ladder_iso). ``tune_runs``: the tuning sweep's runs and their decays,
+    for :func:`rate_check`."""
     variant_axes = [a for a in axes if not is_rung_key(a)]
     base_key = tuple(baseline.get(a, "") for a in variant_axes)
-    study = LadderStudy(metric, variant_axes, base_key, extrapolate)
+    study = LadderStudy(metric, variant_axes, base_key, extrapolate, varied=noise_source(runs))
     if mode != "min":
         study.errors.append(f"{metric}: a ladder fits a loss (lower is better), not a {mode}-is-better metric")
         return study
-    groups: dict[tuple[str, ...], list[Run]] = {}
-    for run in runs:
-        groups.setdefault(tuple(run.value(a) for a in variant_axes), []).append(run)
-    computes = [r.record.flops for r in runs if isinstance(r.record.flops, (int, float)) and r.record.flops > 0]
-    if not computes:
-        study.errors.append("no run recorded its training FLOPs (summary flops)")
-        return study
-    c0 = math.exp(statistics.fmean(math.log(c) for c in computes))
-    per_variant = {}
-    for key, group in groups.items():
-        label = " ".join(f"{a}={v}" for a, v in zip(variant_axes, key, strict=True)) or "the ladder"
-        try:
-            cells = ladder_cells(group, metric)
-            check_rungs(cells, label)  # a variant too small for a fit is named and left out of it
-            per_variant[key] = cells
-        except LadderError as error:
-            study.errors.append(str(error))
-    try:
-        study.rows = fit_rows(per_variant, c0) if per_variant else {}
-    except LadderError as error:
-        study.errors.append(str(error))
-    base = study.rows.get(base_key)
+    study.rates = rate_check(tune_runs, variant_axes, metric)
+    return answer_all(study, group_cells(study, runs), draws, law)
+
+
+def answer_all(study: LadderStudy, per_variant: dict[tuple[str, ...], dict[Any, list[Cell]]], draws: int = iso.DRAWS,
+               law: int = LAW_DRAWS) -> LadderStudy:  # fmt: skip
+    """``study``'s rows from each variant's cells per replicate, each answered against the baseline's (``draws``
+    bootstrap draws) and, unless ``law`` is 0, by the pair's law (``law`` refits for its interval)."""
+    for key, per_seed in per_variant.items():
+        cells = mean_cells(per_seed)
+        study.rows[key] = LadderRow(key, cells, per_seed, max(c.compute for c in cells))
+    base = study.rows.get(study.baseline)
     if base is None:
-        study.errors.append("the baseline variant has no fit: no multiplier is given")
+        study.errors.append("the baseline variant has no ladder: no multiplier is given")
         return study
     for key, row in study.rows.items():
-        if key != base_key:
-            compare_rows(row, base, test, extrapolate)
+        if key != study.baseline:
+            row.answer = compare(base, row, draws)
+            if law:
+                c0 = math.exp(statistics.fmean(math.log(c.compute) for c in [*base.cells, *row.cells]))
+                row.answer.law = fit_pair_law(base, row, c0, study.extrapolate, law)
     return study

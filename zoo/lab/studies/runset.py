@@ -43,7 +43,11 @@ class Run:
 
     @property
     def seed(self) -> Any:
-        return (self.record.config or {}).get("seed", self.overrides.get("seed"))
+        """The run's replicate: its ``seed``, or ``"<seed> (data <data_seed>)"`` when its data order has a seed of
+        its own (runs recorded before ``data_seed`` read as their seed)."""
+        seed = (self.record.config or {}).get("seed", self.overrides.get("seed"))
+        data = (self.record.config or {}).get("data_seed", self.overrides.get("data_seed"))
+        return seed if data is None else f"{seed} (data {data})"
 
     def value(self, key: str) -> str:
         """The run's setting for a swept key: its override, its group choice, or its config value;

@@ -89,7 +89,8 @@ def choose_lr(config: dict[str, Any], tune_dir: Path) -> dict[str, Any]:
 def search_argv(config: DictConfig, tune_dir: Path, rates: list[float], seeds: list[int]) -> list[str]:
     """The command line of the tuning sweep: the sweep's own, each rate on the tune seeds, into ``tune_dir``."""
     width = (config.get("tune") or {}).get("width")
-    drop = ("tune.", "tune=", "seed=", "train.lr=", "ladder.", "ladder=", *(("block.d_model=",) if width else ()))
+    drop = ("tune.", "tune=", "seed=", "data_seed=", "train.lr=", "ladder.", "ladder=",
+            *(("block.d_model=",) if width else ()))  # fmt: skip
     task = [o for o in config.hydra.overrides.task if not o.lstrip("+~").startswith(drop)]
     hydra = [o for o in config.hydra.overrides.hydra if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
     return [

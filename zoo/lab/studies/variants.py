@@ -334,4 +334,6 @@ def ladder_of(report: Report) -> Any:
 
     baseline = dict(zip(report.axes, report.baseline, strict=True))
     far = float(section.get("extrapolate") or 10)
-    return ladder_study(report.runs, report.axes, baseline, report.metric, report.mode, report.test, far)
+    tune = collect(report.root / "tune") if (report.root / "tune").is_dir() else []  # tune.lr's runs and decays
+    return ladder_study(report.runs, report.axes, baseline, report.metric, report.mode, report.test, far,
+                        tune_runs=tune)  # fmt: skip

@@ -32,7 +32,7 @@ from zoo.lab.planning.branch import identity, load_branch, resolve_branch, same_
 from zoo.lab.planning.options import tune_options
 from zoo.lab.planning.plan import RunPlan, plan_run
 from zoo.lab.planning.run_model import with_task_vocab
-from zoo.lab.planning.train_config import TrainConfig
+from zoo.lab.planning.train_config import TrainConfig, data_seed
 from zoo.lab.records import checkpoint as ckpt
 from zoo.lab.records import checkpoint_writers as writers
 from zoo.lab.records.config import config_differences, config_hash, differences_text
@@ -314,7 +314,7 @@ def train(
     try:
         trainer = Trainer(
             model, task, train_cfg, device=device,
-            data_seed=seed * 65_537 + plan.mesh.dp_rank(rank),  # tensor-parallel ranks share their batches
+            data_seed=data_seed(raw) * 65_537 + plan.mesh.dp_rank(rank),  # tensor-parallel ranks share batches
             rank=rank, world=world, callbacks=run_callbacks(context, named_callbacks),
             compile=raw.get("compile", False), parallel=plan.mesh, mesh=mesh, recipe=plan.recipe,
         )  # fmt: skip
