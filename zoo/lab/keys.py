@@ -28,6 +28,9 @@ RUNTIME_TRAIN = ("save", "checkpoint_every", "keep_checkpoints", "activation_che
 #: ``train`` keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (so an older run folder of the same config is still skipped as done, and its checkpoints resume).
 NEUTRAL_TRAIN: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}}
+#: ``block.attn`` options added after runs were recorded, left out of the hash at the value that changes nothing
+#: (softmax attention's output gate, sink and XSA: zoo.parts.head_outputs).
+NEUTRAL_ATTN: dict[str, Any] = {"gate": "none", "sink": "none", "xsa": False}
 
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat, the sweep
 #: file, and where a branch starts (its identity is the source run's hash, not the path).

@@ -9,12 +9,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from zoo.lab.files import clean
-from zoo.lab.keys import NEUTRAL_TRAIN, PARAM, RECIPE, RUNTIME, RUNTIME_TRAIN
+from zoo.lab.keys import NEUTRAL_ATTN, NEUTRAL_TRAIN, PARAM, RECIPE, RUNTIME, RUNTIME_TRAIN
 
 
 def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
-    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, the default recipe, ``param=standard``).
+    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, :data:`zoo.lab.keys.NEUTRAL_ATTN`, the default
+    recipe, ``param=standard``).
 
     A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
     source's config hash, step and checkpoint checksum instead (zoo.lab.planning.branch), so a source and its branches
@@ -30,6 +31,10 @@ def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dic
     branch = (semantic.get("train") or {}).get("branch") if isinstance(semantic.get("train"), dict) else None
     if isinstance(branch, dict) and not branch_path:
         semantic["train"] = {**semantic["train"], "branch": {**branch, "from": None}}
+    block = semantic.get("block")
+    if isinstance(block, dict) and isinstance(block.get("attn"), dict):
+        attn = {k: v for k, v in block["attn"].items() if not (k in NEUTRAL_ATTN and v == NEUTRAL_ATTN[k])}
+        semantic["block"] = {**block, "attn": attn}
     if isinstance(semantic.get("train"), dict):
         semantic["train"] = {
             k: v
