@@ -64,16 +64,16 @@ def exclude_own_value(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def output_flops(n_heads: int, n_kv_heads: int, d_head: int, gate: Gate, sink: Sink, xsa: bool) -> int:
-    """Training FLOPs per token (forward + backward, 3 x the forward's) of the options beyond their weights,
-    whose multiply-adds 6 x parameters already counts: the gate's sigmoid (one per gate) and product (h d_head);
-    the sink's extra score, exponential and normalization (per head: ``d_head + 2``); XSA's unit values
-    (per key/value head: 3 d_head, a norm and a division) and removal (per head: 4 d_head, a dot product,
-    a scaled vector and a subtraction)."""
+    """Training FLOPs per token (forward + backward, 3 x the forward's) of the options beyond their parameters,
+    which 6 x parameters already counts (the gate's multiply-adds; the sink's term in each head's denominator,
+    2 per head): the gate's sigmoid (one per gate) and product (h d_head); the sink's rescaling of each head's
+    output (h d_head); XSA's unit values (per key/value head: 3 d_head, a norm and a division) and removal
+    (per head: 4 d_head, a dot product, a scaled vector and a subtraction)."""
     forward = 0
     if gate != "none":
         forward += n_heads * d_head + (n_heads if gate == "headwise" else n_heads * d_head)
     if sink != "none":
-        forward += n_heads * (d_head + 2)
+        forward += n_heads * d_head
     if xsa:
         forward += 3 * n_kv_heads * d_head + 4 * n_heads * d_head
     return 3 * forward
