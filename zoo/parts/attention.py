@@ -342,6 +342,34 @@ def output_plan(attention: nn.Module, sequence_parallel: bool) -> Plan:
     return plan
 
 
+ATTENTIONS.document(
+    "gate",
+    values="none, headwise, elementwise",
+    formula="y_h -> y_h * sigmoid(x W_g + b_g)_h before out: one gate per head (headwise) or per feature "
+    "(elementwise), x the attention's input",
+    cost="6 g (d_model + 1) + 3 (n_heads d_head + g), g = n_heads (headwise) or n_heads d_head (elementwise) "
+    "gates; no + 1 without block.bias",
+    reference="Qiu et al. 2025, Gated Attention for Large Language Models, arXiv:2505.06708",
+)
+ATTENTIONS.document(
+    "sink",
+    values="none, learned",
+    formula="weights_h = exp(s_j) / (exp(sink_h) + sum_j' exp(s_j')) = softmax(s) sigmoid(lse(s) - sink_h): "
+    "a query may attend to nothing; on sdpa a zero key and value whose mask column is sink_h",
+    cost="6 n_heads + 3 n_heads d_head",
+    reference="OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925; Xiao et al. 2023, "
+    "Efficient Streaming Language Models with Attention Sinks, arXiv:2309.17453",
+)
+ATTENTIONS.document(
+    "xsa",
+    values="false, true",
+    formula="z_h,i = y_h,i - (y_h,i . v̂_h,i) v̂_h,i, v̂ = v / norm(v), v_h,i the head's own value at position i "
+    "(its key/value head's under GQA); after the sink, before the gate",
+    cost="3 (3 n_kv_heads + 4 n_heads) d_head; no parameter",
+    reference="Exclusive self-attention (XSA), arXiv:2603.09078",
+)
+
+
 ATTENTIONS.register(
     "gqa",
     summary="Grouped-query attention: groups of query heads share a key/value head (default 2).",
