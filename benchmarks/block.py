@@ -6,6 +6,8 @@
     python benchmarks/block.py --mixers             # also: linear attention vs softmax at T 4096, time and memory
     python benchmarks/block.py --cache              # also: decoding-state bytes per token, MLA vs MHA and GQA
     python benchmarks/block.py --moe                # also: mlp=moe (8 experts, top-2) vs per-expert loops and dense
+    python benchmarks/block.py --outputs-only --d-model 128 --n-heads 4 --batch 8 --time 256
+                                                    # tokens/s of a 2-layer model with each attention output option
     python benchmarks/block.py --device cuda --dtype bfloat16 --d-model 2048 --time 2048
 
 Peers come from the ``bench`` extra (``pip install -e ".[bench]"``); a missing peer is skipped.
@@ -30,7 +32,8 @@ Step = Callable[[], None]
 
 
 def fwd_bwd(module: nn.Module, x: torch.Tensor, call: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Step:
-    x = x.detach().requires_grad_()
+    if x.is_floating_point():
+        x = x.detach().requires_grad_()
     run = call or module
 
     def step() -> None:
@@ -233,6 +236,45 @@ def run_moe(args: argparse.Namespace) -> None:
     print(f"moe / dense MLP of equal active parameters: {fast / seconds[next(iter(reversed(seconds)))]:.2f}")
 
 
+#: The attention output options --outputs times (zoo.parts.head_outputs), each against none.
+OUTPUT_OPTIONS = {
+    "none": [],
+    "gate=headwise": ["block.attn.gate=headwise"],
+    "gate=elementwise": ["block.attn.gate=elementwise"],
+    "sink=learned": ["block.attn.sink=learned"],
+    "xsa=true": ["block.attn.xsa=true"],
+    "all three (elementwise)": ["block.attn.gate=elementwise", "block.attn.sink=learned", "block.attn.xsa=true"],
+}
+
+
+def run_outputs(args: argparse.Namespace) -> None:
+    """Training tokens/s (forward + backward over next-token logits) of a 2-layer llama model with each attention
+    output option against none, in one process, round-robin; beside each, its flops_per_token over none's."""
+    device, dtype = args.device, getattr(torch, args.dtype)
+    ids = torch.randint(0, 256, (args.batch, args.time), device=device)
+    steps, models = {}, {}
+    for name, chosen in OUTPUT_OPTIONS.items():
+        overrides = ["preset=llama", f"block.d_model={args.d_model}", f"block.n_heads={args.n_heads}", *chosen]
+        torch.manual_seed(0)
+        model = zoo.build_model(zoo.compose([*overrides, "model.n_layers=2", "model.vocab_size=256"]))
+        models[name] = model.to(device, dtype)
+        steps[name] = fwd_bwd(model, ids, lambda tokens, m=model: m(tokens))
+    seconds = time_interleaved(steps, device, args.repeats, warmup=2)
+    tokens = args.batch * args.time
+    print(
+        f"\nattention output options, 2-layer llama model, training forward+backward, {device} {args.dtype}, "
+        f"batch {args.batch}, T {args.time}, d_model {args.d_model}, {args.n_heads} heads, "
+        f"{torch.get_num_threads()} threads, median of {args.repeats}\n"
+    )
+    print("| block.attn | parameters | tokens/s | tokens/s / none | flops_per_token / none |")
+    print("|---|---:|---:|---:|---:|")
+    base_flops = models["none"].flops_per_token(args.time)
+    for name, model in models.items():
+        rate, flops = tokens / seconds[name], model.flops_per_token(args.time) / base_flops
+        ratio = seconds["none"] / seconds[name]
+        print(f"| {name} | {count(model):,} | {rate:,.0f} | {ratio:.3f} | {flops:.4f} |")
+
+
 def rss_bytes(field: str) -> int:
     """A memory field of /proc/self/status (VmRSS: now, VmHWM: peak since the last reset), in bytes."""
     with open("/proc/self/status") as f:
@@ -391,6 +433,8 @@ def main() -> None:
     parser.add_argument("--cache-tokens", type=int, default=256)
     parser.add_argument("--moe", action="store_true", help="also time mlp=moe against per-expert loops and dense")
     parser.add_argument("--moe-only", action="store_true", help="time only mlp=moe (no block peers)")
+    parser.add_argument("--outputs", action="store_true", help="also time the attention output options")
+    parser.add_argument("--outputs-only", action="store_true", help="time only the attention output options")
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
@@ -407,8 +451,10 @@ def main() -> None:
         mixer_peak_child(args)
         return
     torch.manual_seed(0)
-    if not args.moe_only:
+    if not (args.moe_only or args.outputs_only):
         run_speed(args)
+    if args.outputs or args.outputs_only:
+        run_outputs(args)
     if args.moe or args.moe_only:
         run_moe(args)
     if args.parts:

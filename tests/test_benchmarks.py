@@ -150,3 +150,14 @@ def test_mup_transfer_finds_the_best_rate_per_width_and_the_regret(monkeypatch, 
     assert "| 128 | -0.1000 [" in params  # at the base's best rate, 0.004: an octave off the standard optimum
     assert "| mup | 128 | 0.004 | 3.0110 | +0.0010 [" in widths  # each width against the base at its rate
     assert (tmp_path / "t.png").stat().st_size > 5_000
+
+
+def test_block_benchmark_times_the_attention_output_options_against_none(monkeypatch, capsys):
+    tiny = "--outputs-only --batch 2 --time 8 --d-model 16 --n-heads 4 --repeats 1 --threads 1"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["block.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "block.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "| none |" in out and "| 1.000 | 1.0000 |" in out  # none against itself
+    for name in ("gate=headwise", "gate=elementwise", "sink=learned", "xsa=true", "all three (elementwise)"):
+        assert f"| {name} |" in out

@@ -175,3 +175,22 @@ def test_every_option_file_builds_and_lists_every_option(axis, name):
     composed = compose([f"{axis}={name}", "block.d_model=16", "block.n_heads=4", "block.max_len=32"])
     assert zoo.check_combination(composed) is None
     build_block(composed.block, context="model")
+
+
+def test_the_attention_output_options_leave_existing_config_hashes_as_they_were():
+    """block.attn.gate, sink and xsa at their defaults are out of the hash: the hashes below were computed
+    before the option files had these keys; set away from their defaults, each is a new run."""
+    from helpers import tiny
+
+    from zoo.lab.records.config import config_hash
+
+    recorded = {(): "0a7575235f9168ae", ("attn=gqa",): "0a03979dc78d43b5",
+                ("attn=mla", "block.attn.kv_rank=8"): "bd419525ca1e7053"}  # fmt: skip
+    for overrides, digest in recorded.items():
+        config = tiny(*overrides)
+        assert {"gate": "none", "sink": "none", "xsa": False}.items() <= config["block"]["attn"].items()
+        assert config_hash(config) == digest, overrides
+        spelt = tiny(*overrides, "block.attn.gate=none", "block.attn.sink=none", "block.attn.xsa=false")
+        assert config_hash(spelt) == digest, overrides
+    changed = [tiny(f"block.attn.{key}") for key in ("gate=headwise", "gate=elementwise", "sink=learned", "xsa=true")]
+    assert len({config_hash(c) for c in changed} | {recorded[()]}) == 5

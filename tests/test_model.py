@@ -155,6 +155,31 @@ def test_flops_per_token_counts_every_matmul_and_the_lm_head_once():
         assert model.flops_per_token(seq) == expected, tied
 
 
+@pytest.mark.parametrize("attn", ["mha", "gqa", "mla"])
+def test_flops_per_token_counts_the_attention_output_options(attn):
+    """Over the same model without them, per layer: 6 x the new parameters (the gate's weights and biases, the sinks),
+    plus 3 x (forward + 2 backward) the elementwise work counted from the sizes: the gate's sigmoids and product,
+    the sink's rescaling of the heads, XSA's unit values (per key/value head) and removal (per head)."""
+    d, heads, layers, seq = 16, 4, 2, 64
+    d_head, kv = d // heads, {"mha": heads, "gqa": 2, "mla": heads}[attn]
+
+    def flops(**options):
+        block = {"d_model": d, "n_heads": heads, "bias": True, "placement": "pre", "norm": "layernorm",
+                 "attn": {"name": attn, **options}, "pos": "none", "mlp": "gelu"}  # fmt: skip
+        return build_model({"block": block, "model": {"n_layers": layers, "vocab_size": 32}}).flops_per_token(seq)
+
+    base = flops()
+    headwise = 6 * (d * heads + heads) + 3 * (heads * d_head + heads)
+    elementwise = 6 * (d * heads * d_head + heads * d_head) + 3 * (2 * heads * d_head)
+    sink = 6 * heads + 3 * heads * d_head
+    xsa = 3 * (3 * kv * d_head + 4 * heads * d_head)
+    assert flops(gate="headwise") - base == layers * headwise
+    assert flops(gate="elementwise") - base == layers * elementwise
+    assert flops(sink="learned") - base == layers * sink
+    assert flops(xsa=True) - base == layers * xsa
+    assert flops(gate="elementwise", sink="learned", xsa=True) - base == layers * (elementwise + sink + xsa)
+
+
 @pytest.mark.parametrize(("preset", "embedding"), [("gpt", "LearnedEmbedding"), ("vaswani", "SinusoidalEmbedding")])
 def test_presets_build_the_model_they_name_with_its_positions(preset, embedding):
     """GPT-2 adds learned positions (1024 of them), the original Transformer sinusoidal ones: the last

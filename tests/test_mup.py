@@ -35,6 +35,9 @@ DOCUMENTED = [
     (None, "mlp.router.weight", "output"),  # MoE router: (n_experts, d_model)
     ("linear+gated", "attn.gate.weight", "output"),  # one decay gate per head: (n_heads, d_model)
     ("linear+gated", "attn.gate.bias", "fixed"),
+    (None, "attn.sink", "fixed"),  # one learned sink logit per head: (n_heads,)
+    *((f"{attn}+headgate", suffix, role) for attn in ("mha", "gqa", "mqa", "mla")
+      for suffix, role in (("attn.gate.weight", "output"), ("attn.gate.bias", "fixed"))),  # one gate per head
     ("mla+qrank", "attn.q_down.weight", "output"),  # to the set q_rank
     ("mla+qrank", "attn.q_down.bias", "fixed"),
     ("mla+qrank", "attn.q_norm.weight", "fixed"),

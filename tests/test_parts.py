@@ -290,3 +290,104 @@ def test_sinusoidal_positions_add_the_table_to_tokens_scaled_by_sqrt_d_model():
     table = embedding.table(8, torch.device("cpu"), torch.float64)
     torch.testing.assert_close(embedding(x, positions), math.sqrt(D) * x + table[positions])
     assert embedding.token_init_std == D**-0.5
+
+
+# --- Softmax attention's output options: the sink, XSA, the gate (zoo.parts.head_outputs) ------------------
+
+
+def sink_by_hand(q, k, v, sink, mask):
+    """softmax over [q k^T / sqrt(d) + mask, the head's sink logit], the sink's column dropped, @ v (MHA)."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask
+    column = sink.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, column], -1), -1)[..., :-1] @ v
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+def test_the_sink_is_one_more_term_of_the_softmax_denominator_on_every_backend(backend):
+    """Causal, padded and biased masks: the kernel's sink equals the explicit softmax over [scores, sink], its
+    gradient too, and equals torchtitan's form out * sigmoid(lse - sink) of the attention without it."""
+    from zoo.parts.kernels import additive, attend
+
+    q, k, v = (torch.randn(2, H, 5, 4, dtype=torch.float64) for _ in range(3))
+    sink = torch.randn(H, dtype=torch.float64, requires_grad=True)
+    causal = allowed_mask(torch.arange(5), torch.arange(5), causal=True, key_mask=None)
+    padded = allowed_mask(torch.arange(5), torch.arange(5), causal=True, key_mask=torch.tensor([[0, 1, 1, 1, 1]] * 2))
+    bias = -torch.rand(H, 5, 5, dtype=torch.float64)
+    for allowed, extra in [(causal, None), (padded, None), (causal, bias)]:
+        mask = additive(allowed, extra, torch.float64)
+        got = attend(q, k, v, mask, is_causal=False, backend=backend, sink=sink)
+        expected = sink_by_hand(q, k, v, sink, mask)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+        (grad,) = torch.autograd.grad((got * v).sum(), sink)
+        (want,) = torch.autograd.grad((expected * v).sum(), sink)
+        torch.testing.assert_close(grad, want, rtol=0, atol=1e-12)
+        lse = torch.logsumexp(q @ k.transpose(-1, -2) / 2 + mask, -1, keepdim=True)  # 2 = sqrt(d)
+        plain = attend(q, k, v, mask, is_causal=False, backend=backend)
+        torch.testing.assert_close(got, plain * torch.sigmoid(lse - sink.view(1, -1, 1, 1)), rtol=0, atol=1e-12)
+    # The fused causal path (is_causal) takes the sink as well.
+    fused = attend(q, k, v, None, is_causal=True, backend=backend, sink=sink)
+    expected = sink_by_hand(q, k, v, sink, additive(causal, None, torch.float64))
+    torch.testing.assert_close(fused, expected, rtol=0, atol=1e-12)
+
+
+def test_a_large_sink_lets_a_head_attend_to_nothing_and_a_very_negative_one_is_no_sink():
+    built = block(attn={"name": "mha", "sink": "learned"})
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    plain = block(attn={"name": "mha"})
+    plain.load_state_dict(built.state_dict(), strict=False)
+    with torch.no_grad():
+        built.attn.sink.fill_(-1e4)
+        torch.testing.assert_close(built.attn(x), plain.attn(x), rtol=0, atol=1e-12)
+        built.attn.sink.fill_(1e4)  # every head's weights go to the sink, whose value is zero: only out's bias is left
+        torch.testing.assert_close(built.attn(x), built.attn.out.bias.expand(2, 6, D), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("attn", ["mha", "gqa", "mqa", "mla"])
+def test_xsa_leaves_each_head_orthogonal_to_its_own_value(attn):
+    """z . v = 0 for every head and position, v the head's own value (its key/value head's, under GQA), and the
+    component removed is y's along v: y = z + (y . v̂) v̂."""
+    from zoo.parts.head_outputs import exclude_own_value
+
+    kv = {"mha": H, "gqa": 2, "mqa": 1, "mla": H}[attn]
+    y = torch.randn(2, H, 5, 4, dtype=torch.float64)
+    v = torch.randn(2, kv, 5, 4, dtype=torch.float64)
+    z = exclude_own_value(y, v)
+    own = v.repeat_interleave(H // kv, dim=1)  # query head h reads kv head h // (H / kv)
+    torch.testing.assert_close((z * own).sum(-1), torch.zeros(2, H, 5, dtype=torch.float64), rtol=0, atol=1e-12)
+    unit = own / own.norm(dim=-1, keepdim=True)
+    torch.testing.assert_close(z + (y * unit).sum(-1, keepdim=True) * unit, y, rtol=0, atol=1e-12)
+    assert torch.equal(exclude_own_value(y, torch.zeros_like(v)), y)  # a zero value removes nothing
+
+
+def test_a_closed_gate_silences_the_heads_and_an_open_one_is_no_gate():
+    for gate in ("headwise", "elementwise"):
+        built = block(attn={"name": "mha", "gate": gate})
+        plain = block(attn={"name": "mha"})
+        plain.load_state_dict(built.state_dict(), strict=False)
+        x = torch.randn(2, 6, D, dtype=torch.float64)
+        with torch.no_grad():
+            built.attn.gate.weight.zero_()
+            built.attn.gate.bias.fill_(100.0)  # sigmoid(100) = 1 in float64
+            torch.testing.assert_close(built.attn(x), plain.attn(x), rtol=0, atol=1e-12)
+            built.attn.gate.bias.fill_(-1e3)
+            torch.testing.assert_close(built.attn(x), built.attn.out.bias.expand(2, 6, D), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("attn", ["mha", "gqa", "mqa", "mla"])
+def test_the_output_options_default_off_with_no_new_parameter_and_the_same_function(attn):
+    """The defaults are today's attention: the same parameter names, and to the last bit the same outputs
+    (the new parameters are exactly the gate's and the sink)."""
+    cfg = {**TINY, "placement": "pre", "norm": "rmsnorm", "pos": "rotary", "mlp": "gelu"}
+    torch.manual_seed(0)
+    plain = build_block({**cfg, "attn": attn}).double()
+    torch.manual_seed(0)
+    spelt = build_block({**cfg, "attn": {"name": attn, "gate": "none", "sink": "none", "xsa": False}}).double()
+    assert list(plain.state_dict()) == list(spelt.state_dict())
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    assert torch.equal(plain(x), spelt(x))
+    every = build_block({**cfg, "attn": {"name": attn, "gate": "headwise", "sink": "learned", "xsa": True}})
+    added = set(every.state_dict()) - set(plain.state_dict())
+    assert added == {"attn.gate.weight", "attn.gate.bias", "attn.sink"}, added
+    assert every.attn.gate.weight.shape == (H, D) and every.attn.sink.shape == (H,)
+    elementwise = build_block({**cfg, "attn": {"name": attn, "gate": "elementwise"}})
+    assert elementwise.attn.gate.weight.shape == (H * (D // H), D)

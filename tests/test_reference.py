@@ -230,10 +230,66 @@ def rms(x: torch.Tensor, gain: torch.Tensor | None = None, eps: float = 1e-6) ->
     return out if gain is None else out * gain
 
 
+#: The output options, alone and together (zoo.parts.head_outputs), as a softmax attention's config takes them.
+OUTPUT_OPTIONS = [
+    {"gate": "headwise"},
+    {"gate": "elementwise"},
+    {"sink": "learned"},
+    {"xsa": True},
+    {"gate": "elementwise", "sink": "learned", "xsa": True},
+]
+
+
+def options_id(options: dict) -> str:
+    return "+".join(f"{k}={v}" for k, v in options.items()) or "none"
+
+
+def head_by_hand(scores: torch.Tensor, v: torch.Tensor, x: torch.Tensor, w: dict, h: int, options: dict):
+    """Head ``h``'s output before the output projection, written out: the scores (b, t, t) with an explicit -inf
+    triangle; softmax over [scores, the sink's logit] with the sink's column dropped after (sink); less the
+    component along the head's own value v_i / ||v_i|| (xsa); times sigmoid(x W_g + b_g) of its gate row (headwise)
+    or of its d rows (elementwise). v: (b, t, d), the head's values."""
+    t, d = scores.shape[-1], v.shape[-1]
+    scores = scores + torch.triu(torch.full((t, t), float("-inf"), dtype=x.dtype), diagonal=1)
+    if options.get("sink") == "learned":
+        column = w["sink"][h].expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, column], -1), -1)[..., :t]
+    else:
+        weights = torch.softmax(scores, -1)
+    y = weights @ v
+    if options.get("xsa"):
+        unit = v / v.norm(dim=-1, keepdim=True)
+        y = y - (y * unit).sum(-1, keepdim=True) * unit
+    rows = {"headwise": slice(h, h + 1), "elementwise": slice(h * d, (h + 1) * d)}.get(options.get("gate", "none"))
+    if rows is not None:
+        y = y * torch.sigmoid(x @ w["gate.weight"][rows].T + w["gate.bias"][rows])
+    return y
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("options", OUTPUT_OPTIONS, ids=options_id)
+def test_gqa_output_options_equal_their_formulas_head_by_hand(options, backend):
+    """Grouped queries (2 per key/value head): a head's XSA removes its key/value head's value; the gate multiplies
+    the heads before the output projection; the sink is one more term in each head's softmax denominator."""
+    attn = mixer({"name": "gqa", "n_kv_heads": 2, "backend": backend, **options})
+    w = dict(attn.named_parameters())
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    d, r = D // H, H // 2
+    rows = (x @ w["qkv.weight"].T + w["qkv.bias"]).view(2, 7, 2, r + 2, d)  # per kv group: r queries, a key, a value
+    heads = []
+    for h in range(H):
+        q, k, v = rows[:, :, h // r, h % r], rows[:, :, h // r, r], rows[:, :, h // r, r + 1]
+        heads.append(head_by_hand(q @ k.transpose(-1, -2) / math.sqrt(d), v, x, w, h, options))
+    expected = torch.cat(heads, -1) @ w["out.weight"].T + w["out.bias"]
+    torch.testing.assert_close(attn(x), expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("options", [{}, *OUTPUT_OPTIONS], ids=options_id)
 @pytest.mark.parametrize("q_rank", [None, 6])
-def test_latent_attention_equals_its_definition_per_head(q_rank):
-    """DeepSeek-V2's equations, head by head, with an explicit -inf triangle and the rotary key shared by heads."""
-    attn = mixer({"name": "mla", "kv_rank": 5, "q_rank": q_rank}, pos="rotary")
+def test_latent_attention_equals_its_definition_per_head(q_rank, options):
+    """DeepSeek-V2's equations, head by head, with an explicit -inf triangle and the rotary key shared by heads;
+    with the output options, each head as :func:`head_by_hand` writes it."""
+    attn = mixer({"name": "mla", "kv_rank": 5, "q_rank": q_rank, **options}, pos="rotary")
     w = dict(attn.named_parameters())
     x = torch.randn(2, 7, D, dtype=torch.float64)
     d, t = D // H, x.shape[1]
@@ -252,9 +308,7 @@ def test_latent_attention_equals_its_definition_per_head(q_rank):
         q_h = torch.cat([q_h[..., :d], rotate_half_pairs(q_h[..., d:], torch.arange(t))], -1)
         k_h = torch.cat([up[..., h * 2 * d : h * 2 * d + d], rope_key], -1)
         v_h = up[..., h * 2 * d + d : (h + 1) * 2 * d]
-        scores = q_h @ k_h.transpose(-1, -2) / math.sqrt(2 * d)
-        scores = scores + torch.triu(torch.full((t, t), float("-inf"), dtype=x.dtype), diagonal=1)
-        heads.append(torch.softmax(scores, -1) @ v_h)
+        heads.append(head_by_hand(q_h @ k_h.transpose(-1, -2) / math.sqrt(2 * d), v_h, x, w, h, options))
     expected = torch.cat(heads, -1) @ w["out.weight"].T + w["out.bias"]
     torch.testing.assert_close(attn(x), expected, rtol=0, atol=1e-10)
 

@@ -65,6 +65,13 @@ class PartHooks(Protocol):
         every parameter (zoo.assembly.match.active_count)."""
         return None
 
+    def extra_flops(self, seq_len: int) -> int:
+        """Training FLOPs (forward + backward) per token at context ``seq_len`` that the built part spends
+        beyond what the model counts for it (6 x the parameters one token uses, and softmax attention's
+        6 x seq_len x d_model of scores and weighted values): elementwise products, gates, sinks.
+        0 (the default): none (zoo.models.base.TokenModel.training_flops)."""
+        return 0
+
     def matrix_blocks(self) -> Mapping[str, Mapping[str, torch.Tensor]] | None:
         """How the built part's fused weights split into logical matrices, for an optimizer that treats
         each matrix whole (Muon): parameter name relative to the part (``"qkv.weight"``) -> {block name:

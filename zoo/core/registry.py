@@ -65,6 +65,18 @@ class Part:
         return f"{self.cls.__module__}.{self.cls.__qualname__} ({self.origin})"
 
 
+@dataclass(frozen=True)
+class OptionDoc:
+    """An option several parts of an axis take (``block.attn.gate``), for the catalogue: its values, its
+    formula, its cost and its reference."""
+
+    option: str
+    values: str
+    formula: str
+    cost: str
+    reference: str
+
+
 class Registry:
     """Maps names to parts for one axis (``norm``, ``attn``, ...).
 
@@ -81,7 +93,13 @@ class Registry:
         self.axis = axis
         self.where = where or f"block.{axis}.name"  # the config key that names a part, for errors
         self._parts: dict[str, Part] = {}
+        #: Options several parts take, documented once (:meth:`document`), in the order documented.
+        self.option_docs: dict[str, OptionDoc] = {}
         Registry._every.add(self)
+
+    def document(self, option: str, *, values: str, formula: str, cost: str, reference: str) -> None:
+        """Describe ``option``, taken by several parts of this axis, for the catalogue (docs/parts.md)."""
+        self.option_docs[option] = OptionDoc(option, values, formula, cost, reference)
 
     def register(
         self,

@@ -36,9 +36,10 @@ from torch.distributed.tensor.parallel import (
 from zoo.core.errors import ConfigError
 
 __all__ = [
-    "Chain", "ColwiseParallel", "LocalHeads", "PartialGradient", "Plan", "PrepareModuleInput", "PrepareModuleOutput",
-    "Replicate", "Replicated", "RowwiseParallel", "SequenceParallel", "Shard", "column_branch", "gather_sequence",
-    "has_plan", "heads_norm", "no_plan", "require_whole_heads", "norm_plan", "prefixed", "row_output",
+    "Chain", "ColwiseParallel", "HeadParameters", "LocalHeads", "PartialGradient", "Plan", "PrepareModuleInput",
+    "PrepareModuleOutput", "Replicate", "Replicated", "RowwiseParallel", "SequenceParallel", "Shard", "column_branch",
+    "gather_sequence", "has_plan", "heads_norm", "local", "no_plan", "require_whole_heads", "norm_plan", "prefixed",
+    "row_output",
 ]  # fmt: skip
 
 #: A part's plan: sub-module name relative to the part ("" = the part itself) -> style.
@@ -111,6 +112,27 @@ class LocalHeads(ParallelStyle):
             local = distribute_tensor(whole, device_mesh, [Shard(0)]).to_local()
             module.register_buffer(name, local, persistent=False)
         return module
+
+
+class HeadParameters(ParallelStyle):
+    """Per-head parameters of the module itself (a learned sink per head) sharded on the heads axis: rank r of
+    a tp mesh of size n holds heads r * h/n .. (r + 1) * h/n - 1, as the query projection's shard does. The
+    forward reads them through :func:`local`."""
+
+    def __init__(self, *parameters: str) -> None:
+        super().__init__()
+        self.names = parameters
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name in self.names:
+            whole = getattr(module, name)
+            module.register_parameter(name, nn.Parameter(distribute_tensor(whole.data, device_mesh, [Shard(0)])))
+        return module
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """A parameter as this rank's local tensor (a DTensor's shard; any other tensor as it is), differentiably."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def norm_plan(self: nn.Module, sequence_parallel: bool) -> Plan:

@@ -32,6 +32,9 @@ NEUTRAL_TRAIN: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step":
 #: Top-level keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (``data_seed`` null: the data order follows ``seed``, as it did before the key existed).
 NEUTRAL_TOP: dict[str, Any] = {"data_seed": None}
+#: ``block.attn`` options added after runs were recorded, left out of the hash at the value that changes nothing
+#: (softmax attention's output gate, sink and XSA: zoo.parts.head_outputs).
+NEUTRAL_ATTN: dict[str, Any] = {"gate": "none", "sink": "none", "xsa": False}
 
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
 #: order's), the sweep

@@ -15,7 +15,7 @@ from zoo.assembly.block import Block
 from zoo.assembly.init import seeded_parameters
 from zoo.assembly.match import active_count
 from zoo.core.auxiliary import collect_aux
-from zoo.core.interface import hook
+from zoo.core.interface import defines, hook
 
 #: Parameters whose output is added to the residual stream (scaled down at init by depth).
 RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
@@ -125,9 +125,11 @@ class TokenModel(nn.Module):
         6 x the non-embedding parameters one token uses (each weight: one multiply-add forward, two
         backward; a mixture of experts counts its router, top_k and shared experts), the LM head's
         matmul included even when tied, plus attention scores and weighted values:
-        6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask).
+        6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask),
+        plus what each part counts beyond those (its ``extra_flops`` hook: an output gate, a sink).
         """
         counts = self.parameter_counts()
         active = self.num_active_parameters() - counts["embedding"]
         dense = active + self.embed.weight.numel()  # the LM head matmul counts
-        return 6 * dense + 6 * attention_layers * seq_len * self.embed.embedding_dim
+        extra = sum(hook(m, "extra_flops")(seq_len) for m in self.modules() if defines(m, "extra_flops"))
+        return 6 * dense + 6 * attention_layers * seq_len * self.embed.embedding_dim + extra

@@ -17,8 +17,20 @@ from torch import nn
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
-from zoo.core.tp import ColwiseParallel, Plan, gather_sequence, has_plan, heads_norm, prefixed, row_output
+from zoo.core.tp import (
+    Chain,
+    ColwiseParallel,
+    HeadParameters,
+    Plan,
+    gather_sequence,
+    has_plan,
+    heads_norm,
+    local,
+    prefixed,
+    row_output,
+)
 from zoo.parts.cross_attention import CrossAttention
+from zoo.parts.head_outputs import Gate, Sink, build_gate, build_sink, exclude_own_value, gated, output_flops
 from zoo.parts.kernels import Backend, attend_at
 from zoo.parts.logits import masked_logits
 from zoo.parts.norms import build_norm
@@ -76,6 +88,15 @@ def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.T
     return q, k, v
 
 
+#: The output options' contract variants, on every softmax attention (zoo.parts.head_outputs).
+OUTPUT_VARIANTS: dict[str, dict[str, Any]] = {
+    "headgate": {"gate": "headwise"},
+    "gate": {"gate": "elementwise"},
+    "sink": {"sink": "learned"},
+    "xsa": {"xsa": True},
+}
+
+
 @ATTENTIONS.register(
     "mha",
     summary="Multi-head attention: one key/value head per query head (n_kv_heads = n_heads).",
@@ -86,6 +107,7 @@ def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.T
         "window": {"window": 3},
         "softcap": {"softcap": 2.0, "backend": "math"},
         "qknorm": {"qk_norm": "rmsnorm"},
+        **OUTPUT_VARIANTS,
     },
     n_kv_heads=None,
 )
@@ -106,7 +128,11 @@ class Attention(nn.Module):
     position part; parameters ``q_norm``, ``k_norm``; built with the options of ``block.norm`` it
     shares, such as ``eps``, passed by the builder as ``norm_options``), ``window`` (sliding-window
     attention: each query sees at most ``window`` keys, itself included; a float mask keeps SDPA on its
-    fused kernels) and ``softcap`` (scores become softcap * tanh(scores / softcap); math backend only).
+    fused kernels), ``softcap`` (scores become softcap * tanh(scores / softcap); math backend only), and
+    the output options of :mod:`zoo.parts.head_outputs`: ``gate`` (``headwise`` or ``elementwise``: heads'
+    outputs times sigmoid(x W_g), parameter ``gate``), ``sink`` (``learned``: a logit per head in the
+    softmax's denominator, parameter ``sink``) and ``xsa`` (each head's output less its component along
+    its own value).
     """
 
     #: Built as ``Attention(dims, position, block_norm_options, ...)``: its qk-norm shares block.norm's options.
@@ -164,19 +190,18 @@ class Attention(nn.Module):
             )
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
-        """Column-wise ``qkv`` (whole key/value groups per rank: the grouped layout), row-wise ``out``;
-        per-head q/k norms sharded on heads; the position part's own plan. Under sequence parallelism
-        the input is gathered from the sequence shards and the output reduce-scattered back to them."""
+        """Column-wise ``qkv`` (whole key/value groups per rank: the grouped layout) and output gate (its
+        rows in head order), row-wise ``out``; per-head q/k norms and sinks sharded on heads; the position
+        part's own plan. Under sequence parallelism the input is gathered from the sequence shards and the
+        output reduce-scattered back to them."""
         plan: Plan = {
             "qkv": ColwiseParallel(),
             "out": row_output(sequence_parallel),
             **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
         }
-        if sequence_parallel:
-            plan[""] = gather_sequence()
         if self.q_norm is not None:
             plan["q_norm"] = plan["k_norm"] = heads_norm()
-        return plan
+        return {**plan, **output_plan(self, sequence_parallel)}
 
     def __init__(
         self,
@@ -189,6 +214,9 @@ class Attention(nn.Module):
         qk_norm: str = "none",
         window: int | None = None,
         softcap: float | None = None,
+        gate: Gate = "none",
+        sink: Sink = "none",
+        xsa: bool = False,
     ) -> None:
         super().__init__()
         self.n_heads = dims.n_heads
@@ -210,6 +238,8 @@ class Attention(nn.Module):
         if qk_norm != "none":  # per head: a norm over d_head features, sharing the block norm's options (eps)
             self.q_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
             self.k_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
+        self.gate, self.sink, self.xsa = build_gate(gate, dims), build_sink(sink, self.n_heads), xsa
+        self.output_options = {"gate": gate, "sink": sink, "xsa": xsa}
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """``qkv``'s rows as the query, key and value matrices (:func:`split_qkv` of its row indices);
@@ -221,6 +251,10 @@ class Attention(nn.Module):
         """Numbers one sample's decoding state holds after ``length`` tokens: a key and a value per
         key/value head."""
         return 2 * self.n_kv_heads * self.d_head * length
+
+    def extra_flops(self, seq_len: int) -> int:
+        """The output options' FLOPs per token (:func:`zoo.parts.head_outputs.output_flops`)."""
+        return output_flops(self.n_heads, self.n_kv_heads, self.d_head, **self.output_options)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: (b, t, d_model) -> queries (b, h, t, d), keys and values (b, g, t, d): after qk-norm and
@@ -265,6 +299,7 @@ class Attention(nn.Module):
         state = None if cache is None else cache.mixer_state(KVCache)
         slots = query_slots(state, time, x.device)  # absolute indices of the queries (t,)
         q, k, v = self.project(x, slots if positions is None else positions)
+        own = v  # the values at the queries' own positions (XSA)
         k_positions = positions
         if state is not None:
             k, v = state.append(k, v, positions)
@@ -285,8 +320,54 @@ class Attention(nn.Module):
             window=self.window,
             softcap=self.softcap,
             scale=self.score_scale,
+            sink=None if self.sink is None else local(self.sink),
         )
+        if self.xsa:
+            y = exclude_own_value(y, own)
+        y = gated(y, self.gate, x)
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
+
+
+def output_plan(attention: nn.Module, sequence_parallel: bool) -> Plan:
+    """The output options' share of a softmax attention's tensor-parallel plan: the gate column-wise (its
+    rows in head order, as each rank's query heads), the sinks cut to each rank's heads, and, under sequence
+    parallelism, the input gathered from the sequence shards."""
+    plan: Plan = {}
+    if attention.gate is not None:
+        plan["gate"] = ColwiseParallel()
+    whole = [gather_sequence()] if sequence_parallel else []
+    parameters = [HeadParameters("sink")] if attention.sink is not None else []
+    if whole or parameters:
+        plan[""] = Chain(*whole, *parameters)
+    return plan
+
+
+ATTENTIONS.document(
+    "gate",
+    values="none, headwise, elementwise",
+    formula="y_h -> y_h * sigmoid(x W_g + b_g)_h before out: one gate per head (headwise) or per feature "
+    "(elementwise), x the attention's input",
+    cost="6 g (d_model + 1) + 3 (n_heads d_head + g), g = n_heads (headwise) or n_heads d_head (elementwise) "
+    "gates; no + 1 without block.bias",
+    reference="Qiu et al. 2025, Gated Attention for Large Language Models, arXiv:2505.06708",
+)
+ATTENTIONS.document(
+    "sink",
+    values="none, learned",
+    formula="weights_h = exp(s_j) / (exp(sink_h) + sum_j' exp(s_j')) = softmax(s) sigmoid(lse(s) - sink_h): "
+    "a query may attend to nothing; on sdpa a zero key and value whose mask column is sink_h",
+    cost="6 n_heads + 3 n_heads d_head",
+    reference="OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925; Xiao et al. 2023, "
+    "Efficient Streaming Language Models with Attention Sinks, arXiv:2309.17453",
+)
+ATTENTIONS.document(
+    "xsa",
+    values="false, true",
+    formula="z_h,i = y_h,i - (y_h,i . v̂_h,i) v̂_h,i, v̂ = v / norm(v), v_h,i the head's own value at position i "
+    "(its key/value head's under GQA); after the sink, before the gate",
+    cost="3 (3 n_kv_heads + 4 n_heads) d_head; no parameter",
+    reference="Exclusive self-attention (XSA), arXiv:2603.09078",
+)
 
 
 ATTENTIONS.register(

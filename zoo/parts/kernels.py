@@ -82,6 +82,7 @@ def attend(
     dropout: float = 0.0,
     softcap: float | None = None,
     scale: float | None = None,
+    sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The attention kernel every attention part shares: softmax(scale q k^T + mask) v.
 
@@ -89,15 +90,21 @@ def attend(
     i // (h / g)); mask: an additive float mask broadcasting to (b, h, t_q, t_k), or None;
     ``is_causal``: a top-left causal mask instead (never together with ``mask``). ``dropout`` is the
     attention-weight dropout to apply (pass 0.0 in eval). ``scale``: the score multiplier, None for
-    1 / sqrt(d) (μP passes 1 / d). -> (b, h, t_q, d).
+    1 / sqrt(d) (μP passes 1 / d). ``sink``: (h,) learned logits, one more term per head in the softmax's
+    denominator (gpt-oss): weights exp(s_j) / (exp(sink_h) + sum_j' exp(s_j')), so a query may attend to
+    nothing. -> (b, h, t_q, d).
 
-    ``sdpa``: torch's fused scaled_dot_product_attention (GQA without copying keys). ``math``: explicit
-    scores in at least float32, optional soft-capping, softmax, weights @ v (the reference).
+    ``sdpa``: torch's fused scaled_dot_product_attention (GQA without copying keys); a sink is one more key
+    (:func:`with_sink`). ``math``: explicit scores in at least float32, optional soft-capping, softmax
+    (over the scores and the sink's column, dropped after), weights @ v (the reference).
     """
     group = q.shape[1] // k.shape[1]
     if backend == "sdpa":
         if softcap is not None:
             raise ValueError("softcap needs the math backend (SDPA has no hook to cap the scores)")
+        if sink is not None:
+            k, v, mask = with_sink(q, k, v, mask, sink, is_causal=is_causal)
+            is_causal = False
         # Never both attn_mask and is_causal: CPU would silently apply both.
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, enable_gqa=group > 1, scale=scale
@@ -113,9 +120,34 @@ def attend(
         mask = additive(torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(), None, dtype)
     if mask is not None:
         scores = scores + mask.to(dtype)
-    weights = torch.softmax(scores, dim=-1)  # over keys
+    if sink is not None:  # the sink's logit as one more column of every row, dropped after the softmax
+        column = repeat(sink.to(dtype), "h -> b h q 1", b=scores.shape[0], q=scores.shape[2])
+        weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = torch.softmax(scores, dim=-1)  # over keys
     weights = F.dropout(weights, dropout) if dropout > 0 else weights
     return torch.einsum("bhqk,bhkd->bhqd", weights.to(v.dtype), v)
+
+
+def with_sink(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, sink: torch.Tensor, *, is_causal: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sink as one more key for SDPA, after the last: a zero key (its score q . 0 = 0) and a zero value
+    (it adds nothing to the output), every query sees it, and the mask's column there is the head's sink
+    logit, so its score is the sink exactly. SDPA differentiates its float mask, so the sink learns.
+
+    q: (b, h, t_q, d); k, v: (b, g, t_k, d); mask: additive, broadcasting to (b, h, t_q, t_k), or None;
+    ``is_causal``: the top-left causal mask instead (made explicit here). -> keys, values (b, g, t_k + 1, d)
+    and the additive mask (b or 1, h, t_q, t_k + 1).
+    """
+    (_, heads, t_q, _), t_k = q.shape, k.shape[-2]
+    if is_causal:
+        mask = additive(torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(), None, q.dtype)
+    rows = torch.zeros((), dtype=q.dtype, device=q.device) if mask is None else mask.to(q.dtype)
+    rows = rows.expand(torch.broadcast_shapes(rows.shape, (1, heads, t_q, t_k)))
+    column = repeat(sink.to(q.dtype), "h -> b h q 1", b=rows.shape[0], q=t_q)
+    k, v = (F.pad(tensor, (0, 0, 0, 1)) for tensor in (k, v))  # a zero key and value after the last
+    return k, v, torch.cat([rows, column], dim=-1)
 
 
 def attend_at(
@@ -135,6 +167,7 @@ def attend_at(
     softcap: float | None = None,
     preallocated: bool = False,
     scale: float | None = None,
+    sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Self-attention of queries at cache slots ``slots`` (t_q,) to the keys at slots 0..t_k-1.
 
@@ -143,7 +176,7 @@ def attend_at(
     slots (causality, the window) and ``key_mask``; with neither padding, bias, window nor cached
     keys, the plain causal case goes to the fused kernel's ``is_causal``. ``preallocated``: the keys
     include empty slots after the last query (a static cache), which the causal mask must hide.
-    ``scale``: as for ``attend``. -> (b, h, t_q, d_v).
+    ``scale``, ``sink``: as for ``attend``. -> (b, h, t_q, d_v).
     """
     time = q.shape[-2]
     k_slots = torch.arange(k.shape[-2], device=q.device)
@@ -164,4 +197,5 @@ def attend_at(
         dropout=dropout,
         softcap=softcap,
         scale=scale,
+        sink=sink,
     )

@@ -20,11 +20,13 @@ from zoo.core.tp import (
     PartialGradient,
     Plan,
     Replicated,
-    gather_sequence,
+    local,
     prefixed,
     require_whole_heads,
     row_output,
 )
+from zoo.parts.attention import OUTPUT_VARIANTS, output_plan
+from zoo.parts.head_outputs import Gate, Sink, build_gate, build_sink, exclude_own_value, gated, output_flops
 from zoo.parts.kernels import Backend, attend_at
 from zoo.parts.logits import masked_logits
 from zoo.parts.norms import build_norm
@@ -60,7 +62,7 @@ class LatentCache(GrowingState):
     formula="c = norm(W_dkv x); k_h = [W_uk,h c ; rotate(W_kr x)], v_h = W_uv,h c; "
     "q_h = [W_uq,h c_q ; rotate(W_qr,h c_q)], c_q = norm(W_dq x) or x; softmax(q k^T / sqrt(2 d_head)) v",
     reference="DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434",
-    variants={"qrank": {"q_rank": 8}},
+    variants={"qrank": {"q_rank": 8}, **OUTPUT_VARIANTS},
 )
 class LatentAttention(nn.Module):
     """Multi-head latent attention: every head's key and value are up-projected from one shared latent
@@ -83,6 +85,9 @@ class LatentAttention(nn.Module):
         Parameters: ``kv_down`` (d_model -> kv_rank latent, then the d_head rotary key), ``kv_norm``,
         ``kv_up`` (kv_rank -> per head: d_head key, d_head value), ``q`` (or ``q_down``, ``q_norm``,
         ``q_up``; per head: d_head content, d_head position features) and ``out``.
+
+        The output options ``gate``, ``sink`` and ``xsa`` act as in :class:`~zoo.parts.attention.Attention`
+        (:mod:`zoo.parts.head_outputs`); XSA removes each head's own up-projected value.
     """
 
     @classmethod
@@ -120,9 +125,7 @@ class LatentAttention(nn.Module):
         for name in ("kv_norm", "q_norm"):
             if not isinstance(getattr(self, name, nn.Identity()), nn.Identity):  # latent_norm: none is Identity
                 plan[name] = Replicated()
-        if sequence_parallel:
-            plan[""] = gather_sequence()
-        return plan
+        return {**plan, **output_plan(self, sequence_parallel)}
 
     def __init__(
         self,
@@ -133,6 +136,9 @@ class LatentAttention(nn.Module):
         q_rank: int | None = None,
         latent_norm: str = "rmsnorm",
         backend: Backend = "sdpa",
+        gate: Gate = "none",
+        sink: Sink = "none",
+        xsa: bool = False,
     ) -> None:
         super().__init__()
         self.n_heads, self.d_head = dims.n_heads, dims.d_head
@@ -154,6 +160,8 @@ class LatentAttention(nn.Module):
             self.q_norm = build_norm(latent_norm, dims, width=q_rank)
             self.q_up = nn.Linear(q_rank, heads, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
+        self.gate, self.sink, self.xsa = build_gate(gate, dims), build_sink(sink, self.n_heads), xsa
+        self.output_options = {"gate": gate, "sink": sink, "xsa": xsa}
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """``kv_down``'s rows as the latent's and the shared rotary key's down-projections; ``kv_up``'s
@@ -171,6 +179,11 @@ class LatentAttention(nn.Module):
         """Numbers one sample's decoding state holds after ``length`` tokens: the latent and the shared
         rotary key."""
         return (self.kv_rank + self.d_head) * length
+
+    def extra_flops(self, seq_len: int) -> int:
+        """The output options' FLOPs per token (:func:`zoo.parts.head_outputs.output_flops`); every head has
+        its own value."""
+        return output_flops(self.n_heads, self.n_heads, self.d_head, **self.output_options)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """x: (b, t, d_model) -> (b, t, n_heads * 2 d_head)."""
@@ -222,6 +235,7 @@ class LatentAttention(nn.Module):
             latent, rope_key = state.append(latent, rope_key, positions)
             k_positions = state.key_positions()
         k, v = self.keys_values(latent, rope_key)  # (b, h, s, 2d), (b, h, s, d)
+        own = v[:, :, slots]  # each query's own value (XSA): the cache holds it at the query's slot
         if self.backend == "sdpa":  # fused kernels want values as wide as keys: zeros, sliced off below
             v = F.pad(v, (0, self.d_head))
         y = attend_at(
@@ -238,5 +252,9 @@ class LatentAttention(nn.Module):
             backend=self.backend,
             dropout=self.dropout if self.training else 0.0,
             scale=self.score_scale,
+            sink=None if self.sink is None else local(self.sink),
         )
-        return self.out(rearrange(y[..., : self.d_head], "b h t d -> b t (h d)"))
+        y = y[..., : self.d_head]
+        if self.xsa:
+            y = exclude_own_value(y, own)
+        return self.out(rearrange(gated(y, self.gate, x), "b h t d -> b t (h d)"))

@@ -18,6 +18,7 @@ from zoo.assembly.compose import compose
 from zoo.assembly.spec import every_option
 from zoo.core.errors import ConfigError
 from zoo.core.interface import defines, hook
+from zoo.core.options import option_types
 from zoo.core.registry import (
     AXES,
     BUILT_IN,
@@ -150,6 +151,25 @@ def print_param_table(d_model: int, n_heads: int, overrides: Sequence[str] = (),
         print(f"| {' | '.join(combo)} | {report['d_ff']} | {counts} | {reference} |")
 
 
+def option_docs(registry: Registry, parts: list[Part]) -> list[str]:
+    """The options several parts of ``registry`` take (``Registry.document``) as a table below its parts',
+    each naming the parts that take it; no lines when none is documented."""
+    if not registry.option_docs:
+        return []
+    lines = [
+        "",
+        f"Options several `{registry.axis}` parts take, `block.{registry.axis}.<option>`; the cost is the "
+        "training FLOPs (forward and backward) `flops_per_token` adds per layer:",
+        "",
+        "| option | values | parts | formula | cost | reference |",
+        "|---|---|---|---|---|---|",
+    ]
+    for doc in registry.option_docs.values():
+        taking = ", ".join(f"`{part.name}`" for part in parts if doc.option in option_types(part.cls)) or "-"
+        lines.append(f"| `{doc.option}` | {doc.values} | {taking} | `{doc.formula}` | {doc.cost} | {doc.reference} |")
+    return lines
+
+
 def parts_markdown(plugins: bool = True) -> str:
     """The parts catalogue as Markdown (``zoo-parts --markdown > docs/parts.md``); a plugin's part
     names its package, and ``plugins=False`` leaves them out (zoo's own catalogue)."""
@@ -175,6 +195,7 @@ def parts_markdown(plugins: bool = True) -> str:
             options = ", ".join(f"`{k}={v}`" for k, v in every_option(part).items()) or "-"
             name = f"`{part.name}`" + (f" (from {part.origin})" if part.origin != BUILT_IN else "")
             lines.append(f"| {name} | {part.summary} | `{part.formula}` | {options} | {part.reference} |")
+        lines += option_docs(registry, listed(registry))
     lines += [
         "",
         "## Compatibility",

@@ -9,20 +9,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from zoo.lab.files import clean
-from zoo.lab.keys import NEUTRAL_TOP, NEUTRAL_TRAIN, PARAM, RECIPE, RUNTIME, RUNTIME_TRAIN
+from zoo.lab.keys import NEUTRAL_ATTN, NEUTRAL_TOP, NEUTRAL_TRAIN, PARAM, RECIPE, RUNTIME, RUNTIME_TRAIN
 
 
 def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
-    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN` and ``NEUTRAL_TOP``, the default recipe,
-    ``param=standard``).
+    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, ``NEUTRAL_TOP`` and ``NEUTRAL_ATTN``, the
+    default recipe, ``param=standard``).
 
     A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
     source's config hash, step and checkpoint checksum instead (zoo.lab.planning.branch), so a source and its branches
     moved together are the same runs. ``branch_path``: keep the path, as hashes recorded before did."""
     from zoo.lab.recipe import is_default, param
 
-    semantic = {k: v for k, v in config.items() if k not in RUNTIME and not (k in NEUTRAL_TOP and v == NEUTRAL_TOP[k])}
+    semantic = without_neutral({k: v for k, v in config.items() if k not in RUNTIME}, NEUTRAL_TOP)
     for key in RECIPE:
         if key in semantic and is_default(key, semantic[key]):
             del semantic[key]
@@ -31,13 +31,18 @@ def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dic
     branch = (semantic.get("train") or {}).get("branch") if isinstance(semantic.get("train"), dict) else None
     if isinstance(branch, dict) and not branch_path:
         semantic["train"] = {**semantic["train"], "branch": {**branch, "from": None}}
+    block = semantic.get("block")
+    if isinstance(block, dict) and isinstance(block.get("attn"), dict):
+        semantic["block"] = {**block, "attn": without_neutral(block["attn"], NEUTRAL_ATTN)}
     if isinstance(semantic.get("train"), dict):
-        semantic["train"] = {
-            k: v
-            for k, v in semantic["train"].items()
-            if k not in RUNTIME_TRAIN and not (k in NEUTRAL_TRAIN and v == NEUTRAL_TRAIN[k])
-        }
+        train = {k: v for k, v in semantic["train"].items() if k not in RUNTIME_TRAIN}
+        semantic["train"] = without_neutral(train, NEUTRAL_TRAIN)
     return semantic
+
+
+def without_neutral(section: dict[str, Any], neutral: dict[str, Any]) -> dict[str, Any]:
+    """``section`` less the keys at their ``neutral`` value (keys added after runs were recorded)."""
+    return {k: v for k, v in section.items() if not (k in neutral and v == neutral[k])}
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -69,5 +74,3 @@ def config_hash(config: dict[str, Any], *, branch_path: bool = False) -> str:
     branches were named by their source's identity)."""
     text = json.dumps(clean(semantic_config(config, branch_path=branch_path)), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
