@@ -47,6 +47,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from zoo.parts.gated_deltanet import GatedDeltaNet
 from zoo.parts.linear_attention import LinearAttention
 from zoo.parts.positions import LearnedEmbedding
 
@@ -60,9 +61,9 @@ LR_RULES: dict[str, dict[Role, str]] = {
             "fixed": "1"},
 }  # fmt: skip
 
-#: Attentions without a softmax over scaled scores (nothing to rescale): linear attention's output is
-#: RMS-normalized per head, so a multiplier on q k^T cancels.
-NO_SCORES: tuple[type[nn.Module], ...] = (LinearAttention,)
+#: Attentions without a softmax over scaled scores (nothing to rescale): linear attention's and Gated
+#: DeltaNet's outputs are RMS-normalized per head and linear in q, so a multiplier on q cancels.
+NO_SCORES: tuple[type[nn.Module], ...] = (LinearAttention, GatedDeltaNet)
 
 
 @dataclass(frozen=True)

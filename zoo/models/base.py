@@ -15,7 +15,7 @@ from zoo.assembly.block import Block
 from zoo.assembly.init import seeded_parameters
 from zoo.assembly.match import active_count
 from zoo.core.auxiliary import collect_aux
-from zoo.core.interface import hook
+from zoo.core.interface import defines, hook
 
 #: Parameters whose output is added to the residual stream (scaled down at init by depth).
 RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
@@ -51,6 +51,12 @@ def init_stack(
             else:
                 std = 0.02
             nn.init.normal_(p, std=std)
+
+
+def mixing_flops(module: nn.Module, seq_len: int) -> int | None:
+    """A sequence mixer's own training FLOPs per token (its ``mixing_flops`` hook), or None: a module
+    that is no mixer, or one counted as softmax attention."""
+    return hook(module, "mixing_flops")(seq_len) if defines(type(module), "mixing_flops") else None
 
 
 def token_init_stds(pos_embed: nn.Module | None) -> dict[str, float]:
@@ -125,9 +131,12 @@ class TokenModel(nn.Module):
         6 x the non-embedding parameters one token uses (each weight: one multiply-add forward, two
         backward; a mixture of experts counts its router, top_k and shared experts), the LM head's
         matmul included even when tied, plus attention scores and weighted values:
-        6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask).
+        6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask),
+        or the mixer's own count where it gives one (its ``mixing_flops`` hook: Gated DeltaNet's chunked form).
         """
         counts = self.parameter_counts()
         active = self.num_active_parameters() - counts["embedding"]
         dense = active + self.embed.weight.numel()  # the LM head matmul counts
-        return 6 * dense + 6 * attention_layers * seq_len * self.embed.embedding_dim
+        own = [flops for flops in (mixing_flops(m, seq_len) for m in self.modules()) if flops is not None]
+        softmax = attention_layers - len(own)
+        return 6 * dense + 6 * softmax * seq_len * self.embed.embedding_dim + sum(own)
