@@ -111,7 +111,7 @@ def role_of(base: torch.Size, grown: torch.Size, *, table: bool, readout: bool) 
     grows = [a != b for a, b in zip(base, grown, strict=True)]
     if not any(grows):
         return "fixed"
-    if len(grows) == 1:
+    if len(grows) == 1 or (len(grows) > 2 and not any(grows[-2:])):  # a gain, or one set-size filter per channel
         return "vector"
     fan_out, fan_in = (grows[-1], grows[-2]) if table else (grows[-2], grows[-1])
     if fan_in and fan_out:
@@ -126,6 +126,8 @@ def growth(model: nn.Module, base: nn.Module, name: str, role: Role) -> tuple[fl
     now, then = dict(model.named_parameters())[name].shape, dict(base.named_parameters())[name].shape
     if len(now) < 2:
         return 1.0, now[0] / then[0] if now else 1.0
+    if role == "vector":  # a bank of set-size filters (a depthwise convolution's kernel): its channels grow
+        return 1.0, now.numel() / then.numel()
     table = is_table(model, name)
     in_dim, out_dim = (-2, -1) if table else (-1, -2)
     return now[in_dim] / then[in_dim], now[out_dim] / then[out_dim]
