@@ -140,3 +140,15 @@ def test_mup_transfer_finds_the_best_rate_per_width_and_the_regret(monkeypatch, 
     assert "| 128 | -0.1000 [" in params  # at the base's best rate, 0.004: an octave off the standard optimum
     assert "| mup | 128 | 0.004 | 3.0110 | +0.0010 [" in widths  # each width against the base at its rate
     assert (tmp_path / "t.png").stat().st_size > 5_000
+
+
+def test_mixers_benchmark_times_whole_models_per_mixer(monkeypatch, capsys):
+    tiny = "--d-model 16 --heads 4 --layers 1 --vocab 32 --seq-len 8 --batch 2 --chunk 4 --repeats 1 --threads 1"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["mixers.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "mixers.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "| mixer | parameters | tokens/s | / mha (softmax, sdpa) | FLOPs / token | GFLOP/s |" in out
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in out.splitlines() if line.startswith("| ")}
+    assert {"mha (softmax, sdpa)", "linear (chunked)", "gated_deltanet (chunked)"} <= set(rows)
+    assert " | 1.00 | " in rows["mha (softmax, sdpa)"]

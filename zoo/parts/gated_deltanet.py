@@ -136,10 +136,9 @@ def delta_chunked(
     diff = rearrange(total, "b h n i -> b h n i 1") - rearrange(total, "b h n j -> b h n 1 j")  # G_i - G_j
     ones = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device)
     within = torch.exp(diff.masked_fill(~ones.tril(), float("-inf")))  # D: -inf first, exp never overflows
-    strictly = torch.exp(diff.masked_fill(~ones.tril(-1), float("-inf")))
-    a = beta * (k @ k.transpose(-1, -2)) * strictly  # (b, h, n, c, c), zero on and above the diagonal
+    a = beta * (k @ k.transpose(-1, -2)) * within  # (b, h, n, c, c): A below the diagonal, zero above it
     rhs = torch.cat([beta * v, beta * torch.exp(total)[..., None] * k], dim=-1)
-    solved = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)  # the diagonal read as 1
+    solved = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)  # I + A: the diagonal read as 1
     u0, w = solved.split([v.shape[-1], d_key], dim=-1)
     scores = (q @ k.transpose(-1, -2)) * within  # (b, h, n, c, c)
     q_in = q * torch.exp(total)[..., None]  # how much of H_0 each query reads
