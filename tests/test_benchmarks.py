@@ -161,3 +161,15 @@ def test_block_benchmark_times_the_attention_output_options_against_none(monkeyp
     assert "| none |" in out and "| 1.000 | 1.0000 |" in out  # none against itself
     for name in ("gate=headwise", "gate=elementwise", "sink=learned", "xsa=true", "all three (elementwise)"):
         assert f"| {name} |" in out
+
+
+def test_mixers_benchmark_times_whole_models_per_mixer(monkeypatch, capsys):
+    tiny = "--d-model 16 --heads 4 --layers 1 --vocab 32 --seq-len 8 --batch 2 --chunk 4 --repeats 1 --threads 1"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["mixers.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "mixers.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "| mixer | parameters | tokens/s | / mha (softmax, sdpa) | FLOPs / token | GFLOP/s |" in out
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in out.splitlines() if line.startswith("| ")}
+    assert {"mha (softmax, sdpa)", "linear (chunked)", "gated_deltanet (chunked)"} <= set(rows)
+    assert " | 1.00 | " in rows["mha (softmax, sdpa)"]

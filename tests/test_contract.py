@@ -97,6 +97,10 @@ def run_checks(combo: dict[str, str], checks: dict[str, Callable[[Built], None]]
     if refused is not None:  # an attention without a cross-attention (zoo.core.interface) has no cross checks
         record_property("note", f"cross-attention checks not run: {refused}")
         checks = {name: check for name, check in checks.items() if not name.startswith("cross attention")}
+    refused = check_combination(block_config(combo, causal=False), "model")
+    if refused is not None:  # a causal-only mixer (Gated DeltaNet) refuses encoder blocks by name
+        record_property("note", f"encoder checks not run: {refused}")
+        checks = {name: check for name, check in checks.items() if not name.startswith("encoder")}
     for name, check in checks.items():
         try:
             check(built)

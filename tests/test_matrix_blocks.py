@@ -26,6 +26,7 @@ CONFIGS = {
     "mla+moe": ["attn=mla", "mlp=moe", "block.mlp.n_shared=1"],
     "mla-qrank+reglu": ["attn=mla", "+block.attn.q_rank=8", "mlp=reglu"],
     "linear-gated": ["attn=linear", "block.attn.decay=gated", "block.attn.d_key=4", "mlp=relu2"],
+    "gated_deltanet": ["attn=gated_deltanet", "block.attn.d_key=4", "mlp=gelu"],
 }
 
 

@@ -1,4 +1,4 @@
-"""Latent attention and linear attention: what their decoding states hold, and where they refuse."""
+"""Latent attention, linear attention and Gated DeltaNet: what their decoding states hold, where they refuse."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from zoo import ConfigError, LayerState, build_block, check_combination
+from zoo.parts.gated_deltanet import DeltaState
 from zoo.parts.latent_attention import LatentCache
 from zoo.parts.linear_attention import RecurrentState
 from zoo.parts.positions import Position
@@ -99,6 +100,10 @@ def test_linear_attention_rejects_a_key_narrower_than_the_rotation():
         ({"name": "linear", "chunk": 0}, "block.attn.chunk=0"),
         ({"name": "linear", "d_key": 0}, "block.attn.d_key=0"),
         ({"name": "linear", "decay": "exp"}, "block.attn.decay='exp'"),
+        ({"name": "gated_deltanet", "conv": 0}, "block.attn.conv=0"),
+        ({"name": "gated_deltanet", "chunk": 0}, "block.attn.chunk=0"),
+        ({"name": "gated_deltanet", "d_key": 0}, "block.attn.d_key=0"),
+        ({"name": "gated_deltanet", "backend": "flash"}, "block.attn.backend='flash'"),
     ],
 )
 def test_bad_options_name_the_field(attn, field):
@@ -120,3 +125,50 @@ def test_a_sweep_records_a_refused_combination_as_incompatible_not_failed(tmp_pa
     summary = run(OmegaConf.create(cfg), tmp_path / "run")
     assert summary["status"] == "incompatible" and "pos=alibi" in summary["error"], summary
     assert runs_not_done(tmp_path) == [], "a refused combination is a result of the grid, not a failure"
+
+
+@pytest.mark.parametrize("conv", [1, 4])
+def test_gated_deltanet_state_holds_the_matrix_and_the_convolutions_last_inputs(conv):
+    """One (d_key, d_head) matrix per head and the last conv - 1 inputs of the convolution's
+    n_heads x (2 d_key + d_head) channels, whatever the length; it cannot rewind."""
+    attn = {"name": "gated_deltanet", "d_key": 6, "conv": conv}
+    short, state = state_bytes(attn, tokens=3)
+    long, _ = state_bytes(attn, tokens=30)
+    d_head = D // H
+    assert isinstance(state.mixer, DeltaState)
+    assert state.mixer.matrix.shape == (2, H, 6, d_head)
+    assert state.mixer.conv.shape == (2, conv - 1, H * (2 * 6 + d_head))
+    assert short == long == 2 * (H * 6 * d_head + (conv - 1) * H * (2 * 6 + d_head)) * 8
+    with pytest.raises(ConfigError, match="cannot rewind"):
+        state.truncate(2)
+    state.reset()
+    assert state.length == 0 and state.nbytes == 0
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+def test_gated_deltanet_decodes_like_recomputing_with_left_padding(backend):
+    """Padding enters the convolution as zeros and neither writes nor decays the state: a left-padded
+    prompt generates what it generates alone, cached or not."""
+    model = make_model({**LLAMA, "attn": "gated_deltanet"}, attn={"backend": backend, "chunk": 2})
+    ids = torch.randint(0, VOCAB, (2, 5))
+    key_mask = torch.ones(2, 5, dtype=torch.bool)
+    key_mask[0, :2] = False
+    cached = model.generate(ids, 6, key_mask=key_mask)
+    assert torch.equal(cached, model.generate(ids, 6, key_mask=key_mask, use_cache=False))
+    assert torch.equal(cached[0], model.generate(ids[:1, 2:], 6)[0]), "padding changed the short prompt"
+
+
+def test_gated_deltanet_refuses_encoders_cross_attention_score_biases_and_tensor_parallelism():
+    from zoo.assembly.compat import tp_refusal
+    from zoo.assembly.spec import resolve_block
+
+    base = {**TINY, "placement": "pre", "norm": "rmsnorm", "mlp": "gelu", "pos": "none", "attn": "gated_deltanet"}
+    assert check_combination(base) is None
+    reason = check_combination({**base, "causal": False})
+    assert reason is not None and "block.attn.name='gated_deltanet': is causal only" in reason, reason
+    reason = check_combination({**base, "cross_attention": True})
+    assert reason is not None and "attn=gated_deltanet has no cross-attention" in reason, reason
+    reason = check_combination({**base, "pos": "alibi"})
+    assert reason is not None and "pos=alibi" in reason and "score bias" in reason, reason
+    refusal = tp_refusal(resolve_block(base), 2)
+    assert refusal is not None and "block.attn.name='gated_deltanet': has no tensor-parallel plan" in str(refusal)

@@ -180,6 +180,29 @@ def test_flops_per_token_counts_the_attention_output_options(attn):
     assert flops(gate="elementwise", sink="learned", xsa=True) - base == layers * (elementwise + sink + xsa)
 
 
+def test_flops_per_token_counts_gated_deltanets_chunked_form_in_place_of_softmax_attention():
+    """Gated DeltaNet's layers: 6 x their parameters (projections, convolution taps, gains) plus, per
+    head and token, chunk (3 d_key + 2 d_head) + 3 d_key d_head multiply-adds of the chunked form, x 6;
+    the chunk is the sequence when shorter. A hybrid counts softmax attention's term for its other layers."""
+    d, heads, d_key, chunk, vocab = 16, 2, 4, 8, 32
+    d_head = d // heads
+    attn = {"name": "gated_deltanet", "d_key": d_key, "chunk": chunk}
+    block = {"d_model": d, "n_heads": heads, "d_ff": 24, "bias": False, "placement": "pre", "norm": "rmsnorm",
+             "attn": attn, "pos": "none", "mlp": "gelu"}  # fmt: skip
+    model = build_model({"block": block, "model": {"n_layers": 2, "vocab_size": vocab}})
+    channels = heads * (2 * d_key + d_head)
+    attention = d * channels + channels * 4 + 2 * d * heads + 2 * heads + d_head + 2 * d * heads * d_head
+    assert model.parameter_counts()["attention"] == 2 * attention
+    dense = model.num_parameters()  # the blocks, the final norm, and the tied embedding once: the head's matmul
+    for seq, used in ((64, chunk), (5, 5)):
+        mixing = 6 * heads * (used * (3 * d_key + 2 * d_head) + 3 * d_key * d_head)
+        assert model.flops_per_token(seq) == 6 * dense + 2 * mixing, seq
+    layers = {1: {"attn": "mha"}}
+    hybrid = build_model({"block": block, "model": {"n_layers": 2, "vocab_size": vocab, "layers": layers}})
+    mixing = 6 * heads * (chunk * (3 * d_key + 2 * d_head) + 3 * d_key * d_head)
+    assert hybrid.flops_per_token(64) == 6 * hybrid.num_parameters() + mixing + 6 * 64 * d
+
+
 @pytest.mark.parametrize(("preset", "embedding"), [("gpt", "LearnedEmbedding"), ("vaswani", "SinusoidalEmbedding")])
 def test_presets_build_the_model_they_name_with_its_positions(preset, embedding):
     """GPT-2 adds learned positions (1024 of them), the original Transformer sinusoidal ones: the last

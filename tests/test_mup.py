@@ -38,6 +38,12 @@ DOCUMENTED = [
     (None, "attn.sink", "fixed"),  # one learned sink logit per head: (n_heads,)
     *((f"{attn}+headgate", suffix, role) for attn in ("mha", "gqa", "mqa", "mla")
       for suffix, role in (("attn.gate.weight", "output"), ("attn.gate.bias", "fixed"))),  # one gate per head
+    ("gated_deltanet", "attn.beta.weight", "output"),  # one rate per head: (n_heads, d_model)
+    ("gated_deltanet", "attn.beta.bias", "fixed"),
+    ("gated_deltanet", "attn.decay.weight", "output"),  # one decay per head: (n_heads, d_model)
+    ("gated_deltanet", "attn.a_log", "fixed"),  # per head
+    ("gated_deltanet", "attn.dt", "fixed"),
+    ("gated_deltanet", "attn.conv", "vector"),  # one 4-tap filter per channel: (channels, 1, 4)
     ("mla+qrank", "attn.q_down.weight", "output"),  # to the set q_rank
     ("mla+qrank", "attn.q_down.bias", "fixed"),
     ("mla+qrank", "attn.q_norm.weight", "fixed"),

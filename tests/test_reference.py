@@ -389,3 +389,140 @@ def test_moe_grouped_path_equals_a_per_token_loop(options):
         torch.testing.assert_close(layer(x), naive_moe(layer, x), rtol=0, atol=1e-12)
         layer.router.weight[-1] += 5.0  # skew the router toward the last expert
         torch.testing.assert_close(layer(x), naive_moe(layer, x), rtol=0, atol=1e-12)
+
+
+# --- Gated DeltaNet ---------------------------------------------------------------------------------
+
+
+def fla_naive():
+    """fla-core's pure-PyTorch Gated DeltaNet references (fla/ops/gated_delta_rule/naive.py), loaded by
+    file path: ``import fla`` needs triton, which a CPU machine lacks; this file needs torch and einops."""
+    import importlib.util
+    from pathlib import Path
+
+    found = importlib.util.find_spec("fla")
+    if found is None or not found.submodule_search_locations:
+        pytest.skip("fla-core is not installed: pip install -e '.[reference]' (dev includes it)")
+    path = Path(next(iter(found.submodule_search_locations))) / "ops" / "gated_delta_rule" / "naive.py"
+    spec = importlib.util.spec_from_file_location("fla_gated_delta_rule_naive", path)
+    assert spec is not None and spec.loader is not None, f"fla-core has no {path}"
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def delta_inputs(b: int = 2, h: int = 3, t: int = 11, d_key: int = 5, d_head: int = 4, dtype=torch.float64):
+    """Random q, k (unit length), v, beta in (0, 1), log g <= 0 and a start state H_0, (b, h, t, ...)."""
+    q = F.normalize(torch.randn(b, h, t, d_key, dtype=dtype), dim=-1) / math.sqrt(d_key)
+    k = F.normalize(torch.randn(b, h, t, d_key, dtype=dtype), dim=-1)
+    v = torch.randn(b, h, t, d_head, dtype=dtype)
+    beta, log_decay = torch.rand(b, h, t, dtype=dtype), -torch.rand(b, h, t, dtype=dtype)
+    return q, k, v, beta, log_decay, torch.randn(b, h, d_key, d_head, dtype=dtype)
+
+
+def test_gated_delta_rule_by_hand():
+    """Two steps, one head, written out: H_i = g_i H_{i-1} + k_i u_i^T, u_i = beta_i (v_i - g_i H_{i-1}^T k_i),
+    y_i = H_i^T q_i. With beta = 1 the state returns v exactly for its key (the delta rule overwrites)."""
+    from zoo.parts.gated_deltanet import delta_chunked, delta_recurrent
+
+    def row(*values: float) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float64).reshape(1, 1, -1)
+
+    q = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)[None, None]
+    k = torch.tensor([[1.0, 0.0], [0.6, 0.8]], dtype=torch.float64)[None, None]
+    v = torch.tensor([[2.0, 3.0], [1.0, -1.0]], dtype=torch.float64)[None, None]
+    beta, log_decay = row(0.5, 1.0), row(math.log(0.5), math.log(0.5))
+    # Step 1: H_1 = k_1 (0.5 (2, 3))^T = [[1, 1.5], [0, 0]], y_1 = H_1^T (1, 1) = (1, 1.5).
+    # Step 2: 0.5 H_1 = [[0.5, 0.75], [0, 0]] reads (0.3, 0.45) at k_2; u_2 = (1, -1) - (0.3, 0.45) = (0.7, -1.45);
+    #         H_2 = [[0.5 + 0.42, 0.75 - 0.87], [0.56, -1.16]], y_2 = H_2^T (1, 0) = (0.92, -0.12).
+    expected_y = torch.tensor([[1.0, 1.5], [0.92, -0.12]], dtype=torch.float64)[None, None]
+    expected_state = torch.tensor([[0.92, -0.12], [0.56, -1.16]], dtype=torch.float64)[None, None]
+    forms = {"recurrent": delta_recurrent(q, k, v, beta, log_decay, None)}
+    forms |= {f"chunk {c}": delta_chunked(q, k, v, beta, log_decay, None, c) for c in (1, 2)}
+    for name, (y, state) in forms.items():
+        torch.testing.assert_close(y, expected_y, rtol=0, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(state, expected_state, rtol=0, atol=1e-12)
+        torch.testing.assert_close(state[0, 0].T @ k[0, 0, 1], v[0, 0, 1], rtol=0, atol=1e-12)  # beta = 1: v back
+
+
+def test_short_convolution_is_the_causal_sum_and_continues_from_its_tail():
+    """y_i = sum_j w_j x_{i - 3 + j} over 4 taps (zeros before the first token); two calls, the second
+    given the first's tail, equal one call."""
+    from zoo.parts.gated_deltanet import short_convolution
+
+    x, kernel = torch.randn(2, 7, 3, dtype=torch.float64), torch.randn(3, 1, 4, dtype=torch.float64)
+    padded = F.pad(x, (0, 0, 3, 0))
+    expected = sum(kernel[:, 0, j] * padded[:, j : j + 7] for j in range(4))
+    y, tail = short_convolution(x, kernel, None)
+    torch.testing.assert_close(y, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(tail, x[:, -3:], rtol=0, atol=0)
+    first, tail = short_convolution(x[:, :2], kernel, None)
+    rest, _ = short_convolution(x[:, 2:], kernel, tail)
+    torch.testing.assert_close(torch.cat([first, rest], 1), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 11, 64])
+def test_gated_delta_rule_chunked_form_equals_the_recurrent_form(chunk):
+    """Chunks of 1 to 64 over 11 tokens (partial last chunks, one chunk longer than the sequence), from
+    a start state: the same outputs and final state as one token at a time, to float64 rounding."""
+    from zoo.parts.gated_deltanet import delta_chunked, delta_recurrent
+
+    q, k, v, beta, log_decay, start = delta_inputs()
+    y, state = delta_recurrent(q, k, v, beta, log_decay, start)
+    y_chunked, state_chunked = delta_chunked(q, k, v, beta, log_decay, start, chunk)
+    torch.testing.assert_close(y_chunked, y, rtol=0, atol=1e-12)
+    torch.testing.assert_close(state_chunked, state, rtol=0, atol=1e-12)
+
+
+def test_gated_delta_rule_equals_fla_cores_naive_references():
+    """zoo's recurrent form against fla's naive_recurrent_gated_delta_rule and its chunked form against
+    naive_chunk_gated_delta_rule (fla's layout: (b, t, h, d); it computes in float32), to 1e-5."""
+    from zoo.parts.gated_deltanet import delta_chunked, delta_recurrent
+
+    fla = fla_naive()
+    q, k, v, beta, log_decay, start = delta_inputs(dtype=torch.float32)
+    d_key = q.shape[-1]
+    heads_second = [t.transpose(1, 2) for t in (q * math.sqrt(d_key), k, v, beta, log_decay)]  # fla scales q itself
+    fq, fk, fv, fbeta, fg = heads_second
+    y_fla, state_fla = fla.naive_recurrent_gated_delta_rule(
+        fq, fk, fv, fbeta, fg, initial_state=start, output_final_state=True
+    )
+    y, state = delta_recurrent(q, k, v, beta, log_decay, start)
+    torch.testing.assert_close(y.transpose(1, 2), y_fla, rtol=0, atol=1e-5)
+    torch.testing.assert_close(state, state_fla, rtol=0, atol=1e-5)
+    y_fla, state_fla = fla.naive_chunk_gated_delta_rule(
+        fq, fk, fv, fg, fbeta, chunk_size=4, initial_state=start, output_final_state=True
+    )
+    y, state = delta_chunked(q, k, v, beta, log_decay, start, 4)
+    torch.testing.assert_close(y.transpose(1, 2), y_fla, rtol=0, atol=1e-5)
+    torch.testing.assert_close(state, state_fla, rtol=0, atol=1e-5)
+
+
+def fla_layer(attn: torch.nn.Module, x: torch.Tensor, fla) -> torch.Tensor:
+    """fla's GatedDeltaNet layer written out from zoo's weights around fla's naive recurrence: the short
+    convolution as a sum over shifted inputs, SiLU, q and k L2-normalized per head, beta = sigmoid(W_b x),
+    g = -exp(A_log) softplus(W_a x + dt_bias), then rmsnorm(o) * w * silu(W_g x) and the output projection."""
+    w = dict(attn.named_parameters())
+    batch, t, _ = x.shape
+    d_key, d_head, taps = attn.d_key, attn.d_head, attn.conv.shape[-1]
+    mixed = x @ w["qkv.weight"].T + w["qkv.bias"]
+    kernel = w["conv"][:, 0] + F.one_hot(torch.tensor(taps - 1), taps).to(x.dtype)  # stored less the identity
+    padded = F.pad(mixed, (0, 0, taps - 1, 0))
+    qkv = F.silu(sum(kernel[:, j] * padded[:, j : j + t] for j in range(taps))).view(batch, t, H, -1)
+    q, k, v = qkv.split([d_key, d_key, d_head], -1)
+    q, k = (z / torch.sqrt(z.pow(2).sum(-1, keepdim=True) + 1e-6) for z in (q, k))
+    beta = torch.sigmoid(x @ w["beta.weight"].T + w["beta.bias"])
+    g = -torch.exp(w["a_log"]) * F.softplus(x @ w["decay.weight"].T + w["dt"])
+    o, _ = fla.naive_recurrent_gated_delta_rule(q, k, v, beta, g)  # (b, t, h, d_head), scale d_key^-1/2
+    o = o.to(x.dtype)
+    o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * w["norm.weight"]
+    o = o * F.silu((x @ w["gate.weight"].T + w["gate.bias"]).view(batch, t, H, d_head))
+    return o.reshape(batch, t, H * d_head) @ w["out.weight"].T + w["out.bias"]
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+def test_gated_deltanet_layer_equals_fla_layer_around_its_naive_recurrence(backend):
+    fla = fla_naive()
+    attn = mixer({"name": "gated_deltanet", "d_key": 3, "chunk": 4, "backend": backend})
+    x = torch.randn(2, 11, D, dtype=torch.float64)
+    torch.testing.assert_close(attn(x), fla_layer(attn, x, fla), rtol=0, atol=1e-5)

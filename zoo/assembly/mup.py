@@ -47,6 +47,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from zoo.parts.gated_deltanet import GatedDeltaNet
 from zoo.parts.linear_attention import LinearAttention
 from zoo.parts.positions import LearnedEmbedding
 
@@ -60,9 +61,9 @@ LR_RULES: dict[str, dict[Role, str]] = {
             "fixed": "1"},
 }  # fmt: skip
 
-#: Attentions without a softmax over scaled scores (nothing to rescale): linear attention's output is
-#: RMS-normalized per head, so a multiplier on q k^T cancels.
-NO_SCORES: tuple[type[nn.Module], ...] = (LinearAttention,)
+#: Attentions without a softmax over scaled scores (nothing to rescale): linear attention's and Gated
+#: DeltaNet's outputs are RMS-normalized per head and linear in q, so a multiplier on q cancels.
+NO_SCORES: tuple[type[nn.Module], ...] = (LinearAttention, GatedDeltaNet)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def role_of(base: torch.Size, grown: torch.Size, *, table: bool, readout: bool) 
     grows = [a != b for a, b in zip(base, grown, strict=True)]
     if not any(grows):
         return "fixed"
-    if len(grows) == 1:
+    if len(grows) == 1 or (len(grows) > 2 and not any(grows[-2:])):  # a gain, or one set-size filter per channel
         return "vector"
     fan_out, fan_in = (grows[-1], grows[-2]) if table else (grows[-2], grows[-1])
     if fan_in and fan_out:
@@ -125,6 +126,8 @@ def growth(model: nn.Module, base: nn.Module, name: str, role: Role) -> tuple[fl
     now, then = dict(model.named_parameters())[name].shape, dict(base.named_parameters())[name].shape
     if len(now) < 2:
         return 1.0, now[0] / then[0] if now else 1.0
+    if role == "vector":  # a bank of set-size filters (a depthwise convolution's kernel): its channels grow
+        return 1.0, now.numel() / then.numel()
     table = is_table(model, name)
     in_dim, out_dim = (-2, -1) if table else (-1, -2)
     return now[in_dim] / then[in_dim], now[out_dim] / then[out_dim]

@@ -124,6 +124,13 @@ class AttentionHooks(PartHooks, Protocol):
         the state's bytes against it)."""
         raise NotImplementedError
 
+    def mixing_flops(self, seq_len: int) -> int | None:
+        """Training FLOPs (forward + backward) per token of the mixing itself at context ``seq_len``: the
+        products between tokens, beyond the matmuls of its parameters (the model counts those as 6 x
+        parameters). None (the default): softmax attention's 6 x seq_len x d_model
+        (zoo.models.base.TokenModel.training_flops)."""
+        return None
+
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """The pre-softmax attention scores of ``x`` (b, t, d_model) read as one sequence from position 0
         (no cache, no padding), computed on the math path: (b, h, t, t), q k^T times the score scale the

@@ -53,6 +53,12 @@ def init_stack(
             nn.init.normal_(p, std=std)
 
 
+def mixing_flops(module: nn.Module, seq_len: int) -> int | None:
+    """A sequence mixer's own training FLOPs per token (its ``mixing_flops`` hook), or None: a module
+    that is no mixer, or one counted as softmax attention."""
+    return hook(module, "mixing_flops")(seq_len) if defines(type(module), "mixing_flops") else None
+
+
 def token_init_stds(pos_embed: nn.Module | None) -> dict[str, float]:
     """``{"embed.weight": std}`` when the position embedding scales the token embeddings and asks for
     its own init std (``token_init_std``: sinusoidal positions), else nothing."""
@@ -126,10 +132,13 @@ class TokenModel(nn.Module):
         backward; a mixture of experts counts its router, top_k and shared experts), the LM head's
         matmul included even when tied, plus attention scores and weighted values:
         6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask),
+        or the mixer's own count where it gives one (its ``mixing_flops`` hook: Gated DeltaNet's chunked form),
         plus what each part counts beyond those (its ``extra_flops`` hook: an output gate, a sink).
         """
         counts = self.parameter_counts()
         active = self.num_active_parameters() - counts["embedding"]
         dense = active + self.embed.weight.numel()  # the LM head matmul counts
+        own = [flops for flops in (mixing_flops(m, seq_len) for m in self.modules()) if flops is not None]
+        softmax = attention_layers - len(own)
         extra = sum(hook(m, "extra_flops")(seq_len) for m in self.modules() if defines(m, "extra_flops"))
-        return 6 * dense + 6 * attention_layers * seq_len * self.embed.embedding_dim + extra
+        return 6 * dense + 6 * softmax * seq_len * self.embed.embedding_dim + sum(own) + extra

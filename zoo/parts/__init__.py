@@ -2,4 +2,10 @@
 
 from zoo.parts import attention, latent_attention, linear_attention, mlps, moe, norms, placements, positions
 
-__all__ = ["attention", "latent_attention", "linear_attention", "mlps", "moe", "norms", "placements", "positions"]
+# isort: split
+from zoo.parts import gated_deltanet  # after linear_attention: each axis lists its parts in registration order
+
+__all__ = [
+    "attention", "gated_deltanet", "latent_attention", "linear_attention", "mlps", "moe", "norms", "placements",
+    "positions",
+]  # fmt: skip

@@ -60,20 +60,12 @@ class RecurrentState(MixerState):
 
     def update(self, matrix: torch.Tensor, time: int) -> None:
         """Hold ``matrix`` as the state after ``time`` more tokens (static: copied into the held one)."""
-        if self.static and self.matrix is not None and self.matrix.shape == matrix.shape:
-            self.matrix.copy_(matrix)
-        else:
-            self.matrix = matrix.clone() if self.static else matrix
-            if self.static:
-                mark_static(self.matrix)
+        self.matrix = keep(self.matrix, matrix, self.static)
         self.advance(time)
 
     def reset(self) -> None:
         super().reset()
-        if self.static and self.matrix is not None:
-            self.matrix.zero_()  # the empty state, at the same address
-        else:
-            self.matrix = None
+        self.matrix = forget(self.matrix, self.static)
 
     def truncate(self, length: int) -> None:
         if length != self.length:
@@ -82,6 +74,23 @@ class RecurrentState(MixerState):
                 length,
                 f"must be {self.length}: a recurrent state keeps no per-token history, so it cannot rewind",
             )
+
+
+def keep(held: torch.Tensor | None, new: torch.Tensor, static: bool) -> torch.Tensor:
+    """The tensor a recurrent state holds for ``new``: ``new`` itself, or (static) a copy at a fixed
+    address: ``held``, overwritten in place, when it has the same shape."""
+    if not static:
+        return new
+    if held is not None and held.shape == new.shape:
+        return held.copy_(new)
+    copy = new.clone()
+    mark_static(copy)
+    return copy
+
+
+def forget(held: torch.Tensor | None, static: bool) -> torch.Tensor | None:
+    """What a recurrent state holds after a reset: nothing, or (static) ``held`` zeroed at the same address."""
+    return held.zero_() if static and held is not None else None
 
 
 def feature(x: torch.Tensor, kind: FeatureMap) -> torch.Tensor:

@@ -1,0 +1,341 @@
+"""Gated DeltaNet: linear attention whose state is corrected by the delta rule and decayed by a
+data-dependent gate, after a short causal convolution on the queries, keys and values (the linear
+mixer of the hybrids: Qwen3-Next, Qwen3.5).
+
+Two forms of the same function: the chunked form (``backend: sdpa``: the delta rule's WY form inside
+chunks of ``chunk`` tokens, a state carried across them) and the recurrent form (``backend: math``,
+the reference, and every decoding step of one token).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from zoo.core.dims import BlockDims
+from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
+from zoo.core.registry import ATTENTIONS
+from zoo.parts.linear_attention import RecurrentState, forget, keep
+from zoo.parts.norms import build_norm
+from zoo.parts.positions import Position
+from zoo.parts.state import LayerState, nbytes, query_slots
+
+#: The epsilon of the queries' and keys' L2 norm (fla's l2norm).
+L2_EPS = 1e-6
+
+#: The epsilon of the per-head output RMSNorm (fla's GatedDeltaNet norm_eps).
+OUTPUT_NORM_EPS = 1e-5
+
+#: Initial per-head rates A (Mamba-2's range, spread over the heads) and step sizes dt (fla's range).
+A_RANGE = (1.0, 16.0)
+DT_RANGE = (1e-3, 1e-1)
+
+
+class DeltaState(RecurrentState):
+    """Gated DeltaNet's decoding state: the (d_key, d_head) matrix per head of :class:`RecurrentState`
+    and ``conv`` (batch, conv - 1, channels), the short convolution's last inputs, so a call continues
+    the convolution where the previous one stopped. Constant size, whatever the number of tokens."""
+
+    def __init__(self, max_len: int | None = None) -> None:
+        super().__init__(max_len)
+        self.conv: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(self.matrix, self.conv)
+
+    def hold(self, matrix: torch.Tensor, conv: torch.Tensor, time: int) -> None:
+        """Hold the matrix and the convolution's last inputs after ``time`` more tokens."""
+        self.conv = keep(self.conv, conv, self.static)
+        self.update(matrix, time)
+
+    def reset(self) -> None:
+        super().reset()
+        self.conv = forget(self.conv, self.static)
+
+
+def short_convolution(
+    x: torch.Tensor, kernel: torch.Tensor, tail: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A causal depthwise convolution over time: x (b, t, c), kernel (c, 1, w), ``tail`` (b, w - 1, c) the
+    inputs before x (None: zeros) -> y (b, t, c), y_i = sum_j kernel[:, 0, j] x_{i - w + 1 + j}, and the
+    last w - 1 inputs (the next call's tail)."""
+    width = kernel.shape[-1]
+    if tail is None:
+        tail = x.new_zeros(x.shape[0], width - 1, x.shape[-1])
+    padded = torch.cat([tail, x], dim=1)  # (b, w - 1 + t, c)
+    y = F.conv1d(rearrange(padded, "b t c -> b c t"), kernel, groups=x.shape[-1])
+    return rearrange(y, "b c t -> b t c"), padded[:, padded.shape[1] - (width - 1) :]
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(|x|^2 + eps) over the last axis (fla's l2norm)."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
+
+
+def delta_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor,
+    start: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule one token at a time, the state H (b, h, d_key, d_head) (S = H^T):
+    H_i = g_i H_{i-1} + k_i u_i^T, u_i = beta_i (v_i - g_i H_{i-1}^T k_i), y_i = H_i^T q_i;
+    that is S_i = g_i S_{i-1} (I - beta_i k_i k_i^T) + beta_i v_i k_i^T.
+
+    q, k: (b, h, t, d_key); v: (b, h, t, d_head); beta, log_decay (log g <= 0): (b, h, t);
+    start: H_0 or None (zeros). Returns y (b, h, t, d_head) and the last state.
+    """
+    state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if start is None else start
+    ys = []
+    for i in range(q.shape[2]):
+        k_i = k[:, :, i]
+        state = torch.exp(log_decay[:, :, i, None, None]) * state
+        error = v[:, :, i] - torch.einsum("bhkd,bhk->bhd", state, k_i)  # what the state predicts for k_i, missed
+        state = state + torch.einsum("bhk,bhd->bhkd", k_i, beta[:, :, i, None] * error)
+        ys.append(torch.einsum("bhk,bhkd->bhd", q[:, :, i], state))
+    return torch.stack(ys, dim=2), state
+
+
+def delta_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor,
+    start: torch.Tensor | None,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked form, equal to :func:`delta_recurrent` (same arguments; ``chunk`` tokens per chunk).
+
+    Inside a chunk entered with state H_0, with G_i the decay's cumulative log up to token i:
+    H_i = e^{G_i} H_0 + sum_{j<=i} e^{G_i - G_j} k_j u_j^T, so the corrections U solve the unit
+    lower-triangular system (I + A) U = beta V - (beta e^G K) H_0, A_ij = beta_i e^{G_i - G_j} k_i.k_j
+    (j < i): U = U_0 - W H_0 with U_0 = T beta V and W = T beta e^G K, T = (I + A)^-1 (the WY form).
+    Then Y = (e^G Q) H_0 + (Q K^T o D) U, D_ij = e^{G_i - G_j} (j <= i), and the state leaving the chunk
+    is e^{G_c} H_0 + (e^{G_c - G} K)^T U. Everything but the last three products runs for every chunk at
+    once; the t / chunk state steps run in turn.
+    """
+    batch, heads, time, d_key = q.shape
+    chunk = min(chunk, time)
+    pad = -time % chunk
+    if pad:  # zero keys, values and rates and no decay: padding changes nothing
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        beta, log_decay = F.pad(beta, (0, pad)), F.pad(log_decay, (0, pad))
+    q, k, v = (rearrange(t, "b h (n c) d -> b h n c d", c=chunk) for t in (q, k, v))
+    beta = rearrange(beta, "b h (n c) -> b h n c 1", c=chunk)
+    total = rearrange(log_decay, "b h (n c) -> b h n c", c=chunk).cumsum(-1)  # G within each chunk
+    diff = rearrange(total, "b h n i -> b h n i 1") - rearrange(total, "b h n j -> b h n 1 j")  # G_i - G_j
+    ones = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device)
+    within = torch.exp(diff.masked_fill(~ones.tril(), float("-inf")))  # D: -inf first, exp never overflows
+    a = beta * (k @ k.transpose(-1, -2)) * within  # (b, h, n, c, c): A below the diagonal, zero above it
+    rhs = torch.cat([beta * v, beta * torch.exp(total)[..., None] * k], dim=-1)
+    solved = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)  # I + A: the diagonal read as 1
+    u0, w = solved.split([v.shape[-1], d_key], dim=-1)
+    scores = (q @ k.transpose(-1, -2)) * within  # (b, h, n, c, c)
+    q_in = q * torch.exp(total)[..., None]  # how much of H_0 each query reads
+    k_out = k * torch.exp(total[..., -1:] - total)[..., None]  # how much of each key the chunk's end keeps
+    through = torch.exp(total[..., -1])  # (b, h, n): how much of H_0 the chunk's end keeps
+    state = q.new_zeros(batch, heads, d_key, v.shape[-1]) if start is None else start
+    ys = []
+    # t / chunk steps; unbind, not indexing: its backward is one stack
+    steps = zip(*(t.unbind(2) for t in (u0, w, scores, q_in, k_out, through)), strict=True)
+    for u0_n, w_n, scores_n, q_n, k_n, kept in steps:
+        u = u0_n - w_n @ state
+        ys.append(q_n @ state + scores_n @ u)
+        state = kept[..., None, None] * state + k_n.transpose(-1, -2) @ u
+    y = rearrange(torch.stack(ys, dim=2), "b h n c d -> b h (n c) d")
+    return y[:, :, :time], state
+
+
+def initial_rates(n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log A, softplus^-1(dt)) per head, A spread evenly over :data:`A_RANGE` and dt geometrically over
+    :data:`DT_RANGE` (fla draws both at random in these ranges): head 0 keeps 1 - 0.001 of its state per
+    token at a zero input, the last head exp(-1.6) = 0.2, a spread of memories like RetNet's decays."""
+    spread = torch.linspace(0, 1, n_heads, dtype=torch.float64) if n_heads > 1 else torch.zeros(1, dtype=torch.float64)
+    rate = A_RANGE[0] + (A_RANGE[1] - A_RANGE[0]) * spread
+    dt = DT_RANGE[0] * (DT_RANGE[1] / DT_RANGE[0]) ** spread
+    return torch.log(rate).float(), (dt + torch.log(-torch.expm1(-dt))).float()  # softplus^-1(dt)
+
+
+@ATTENTIONS.register(
+    "gated_deltanet",
+    summary="Gated DeltaNet: a (d_key, d_head) state per head, decayed by a data-dependent gate and "
+    "corrected by the delta rule, after a short causal convolution on q, k, v; chunked for training, "
+    "recurrent for decoding.",
+    formula="S_i = g_i S_{i-1} (I - beta_i k_i k_i^T) + beta_i v_i k_i^T, y_i = rmsnorm(S_i q_i) * silu(W_g x_i); "
+    "q, k, v = silu(conv(W_qkv x)), q and k L2-normalized per head, beta = sigmoid(W_b x), "
+    "g = exp(-exp(A_log) softplus(W_a x + dt)); mixing cost per token 6 n_heads (chunk (3 d_key + 2 d_head) "
+    "+ 3 d_key d_head) training FLOPs",
+    reference="Yang et al. 2024, Gated Delta Networks, arXiv:2412.06464; Yang et al. 2024, Parallelizing "
+    "Linear Transformers with the Delta Rule over Sequence Length, arXiv:2406.06484; fla-core's "
+    "GatedDeltaNet layer",
+)
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet: linear attention whose (d_key, d_head) state per head forgets by a data-dependent
+    gate g_i and overwrites the value stored under the key k_i (the delta rule: a step of size beta_i
+    toward v_i), rather than adding to it.
+
+    Per token: q, k, v from one projection ``qkv`` (per head: d_key, d_key, d_head features, heads in
+    turn), a short causal depthwise convolution of ``conv`` taps over them (its decoding state keeps the
+    last conv - 1 inputs), SiLU; q and k L2-normalized per head, q scaled by d_key^-1/2; the rate
+    beta = sigmoid(``beta`` x) and the decay g = exp(-exp(``a_log``) softplus(``decay`` x + ``dt``)) per
+    head. Each head's output is RMS-normalized (gain ``norm``) and gated by silu(``gate`` x), then
+    ``out`` mixes the heads, as in fla's GatedDeltaNet layer.
+
+    Initialization: the convolution's kernel is stored as its difference from the identity (a kernel
+    that passes the present token through), so the model's std-0.02 draw starts it near the identity;
+    ``a_log`` and ``dt`` (fla's dt_bias; not named ``*bias``, which the model's init zeroes) spread the
+    heads' memories from about a thousand tokens to a few (:func:`initial_rates`).
+
+    ``backend``: ``sdpa`` computes the chunked form (chunks of ``chunk`` tokens), ``math`` the recurrent
+    one (the reference). The ``pos`` axis rotates q and k (after their norm); a score bias (ALiBi) has no
+    score matrix to act on, so it is refused. Causal only: the delta rule reads tokens in order, so an
+    encoder (non-causal) block is refused, and it declares no cross-attention.
+    """
+
+    conflicts: ClassVar[dict[str, str]] = {
+        "score bias": "Gated DeltaNet never forms the score matrix a score bias is added to; use pos=rotary "
+        "or pos=none (its convolution and decay carry order)"
+    }
+
+    @classmethod
+    def check(cls, dims: BlockDims, **options: Any) -> None:
+        if options["d_key"] is not None and options["d_key"] < 1:
+            raise ConfigError("block.attn.d_key", options["d_key"], "must be a positive integer, or null for d_head")
+        if options["conv"] < 1:
+            raise ConfigError(
+                "block.attn.conv", options["conv"], "must be a positive integer (taps of the short convolution)"
+            )
+        if options["chunk"] < 1:
+            raise ConfigError("block.attn.chunk", options["chunk"], "must be a positive integer")
+        if not dims.causal:
+            raise ConfigError(
+                "block.attn.name",
+                "gated_deltanet",
+                "is causal only (the delta rule reads tokens in order); an encoder block needs a mixer that "
+                "sees both directions (mha, linear, ...)",
+            )
+
+    def __init__(
+        self,
+        dims: BlockDims,
+        position: Position,
+        *,
+        d_key: int | None = None,
+        conv: int = 4,
+        chunk: int = 64,
+        backend: Literal["sdpa", "math"] = "sdpa",
+    ) -> None:
+        super().__init__()
+        self.n_heads, self.d_head = dims.n_heads, dims.d_head
+        self.d_key = self.d_head if d_key is None else d_key
+        self.causal, self.backend, self.chunk = dims.causal, backend, chunk
+        rotated = hook(position, "rotated")  # rotary's rotated features per head
+        if rotated is not None and rotated > self.d_key:
+            raise ConfigError(
+                "block.attn.d_key", d_key, f"must be at least the {rotated} features per head the position rotates"
+            )
+        self.position = position
+        self.channels = self.n_heads * (2 * self.d_key + self.d_head)
+        self.qkv = nn.Linear(dims.d_model, self.channels, bias=dims.bias)
+        self.conv = nn.Parameter(torch.empty(self.channels, 1, conv))  # the kernel less the identity
+        nn.init.kaiming_uniform_(self.conv, a=math.sqrt(5))  # nn.Conv1d's own default draw
+        present = torch.zeros(conv)
+        present[-1] = 1.0
+        self.present: torch.Tensor  # (conv,): the identity kernel, one at the present token
+        self.register_buffer("present", present, persistent=False)
+        self.beta = nn.Linear(dims.d_model, self.n_heads, bias=dims.bias)
+        self.decay = nn.Linear(dims.d_model, self.n_heads, bias=False)  # ``dt`` is its bias
+        a_log, dt = initial_rates(self.n_heads)
+        self.a_log, self.dt = nn.Parameter(a_log), nn.Parameter(dt)
+        self.norm = build_norm("rmsnorm", dims, width=self.d_head, shared={"eps": OUTPUT_NORM_EPS})
+        self.gate = nn.Linear(dims.d_model, self.n_heads * self.d_head, bias=dims.bias)
+        self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
+
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """``qkv``'s rows as the query, key and value matrices (each head's d_key, d_key, d_head rows in
+        turn); ``beta``, ``decay``, ``gate`` and ``out`` are one matrix each; the convolution's kernel
+        (channels, 1, conv) is none (one short filter per channel)."""
+        rows = rearrange(torch.arange(self.channels), "(h n) -> h n", h=self.n_heads)
+        q, k, v = (rearrange(part, "h n -> (h n)") for part in rows.split([self.d_key, self.d_key, self.d_head], 1))
+        return {"qkv.weight": {"q": q, "k": k, "v": v}}
+
+    def state_size(self, length: int) -> int:
+        """Numbers one sample's decoding state holds after any number of tokens: a (d_key, d_head) matrix
+        per head and the convolution's last conv - 1 inputs."""
+        return self.n_heads * self.d_key * self.d_head + (self.conv.shape[-1] - 1) * self.channels
+
+    def mixing_flops(self, seq_len: int) -> int:
+        """Training FLOPs per token of the chunked form's products (its matrices count as parameters):
+        per head and token, chunk x d_key multiply-adds for each of K K^T and Q K^T, chunk x d_head for
+        (Q K^T o D) U, chunk x (d_key + d_head) for the triangular solve, and d_key x d_head for each of
+        W H_0, Q H_0 and the state update, with ``chunk`` the sequence when shorter; causal products are
+        not halved (as for softmax attention). x 2 FLOPs, x 3 for forward and backward."""
+        chunk = min(self.chunk, seq_len)
+        per_head = chunk * (3 * self.d_key + 2 * self.d_head) + 3 * self.d_key * self.d_head
+        return 6 * self.n_heads * per_head
+
+    def attention_logits(self, x: torch.Tensor) -> torch.Tensor | None:
+        """None: no softmax, so no attention logits (probes skip this mixer by name)."""
+        return None
+
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (b, t, d_model) -> log g (b, h, t) = -exp(a_log) softplus(decay x + dt), <= 0, in at least float32."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        step = F.softplus(self.decay(x).to(dtype) + self.dt.to(dtype))
+        return rearrange(-torch.exp(self.a_log.to(dtype)) * step, "b t h -> b h t")
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        key_mask: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x: (b, t, d_model) -> (b, t, d_model).
+
+        key_mask: (b, t_k) bool, True at real tokens (t_k counts earlier tokens too): a padding token
+            enters the convolution as zeros, adds nothing to the state and does not decay it.
+            cache: this layer's state; its :class:`DeltaState` carries the matrix and the convolution's
+            last inputs across calls. positions: (b, t) per-sample position ids for the ``pos`` axis
+            (left-padded batches); default: token index.
+        """
+        time = x.shape[1]
+        state = None if cache is None else cache.mixer_state(DeltaState)
+        slots = query_slots(state, time, x.device)  # (t,)
+        real = None if key_mask is None else key_mask.index_select(1, slots).bool()  # (b, t): the new tokens
+        mixed = self.qkv(x)
+        if real is not None:
+            mixed = mixed * real[..., None]
+        mixed, tail = short_convolution(mixed, self.conv + self.present, None if state is None else state.conv)
+        work = torch.promote_types(x.dtype, torch.float32)  # the recurrence in at least float32
+        q, k, v = rearrange(F.silu(mixed).to(work), "b t (h n) -> b h t n", h=self.n_heads).split(
+            [self.d_key, self.d_key, self.d_head], dim=-1
+        )
+        q, k = self.position.rotate(l2_normalize(q), l2_normalize(k), slots if positions is None else positions)
+        q = q / math.sqrt(self.d_key)
+        beta = rearrange(torch.sigmoid(self.beta(x).to(work)), "b t h -> b h t")
+        log_decay = self.log_decay(x)
+        if real is not None:  # padding: no key, no decay
+            k = k * rearrange(real, "b t -> b 1 t 1")
+            log_decay = log_decay * rearrange(real, "b t -> b 1 t")
+        start = None if state is None else state.matrix
+        if self.backend == "math" or (time == 1 and start is not None):
+            y, end = delta_recurrent(q, k, v, beta, log_decay, start)
+        else:
+            y, end = delta_chunked(q, k, v, beta, log_decay, start, self.chunk)
+        if state is not None:
+            state.hold(end, tail, time)
+        gate = F.silu(rearrange(self.gate(x), "b t (h d) -> b h t d", h=self.n_heads))
+        y = self.norm(y.to(x.dtype)) * gate
+        return self.out(rearrange(y, "b h t d -> b t (h d)"))
