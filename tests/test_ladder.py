@@ -314,7 +314,8 @@ def test_a_ladder_sweep_branches_its_budgets_and_a_null_variant_gets_a_multiplie
     their checkpoints into budgets/, and the report's multiplier of one backend against the other holding 1."""
     tiny = [f"{k}={v}" for k, v in tiny_cli(steps=40).items() if k != "block.d_model"]
     args = ["ladder", "block.d_model=16,24,32", "block.attn.backend=sdpa,math", "pos=none", "mlp=gelu", "tune.lr=null",
-            "train.warmup_steps=2", "train.checkpoint_every=4", "train.keep_checkpoints=10", "ladder.steps=[10,20]",
+            "seed=0,1,2", "train.warmup_steps=2", "train.checkpoint_every=4", "train.keep_checkpoints=10",
+            "ladder.steps=[10,20]",
             *tiny, f"hydra.sweep.dir={tmp_path / 'ladder'}"]  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "zoo.lab.commands.sweep", *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
