@@ -36,10 +36,11 @@ log = logging.getLogger("zoo.lab.studies.tune")
 
 
 def variant_hash(config: dict[str, Any], any_width: bool = False) -> str:
-    """What a run computes, less its seed and learning rate (and its width, ``any_width``: ``tune.width``): the
-    same for a variant's tune runs and its runs."""
+    """What a run computes, less its seeds (``seed``, ``data_seed``) and learning rate (and its width,
+    ``any_width``: ``tune.width``): the same for a variant's tune runs and its runs."""
     config = copy.deepcopy(config)
     config.pop("seed", None)
+    config.pop("data_seed", None)
     if isinstance(config.get("train"), dict):
         config["train"].pop("lr", None)
     if any_width and isinstance(config.get("block"), dict):
