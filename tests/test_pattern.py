@@ -116,6 +116,27 @@ def test_a_pattern_leaves_every_existing_config_hash_as_it_was():
     assert hybrid != recorded[()] and hybrid != config_hash(tiny(SSSL.replace("{pos: none}", "{}"), "block.max_len=64"))
 
 
+def test_a_norm_used_by_a_pattern_entry_is_no_unused_axis():
+    from zoo import PLACEMENTS
+    from zoo.lab.studies.variants import unused_axes
+    from zoo.parts.placements import Placement
+
+    @PLACEMENTS.register("test_nonorm", formula="x = x + f(x)")
+    class NoNorm(Placement):
+        """No norm anywhere: the residual sum of the branches."""
+
+        uses_norm = False
+        final_norm = False
+
+    try:
+        free = {"block": {"placement": {"name": "test_nonorm"}}, "model": {"layers": {}, "pattern": [{}]}}
+        assert unused_axes(free) == ["norm"]
+        assert unused_axes({**free, "model": {"layers": {}, "pattern": [{}, {"placement": "pre"}]}}) == []
+        assert unused_axes({**free, "model": {"layers": {1: {"placement": "pre"}}, "pattern": []}}) == []
+    finally:
+        PLACEMENTS.unregister("test_nonorm")
+
+
 def test_flops_per_token_counts_each_layer_of_a_pattern_by_its_own_mixer():
     """A 3:1 hybrid: the Gated DeltaNet layers by their chunked form, the full layer by 6 x seq x d; a
     local/global stack: each windowed layer by min(window, seq) keys per query, the global one by seq."""
