@@ -140,7 +140,7 @@ def test_pattern_model_contract(case, record_property):
             check(built)
         except AssertionError as error:
             failures[check_name] = str(error)
-    conclude(failures, declared_exceptions(combo), checks, record_property, combo)
+    conclude(failures, declared_exceptions(combo), checks, record_property, {"pattern": name, **combo})
 
 
 def inputs(batch: int = B, time: int = T) -> torch.Tensor:
