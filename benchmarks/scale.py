@@ -225,12 +225,12 @@ def main() -> None:
 
     from zoo import ConfigError
     from zoo.lab.planning.run_model import build_run_model
-    from zoo.models.config import block_section, layer_specs, model_options
+    from zoo.models.config import block_section, model_options, stack_specs
 
     if "tp" in args.layouts:  # heads, vocabulary and length must split between the tp ranks: checked up front
         cfg = config(args)
         options = model_options(cfg)
-        specs = layer_specs(block_section(cfg), options["n_layers"], options["layers"], "model.layers")
+        specs = stack_specs(block_section(cfg), options)
         try:
             parallel_of("tp", args.world).check_model(specs, args.vocab, [args.seq_len])
         except ConfigError as error:

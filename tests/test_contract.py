@@ -34,7 +34,7 @@ def test_block_contract(combo, record_property):
 import torch  # noqa: E402
 
 from zoo import LayerState, StaticDecoder, build_block, check_combination  # noqa: E402
-from zoo.testing.combos import VOCAB, block_config, make_model, randomize  # noqa: E402
+from zoo.testing.combos import PATTERN_CASES, PATTERNS, VOCAB, block_config, make_model, pattern_id, randomize  # noqa: E402
 from zoo.testing.contract import close  # noqa: E402
 
 B, T, D = 2, 6, 16
@@ -44,10 +44,11 @@ FLOAT32 = 1e-5
 
 
 class Built:
-    """One combination's 2-layer model, cross-attention block and encoder block, each built on first use."""
+    """One combination's 2-layer model (with a ``pattern``: one layer per entry, zoo.testing.combos.PATTERNS),
+    cross-attention block and encoder block, each built on first use."""
 
-    def __init__(self, combo: dict[str, str]) -> None:
-        self.combo = combo
+    def __init__(self, combo: dict[str, str], pattern: list[dict] | None = None) -> None:
+        self.combo, self.pattern = combo, pattern
         self._made: dict[str, torch.nn.Module] = {}
 
     def _get(self, key: str, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
@@ -57,7 +58,8 @@ class Built:
 
     @property
     def model(self) -> torch.nn.Module:
-        return self._get("model", lambda: make_model(self.combo))
+        layers = len(self.pattern) if self.pattern else 2
+        return self._get("model", lambda: make_model(self.combo, n_layers=layers, pattern=self.pattern))
 
     @property
     def cross(self) -> torch.nn.Module:
@@ -76,6 +78,7 @@ class Built:
 
 MODEL_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for every combination
 PAIR_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for every pair of parts (combos.every_pair)
+PATTERN_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for each layer pattern (combos.PATTERN_CASES)
 
 
 def model_check(check: Callable[[Built], None]) -> Callable[[Built], None]:
@@ -85,6 +88,11 @@ def model_check(check: Callable[[Built], None]) -> Callable[[Built], None]:
 
 def pair_check(check: Callable[[Built], None]) -> Callable[[Built], None]:
     PAIR_CHECKS[check.__name__.replace("_", " ")] = check
+    return check
+
+
+def pattern_check(check: Callable[[Built], None]) -> Callable[[Built], None]:
+    PATTERN_CHECKS[check.__name__.replace("_", " ")] = check
     return check
 
 
@@ -119,6 +127,22 @@ def test_model_contract_pairwise(combo, record_property):
     run_checks(combo, PAIR_CHECKS, record_property)
 
 
+@pytest.mark.parametrize("case", PATTERN_CASES, ids=[pattern_id(case) for case in PATTERN_CASES])
+def test_pattern_model_contract(case, record_property):
+    """A model whose layers differ by a pattern (mixers, windows, positions): decoding with caches across
+    its mixed layers, left padding, causality and gradients, as every combination's model."""
+    name, combo = case
+    built, failures = Built(combo, PATTERNS[name]), {}
+    checks = {**MODEL_CHECKS, "left padded batch equals each prompt alone": left_padded_batch_equals_each_prompt_alone}
+    checks |= PATTERN_CHECKS
+    for check_name, check in checks.items():
+        try:
+            check(built)
+        except AssertionError as error:
+            failures[check_name] = str(error)
+    conclude(failures, declared_exceptions(combo), checks, record_property, {"pattern": name, **combo})
+
+
 def inputs(batch: int = B, time: int = T) -> torch.Tensor:
     return torch.randn(batch, time, D, dtype=torch.float64)
 
@@ -134,12 +158,14 @@ def prefill_in_chunks_then_cached_decoding_equals_full_forward(built: Built) -> 
         start += size
     assert all(cache.length == ids.shape[1] for cache in caches)
     close(torch.cat(steps, dim=1), model(ids), FLOAT32, "logits")
-    # Only what the mixer says its state holds (softmax attention: a key and a value per kv head and
-    # slot), for every layer and sample, 8 bytes each.
-    attn, held = model.blocks[0].attn, caches[0].mixer
-    size = attn.state_size(held.capacity if hasattr(held, "capacity") else held.length)
+    # Only what each layer's mixer says its state holds (softmax attention: a key and a value per kv head
+    # and slot), for every sample, 8 bytes each.
+    sizes = [
+        block.attn.state_size(cache.mixer.capacity if hasattr(cache.mixer, "capacity") else cache.mixer.length)
+        for block, cache in zip(model.blocks, caches, strict=True)
+    ]
     held_bytes = sum(cache.nbytes for cache in caches)
-    assert held_bytes == len(model.blocks) * B * size * 8, "the state holds more than the mixer says"
+    assert held_bytes == B * sum(sizes) * 8, "the state holds more than the mixers say"
 
 
 @model_check
@@ -181,6 +207,27 @@ def left_padded_batch_equals_each_prompt_alone(built: Built) -> None:
     assert torch.equal(model.generate(ids, new, key_mask=key_mask, use_cache=False), alone)
     static = StaticDecoder(model, max_len=width + new, compile=False)
     assert torch.equal(static.generate(ids, new, key_mask=key_mask), alone)
+
+
+@pattern_check
+def later_tokens_change_no_earlier_logit(built: Built) -> None:
+    model = built.model
+    ids = torch.randint(0, VOCAB, (B, 7))
+    logits = model(ids)
+    changed = ids.clone()
+    changed[:, 4:] = (changed[:, 4:] + 1 + torch.randint(0, VOCAB - 1, (B, 3))) % VOCAB  # every one differs
+    close(model(changed)[:, :4], logits[:, :4], 1e-12, "logits before the change")
+    assert not torch.allclose(model(changed)[:, 4:], logits[:, 4:]), "the changed tokens change nothing"
+
+
+@pattern_check
+def gradients_reach_every_parameter(built: Built) -> None:
+    model = built.model
+    model.zero_grad(set_to_none=True)
+    ids = torch.randint(0, VOCAB, (B, 7))
+    (model(ids) * torch.randn(B, 7, VOCAB, dtype=torch.float64)).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
 
 
 def memory_inputs(batch: int = B) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers import seeded_draws
 
+import zoo
 from zoo import POSITIONS, ConfigError, build_block, build_model, compose
 
 
@@ -153,6 +154,23 @@ def test_flops_per_token_counts_every_matmul_and_the_lm_head_once():
         model_section = {"n_layers": layers, "vocab_size": vocab, "tie_embeddings": tied}
         model = build_model({"block": block, "model": model_section})
         assert model.flops_per_token(seq) == expected, tied
+
+
+def test_flops_per_token_counts_a_sliding_window_by_the_keys_each_query_sees():
+    """A windowed layer: 6 x min(window, seq_len) x d_model in place of 6 x seq_len x d_model (by hand: d 16,
+    window 5, seq 64: 480 per layer, not 6144); an encoder block's window reaches both sides, 2 window - 1 keys."""
+    d, layers, vocab = 16, 2, 32
+    block = {"d_model": d, "n_heads": 4, "d_ff": 24, "bias": True, "placement": "pre", "norm": "layernorm",
+             "attn": {"name": "gqa", "window": 5}, "pos": "rotary", "mlp": "gelu"}  # fmt: skip
+    model = build_model({"block": block, "model": {"n_layers": layers, "vocab_size": vocab}})
+    full = build_model({"block": {**block, "attn": "gqa"}, "model": {"n_layers": layers, "vocab_size": vocab}})
+    assert model.num_parameters() == full.num_parameters()
+    assert full.flops_per_token(64) - model.flops_per_token(64) == layers * (6144 - 480)
+    assert model.flops_per_token(64) == 6 * model.num_parameters() + layers * 480
+    assert model.flops_per_token(3) == full.flops_per_token(3)  # a window wider than the sequence is no window
+    s2s = {"block": {**block, "attn": "gqa"}, "model": {"n_layers": 1, "vocab_size": vocab}}
+    windowed = zoo.build_seq2seq({**s2s, "encoder": {"n_layers": 1, "block": {"attn": {"window": 5}}}})
+    assert zoo.build_seq2seq(s2s).flops_per_token(64) - windowed.flops_per_token(64) == 6 * (64 - 9) * d
 
 
 @pytest.mark.parametrize("attn", ["mha", "gqa", "mla"])

@@ -14,6 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+from helpers import ROOT
 
 import zoo
 from zoo import NORMS, ConfigError, compose
@@ -203,6 +205,29 @@ def test_an_option_file_named_after_another_part_is_reported_naming_the_file(plu
     assert "unknown norm" in message and f"(set by option file {folder / 'tahnnorm.yaml'})" in message
     assert compose(["norm=rmsnorm_loose"]).block.norm.eps == 1e-3
     assert compose(["norm=mynorm", "block.norm.name=rmsnorm"]).block.norm.name == "rmsnorm"  # said on purpose
+
+
+def test_the_dyt_example_plugin_takes_part_in_a_layer_pattern(plugins):
+    """examples/zoo-dyt as installed (its module and option file): ``norm: dyt`` in a pattern entry, from the
+    command line and from a dict, gives those layers DyT; the model decodes with caches as its full forward."""
+    example = ROOT / "examples" / "zoo-dyt" / "zoo_dyt"
+    module = {"zoo_dyt": (example / "__init__.py").read_text()}
+    options = {"norm/dyt.yaml": (example / "conf" / "norm" / "dyt.yaml").read_text()}
+    plugins.add("zoo-dyt", module, {"dyt": "zoo_dyt"}, options, "zoo_dyt.conf")
+    base = ["preset=llama", "block.d_model=32", "block.n_heads=4", "model.n_layers=3"]
+    model = zoo.build_model(compose([*base, "model.pattern=[{norm: {name: dyt, alpha_init: 0.7}},{}]"])).double()
+    norms = [type(block.placement.norms[0]).__name__ for block in model.blocks]
+    assert norms == ["DynamicTanh", "RMSNorm", "DynamicTanh"]
+    assert model.blocks[2].placement.norms[1].alpha.item() == pytest.approx(0.7)
+    raw = {"block": dict(compose(base).block), "model": {"n_layers": 2, "pattern": [{}, {"norm": "dyt"}]}}
+    assert type(zoo.build_model(raw).blocks[1].placement.norms[0]).__name__ == "DynamicTanh"
+    model.eval()
+    ids = torch.randint(0, 256, (2, 7))
+    caches = model.new_caches()
+    steps = [model(ids[:, :4], caches=caches)] + [model(ids[:, t : t + 1], caches=caches) for t in range(4, 7)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), model(ids), rtol=0, atol=1e-10)
+    with pytest.raises(ConfigError, match=r"model.pattern\[1\].norm.alpha_init=0.0: must be > 0"):
+        zoo.build_model(compose([*base, "model.pattern=[{},{norm: {name: dyt, alpha_init: 0}}]"]))
 
 
 def test_a_conf_entry_point_that_does_not_import_is_named():

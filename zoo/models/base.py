@@ -132,7 +132,8 @@ class TokenModel(nn.Module):
         backward; a mixture of experts counts its router, top_k and shared experts), the LM head's
         matmul included even when tied, plus attention scores and weighted values:
         6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask),
-        or the mixer's own count where it gives one (its ``mixing_flops`` hook: Gated DeltaNet's chunked form),
+        or the mixer's own count where it gives one (its ``mixing_flops`` hook: Gated DeltaNet's chunked form,
+        a sliding window's min(window, seq_len) keys per query), each layer by its own mixer,
         plus what each part counts beyond those (its ``extra_flops`` hook: an output gate, a sink).
         """
         counts = self.parameter_counts()

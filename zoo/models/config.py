@@ -1,27 +1,38 @@
 """Model-level config: the ``model`` section and per-layer block overrides, validated before any tensor work.
 
-A stack's blocks all start from ``block``; ``layers`` maps a layer index to overrides of that
-block, so a mixed stack is one line on the command line (``+model.layers.3.attn=mqa``). An axis
-given as a name (``attn: mqa``) replaces that axis (with the part's own defaults); a node with the
-same ``name`` (or none) changes only the options it lists (``attn: {n_kv_heads: 1}``).
+A stack's blocks all start from ``block``; ``pattern`` is a list of overrides of that block repeated
+over the depth (layer i takes ``pattern[i % len(pattern)]``, truncated at the depth: a 3:1 hybrid is
+``[{attn: gated_deltanet}, {attn: gated_deltanet}, {attn: gated_deltanet}, {}]``), and ``layers`` maps a
+layer index to overrides applied on top, so a mixed stack is one line on the command line
+(``+model.layers.3.attn=mqa``). An axis given as a name (``attn: mqa``) replaces that axis (with the
+part's own defaults); a node with the same ``name`` (or none) changes only the options it lists
+(``attn: {n_kv_heads: 1}``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
+from zoo.models.stack import check_positions
 
 #: ``model`` keys and their defaults.
-MODEL_DEFAULTS: dict[str, Any] = {"vocab_size": None, "n_layers": 4, "tie_embeddings": True, "layers": {}}
+MODEL_DEFAULTS: dict[str, Any] = {
+    "vocab_size": None, "n_layers": 4, "tie_embeddings": True, "layers": {}, "pattern": []
+}  # fmt: skip
 #: ``model.vocab_size: null`` outside a run (a run takes its task's vocabulary: zoo.lab.planning.run_model): bytes.
 DEFAULT_VOCAB = 256
 
 #: ``encoder`` keys (read by build_seq2seq only); ``n_layers`` defaults to the decoder's.
-ENCODER_DEFAULTS: dict[str, Any] = {"n_layers": None, "block": {}, "layers": {}}
+ENCODER_DEFAULTS: dict[str, Any] = {"n_layers": None, "block": {}, "layers": {}, "pattern": []}
+#: What a ``pattern`` is, for errors.
+PATTERN_FORM = (
+    "must be a list of block overrides repeated over the depth (layer i takes pattern[i % len(pattern)]), "
+    "e.g. [{attn: gated_deltanet}, {attn: gated_deltanet}, {attn: gated_deltanet}, {}], or [] for none"
+)
 
 
 def section(raw: Mapping[str, Any], name: str, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +53,8 @@ def positive_int(field: str, value: Any) -> int:
 
 
 def model_options(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The validated ``model`` section: vocab_size (null: :data:`DEFAULT_VOCAB`), n_layers, tie_embeddings, layers."""
+    """The validated ``model`` section: vocab_size (null: :data:`DEFAULT_VOCAB`), n_layers, tie_embeddings,
+    layers, pattern."""
     options = section(raw, "model", MODEL_DEFAULTS)
     if options["vocab_size"] is None:
         options["vocab_size"] = DEFAULT_VOCAB
@@ -68,30 +80,79 @@ def merge_block(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str
 
 
 def layer_specs(
-    block: Mapping[str, Any], n_layers: int, layers: Mapping[Any, Any] | None, field: str
+    block: Mapping[str, Any],
+    n_layers: int,
+    layers: Mapping[Any, Any] | None,
+    field: str,
+    pattern: Sequence[Any] | None = (),
 ) -> list[BlockSpec]:
-    """One validated BlockSpec per layer: ``block`` with ``layers[i]`` applied to layer i.
+    """One validated BlockSpec per layer: ``block`` with ``pattern[i % len(pattern)]``, then ``layers[i]``,
+    applied to layer i (a pattern that does not divide the depth is truncated at it).
 
-    field: where ``layers`` sits in the config (``model.layers``), for error messages.
+    field: where ``layers`` sits in the config (``model.layers``), for error messages; the pattern sits
+    beside it (``model.pattern``). Positions added at the token embedding must agree on every layer
+    (:func:`zoo.models.stack.check_positions`): a layer that differs is named by where its ``pos`` came from.
     """
     base = resolve_block(block)
     if layers is not None and not isinstance(layers, Mapping):
         raise ConfigError(field, layers, "must map layer indices to block overrides, e.g. {3: {attn: mqa}}")
-    specs = [base] * n_layers
+    section = field.rpartition(".")[0]
+    merged, fields = _pattern_blocks(block, base, pattern, f"{section}.pattern")
+    specs = [merged[i % len(merged)][1] for i in range(n_layers)]
+    origins = [fields[i % len(fields)] if pattern else f"{field}.{i}" for i in range(n_layers)]
     for key, changes in (layers or {}).items():
         index = _layer_index(f"{field}.{key}", key, n_layers)
-        if not isinstance(changes, Mapping):
-            raise ConfigError(f"{field}.{key}", changes, "must be a mapping of block overrides, e.g. {attn: mqa}")
-        if "d_model" in changes and changes["d_model"] != base.dims.d_model:
-            raise ConfigError(
-                f"{field}.{key}.d_model", changes["d_model"], f"must equal block.d_model={base.dims.d_model}"
-            )
-        try:
-            specs[index] = resolve_block(merge_block(block, changes))
-        except ConfigError as error:  # name the layer's field, not the shared block's
-            name = f"{field}.{key}.{error.field.removeprefix('block.')}"
-            raise ConfigError(name, error.value, error.allowed) from None
+        specs[index] = _override(merged[index % len(merged)][0], changes, base, f"{field}.{key}")[1]
+        origins[index] = f"{field}.{key}"
+    check_positions(specs, origins)
     return specs
+
+
+def stack_specs(block: Mapping[str, Any], options: Mapping[str, Any], section: str = "model") -> list[BlockSpec]:
+    """:func:`layer_specs` of a validated section (``model``, ``encoder``): its n_layers, layers and pattern."""
+    return layer_specs(block, options["n_layers"], options["layers"], f"{section}.layers", options["pattern"])
+
+
+def _pattern_blocks(
+    block: Mapping[str, Any], base: BlockSpec, pattern: Sequence[Any] | None, field: str
+) -> tuple[list[tuple[Mapping[str, Any], BlockSpec]], list[str]]:
+    """Each pattern entry's block config and spec, resolved once, and its field (``model.pattern[1]``);
+    the block alone for an empty pattern (or none)."""
+    if pattern is not None and (isinstance(pattern, str | bytes | Mapping) or not isinstance(pattern, Sequence)):
+        raise ConfigError(field, pattern, PATTERN_FORM)
+    if not pattern:
+        return [(block, base)], [field]
+    fields = [f"{field}[{j}]" for j in range(len(pattern))]
+    return [_override(block, changes, base, name) for changes, name in zip(pattern, fields, strict=True)], fields
+
+
+def _changes(changes: Any, base: BlockSpec, field: str) -> Mapping[str, Any]:
+    """``changes`` checked as one layer's block overrides (a mapping keeping block.d_model)."""
+    if not isinstance(changes, Mapping):
+        raise ConfigError(field, changes, "must be a mapping of block overrides, e.g. {attn: mqa}, or {} for none")
+    if "d_model" in changes and changes["d_model"] != base.dims.d_model:
+        raise ConfigError(f"{field}.d_model", changes["d_model"], f"must equal block.d_model={base.dims.d_model}")
+    return changes
+
+
+def _override(
+    block: Mapping[str, Any], changes: Any, base: BlockSpec, field: str
+) -> tuple[Mapping[str, Any], BlockSpec]:
+    """``block`` with one layer's ``changes``, and its spec; an error names ``field`` (``model.layers.3``)."""
+    config = merge_block(block, _changes(changes, base, field))
+    try:
+        return config, resolve_block(config)
+    except ConfigError as error:  # name the layer's field, not the shared block's
+        name = f"{field}.{error.field.removeprefix('block.')}"
+        raise ConfigError(name, error.value, error.allowed) from None
+
+
+def layer_field(options: Mapping[str, Any], index: int, section: str = "model") -> str:
+    """Where layer ``index``'s overrides sit in a validated section, for errors: its pattern entry
+    (``model.pattern[1]``) when a pattern gives it and ``model.layers`` does not, else ``model.layers.3``."""
+    if any(str(key) == str(index) for key in options["layers"] or {}) or not options["pattern"]:
+        return f"{section}.layers.{index}"
+    return f"{section}.pattern[{index % len(options['pattern'])}]"
 
 
 def _layer_index(field: str, key: Any, n_layers: int) -> int:

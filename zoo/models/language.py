@@ -13,7 +13,7 @@ from zoo.assembly.spec import BlockSpec, to_dict
 from zoo.core.errors import ConfigError
 from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel
 from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
-from zoo.models.config import block_section, layer_specs, model_options
+from zoo.models.config import block_section, layer_field, model_options, stack_specs
 from zoo.models.generate import check_generate_args, continued_positions, generate_tokens, padded_prompt
 from zoo.models.stack import Stack
 from zoo.parts.state import LayerState
@@ -160,16 +160,18 @@ class LanguageModel(TokenModel, Stack):
 
 def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpec] | None = None) -> LanguageModel:
     """A model from a config with a ``block`` section and a ``model`` section: ``vocab_size``,
-    ``n_layers``, ``tie_embeddings`` and ``layers`` (per-layer block overrides, ``{3: {attn: mqa}}``).
+    ``n_layers``, ``tie_embeddings``, ``pattern`` (block overrides repeated over the depth,
+    ``[{attn: gated_deltanet}, {}]``) and ``layers`` (per-layer block overrides on top, ``{3: {attn: mqa}}``).
     ``specs``: the layers' specs already resolved from this config (:func:`zoo.models.config.layer_specs`)."""
     raw = to_dict(cfg)
     options = model_options(raw)
     block = block_section(raw)
     if specs is None:
-        specs = layer_specs(block, options["n_layers"], options["layers"], "model.layers")
+        specs = stack_specs(block, options)
     for i, spec in enumerate(specs):
         if spec.dims.cross_attention:
-            field = "block.cross_attention" if block.get("cross_attention") else f"model.layers.{i}.cross_attention"
+            where = "block" if block.get("cross_attention") else layer_field(options, i)
+            field = f"{where}.cross_attention"
             raise ConfigError(field, True, "a decoder-only model has no encoder memory; use zoo.build_seq2seq")
     return LanguageModel(specs, options["vocab_size"], tie_embeddings=options["tie_embeddings"])
 

@@ -20,11 +20,11 @@ from zoo.models.base import TokenModel, init_stack, residual_branches, token_ini
 from zoo.models.config import (
     ENCODER_DEFAULTS,
     block_section,
-    layer_specs,
     merge_block,
     model_options,
     positive_int,
     section,
+    stack_specs,
 )
 from zoo.models.generate import check_generate_args, generate_tokens
 from zoo.models.stack import Stack
@@ -162,9 +162,9 @@ class Seq2SeqModel(TokenModel):
 
 def build_seq2seq(cfg: Mapping[str, Any] | DictConfig) -> Seq2SeqModel:
     """An encoder-decoder from a config: ``block`` (shared by both stacks), ``model`` (as for
-    :func:`zoo.build_model`; ``n_layers`` and ``layers`` are the decoder's) and an optional
+    :func:`zoo.build_model`; ``n_layers``, ``pattern`` and ``layers`` are the decoder's) and an optional
     ``encoder`` section: ``n_layers`` (default: the decoder's), ``block`` (overrides of ``block``
-    for the encoder) and ``layers`` (per-layer overrides).
+    for the encoder), ``pattern`` and ``layers`` (its own, as the model's).
 
     Decoder blocks get ``cross_attention: true``; encoder blocks ``causal: false`` and no cross-attention.
     """
@@ -185,9 +185,9 @@ def build_seq2seq(cfg: Mapping[str, Any] | DictConfig) -> Seq2SeqModel:
         resolve_block(encoder_block)
     except ConfigError as error:
         raise ConfigError(f"encoder.{error.field}", error.value, error.allowed) from None
-    encoder_specs = layer_specs(encoder_block, n_encoder, encoder["layers"], "encoder.layers")
+    encoder_specs = stack_specs(encoder_block, {**encoder, "n_layers": n_encoder}, "encoder")
     decoder_block = {**block, "cross_attention": True}
-    decoder_specs = layer_specs(decoder_block, options["n_layers"], options["layers"], "model.layers")
+    decoder_specs = stack_specs(decoder_block, options)
     return Seq2SeqModel(encoder_specs, decoder_specs, options["vocab_size"], options["tie_embeddings"])
 
 

@@ -41,25 +41,29 @@ def embeds_positions(spec: BlockSpec) -> bool:
     return "embedding" in hook(spec["pos"].part.cls, "needs")
 
 
-def position_embedding(specs: Sequence[BlockSpec], field: str = "model.layers") -> nn.Module | None:
-    """The module that adds the stack's absolute positions to its token embeddings, or None.
-
-    Positions added at the embedding reach every layer, so all layers must agree on them: a layer
+def check_positions(specs: Sequence[BlockSpec], fields: Sequence[str]) -> None:
+    """Positions added at the embedding reach every layer, so all layers must agree on them: a layer
     whose ``pos`` differs from layer 0's when either is an embedding-side position is a ConfigError
-    naming ``{field}.{i}.pos`` (per-layer ``pos`` may only vary among positions applied inside
-    attention: none, rotary, alibi).
-    """
+    naming ``{fields[i]}.pos`` (per-layer ``pos`` may only vary among positions applied inside
+    attention: none, rotary, alibi). fields: where each layer's overrides sit (``model.layers.3``)."""
     first = specs[0]
     for i, spec in enumerate(specs[1:], 1):
         embedded = embeds_positions(first) or embeds_positions(spec)
         same = spec["pos"] == first["pos"] and spec.dims.max_len == first.dims.max_len
         if embedded and not same:
             raise ConfigError(
-                f"{field}.{i}.pos",
+                f"{fields[i]}.pos",
                 spec["pos"].part.name,
                 f"layer 0 has pos={first['pos'].part.name}; positions added at the token embedding "
                 "(learned, sinusoidal) apply to every layer, so set them once with block.pos, not per layer",
             )
+
+
+def position_embedding(specs: Sequence[BlockSpec], field: str = "model.layers") -> nn.Module | None:
+    """The module that adds the stack's absolute positions to its token embeddings, or None; the layers
+    must agree on them (:func:`check_positions`, naming ``{field}.{i}.pos``)."""
+    check_positions(specs, [f"{field}.{i}" for i in range(len(specs))])
+    first = specs[0]
     return first["pos"].build(first.dims).embedding()
 
 
@@ -158,4 +162,4 @@ class Stack(nn.Module):
         return plan
 
 
-__all__ = ["Stack", "embeds_positions", "final_norm_for", "position_embedding"]
+__all__ = ["Stack", "check_positions", "embeds_positions", "final_norm_for", "position_embedding"]

@@ -252,6 +252,15 @@ class Attention(nn.Module):
         key/value head."""
         return 2 * self.n_kv_heads * self.d_head * length
 
+    def mixing_flops(self, seq_len: int) -> int | None:
+        """With a ``window``, each query's scores and weighted values over the keys it sees, min(window,
+        seq_len) (2 window - 1 both sides in an encoder block): 6 x that x n_heads x d_head training FLOPs
+        per token (causal products not halved, as in softmax attention's count); None without one (softmax
+        attention's 6 x seq_len x d_model)."""
+        if self.window is None:
+            return None
+        return 6 * min(self.window if self.causal else 2 * self.window - 1, seq_len) * self.n_heads * self.d_head
+
     def extra_flops(self, seq_len: int) -> int:
         """The output options' FLOPs per token (:func:`zoo.parts.head_outputs.output_flops`)."""
         return output_flops(self.n_heads, self.n_kv_heads, self.d_head, **self.output_options)
@@ -342,6 +351,14 @@ def output_plan(attention: nn.Module, sequence_parallel: bool) -> Plan:
     return plan
 
 
+ATTENTIONS.document(
+    "window",
+    values="null, a positive integer below block.max_len",
+    formula="query i sees keys j with i - window < j <= i, itself included (abs(i - j) < window in an encoder block)",
+    cost="6 min(window, seq_len) n_heads d_head in place of softmax attention's 6 seq_len d_model",
+    reference="Child et al. 2019, Generating Long Sequences with Sparse Transformers, arXiv:1904.10509; "
+    "Beltagy et al. 2020, Longformer, arXiv:2004.05150",
+)
 ATTENTIONS.document(
     "gate",
     values="none, headwise, elementwise",

@@ -126,11 +126,43 @@ def randomize(module: torch.nn.Module) -> None:
 VOCAB = 32
 
 
-def make_model(combo: dict[str, str], dtype: torch.dtype = torch.float64, n_layers: int = 2, **overrides: Any):
-    """A tiny LanguageModel of ``combo`` with weights large enough that greedy tokens vary."""
+#: Layer patterns the model contract covers (``model.pattern`` over a combination's block, one layer per
+#: entry): a 3:1 hybrid of Gated DeltaNet and the block's attention (Qwen3.5's), and a local/global stack of
+#: three sliding-window layers and a global one without positions (nanochat's "SSSL", NoPE on the global
+#: layer as in OLMo-core's gnope ladder).
+PATTERNS: dict[str, list[dict[str, Any]]] = {
+    "hybrid": [{"attn": "gated_deltanet"}] * 3 + [{}],
+    "sssl": [{"attn": {"window": 3}}] * 3 + [{"pos": "none"}],
+}
+#: The pattern cases the model contract runs, (pattern, combination): a handful, not a product.
+PATTERN_CASES: list[tuple[str, dict[str, str]]] = [
+    ("hybrid", {"placement": "pre", "norm": "rmsnorm", "attn": "mha", "pos": "rotary", "mlp": "swiglu"}),
+    ("hybrid", {"placement": "post", "norm": "layernorm", "attn": "gqa", "pos": "none", "mlp": "gelu"}),
+    ("sssl", {"placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rotary", "mlp": "swiglu"}),
+    ("sssl", {"placement": "sandwich", "norm": "layernorm", "attn": "mqa", "pos": "alibi", "mlp": "gelu"}),
+]
+
+
+def pattern_id(case: tuple[str, dict[str, str]]) -> str:
+    """``hybrid-pre-rmsnorm-mha-rotary-swiglu``: the pattern, then the combination's labels."""
+    return f"{case[0]}-{combo_id(case[1])}"
+
+
+def make_model(
+    combo: dict[str, str],
+    dtype: torch.dtype = torch.float64,
+    n_layers: int = 2,
+    pattern: list[dict[str, Any]] | None = None,
+    **overrides: Any,
+):
+    """A tiny LanguageModel of ``combo`` with weights large enough that greedy tokens vary; with a
+    ``pattern`` (:data:`PATTERNS`), its layers take it over the depth (zoo.models.config.layer_specs)."""
+    from zoo.models.config import layer_specs
     from zoo.models.language import LanguageModel
 
-    model = LanguageModel(resolve_block(block_config(combo, **overrides)), VOCAB, n_layers).to(dtype)
+    block = block_config(combo, **overrides)
+    specs = layer_specs(block, n_layers, None, "model.layers", pattern)
+    model = LanguageModel(specs, VOCAB).to(dtype)
     scramble(model)
     return model.eval()
 

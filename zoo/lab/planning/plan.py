@@ -29,7 +29,7 @@ from zoo.lab.recipe.param import check_param
 from zoo.lab.records.trackers import check_logger
 from zoo.lab.tasks import Task
 from zoo.lab.tasks.base import task_options
-from zoo.models.config import block_section, layer_specs, model_options
+from zoo.models.config import block_section, model_options, stack_specs
 from zoo.parts.positions import LearnedPosition
 
 
@@ -93,7 +93,7 @@ def plan_run(
     recipe = check_recipe(raw, train_cfg, sharded=mesh.sharded, tp=mesh.tp, compile=compile)  # optim=, schedule=
     branch = check_branch(dict(raw), train_cfg, recipe, world=world)  # train.branch: against its source run
     options = model_options(with_task_vocab(raw))  # model.vocab_size null: the task's (zoo.lab.planning.run_model)
-    specs = layer_specs(block_section(raw), options["n_layers"], options["layers"], "model.layers")
+    specs = stack_specs(block_section(raw), options)
     task_cls, task_opts = task_options(raw.get("task"))
     seq_len = task_cls.planned_seq_len(task_opts)
     lengths = [seq_len * f for f in task_opts.get("eval_lengths", (1,))] if seq_len is not None else []

@@ -23,7 +23,7 @@ from zoo.assembly.spec import BlockSpec, to_dict
 from zoo.core.errors import ConfigError
 from zoo.lab.recipe.param import infer_for, param_options, parametrize
 from zoo.lab.tasks.base import Task, task_options
-from zoo.models.config import block_section, layer_specs, model_options
+from zoo.models.config import block_section, model_options, stack_specs
 from zoo.models.language import LanguageModel
 
 
@@ -42,7 +42,7 @@ class RunModel:
         config = with_task_vocab(config)
         task_cls, _ = task_options(config.get("task"))
         options = model_options(config)
-        specs = layer_specs(block_section(config), options["n_layers"], options["layers"], "model.layers")
+        specs = stack_specs(block_section(config), options)
         param = param_options(config.get("param"))
         mup = infer_for(config, param["base_width"]) if param["name"] == "mup" else None
         return cls(task_cls, tuple(specs), mup)

@@ -33,10 +33,11 @@ log = logging.getLogger("zoo.lab.studies.variants")
 
 def unused_axes(config: dict[str, Any]) -> list[str]:
     """The axes a run's config chooses but does not use: ``norm`` when every placement of the model
-    (the block's and each per-layer one) is norm-free (``uses_norm`` and ``final_norm`` False). A
-    placement that is not registered counts as using everything (the run reports its error)."""
-    block = config.get("block") or {}
-    layers = ((config.get("model") or {}).get("layers") or {}).values()
+    (the block's and each per-layer one, from ``model.layers`` and ``model.pattern``) is norm-free
+    (``uses_norm`` and ``final_norm`` False). A placement that is not registered counts as using
+    everything (the run reports its error)."""
+    block, model = config.get("block") or {}, config.get("model") or {}
+    layers = [*(model.get("layers") or {}).values(), *(model.get("pattern") or [])]
     nodes = [block.get("placement"), *(layer.get("placement") for layer in layers if isinstance(layer, dict))]
     names = [node.get("name") if isinstance(node, dict) else node for node in nodes if node is not None]
     placements = AXES["placement"]
