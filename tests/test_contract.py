@@ -135,9 +135,9 @@ def prefill_in_chunks_then_cached_decoding_equals_full_forward(built: Built) -> 
     assert all(cache.length == ids.shape[1] for cache in caches)
     close(torch.cat(steps, dim=1), model(ids), FLOAT32, "logits")
     # Only what the mixer says its state holds (softmax attention: a key and a value per kv head and
-    # slot), for every layer and sample, 8 bytes each.
-    attn, held = model.blocks[0].attn, caches[0].mixer
-    size = attn.state_size(held.capacity if hasattr(held, "capacity") else held.length)
+    # slot) and the canon layers' last inputs, for every layer and sample, 8 bytes each.
+    held = caches[0].mixer
+    size = model.blocks[0].state_size(held.capacity if hasattr(held, "capacity") else held.length)
     held_bytes = sum(cache.nbytes for cache in caches)
     assert held_bytes == len(model.blocks) * B * size * 8, "the state holds more than the mixer says"
 
