@@ -35,6 +35,9 @@ NEUTRAL_TOP: dict[str, Any] = {"data_seed": None}
 #: ``block.attn`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (softmax attention's output gate, sink and XSA: zoo.parts.head_outputs).
 NEUTRAL_ATTN: dict[str, Any] = {"gate": "none", "sink": "none", "xsa": False}
+#: ``block`` keys added after runs were recorded, left out of the hash at the value that changes nothing
+#: (canon layers: zoo.parts.canon).
+NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none"}
 
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
 #: order's), the sweep
