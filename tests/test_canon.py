@@ -218,3 +218,20 @@ def test_a_model_with_canon_layers_has_no_transformers_counterpart():
              "pos": "rotary", "mlp": "swiglu"}  # fmt: skip
     with pytest.raises(ConfigError, match=r"block.canon='ac'.*needs no canon layers"):
         target_for(build_model({"block": block, "model": {"n_layers": 1, "vocab_size": 32}}))
+
+
+def test_the_contract_variant_puts_canon_on_every_site_a_combination_takes():
+    """pre+canon is the pre placement's alone (a block setting, not a placement option), and every other axis's
+    parts meet it with the sites they apply: abcd, less b beside mla and d beside moe."""
+    from zoo.assembly.combinations import block_settings, choices, combinations
+    from zoo.lab.studies.coordcheck import combination_overrides
+
+    assert [label for label in choices("placement") if "+" in label] == ["pre+canon"]
+    assert block_settings(BASE) == {}
+    assert block_settings({**BASE, "placement": "pre+canon"}) == {"canon": "abcd"}
+    assert block_settings({**BASE, "placement": "pre+canon", "attn": "mla", "mlp": "moe"}) == {"canon": "ac"}
+    with_canon = [c for c in combinations() if c["placement"] == "pre+canon"]
+    for axis in ("norm", "attn", "pos", "mlp"):
+        assert {c[axis] for c in with_canon} == set(choices(axis)), axis
+    row = {**BASE, "placement": "pre+canon", "mlp": "moe"}
+    assert combination_overrides(row)[-1] == 'block.canon="abc"'
