@@ -194,3 +194,22 @@ def test_the_attention_output_options_leave_existing_config_hashes_as_they_were(
         assert config_hash(spelt) == digest, overrides
     changed = [tiny(f"block.attn.{key}") for key in ("gate=headwise", "gate=elementwise", "sink=learned", "xsa=true")]
     assert len({config_hash(c) for c in changed} | {recorded[()]}) == 5
+
+
+def test_block_canon_at_none_leaves_existing_config_hashes_as_they_were():
+    """block.canon (config.yaml: none) is out of the hash at none: the hashes below were computed before the
+    key existed; set to sites, each is a new run."""
+    from helpers import tiny
+
+    from zoo.lab.records.config import config_hash
+
+    recorded = {(): "0a7575235f9168ae", ("attn=gqa",): "0a03979dc78d43b5",
+                ("mlp=swiglu", "placement=post"): "5f5abd0432f7eee0",
+                ("attn=gated_deltanet",): "a136122f0d36426a"}  # fmt: skip
+    for overrides, digest in recorded.items():
+        config = tiny(*overrides)
+        assert config["block"]["canon"] == "none"
+        assert config_hash(config) == digest, overrides
+        assert config_hash(tiny(*overrides, "block.canon=none")) == digest, overrides
+    changed = {config_hash(tiny(f"block.canon={sites}")) for sites in ("a", "ac", "abcd")}
+    assert len(changed | {recorded[()]}) == 4

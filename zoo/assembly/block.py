@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 from zoo.core.tp import Plan, prefixed
-from zoo.parts.placements import Placement
-from zoo.parts.state import LayerState
+from zoo.parts.canon import Canon, block_canon
+from zoo.parts.placements import Branch, Placement
+from zoo.parts.state import LayerState, query_slots
 
 
 class Block(nn.Module):
@@ -18,6 +19,11 @@ class Block(nn.Module):
     Parameter names: ``attn.qkv``, ``attn.out``, ``mlp.*``, ``placement.norms.{0,1}``; with
     cross-attention also ``cross_attn.{q,kv,out}``, and the norms are ``placement.norms.{0,1,2}``
     (self-attention, cross-attention, MLP).
+
+    ``canon``: the canon sites (``block.canon`` as letters, zoo.parts.canon). The block applies ``a`` and ``c``
+    itself, on its branches' inputs (``canon.a.kernel``, ``canon.c.kernel``); the attention and the MLP apply
+    ``b`` and ``d`` inside (built from the same ``dims``), the MLP handed the new tokens' padding mask and
+    the decoding state.
     """
 
     def __init__(
@@ -27,6 +33,7 @@ class Block(nn.Module):
         mlp: nn.Module,
         d_model: int,
         cross_attn: nn.Module | None = None,
+        canon: str = "",
     ) -> None:
         super().__init__()
         self.placement = placement
@@ -34,6 +41,8 @@ class Block(nn.Module):
         self.cross_attn = cross_attn
         self.mlp = mlp
         self.d_model = d_model
+        self.canon_sites = canon
+        self.canon = block_canon(canon, d_model)
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
         """The block's tensor-parallel plan: its placement's (the norms), its attention's and its MLP's,
@@ -44,6 +53,11 @@ class Block(nn.Module):
         for name in ("placement", "attn", "mlp"):
             plan.update(prefixed(name, getattr(self, name).tp_plan(sequence_parallel)))
         return plan
+
+    def state_size(self, length: int) -> int:
+        """Numbers one sample's decoding state holds after ``length`` tokens: the attention's (its
+        ``state_size``) and each canon layer's last inputs."""
+        return self.attn.state_size(length) + sum(m.state_size() for m in self.modules() if isinstance(m, Canon))
 
     def forward(
         self,
@@ -71,7 +85,7 @@ class Block(nn.Module):
         def attend(h: torch.Tensor) -> torch.Tensor:
             return self.attn(h, key_mask=key_mask, cache=cache, positions=positions)
 
-        branches = [attend, self.mlp]
+        branches = [attend, self.mlp] if not self.canon_sites else self.canon_branches(x, key_mask, cache, attend)
         if self.cross_attn is not None:
             cross_attn = self.cross_attn
 
@@ -80,3 +94,23 @@ class Block(nn.Module):
 
             branches.insert(1, cross)
         return self.placement(x, branches)
+
+    def canon_branches(
+        self, x: torch.Tensor, key_mask: torch.Tensor | None, cache: LayerState | None, attend: Branch
+    ) -> list[Branch]:
+        """The attention and MLP branches with the canon sites: ``a`` before the attention, ``c`` before the
+        MLP, and the MLP (site ``d``) handed the new tokens' padding mask and the decoding state."""
+        real = None
+        if key_mask is not None:  # the new tokens' columns: after those the state holds
+            slots = query_slots(None if cache is None else cache.mixer, x.shape[1], x.device)
+            real = key_mask.index_select(1, slots).bool()
+        canon = self.canon if self.canon is not None else {}
+
+        def attend_after_canon(h: torch.Tensor) -> torch.Tensor:
+            return attend(canon["a"](h, real, cache) if "a" in canon else h)
+
+        def feed(h: torch.Tensor) -> torch.Tensor:
+            h = canon["c"](h, real, cache) if "c" in canon else h
+            return self.mlp(h, real=real, cache=cache) if "d" in self.canon_sites else self.mlp(h)
+
+        return [attend_after_canon, feed]

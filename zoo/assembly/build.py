@@ -38,7 +38,7 @@ def build_block(cfg: Mapping[str, Any] | DictConfig | BlockSpec, *, context: Con
         cross = hook(attn.part.cls, "cross_attention")(dims, **attn.options)()
     n_branches = 3 if cross is not None else 2
     placement = spec["placement"].build(dims, spec.make_norm, n_branches)
-    return Block(placement, self_attn, mlp, dims.d_model, cross_attn=cross)
+    return Block(placement, self_attn, mlp, dims.d_model, cross_attn=cross, canon=dims.canon_sites)
 
 
 def param_report(cfg: Mapping[str, Any] | DictConfig | BlockSpec) -> dict[str, int | None]:

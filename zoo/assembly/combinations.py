@@ -7,16 +7,33 @@ paired with every other axis' choices, and a small pairwise covering set. The co
 from __future__ import annotations
 
 import itertools
+from dataclasses import fields
 from typing import Any
 
 import zoo.parts  # noqa: F401  (registers the built-in parts: AXES is read by name)
+from zoo.core.dims import BlockDims
 from zoo.core.options import option_types
 from zoo.core.registry import AXES
+from zoo.parts.canon import applied_sites
+
+#: Variant options that are block settings (``block.canon``), not options of a part: a variant holding one
+#: is the declaring part's alone (``pre+canon``), and puts its settings on the block (:func:`block_settings`).
+BLOCK_KEYS = frozenset(f.name for f in fields(BlockDims))
 
 
 def variants(axis: str) -> dict[str, dict[str, Any]]:
     """Every variant declared by a part of ``axis``: its name and options."""
     return {name: options for part in AXES[axis].parts() for name, options in part.variants.items()}
+
+
+def takes(axis: str, name: str, variant: str, options: dict[str, Any]) -> bool:
+    """Whether part ``name`` takes ``variant``: every part of the axis that takes its options; a variant with
+    block settings, only the part that declares it."""
+    part = AXES[axis].get(name)
+    own = set(options) - BLOCK_KEYS
+    if own != set(options) and variant not in part.variants:
+        return False
+    return own <= set(option_types(part.cls))
 
 
 def choices(axis: str, with_variants: bool = True) -> list[str]:
@@ -25,11 +42,9 @@ def choices(axis: str, with_variants: bool = True) -> list[str]:
     if not with_variants:
         return names
     taken = [
-        f"{name}+{variant}"
-        for variant, options in variants(axis).items()
-        for name in names
-        if set(options) <= set(option_types(AXES[axis].get(name).cls))
-    ]
+        f"{name}+{variant}" for variant, options in variants(axis).items() for name in names
+        if takes(axis, name, variant, options)
+    ]  # fmt: skip
     return names + taken
 
 
@@ -111,6 +126,22 @@ def covering_combinations(fixed: dict[str, str] | None = None) -> list[dict[str,
 
 
 def node(axis: str, label: str) -> dict[str, Any]:
-    """The config node of ``name`` or ``name+variant``."""
+    """The config node of ``name`` or ``name+variant``, less the variant's block settings (:func:`block_settings`)."""
     name, _, variant = label.partition("+")
-    return {"name": name, **(variants(axis)[variant] if variant else {})}
+    options = variants(axis)[variant] if variant else {}
+    return {"name": name, **{key: value for key, value in options.items() if key not in BLOCK_KEYS}}
+
+
+def block_settings(combo: dict[str, str]) -> dict[str, Any]:
+    """The block settings the variants of ``combo`` set (``block.canon``), the canon sites narrowed to those its
+    parts apply (a variant's ``abcd`` is ``acd`` beside an attention without site b): so every combination runs
+    with canon layers, at every site it can take."""
+    settings: dict[str, Any] = {}
+    for axis, label in combo.items():
+        name, _, variant = label.partition("+")
+        if variant:
+            settings.update({k: v for k, v in variants(axis)[variant].items() if k in BLOCK_KEYS})
+    if "canon" in settings and "attn" in combo and "mlp" in combo:
+        attn, mlp = (AXES[axis].get(combo[axis].partition("+")[0]).cls for axis in ("attn", "mlp"))
+        settings["canon"] = applied_sites(settings["canon"], attn, mlp) or "none"
+    return settings

@@ -105,6 +105,12 @@ def tp_refusal(spec: BlockSpec, tp: int) -> ConfigError | None:
         return None
     if spec.dims.cross_attention:
         return ConfigError("block.cross_attention", True, f"has no tensor-parallel plan; use parallel.tp=1 (got {tp})")
+    if spec.dims.canon_sites:
+        return ConfigError(
+            "block.canon",
+            spec.dims.canon,
+            f"has no tensor-parallel plan (a convolution over the sequence); use none or parallel.tp=1 (got {tp})",
+        )
     for axis, choice in spec.choices.items():
         cls = choice.part.cls
         if not has_plan(cls):

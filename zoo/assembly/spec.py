@@ -17,6 +17,7 @@ from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.options import check_type, option_defaults, resolve_options, type_hints
 from zoo.core.registry import ATTENTIONS, AXES, MLPS, Part
+from zoo.parts.canon import SITES, applied_sites, canon_sites, unapplied_site
 from zoo.parts.norms import build_norm
 
 SIZE_FIELDS = {"d_model", "n_heads", "d_ff", "max_len"}
@@ -111,7 +112,26 @@ def resolve_block(cfg: Mapping[str, Any] | DictConfig) -> BlockSpec:
     match = MatchOptions(**_axis_options("mlp", nodes["mlp"]))
     match.check()
     choices = {axis: resolve_part(axis, node, dims) for axis, node in nodes.items()}
+    check_canon(dims, choices)
     return BlockSpec(dims, choices, match)
+
+
+def check_canon(dims: BlockDims, choices: Mapping[str, PartChoice]) -> None:
+    """Refuse a canon site inside a part that does not apply it (``b`` in the attention, ``d`` in the MLP:
+    the part's ``canon_sites``), naming block.canon, before anything is built."""
+    attn, mlp = choices["attn"].part, choices["mlp"].part
+    site = unapplied_site(dims.canon_sites, attn.cls, mlp.cls)
+    if site is None:
+        return
+    axis, part = ("attn", attn) if site == "b" else ("mlp", mlp)
+    applying = ", ".join(p.name for p in AXES[axis].parts() if site in hook(p.cls, "canon_sites")) or "none"
+    without = applied_sites(dims.canon_sites, attn.cls, mlp.cls) or "none"
+    raise ConfigError(
+        "block.canon",
+        dims.canon,
+        f"site {site} ({SITES[site]}) is inside the {axis}, and {axis}={part.name} does not apply it "
+        f"(those that do: {applying}); leave {site} out: block.canon={without}",
+    )
 
 
 def resolve_part(axis: str, node: Mapping[str, Any], dims: BlockDims) -> PartChoice:
@@ -157,6 +177,7 @@ def _resolve_dims(raw: dict[str, Any]) -> BlockDims:
         f.name: check_type(f"block.{f.name}", raw[f.name], hints[f.name]) for f in fields(BlockDims) if f.name in raw
     }
     dims = BlockDims(**values)
+    canon_sites(dims.canon)
     for name in SIZE_FIELDS:
         value = getattr(dims, name)
         if value is not None and value < 1:

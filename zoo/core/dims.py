@@ -15,7 +15,8 @@ class BlockDims:
     ``causal`` is False for encoder blocks. ``cross_attention`` adds a cross-attention sub-layer
     (decoder blocks of an encoder-decoder model). ``max_len`` is the longest sequence the block will see
     (positions ``0..max_len-1``): it sizes learned positions and bounds an attention window;
-    ``None`` means unbounded.
+    ``None`` means unbounded. ``canon``: the canon layers' sites (``none``, or letters of ``abcd``;
+    zoo.parts.canon), checked by the assembly; parts read :attr:`canon_sites`.
     """
 
     d_model: int = 256
@@ -26,6 +27,12 @@ class BlockDims:
     causal: bool = True
     cross_attention: bool = False
     max_len: int | None = None
+    canon: str = "none"
+
+    @property
+    def canon_sites(self) -> str:
+        """The canon sites as letters (``""`` for ``none``)."""
+        return "" if self.canon == "none" else self.canon
 
     @property
     def d_head(self) -> int:

@@ -41,6 +41,10 @@ class PartHooks(Protocol):
     conflicts: ClassVar[Mapping[str, str]] = {}
     #: Auxiliary losses the part may record (zoo.core.auxiliary.record_aux), with their default weights.
     aux_losses: ClassVar[Mapping[str, float]] = {}
+    #: The canon sites (``block.canon``, zoo.parts.canon) the part applies inside itself, building its layer
+    #: from ``dims.canon_sites``: ``b`` for an attention (on its queries, keys and values), ``d`` for an MLP
+    #: (on its hidden units). A block refuses those sites with a part that does not apply them.
+    canon_sites: ClassVar[frozenset[str]] = frozenset()
     #: Contract properties that cannot hold for the part, each with the reason (or a classmethod
     #: ``contract_exceptions(cls, **options)`` returning that mapping; zoo.testing.contract).
     contract_exceptions: ClassVar[Mapping[str, Any]] = {}

@@ -40,6 +40,9 @@ NEUTRAL_ATTN: dict[str, Any] = {"gate": "none", "sink": "none", "xsa": False}
 NEUTRAL_STACK: dict[str, Any] = {"pattern": []}
 #: The sections :data:`NEUTRAL_STACK` applies to.
 STACKS = ("model", "encoder")
+#: ``block`` keys added after runs were recorded, left out of the hash at the value that changes nothing
+#: (canon layers: zoo.parts.canon).
+NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none"}
 
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
 #: order's), the sweep

@@ -16,6 +16,7 @@ from zoo.assembly.init import seeded_parameters
 from zoo.assembly.match import active_count
 from zoo.core.auxiliary import collect_aux
 from zoo.core.interface import defines, hook
+from zoo.parts.canon import Canon, init_canon
 
 #: Parameters whose output is added to the residual stream (scaled down at init by depth).
 RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
@@ -27,7 +28,8 @@ def init_stack(
     seed: int | None = None,
     stds: Mapping[str, float] | None = None,
 ) -> None:
-    """Normal(0, 0.02) weights, zero biases, norm gains untouched; residual-output projections
+    """Normal(0, 0.02) weights, zero biases, norm gains untouched, canon kernels as torch's Conv1d draws them
+    (zoo.parts.canon.init_canon); residual-output projections
     (``attn.out``, ``cross_attn.out``, ``mlp.down``) get std 0.02 / sqrt(number of residual branches),
     i.e. 0.02 / sqrt(2 n_layers) for a decoder-only stack (GPT-2), so the stream's variance stays
     independent of depth. ``n_residual_branches``: that number, or a function of the parameter's name
@@ -40,8 +42,11 @@ def init_stack(
     """
     branches = n_residual_branches if callable(n_residual_branches) else lambda name: n_residual_branches
     stds = stds or {}
+    canon = {name for name, m in module.named_modules() if isinstance(m, Canon)}
     for name, p in seeded_parameters(module, seed):
-        if name.endswith("bias"):
+        if name.rpartition(".")[0] in canon:
+            init_canon(p)  # the reference's draw of a canon layer's kernel
+        elif name.endswith("bias"):
             nn.init.zeros_(p)
         elif p.ndim >= 2:
             if name in stds:
@@ -74,9 +79,9 @@ def component_of(name: str) -> str:
     """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention)."""
     if name.startswith(("embed", "pos_embed", "head")) or ".pos_embed." in name:
         return "embedding"
-    if ".attn." in name or ".cross_attn." in name:
+    if ".attn." in name or ".cross_attn." in name or ".canon.a." in name:  # canon site a: the attention's input
         return "attention"
-    if ".mlp." in name:
+    if ".mlp." in name or ".canon.c." in name:
         return "mlp"
     return "norms"
 

@@ -88,6 +88,7 @@ def layer_shape(model: LanguageModel, i: int) -> Shape:
         d_ff=mlp.hidden,
         bias=attn.qkv.bias is not None,
         max_len=model.pos_embed.weight.shape[0] if isinstance(model.pos_embed, LearnedEmbedding) else None,
+        canon=block.canon_sites or "none",
     )
 
 
@@ -96,6 +97,7 @@ PLAIN_ATTENTION = [
     ("window", (None,), "no sliding window"),
     ("softcap", (None,), "no score softcap"),
     ("causal", (True,), "causal attention"),
+    ("canon", ("none",), "no canon layers"),
 ]
 #: Per target: (field, expected values, description) checks against a Shape.
 TARGETS: dict[str, list[tuple[str, tuple[Any, ...], str]]] = {

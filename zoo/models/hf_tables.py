@@ -36,6 +36,7 @@ class Shape:
     d_ff: int
     bias: bool
     max_len: int | None
+    canon: str = "none"  # block.canon
 
 
 @dataclass(frozen=True)

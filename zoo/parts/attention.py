@@ -29,6 +29,7 @@ from zoo.core.tp import (
     prefixed,
     row_output,
 )
+from zoo.parts.canon import Canon
 from zoo.parts.cross_attention import CrossAttention
 from zoo.parts.head_outputs import Gate, Sink, build_gate, build_sink, exclude_own_value, gated, output_flops
 from zoo.parts.kernels import Backend, attend_at
@@ -137,6 +138,8 @@ class Attention(nn.Module):
 
     #: Built as ``Attention(dims, position, block_norm_options, ...)``: its qk-norm shares block.norm's options.
     shares_block_norm: ClassVar[bool] = True
+    #: Canon site b: a canon layer on q, k and v after qk-norm, before the rotation (``canon``).
+    canon_sites: ClassVar[frozenset[str]] = frozenset({"b"})
 
     @classmethod
     def cross_attention(cls, dims: BlockDims, **options: Any) -> Callable[[], nn.Module]:
@@ -240,6 +243,7 @@ class Attention(nn.Module):
             self.k_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
         self.gate, self.sink, self.xsa = build_gate(gate, dims), build_sink(sink, self.n_heads), xsa
         self.output_options = {"gate": gate, "sink": sink, "xsa": xsa}
+        self.canon = Canon(width, "b") if "b" in dims.canon_sites else None
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """``qkv``'s rows as the query, key and value matrices (:func:`split_qkv` of its row indices);
@@ -265,9 +269,16 @@ class Attention(nn.Module):
         """The output options' FLOPs per token (:func:`zoo.parts.head_outputs.output_flops`)."""
         return output_flops(self.n_heads, self.n_kv_heads, self.d_head, **self.output_options)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: (b, t, d_model) -> queries (b, h, t, d), keys and values (b, g, t, d): after qk-norm and
-        the position's rotation at ``positions`` (slots (t,) or per-sample ids (b, t))."""
+    def project(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        real: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: (b, t, d_model) -> queries (b, h, t, d), keys and values (b, g, t, d): after qk-norm, the canon
+        layer (site b; ``real`` (b, t): the new tokens' padding mask, ``cache``: its decoding state) and the
+        position's rotation at ``positions`` (slots (t,) or per-sample ids (b, t))."""
         # One reshape for all heads: per key/value group g, n = r query heads + its key + its value.
         # g is n_kv_heads, or this rank's share of them under tensor parallelism (whole groups).
         group = self.n_heads // self.n_kv_heads + 2
@@ -276,8 +287,22 @@ class Attention(nn.Module):
         k, v = heads[:, :, -2], heads[:, :, -1]  # (b, g, t, d) each
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # per head, over d_head
+        if self.canon is not None:
+            q, k, v = self.canon_qkv(q, k, v, real, cache)
         q, k = self.position.rotate(q, k, positions)
         return q, k, v
+
+    def canon_qkv(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor | None, cache: LayerState | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The canon layer over q (b, h, t, d), k and v (b, g, t, d) as one tensor of channels in ``qkv``'s
+        row order (each key/value group's query heads, then its key and its value), so that without qk-norm
+        it is the layer on ``qkv``'s output."""
+        group = self.n_heads // self.n_kv_heads
+        heads = torch.cat([rearrange(q, "b (g r) t d -> b g r t d", r=group), k[:, :, None], v[:, :, None]], dim=2)
+        mixed = self.canon(rearrange(heads, "b g n t d -> b t (g n d)"), real, cache)  # type: ignore[misc]
+        heads = rearrange(mixed, "b t (g n d) -> b g n t d", n=group + 2, d=self.d_head)
+        return rearrange(heads[:, :, :-2], "b g r t d -> b (g r) t d"), heads[:, :, -2], heads[:, :, -1]
 
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """Pre-softmax scores of ``x`` (b, t, d_model) as one sequence (the ``attention_logits`` hook): q k^T at
@@ -307,7 +332,8 @@ class Attention(nn.Module):
         time = x.shape[1]
         state = None if cache is None else cache.mixer_state(KVCache)
         slots = query_slots(state, time, x.device)  # absolute indices of the queries (t,)
-        q, k, v = self.project(x, slots if positions is None else positions)
+        real = None if key_mask is None or self.canon is None else key_mask.index_select(1, slots).bool()
+        q, k, v = self.project(x, slots if positions is None else positions, real, cache)
         own = v  # the values at the queries' own positions (XSA)
         k_positions = positions
         if state is not None:

@@ -21,6 +21,8 @@ from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
+from zoo.parts.canon import Canon
+from zoo.parts.convolution import short_convolution
 from zoo.parts.linear_attention import RecurrentState, forget, keep
 from zoo.parts.norms import build_norm
 from zoo.parts.positions import Position
@@ -58,20 +60,6 @@ class DeltaState(RecurrentState):
     def reset(self) -> None:
         super().reset()
         self.conv = forget(self.conv, self.static)
-
-
-def short_convolution(
-    x: torch.Tensor, kernel: torch.Tensor, tail: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A causal depthwise convolution over time: x (b, t, c), kernel (c, 1, w), ``tail`` (b, w - 1, c) the
-    inputs before x (None: zeros) -> y (b, t, c), y_i = sum_j kernel[:, 0, j] x_{i - w + 1 + j}, and the
-    last w - 1 inputs (the next call's tail)."""
-    width = kernel.shape[-1]
-    if tail is None:
-        tail = x.new_zeros(x.shape[0], width - 1, x.shape[-1])
-    padded = torch.cat([tail, x], dim=1)  # (b, w - 1 + t, c)
-    y = F.conv1d(rearrange(padded, "b t c -> b c t"), kernel, groups=x.shape[-1])
-    return rearrange(y, "b c t -> b t c"), padded[:, padded.shape[1] - (width - 1) :]
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -202,6 +190,8 @@ class GatedDeltaNet(nn.Module):
     encoder (non-causal) block is refused, and it declares no cross-attention.
     """
 
+    #: Canon site b: a canon layer on q, k and v after the short convolution and SiLU (the reference's place).
+    canon_sites: ClassVar[frozenset[str]] = frozenset({"b"})
     conflicts: ClassVar[dict[str, str]] = {
         "score bias": "Gated DeltaNet never forms the score matrix a score bias is added to; use pos=rotary "
         "or pos=none (its convolution and decay carry order)"
@@ -260,6 +250,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = build_norm("rmsnorm", dims, width=self.d_head, shared={"eps": OUTPUT_NORM_EPS})
         self.gate = nn.Linear(dims.d_model, self.n_heads * self.d_head, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
+        self.canon = Canon(self.channels, "b") if "b" in dims.canon_sites else None
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """``qkv``'s rows as the query, key and value matrices (each head's d_key, d_key, d_head rows in
@@ -318,8 +309,11 @@ class GatedDeltaNet(nn.Module):
         if real is not None:
             mixed = mixed * real[..., None]
         mixed, tail = short_convolution(mixed, self.conv + self.present, None if state is None else state.conv)
+        mixed = F.silu(mixed)
+        if self.canon is not None:
+            mixed = self.canon(mixed, real, cache)
         work = torch.promote_types(x.dtype, torch.float32)  # the recurrence in at least float32
-        q, k, v = rearrange(F.silu(mixed).to(work), "b t (h n) -> b h t n", h=self.n_heads).split(
+        q, k, v = rearrange(mixed.to(work), "b t (h n) -> b h t n", h=self.n_heads).split(
             [self.d_key, self.d_key, self.d_head], dim=-1
         )
         q, k = self.position.rotate(l2_normalize(q), l2_normalize(k), slots if positions is None else positions)

@@ -29,9 +29,10 @@ from zoo.core.tp import (
     require_whole_heads,
     row_output,
 )
+from zoo.parts.canon import Canon
 from zoo.parts.kernels import Backend
 from zoo.parts.positions import Position
-from zoo.parts.state import LayerState, MixerState, mark_static, nbytes, query_slots
+from zoo.parts.state import LayerState, MixerState, forget, keep, nbytes, query_slots
 
 FeatureMap = Literal["elu", "relu", "identity"]
 Decay = Literal["none", "fixed", "gated"]
@@ -74,23 +75,6 @@ class RecurrentState(MixerState):
                 length,
                 f"must be {self.length}: a recurrent state keeps no per-token history, so it cannot rewind",
             )
-
-
-def keep(held: torch.Tensor | None, new: torch.Tensor, static: bool) -> torch.Tensor:
-    """The tensor a recurrent state holds for ``new``: ``new`` itself, or (static) a copy at a fixed
-    address: ``held``, overwritten in place, when it has the same shape."""
-    if not static:
-        return new
-    if held is not None and held.shape == new.shape:
-        return held.copy_(new)
-    copy = new.clone()
-    mark_static(copy)
-    return copy
-
-
-def forget(held: torch.Tensor | None, static: bool) -> torch.Tensor | None:
-    """What a recurrent state holds after a reset: nothing, or (static) ``held`` zeroed at the same address."""
-    return held.zero_() if static and held is not None else None
 
 
 def feature(x: torch.Tensor, kind: FeatureMap) -> torch.Tensor:
@@ -216,6 +200,8 @@ class LinearAttention(nn.Module):
     ``gate`` (``decay: gated``: one logit per head) and ``out``.
     """
 
+    #: Canon site b: a canon layer on q, k and v as ``qkv`` gives them, before the feature map.
+    canon_sites: ClassVar[frozenset[str]] = frozenset({"b"})
     conflicts: ClassVar[dict[str, str]] = {
         "score bias": "linear attention never forms the score matrix a score bias is added to; "
         "use pos=rotary, or decay: fixed (RetNet's decay plays ALiBi's part)"
@@ -271,6 +257,7 @@ class LinearAttention(nn.Module):
         self.qkv = nn.Linear(dims.d_model, self.n_heads * (2 * self.d_key + self.d_head), bias=dims.bias)
         self.gate = nn.Linear(dims.d_model, self.n_heads, bias=dims.bias) if decay == "gated" else None
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
+        self.canon = Canon(self.qkv.out_features, "b") if "b" in dims.canon_sites else None
         self.heads: torch.Tensor  # (h,) the indices of the heads this module computes (a tp rank: its own)
         self.register_buffer("heads", torch.arange(self.n_heads), persistent=False)
 
@@ -317,11 +304,15 @@ class LinearAttention(nn.Module):
         state = None if cache is None else cache.mixer_state(RecurrentState)
         if state is not None and not self.causal:
             raise ValueError("a non-causal linear attention has no decoding state (every token sees the whole input)")
-        q, k, v = rearrange(self.qkv(x), "b t (h n) -> b h t n", n=2 * self.d_key + self.d_head).split(
+        slots = query_slots(state, time, x.device)  # (t,)
+        mixed = self.qkv(x)
+        if self.canon is not None:
+            real = None if key_mask is None else key_mask.index_select(1, slots).bool()
+            mixed = self.canon(mixed, real, cache)
+        q, k, v = rearrange(mixed, "b t (h n) -> b h t n", n=2 * self.d_key + self.d_head).split(
             [self.d_key, self.d_key, self.d_head], dim=-1
         )
         q, k = feature(q, self.feature_map), feature(k, self.feature_map)
-        slots = query_slots(state, time, x.device)  # (t,)
         q, k = self.position.rotate(q, k, slots if positions is None else positions)
         log_decay = self.log_decay(x).to(torch.promote_types(x.dtype, torch.float32))  # summed: at least float32
         if key_mask is not None:  # padding: no key, no decay

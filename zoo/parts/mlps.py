@@ -8,6 +8,7 @@ the assembly picks that width so the block has as many parameters as a reference
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,8 @@ from zoo.core.dims import BlockDims, dropout
 from zoo.core.errors import ConfigError
 from zoo.core.registry import MLPS
 from zoo.core.tp import DTensor, Plan, column_branch
+from zoo.parts.canon import Canon
+from zoo.parts.state import LayerState
 
 
 def glu_width(d_model: int, multiple_of: int = 8) -> int:
@@ -50,21 +53,31 @@ class MLP(nn.Module):
 
 
 class PlainMLP(MLP):
-    """down(act(up(x))) with hidden width d_ff (default 4 * d_model). Parameters: ``up``, ``down``."""
+    """down(act(up(x))) with hidden width d_ff (default 4 * d_model). Parameters: ``up``, ``down``; with canon
+    site d (``block.canon``) ``canon``, a canon layer on up(x) before the activation."""
 
     activation: Callable[[torch.Tensor], torch.Tensor]  # set by each subclass
+    canon_sites: ClassVar[frozenset[str]] = frozenset({"d"})
 
     def __init__(self, dims: BlockDims) -> None:
         super().__init__(dims)
         self.up = nn.Linear(dims.d_model, self.hidden, bias=dims.bias)
         self.down = nn.Linear(self.hidden, dims.d_model, bias=dims.bias)
+        self.canon = Canon(self.hidden, "d") if "d" in dims.canon_sites else None
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """Nothing fused: ``up`` and ``down`` are one matrix each."""
         return {}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.drop(self.activation(self.up(x))))
+    def forward(
+        self, x: torch.Tensor, *, real: torch.Tensor | None = None, cache: LayerState | None = None
+    ) -> torch.Tensor:
+        """x (b, t, d_model) -> (b, t, d_model); ``real`` (the new tokens' padding mask) and ``cache`` (the
+        layer's decoding state): the canon layer's, at site d."""
+        hidden = self.up(x)
+        if self.canon is not None:
+            hidden = self.canon(hidden, real, cache)
+        return self.down(self.drop(self.activation(hidden)))
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
         """``up`` column-wise (each rank a slice of the hidden units), ``down`` row-wise."""
@@ -88,9 +101,12 @@ class GatedMLP(MLP):
     Parameters: ``gate_up`` and ``down``. ``gate_up``'s rows interleave the two: row 2j is gate unit
     j, row 2j + 1 up unit j, so any contiguous slice of an even number of rows holds matching gate
     and up units (a tensor-parallel shard); :func:`fuse_gate_up` and :func:`split_gate_up` convert.
+    With canon site d (``block.canon``): ``canon``, a canon layer on gate(x) and up(x) before the
+    activation, its channels the gate units then the up units (the reference's concatenation).
     """
 
     activation: Callable[[torch.Tensor], torch.Tensor]  # the gate's, set by each subclass
+    canon_sites: ClassVar[frozenset[str]] = frozenset({"d"})
 
     @staticmethod
     def default_width(d_model: int) -> int:
@@ -100,6 +116,7 @@ class GatedMLP(MLP):
         super().__init__(dims)
         self.gate_up = nn.Linear(dims.d_model, 2 * self.hidden, bias=dims.bias)
         self.down = nn.Linear(self.hidden, dims.d_model, bias=dims.bias)
+        self.canon = Canon(2 * self.hidden, "d") if "d" in dims.canon_sites else None
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """``gate_up``'s interleaved rows as the gate and the up matrices (:func:`split_gate_up`); ``down``
@@ -107,8 +124,14 @@ class GatedMLP(MLP):
         gate, up = split_gate_up(torch.arange(self.gate_up.out_features))
         return {"gate_up.weight": {"gate": gate, "up": up}}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, real: torch.Tensor | None = None, cache: LayerState | None = None
+    ) -> torch.Tensor:
+        """x (b, t, d_model) -> (b, t, d_model); ``real`` (the new tokens' padding mask) and ``cache`` (the
+        layer's decoding state): the canon layer's, at site d."""
         gate, up = self.gate_and_up(x)
+        if self.canon is not None:
+            gate, up = self.canon(torch.cat([gate, up], dim=-1), real, cache).chunk(2, dim=-1)
         return self.down(self.drop(self.activation(gate) * up))
 
     def gate_and_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -58,6 +58,9 @@ def norms_plan(self: Placement, sequence_parallel: bool) -> Plan:
     "pre",
     formula="x = x + f(norm(x)) for each branch f",
     reference="Xiong et al. 2020, On Layer Normalization in the Transformer Architecture, arXiv:2002.04745",
+    # A block setting, so this placement's alone: the contract runs every other part beside canon layers at
+    # every site the combination takes (zoo.assembly.combinations.block_settings).
+    variants={"canon": {"canon": "abcd"}},
 )
 class PreNorm(Placement):
     """Pre-norm: normalize the branch input; the residual stream itself is never normalized."""

@@ -110,9 +110,27 @@ def mark_static(tensor: torch.Tensor) -> None:
     torch._dynamo.mark_static_address(tensor)
 
 
+def keep(held: torch.Tensor | None, new: torch.Tensor, static: bool) -> torch.Tensor:
+    """The tensor a recurrent state holds for ``new``: ``new`` itself, or (static) a copy at a fixed
+    address: ``held``, overwritten in place, when it has the same shape."""
+    if not static:
+        return new
+    if held is not None and held.shape == new.shape:
+        return held.copy_(new)
+    copy = new.clone()
+    mark_static(copy)
+    return copy
+
+
+def forget(held: torch.Tensor | None, static: bool) -> torch.Tensor | None:
+    """What a recurrent state holds after a reset: nothing, or (static) ``held`` zeroed at the same address."""
+    return held.zero_() if static and held is not None else None
+
+
 class LayerState:
     """One layer's decoding state: its sequence mixer's :class:`MixerState` (``mixer``, made by the
-    mixer on its first call) and a cross-attention's memory keys and values (``cross``).
+    mixer on its first call), a cross-attention's memory keys and values (``cross``) and each canon
+    layer's last inputs (``canon``: site -> (batch, kernel - 1, channels), zoo.parts.canon).
 
     ``max_len`` (prompt + new tokens) lets growing states preallocate; they grow past it if needed.
     ``static``: the mixer's state is static (see :class:`MixerState`): ``max_len`` slots, never more.
@@ -127,6 +145,15 @@ class LayerState:
         self.static = static
         self.mixer: MixerState | None = None
         self.cross: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.canon: dict[str, torch.Tensor] = {}
+
+    def canon_tail(self, site: str) -> torch.Tensor | None:
+        """The canon layer at ``site``'s last inputs before this call (None before its first)."""
+        return self.canon.get(site)
+
+    def hold_canon(self, site: str, tail: torch.Tensor) -> None:
+        """Keep the canon layer at ``site``'s last inputs (static: copied into the held tensor, in place)."""
+        self.canon[site] = keep(self.canon.get(site), tail, self.static)
 
     def mixer_state(self, kind: Callable[[int | None], S]) -> S:
         """The mixer's state, made by ``kind(max_len)`` on first use (``kind``: a MixerState class)."""
@@ -151,17 +178,30 @@ class LayerState:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the mixer's state and the cross-attention memory's keys and values."""
-        return (0 if self.mixer is None else self.mixer.nbytes) + nbytes(*(self.cross or ()))
+        """Bytes held: the mixer's state, the cross-attention memory's keys and values and the canon layers'
+        last inputs."""
+        return (0 if self.mixer is None else self.mixer.nbytes) + nbytes(*(self.cross or ()), *self.canon.values())
 
     def reset(self) -> None:
         """Forget every token and the cross-attention memory (buffers are kept for reuse)."""
         if self.mixer is not None:
             self.mixer.reset()
         self.cross = None
+        if self.static:  # zeros at the same addresses: the inputs before a first token
+            for tail in self.canon.values():
+                tail.zero_()
+        else:
+            self.canon = {}
 
     def truncate(self, length: int) -> None:
-        """Keep only the first ``length`` tokens (a mixer that cannot rewind says so)."""
+        """Keep only the first ``length`` tokens (a mixer that cannot rewind says so, as do canon layers,
+        which keep only their last inputs)."""
+        if self.canon and length != self.length:
+            raise ConfigError(
+                "length",
+                length,
+                f"must be {self.length}: canon layers keep only their last inputs (block.canon), so they cannot rewind",
+            )
         if self.mixer is None:
             if length:
                 raise ConfigError("length", length, "must be 0: the layer has seen no token")

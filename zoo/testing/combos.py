@@ -22,6 +22,7 @@ from torch import nn
 
 from zoo.assembly.build import build_block
 from zoo.assembly.combinations import (  # the grid itself; re-exported for the contract's users
+    block_settings,
     choices,
     combinations,
     combo_id,
@@ -59,6 +60,7 @@ def every_combination(test: Any) -> Any:
 def block_config(combo: dict[str, str], **overrides: Any) -> dict[str, Any]:
     """A plain-dict block config; ``attn`` overrides go in as ``attn={"backend": "math"}``."""
     cfg: dict[str, Any] = {**TINY, **{axis: node(axis, label) for axis, label in combo.items()}}
+    cfg.update(block_settings(combo))  # a variant's block settings (pre+canon: block.canon)
     for key, value in overrides.items():
         if key in AXES:
             cfg[key] = {**cfg[key], **value}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -33,6 +33,7 @@ from zoo.lab.recipe import OPTIMIZERS, SCHEDULES
 from zoo.lab.records.trackers import TRACKERS
 from zoo.lab.tasks import TASKS
 from zoo.lab.training.loop_callbacks import CALLBACKS
+from zoo.parts import canon
 
 #: What ``zoo-parts`` lists: the block's axes, then the lab's registries by their config key; a new
 #: registry of the lab (its parts registered, plugins included, like the block's) is one entry here.
@@ -170,6 +171,29 @@ def option_docs(registry: Registry, parts: list[Part]) -> list[str]:
     return lines
 
 
+def block_options(listed: Callable[[Registry], list[Part]]) -> list[str]:
+    """The block's own options (``block.canon``) as a table: values, formula, cost and reference, the parts that
+    apply each site inside them (their ``canon_sites``), and notes (zoo.parts.canon)."""
+    inside = "; ".join(
+        f"{site}: " + ", ".join(f"`{p.name}`" for p in listed(AXES[axis]) if site in hook(p.cls, "canon_sites"))
+        for site, axis in (("b", "attn"), ("d", "mlp"))
+    )
+    doc = canon.DOC
+    return [
+        "",
+        "## Block options",
+        "",
+        "Options of the whole block, `block.<option>`; the cost is the training FLOPs (forward and backward) "
+        "`flops_per_token` adds per layer:",
+        "",
+        "| option | values | inside parts | formula | cost | reference |",
+        "|---|---|---|---|---|---|",
+        f"| `{doc.option}` | {doc.values} | {inside} | `{doc.formula}` | {doc.cost} | {doc.reference} |",
+        "",
+        *canon.NOTES,
+    ]
+
+
 def parts_markdown(plugins: bool = True) -> str:
     """The parts catalogue as Markdown (``zoo-parts --markdown > docs/parts.md``); a plugin's part
     names its package, and ``plugins=False`` leaves them out (zoo's own catalogue)."""
@@ -196,6 +220,7 @@ def parts_markdown(plugins: bool = True) -> str:
             name = f"`{part.name}`" + (f" (from {part.origin})" if part.origin != BUILT_IN else "")
             lines.append(f"| {name} | {part.summary} | `{part.formula}` | {options} | {part.reference} |")
         lines += option_docs(registry, listed(registry))
+    lines += block_options(listed)
     lines += [
         "",
         "## Compatibility",

@@ -11,6 +11,7 @@ from typing import Any
 from zoo.lab.files import clean
 from zoo.lab.keys import (
     NEUTRAL_ATTN,
+    NEUTRAL_BLOCK,
     NEUTRAL_STACK,
     NEUTRAL_TOP,
     NEUTRAL_TRAIN,
@@ -24,8 +25,8 @@ from zoo.lab.keys import (
 
 def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
-    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, ``NEUTRAL_TOP``, ``NEUTRAL_ATTN`` and
-    ``NEUTRAL_STACK``, the default recipe, ``param=standard``).
+    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, ``NEUTRAL_TOP``, ``NEUTRAL_BLOCK``,
+    ``NEUTRAL_ATTN`` and ``NEUTRAL_STACK``, the default recipe, ``param=standard``).
 
     A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
     source's config hash, step and checkpoint checksum instead (zoo.lab.planning.branch), so a source and its branches
@@ -42,8 +43,11 @@ def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dic
     if isinstance(branch, dict) and not branch_path:
         semantic["train"] = {**semantic["train"], "branch": {**branch, "from": None}}
     block = semantic.get("block")
-    if isinstance(block, dict) and isinstance(block.get("attn"), dict):
-        semantic["block"] = {**block, "attn": without_neutral(block["attn"], NEUTRAL_ATTN)}
+    if isinstance(block, dict):
+        block = without_neutral(block, NEUTRAL_BLOCK)
+        if isinstance(block.get("attn"), dict):
+            block = {**block, "attn": without_neutral(block["attn"], NEUTRAL_ATTN)}
+        semantic["block"] = block
     for stack in STACKS:
         if isinstance(semantic.get(stack), dict):
             semantic[stack] = without_neutral(semantic[stack], NEUTRAL_STACK)

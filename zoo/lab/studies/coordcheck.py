@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from zoo.assembly.combinations import covering_combinations, node
+from zoo.assembly.combinations import block_settings, covering_combinations, node
 from zoo.assembly.compose import compose_with_choices
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
@@ -161,7 +161,7 @@ def combination_overrides(combo: dict[str, str]) -> list[str]:
         options = node(axis, label)
         found.append(f"{axis}={options.pop('name')}")
         found += [f"block.{axis}.{key}={json.dumps(value)}" for key, value in options.items()]
-    return found
+    return found + [f"block.{key}={json.dumps(value)}" for key, value in block_settings(combo).items()]
 
 
 def covering(args: argparse.Namespace, widths: list[int]) -> int:
