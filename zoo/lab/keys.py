@@ -35,6 +35,9 @@ NEUTRAL_TOP: dict[str, Any] = {"data_seed": None}
 #: ``block.attn`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (softmax attention's output gate, sink and XSA: zoo.parts.head_outputs).
 NEUTRAL_ATTN: dict[str, Any] = {"gate": "none", "sink": "none", "xsa": False}
+#: ``block.mlp`` options added after runs were recorded, left out of the hash at the value that changes nothing
+#: (a mixture of experts' balancing: zoo.parts.moe).
+NEUTRAL_MLP: dict[str, Any] = {"balance": "loss", "bias_rate": 0.001}
 
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
 #: order's), the sweep

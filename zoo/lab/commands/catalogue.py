@@ -152,14 +152,14 @@ def print_param_table(d_model: int, n_heads: int, overrides: Sequence[str] = (),
 
 
 def option_docs(registry: Registry, parts: list[Part]) -> list[str]:
-    """The options several parts of ``registry`` take (``Registry.document``) as a table below its parts',
+    """The options documented once for the parts of ``registry`` (``Registry.document``) as a table below its parts',
     each naming the parts that take it; no lines when none is documented."""
     if not registry.option_docs:
         return []
     lines = [
         "",
-        f"Options several `{registry.axis}` parts take, `block.{registry.axis}.<option>`; the cost is the "
-        "training FLOPs (forward and backward) `flops_per_token` adds per layer:",
+        f"Options documented once for the `{registry.axis}` parts that take them, `block.{registry.axis}.<option>`; "
+        "the cost is the training FLOPs (forward and backward) `flops_per_token` adds per layer:",
         "",
         "| option | values | parts | formula | cost | reference |",
         "|---|---|---|---|---|---|",

@@ -9,13 +9,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from zoo.lab.files import clean
-from zoo.lab.keys import NEUTRAL_ATTN, NEUTRAL_TOP, NEUTRAL_TRAIN, PARAM, RECIPE, RUNTIME, RUNTIME_TRAIN
+from zoo.lab.keys import NEUTRAL_ATTN, NEUTRAL_MLP, NEUTRAL_TOP, NEUTRAL_TRAIN, PARAM, RECIPE, RUNTIME, RUNTIME_TRAIN
 
 
 def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
-    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, ``NEUTRAL_TOP`` and ``NEUTRAL_ATTN``, the
-    default recipe, ``param=standard``).
+    at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, ``NEUTRAL_TOP``, ``NEUTRAL_ATTN`` and
+    ``NEUTRAL_MLP``, the default recipe, ``param=standard``).
 
     A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
     source's config hash, step and checkpoint checksum instead (zoo.lab.planning.branch), so a source and its branches
@@ -32,8 +32,9 @@ def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dic
     if isinstance(branch, dict) and not branch_path:
         semantic["train"] = {**semantic["train"], "branch": {**branch, "from": None}}
     block = semantic.get("block")
-    if isinstance(block, dict) and isinstance(block.get("attn"), dict):
-        semantic["block"] = {**block, "attn": without_neutral(block["attn"], NEUTRAL_ATTN)}
+    for axis, neutral in (("attn", NEUTRAL_ATTN), ("mlp", NEUTRAL_MLP)):
+        if isinstance(block, dict) and isinstance(block.get(axis), dict):
+            block = semantic["block"] = {**block, axis: without_neutral(block[axis], neutral)}
     if isinstance(semantic.get("train"), dict):
         train = {k: v for k, v in semantic["train"].items() if k not in RUNTIME_TRAIN}
         semantic["train"] = without_neutral(train, NEUTRAL_TRAIN)

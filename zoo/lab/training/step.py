@@ -1,5 +1,6 @@
 """One training step, the same for the trainer and the benchmarks: forward under the trainer's autocast,
-the loss, the parts' auxiliary losses and the z-loss, backward, gradient clipping, the optimizer step, zero_grad."""
+the loss, the parts' auxiliary losses and the z-loss, backward, gradient clipping, the optimizer step, the
+parts' updates after it (their ``after_step`` hooks), zero_grad."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from zoo.core.auxiliary import after_step_hooks
 from zoo.lab.tasks import IGNORE, Batch
 
 
@@ -64,6 +66,7 @@ class Stepper:
 
     def __post_init__(self) -> None:
         self.params = list(self.core.parameters())
+        self.after_step = after_step_hooks(self.core)  # parts' updates outside the gradient (a router's bias)
         self.grad_norm: torch.Tensor | None = None
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -89,5 +92,7 @@ class Stepper:
         full = getattr(norm, "full_tensor", None)  # a DTensor (FSDP2, tensor parallel): the whole model's norm
         self.grad_norm = (full() if full is not None else norm).detach()
         self.optimizer.step()
+        for update in self.after_step:
+            update()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach(), aux
