@@ -15,8 +15,8 @@ COMPUTES = ("block", "model", "encoder", "task", "train", "seed", "data_seed", "
 #: a number it computes: left out of the hash (adding a tracker or a callback to a finished sweep skips its runs).
 RUNTIME = ("threads", "progress", "logger", "report", "tune", "ladder", "compile", "parallel", "callbacks")
 #: Sections added after runs were recorded: in the hash only away from their default
-#: (zoo.lab.recipe.is_default for ``optim`` and ``schedule``; ``param=standard``).
-RECIPE = ("optim", "schedule")
+#: (zoo.lab.recipe.is_default for ``optim``, ``schedule`` and ``objective``; ``param=standard``).
+RECIPE = ("optim", "schedule", "objective")
 PARAM = "param"
 #: The values ``param.name`` may take.
 PARAM_VALUES = ("standard", "mup")
