@@ -238,3 +238,17 @@ def test_zoo_train_trains_a_tiny_mtp_run_end_to_end(tmp_path):
 def test_objective_entries_refuse_bad_values_before_building():
     with pytest.raises(ConfigError, match=r"objective\.k=-1"):
         objective_entry({"name": "mtp", "k": -1})
+
+
+def test_the_trainer_weighs_the_extra_losses_by_the_objectives_weight_at_each_step(tmp_path, monkeypatch):
+    weights: list[float] = []
+    step_call = Stepper.__call__
+
+    def recording(self: Stepper, batch: Batch):
+        weights.append(self.future_weight)
+        return step_call(self, batch)
+
+    monkeypatch.setattr(Stepper, "__call__", recording)
+    summary = run(tiny("objective=mtp", "objective.weight=0.5", "objective.anneal=linear"), tmp_path)
+    assert summary["status"] == "ok", summary["error"]
+    assert weights == pytest.approx([0.5 * (1 - s / 12) for s in range(12)])
