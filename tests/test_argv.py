@@ -63,7 +63,8 @@ VALID = [
 def test_the_groups_are_zoos_axes_tasks_recipe_and_sweeps():
     groups = group_options()
     assert {"placement", "norm", "attn", "pos", "mlp", "preset", "task", "logger", "optim", "schedule",
-            "param", "sweeps"} == set(groups)  # fmt: skip
+            "objective", "param", "sweeps"} == set(groups)  # fmt: skip
+    assert groups["objective"] == ["mtp", "ntp"]
     assert "quick" in groups["sweeps"] and groups["norm"] == ["layernorm", "rmsnorm", "scalenorm"]
     assert {"adafactor", "adamw", "sgd"} <= set(groups["optim"]) and "wsd" in groups["schedule"]
 

@@ -70,6 +70,22 @@ def test_resumed_run_ends_with_the_uninterrupted_runs_numbers(tmp_path, at_step)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_moe_balanced_by_bias_resumes_to_the_last_bit(tmp_path):
+    """block.mlp.balance=bias: the routing bias, nudged after every step, travels in the checkpoint's weights."""
+    biased = tiny(*RESUMABLE, "mlp=moe", "block.mlp.n_experts=4", "block.mlp.balance=bias", "block.mlp.bias_rate=0.01")
+    whole = run(biased, tmp_path / "whole")
+    interrupt(tmp_path / "whole", tmp_path / "resumed", 6)
+    resumed = run(biased, tmp_path / "resumed")
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == [6]
+    assert resumed["final"] == whole["final"]  # to the last bit
+    assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "whole"))
+    a, b = load_file(tmp_path / "whole" / ckpt.WEIGHTS), load_file(tmp_path / "resumed" / ckpt.WEIGHTS)
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    saved = load_file(tmp_path / "whole" / "checkpoints" / "step_000006" / ckpt.WEIGHTS)
+    assert saved["blocks.0.mlp.expert_bias"].abs().sum() > 0  # the checkpoint holds the bias as it was at step 6
+    assert not torch.equal(saved["blocks.0.mlp.expert_bias"], a["blocks.0.mlp.expert_bias"])  # and it moved on
+
+
 def test_a_run_resumed_twice_records_both_steps(tmp_path):
     run(tiny(*RESUMABLE), tmp_path / "whole")
     interrupt(tmp_path / "whole", tmp_path / "once", 3)

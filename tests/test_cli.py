@@ -10,7 +10,7 @@ from zoo import AXES
 from zoo.core.registry import BUILT_IN
 from zoo.lab.commands.catalogue import LISTED, parts_markdown
 from zoo.lab.commands.parts import parts_main
-from zoo.lab.recipe import OPTIMIZERS, SCHEDULES
+from zoo.lab.recipe import OBJECTIVES, OPTIMIZERS, SCHEDULES
 from zoo.lab.records.trackers import TRACKERS
 from zoo.lab.tasks import TASKS
 from zoo.lab.training.loop_callbacks import CALLBACKS
@@ -22,7 +22,8 @@ def test_zoo_parts_lists_every_registered_part_task_tracker_optimizer_and_schedu
     parts_main([])
     out = capsys.readouterr().out
     assert LISTED == {
-        **AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES, "callback": CALLBACKS
+        **AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES, "objective": OBJECTIVES,
+        "callback": CALLBACKS,
     }  # fmt: skip
     sections = out.split("\n\nplugins")[0].split("\n")
     starts = [i for i, line in enumerate(sections) if not line.startswith(" ")]

@@ -187,3 +187,157 @@ def test_sigmoid_routing_stays_finite_when_every_logit_is_far_below_zero():
     top = scores.gather(-1, chosen)
     torch.testing.assert_close(weights, top / top.sum(-1, keepdim=True))
     torch.testing.assert_close(probs, scores / scores.sum(-1, keepdim=True))
+
+
+# block.mlp.balance=bias: DeepSeek-V3's auxiliary-loss-free balancing (arXiv:2412.19437 §2.1.2).
+
+
+@pytest.mark.parametrize("routing", ["softmax", "sigmoid"])
+def test_the_bias_changes_the_choice_but_not_the_gate_values(routing):
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]], dtype=torch.float64)
+    scores = logits.softmax(-1) if routing == "softmax" else logits.sigmoid()
+    bias = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64)  # lifts expert 3 above expert 1
+    weights, chosen, probs = route(logits, 2, routing)
+    assert chosen.tolist() == [[0, 1]]
+    biased_weights, biased_chosen, biased_probs = route(logits, 2, routing, bias)
+    assert biased_chosen.tolist() == [[3, 0]]  # 3's biased score first, then 0's
+    by_hand = torch.stack([scores[0, 3], scores[0, 0]]) / (scores[0, 3] + scores[0, 0])
+    torch.testing.assert_close(biased_weights[0], by_hand)  # the unbiased scores of the chosen, normalized
+    torch.testing.assert_close(biased_probs, probs)  # what the balance measure reads: unbiased
+
+
+@pytest.mark.parametrize("routing", ["softmax", "sigmoid"])
+def test_a_biased_layer_outputs_the_unbiased_gates_times_the_chosen_experts(routing):
+    layer = moe(n_experts=4, top_k=2, routing=routing, balance="bias")
+    with torch.no_grad():
+        layer.expert_bias.copy_(torch.tensor([0.0, -5.0, 0.0, 5.0]))  # expert 3 always in, expert 1 never
+    x = torch.randn(2, 3, D, dtype=torch.float64)
+    y = layer(x)
+    logits = x.reshape(-1, D) @ layer.router.weight.T
+    scores = logits.softmax(-1) if routing == "softmax" else logits.sigmoid()
+    other = torch.where(scores[:, 0] > scores[:, 2], 0, 2)  # the better of 0 and 2 joins expert 3
+    flat = x.reshape(-1, D)
+    for i in range(flat.shape[0]):
+        pair = [3, int(other[i])]
+        gates = scores[i, pair] / scores[i, pair].sum()
+        expected = sum(g * layer.experts[e](flat[i]) for g, e in zip(gates, pair, strict=True))
+        torch.testing.assert_close(y.reshape(-1, D)[i], expected)
+    assert layer.last_counts.tolist()[1] == 0 and layer.last_counts.tolist()[3] == 6
+
+
+def test_the_bias_is_a_buffer_saved_with_the_weights_never_a_parameter():
+    biased, plain = moe(n_experts=4, balance="bias"), moe(n_experts=4)
+    assert dict(biased.named_buffers())["expert_bias"].tolist() == [0.0] * 4  # starts at zero
+    assert "expert_bias" in biased.state_dict() and "expert_bias" not in plain.state_dict()  # old weights load
+    assert [n for n, _ in biased.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    assert param_report({**BASE, "mlp": {"name": "moe", "balance": "bias"}}) == param_report(
+        {**BASE, "mlp": {"name": "moe"}}
+    )
+    from helpers import tiny
+
+    from zoo.lab.recipe.param import infer_for
+
+    biased_mup = infer_for(tiny("mlp=moe", "block.mlp.balance=bias"), 16)
+    assert biased_mup == infer_for(tiny("mlp=moe"), 16)  # μP: the same parameters, the same roles
+
+
+def test_the_nudge_is_the_rate_times_the_sign_of_mean_load_less_load_after_each_step():
+    layer = moe(n_experts=4, top_k=1, balance="bias", bias_rate=0.25).train()
+    with torch.no_grad():
+        layer.router.weight.zero_()
+        layer.router.weight[0] = 1.0  # positive inputs all prefer expert 0
+    x = torch.rand(2, 5, D, dtype=torch.float64)
+    layer.after_step()  # no training forward yet: nothing to nudge by
+    assert layer.expert_bias.tolist() == [0.0] * 4
+    with torch.no_grad():
+        layer(x)  # no gradients: not a training step's forward
+    layer.eval()
+    layer(x)  # nor an evaluation's
+    layer.after_step()
+    assert layer.expert_bias.tolist() == [0.0] * 4
+    layer.train()
+    layer(x)
+    assert layer.last_counts.tolist() == [10, 0, 0, 0]  # mean load 2.5
+    layer.after_step()
+    assert layer.expert_bias.tolist() == [-0.25, 0.25, 0.25, 0.25]
+    layer.after_step()  # the load is consumed: a second call without a forward changes nothing
+    assert layer.expert_bias.tolist() == [-0.25, 0.25, 0.25, 0.25]
+
+
+@pytest.mark.parametrize("routing", ["softmax", "sigmoid"])
+def test_the_nudge_moves_a_skewed_routers_load_toward_balance_without_touching_its_weights(routing):
+    torch.manual_seed(0)
+    layer = moe(n_experts=4, top_k=2, routing=routing, balance="bias", bias_rate=0.01).train()
+    with torch.no_grad():
+        layer.router.weight[0] += 0.1 * torch.ones(D)  # tokens (mean 0.5 per feature) prefer expert 0
+    router = layer.router.weight.detach().clone()
+    batches = torch.Generator().manual_seed(0)
+    imbalance = []  # per step: the busiest expert's load over the mean (1: balanced; 2: expert 0 takes every token)
+    for _ in range(100):
+        layer(torch.randn(4, 16, D, dtype=torch.float64, generator=batches) + 0.5)  # a fresh batch each step
+        imbalance.append((layer.last_counts.max() / layer.last_counts.double().mean()).item())
+        layer.after_step()
+    first, last = sum(imbalance[:5]) / 5, sum(imbalance[-20:]) / 20
+    assert first > 1.6 and last < 1.3, (first, last)
+    assert layer.expert_bias[0] < 0 < layer.expert_bias[1:].min()  # the busy expert down, the others up
+    assert torch.equal(layer.router.weight, router)
+
+
+def test_under_bias_the_balance_measure_is_logged_but_trains_nothing():
+    layer = moe(n_experts=4, balance="bias").train()
+    layer(torch.randn(3, 7, D, dtype=torch.float64))
+    aux = collect_aux(layer)
+    assert aux["balance"] > 0 and not aux["balance"].requires_grad
+    assert aux["router_z"].requires_grad  # the z-loss still trains the router
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"balance": "aux"}, "block.mlp.balance='aux': must be one of 'loss', 'bias'"),
+        ({"balance": "bias", "bias_rate": 0.0}, "block.mlp.bias_rate=0.0: must be > 0"),
+        ({"balance": "bias", "bias_rate": -0.001}, "block.mlp.bias_rate=-0.001: must be > 0"),
+    ],
+)
+def test_bad_balance_options_are_refused_naming_the_field(options, message):
+    cfg = {**BASE, "mlp": {"name": "moe", **options}}
+    assert message in check_combination(cfg)
+
+
+def test_balance_loss_leaves_existing_config_hashes_as_they_were():
+    """block.mlp.balance and bias_rate at their defaults are out of the hash: the hashes below were
+    computed before the option file had these keys; balance=bias is a new run."""
+    from helpers import tiny
+
+    from zoo.lab.records.config import config_hash
+
+    recorded = {("mlp=moe",): "df3c064098a29560",
+                ("mlp=moe", "block.mlp.routing=sigmoid", "block.mlp.n_shared=1"): "eeef1c7b47d82667"}  # fmt: skip
+    for overrides, digest in recorded.items():
+        config = tiny(*overrides)
+        assert {"balance": "loss", "bias_rate": 0.001}.items() <= config["block"]["mlp"].items()
+        assert config_hash(config) == digest, overrides
+        assert config_hash(tiny(*overrides, "block.mlp.balance=loss")) == digest, overrides
+    assert config_hash(tiny("mlp=moe", "block.mlp.balance=bias")) != recorded[("mlp=moe",)]
+
+
+def test_a_moe_run_balanced_by_bias_moves_the_bias_and_records_it_in_its_weights(tmp_path):
+    from helpers import tiny
+    from safetensors.torch import load_file
+
+    from zoo.lab.records import checkpoint as ckpt
+    from zoo.lab.records.metrics import read_metrics
+    from zoo.lab.training.run import run
+
+    options = ["mlp=moe", "block.mlp.n_experts=4", "block.mlp.balance=bias", "train.steps=4", "train.log_every=2"]
+    summary = run(tiny(*options), tmp_path)
+    assert summary["status"] == "ok", summary["error"]
+    weights = load_file(tmp_path / ckpt.WEIGHTS)
+    for layer in ("blocks.0.mlp", "blocks.1.mlp"):
+        bias = weights[f"{layer}.expert_bias"]
+        assert bias.abs().sum() > 0  # nudged by each of the 4 steps
+        steps = bias / 0.001  # each step moves each expert by exactly +-bias_rate
+        torch.testing.assert_close(steps, steps.round(), atol=1e-3, rtol=0)
+        assert steps.abs().max() <= 4
+    logged = [r for r in read_metrics(tmp_path) if r["kind"] == "train"]
+    assert all(r["aux_balance"] > 0 for r in logged)

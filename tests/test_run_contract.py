@@ -1,7 +1,7 @@
 """The run contract: a run comes back as it was trained, from a copy of its folder, from any working folder.
 
-Over a covering set of run configs (every value of ``param``, ``optim``, ``schedule`` and ``task``, every
-attention kind and position scheme, tied and untied embeddings, ``compile=true`` and a branch), each row is
+Over a covering set of run configs (every value of ``param``, ``optim``, ``schedule``, ``objective`` and ``task``,
+every attention kind and position scheme, tied and untied embeddings, ``compile=true`` and a branch), each row is
 trained a few steps, its folder copied to another path and used from another working folder (one that holds
 other data under the run's relative ``task.path``), and then:
 
@@ -87,6 +87,13 @@ ROWS = {
     ),
     # GPT-2-shaped, every block compiled.
     "bytes-gpt-compiled": Row("bytes", ("preset=gpt", "block.max_len=64", "compile=true"), hf="logits"),
+    # Multi-token prediction, sequential heads annealed: evaluated, generated and exported by the next-token head.
+    "bytes-mtp-annealed": Row(
+        "bytes",
+        ("preset=llama", "objective=mtp", "objective.k=2", "objective.anneal=linear", *CHECKPOINTS),
+        hf="logits",
+        resume=True,
+    ),
 }
 
 

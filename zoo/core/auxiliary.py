@@ -10,17 +10,21 @@ or without gradients). The model collects them with :func:`collect_aux`: each na
 modules that recorded it (so a weight does not depend on depth), which clears the records. The
 trainer adds ``weight * value`` for each, a weight being ``train.aux_weights.<name>`` or else the
 part's default, and logs each value as ``aux_<name>``.
+
+A part may also keep state that no gradient trains (a router's balancing bias): its ``after_step``
+hook updates it after each optimizer step, called on every module that defines it
+(:func:`after_step_hooks`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
 from zoo.core.errors import ConfigError
-from zoo.core.interface import hook
+from zoo.core.interface import defines, hook
 
 _RECORDS = "_aux_records"
 
@@ -79,3 +83,9 @@ def aux_weights(
             raise ConfigError(f"{field}.{name}", weight, "must be >= 0")
         weights[name] = float(weight)
     return weights
+
+
+def after_step_hooks(model: nn.Module) -> list[Callable[[], None]]:
+    """The ``after_step`` hook of every module of ``model`` that defines one, in module order: what a
+    training step calls after the optimizer's."""
+    return [hook(module, "after_step") for module in model.modules() if defines(module, "after_step")]

@@ -76,6 +76,12 @@ class PartHooks(Protocol):
         0 (the default): none (zoo.models.base.TokenModel.training_flops)."""
         return 0
 
+    def after_step(self) -> None:
+        """Update the built part's state outside the gradient after each optimizer step (a router's
+        balancing bias from the step's load: zoo.parts.moe). The training step calls it on every module
+        that defines it (zoo.core.auxiliary.after_step_hooks); nothing by default."""
+        return None
+
     def matrix_blocks(self) -> Mapping[str, Mapping[str, torch.Tensor]] | None:
         """How the built part's fused weights split into logical matrices, for an optimizer that treats
         each matrix whole (Muon): parameter name relative to the part (``"qkv.weight"``) -> {block name:

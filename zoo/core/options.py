@@ -13,7 +13,7 @@ from functools import cache
 from typing import Any, Literal, Union
 
 from zoo.core.errors import ConfigError
-from zoo.core.registry import Part
+from zoo.core.registry import Part, Registry
 
 
 @cache
@@ -51,6 +51,18 @@ def resolve_options(
         if value is inspect.Parameter.empty:
             raise ConfigError(f"{prefix}.{key}", None, f"required by {part.axis} {part.name!r}")
     return options
+
+
+def named_section(registry: Registry, kind: str, section: Any, default: str) -> tuple[Part, dict[str, Any]]:
+    """A config section that names an entry of ``registry`` (``optim: {name: sgd, momentum: 0.9}``, or the name
+    alone; absent: ``default``): that entry and the section's other keys, not yet checked. A section that is
+    no mapping, or names no entry, is a ConfigError naming ``kind``."""
+    if isinstance(section, str):
+        section = {"name": section}
+    if not isinstance(section or {}, Mapping):
+        raise ConfigError(kind, section, f"a mapping with a name: one of {', '.join(registry.names())}")
+    raw = dict(section or {})
+    return registry.get(raw.pop("name", default)), raw
 
 
 @cache

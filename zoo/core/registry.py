@@ -93,12 +93,12 @@ class Registry:
         self.axis = axis
         self.where = where or f"block.{axis}.name"  # the config key that names a part, for errors
         self._parts: dict[str, Part] = {}
-        #: Options several parts take, documented once (:meth:`document`), in the order documented.
+        #: Options documented once for the parts that take them (:meth:`document`), in the order documented.
         self.option_docs: dict[str, OptionDoc] = {}
         Registry._every.add(self)
 
     def document(self, option: str, *, values: str, formula: str, cost: str, reference: str) -> None:
-        """Describe ``option``, taken by several parts of this axis, for the catalogue (docs/parts.md)."""
+        """Describe ``option``, taken by one or several parts of this axis, for the catalogue (docs/parts.md)."""
         self.option_docs[option] = OptionDoc(option, values, formula, cost, reference)
 
     def register(

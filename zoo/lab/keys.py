@@ -15,8 +15,8 @@ COMPUTES = ("block", "model", "encoder", "task", "train", "seed", "data_seed", "
 #: a number it computes: left out of the hash (adding a tracker or a callback to a finished sweep skips its runs).
 RUNTIME = ("threads", "progress", "logger", "report", "tune", "ladder", "compile", "parallel", "callbacks")
 #: Sections added after runs were recorded: in the hash only away from their default
-#: (zoo.lab.recipe.is_default for ``optim`` and ``schedule``; ``param=standard``).
-RECIPE = ("optim", "schedule")
+#: (zoo.lab.recipe.is_default for ``optim``, ``schedule`` and ``objective``; ``param=standard``).
+RECIPE = ("optim", "schedule", "objective")
 PARAM = "param"
 #: The values ``param.name`` may take.
 PARAM_VALUES = ("standard", "mup")
@@ -43,6 +43,9 @@ STACKS = ("model", "encoder")
 #: ``block`` keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (canon layers: zoo.parts.canon).
 NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none"}
+#: ``block.mlp`` options added after runs were recorded, left out of the hash at the value that changes nothing
+#: (a mixture of experts' balancing: zoo.parts.moe).
+NEUTRAL_MLP: dict[str, Any] = {"balance": "loss", "bias_rate": 0.001}
 
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
 #: order's), the sweep

@@ -76,7 +76,10 @@ def residual_branches(blocks: Sequence[Block]) -> int:
 
 
 def component_of(name: str) -> str:
-    """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention)."""
+    """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention;
+    ``mtp.*``, multi-token prediction's extra heads, -> mtp)."""
+    if name.startswith("mtp."):
+        return "mtp"
     if name.startswith(("embed", "pos_embed", "head")) or ".pos_embed." in name:
         return "embedding"
     if ".attn." in name or ".cross_attn." in name or ".canon.a." in name:  # canon site a: the attention's input
@@ -99,10 +102,12 @@ class TokenModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def parameter_counts(self) -> dict[str, int]:
-        """Parameters by component: embedding (and untied head), attention, mlp, norms, total."""
+        """Parameters by component: embedding (and untied head), attention, mlp, norms, mtp (the extra heads
+        of ``objective=mtp``, only when there are some), total."""
         counts = {"embedding": 0, "attention": 0, "mlp": 0, "norms": 0}
         for name, p in self.named_parameters():
-            counts[component_of(name)] += p.numel()
+            component = component_of(name)
+            counts[component] = counts.get(component, 0) + p.numel()
         counts["total"] = sum(counts.values())
         return counts
 
@@ -115,6 +120,12 @@ class TokenModel(nn.Module):
         """The auxiliary losses the parts recorded in the last training forward (zoo.core.auxiliary):
         each name's mean over the layers that recorded it. Clears the records."""
         return collect_aux(self)
+
+    def take_future_logits(self) -> list[torch.Tensor]:
+        """The extra heads' logits of the last training forward (``objective=mtp``: head j's (b, t - j, vocab),
+        position i predicting token i + j + 1), then cleared; empty for a model without extra heads, and after
+        a forward in eval() or without gradients (only the next-token head runs then)."""
+        return self.__dict__.pop("_future_logits", [])
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """(..., d_model) -> (..., vocab) through the head (the embedding matrix when tied).
@@ -130,12 +141,13 @@ class TokenModel(nn.Module):
             logits = F.linear(h, weight)
         return logits if self.logit_scale is None else logits * self.logit_scale
 
-    def training_flops(self, seq_len: int, attention_layers: int) -> int:
+    def training_flops(self, seq_len: int, attention_layers: int, heads: int = 1) -> int:
         """Training FLOPs (forward + backward) per token at context ``seq_len``.
 
         6 x the non-embedding parameters one token uses (each weight: one multiply-add forward, two
         backward; a mixture of experts counts its router, top_k and shared experts), the LM head's
-        matmul included even when tied, plus attention scores and weighted values:
+        matmul included even when tied (once per head that reads it: ``heads``, multi-token prediction's
+        extra heads too), plus attention scores and weighted values:
         6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask),
         or the mixer's own count where it gives one (its ``mixing_flops`` hook: Gated DeltaNet's chunked form,
         a sliding window's min(window, seq_len) keys per query), each layer by its own mixer,
@@ -143,7 +155,7 @@ class TokenModel(nn.Module):
         """
         counts = self.parameter_counts()
         active = self.num_active_parameters() - counts["embedding"]
-        dense = active + self.embed.weight.numel()  # the LM head matmul counts
+        dense = active + heads * self.embed.weight.numel()  # the LM head matmul counts, once per head
         own = [flops for flops in (mixing_flops(m, seq_len) for m in self.modules()) if flops is not None]
         softmax = attention_layers - len(own)
         extra = sum(hook(m, "extra_flops")(seq_len) for m in self.modules() if defines(m, "extra_flops"))

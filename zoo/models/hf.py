@@ -213,8 +213,9 @@ def folded_weights(model: LanguageModel, shape: Shape) -> dict[str, torch.Tensor
       embedding (the input embedding unchanged).
 
     The rest of what μP sets is in the weights already (the init factors) or read only by the optimizer
-    (``model.mup``), so nothing is refused. ``model`` itself is not changed."""
-    weights = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    (``model.mup``), so nothing is refused. Multi-token prediction's extra heads (``mtp.*``) train beside the
+    next-token head and predict nothing at inference: left out. ``model`` itself is not changed."""
+    weights = {k: v.detach().float().clone() for k, v in model.state_dict().items() if not k.startswith("mtp.")}
     for i, block in enumerate(model.blocks):
         scale = block.attn.score_scale
         if scale is None:

@@ -15,6 +15,7 @@ from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel
 from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
 from zoo.models.config import block_section, layer_field, model_options, stack_specs
 from zoo.models.generate import check_generate_args, continued_positions, generate_tokens, padded_prompt
+from zoo.models.objectives import Objective, objective_entry
 from zoo.models.stack import Stack
 from zoo.parts.state import LayerState
 
@@ -24,7 +25,9 @@ class LanguageModel(TokenModel, Stack):
     :class:`zoo.models.stack.Stack` of blocks (positions, blocks, final norm), the LM head.
 
     Parameter names: ``embed``, ``pos_embed`` (``pos=learned`` only), ``blocks.{i}.*``, ``final_norm``
-    (when the last block's placement needs one), ``head`` (absent when tied to the embedding).
+    (when the last block's placement needs one), ``head`` (absent when tied to the embedding), ``mtp.*``
+    (``objective=mtp``'s extra heads, zoo.models.mtp: run in a training forward only, their logits taken by
+    :meth:`take_future_logits`; the forward returns the next-token logits alone).
     Initialization: :func:`init_stack`; under ``pos=sinusoidal`` the token embedding is drawn with std
     d_model^-0.5 and scaled by sqrt(d_model) in the forward (:class:`zoo.parts.positions.SinusoidalEmbedding`).
     """
@@ -35,8 +38,10 @@ class LanguageModel(TokenModel, Stack):
         vocab_size: int,
         n_layers: int | None = None,
         tie_embeddings: bool = True,
+        objective: Objective | None = None,
     ) -> None:
-        """spec: one BlockSpec repeated ``n_layers`` times, or one BlockSpec per layer."""
+        """spec: one BlockSpec repeated ``n_layers`` times, or one BlockSpec per layer; ``objective``: the
+        training objective, whose extra heads (if any) the model owns (default: next-token prediction)."""
         specs = [spec] * (n_layers or 1) if isinstance(spec, BlockSpec) else list(spec)
         if n_layers is not None and len(specs) != n_layers:
             raise ConfigError("model.n_layers", n_layers, f"must match the {len(specs)} block specs given")
@@ -45,6 +50,7 @@ class LanguageModel(TokenModel, Stack):
         d_model = specs[0].dims.d_model
         super().__init__(specs, "model.layers", embed=nn.Embedding(vocab_size, d_model))
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
+        self.mtp = (objective or objective_entry(None)).heads(specs[-1])  # None under next-token prediction
         self.reset_parameters()
 
     def reset_parameters(self, seed: int | None = None) -> None:
@@ -64,8 +70,13 @@ class LanguageModel(TokenModel, Stack):
         key_mask: (b, t_k) bool, True at real tokens (t_k counts cached tokens too).
         caches: one LayerState per block (:meth:`new_caches`), written in place.
         positions: (b, t) per-sample position ids (left-padded batches); default: cache slots.
+        With extra heads (``objective=mtp``), a training forward with gradients also keeps their logits for
+        :meth:`take_future_logits`.
         """
-        return self.logits(self.hidden_states(ids, key_mask=key_mask, caches=caches, positions=positions))
+        h = self.hidden_states(ids, key_mask=key_mask, caches=caches, positions=positions)
+        if self.mtp is not None and caches is None and self.training and torch.is_grad_enabled():
+            self.__dict__["_future_logits"] = [self.logits(state) for state in self.mtp(h, ids, self.embed)]
+        return self.logits(h)
 
     def hidden_states(
         self,
@@ -154,14 +165,18 @@ class LanguageModel(TokenModel, Stack):
         return generate_tokens(next_logits, prompt_ids, max_new_tokens, temperature, top_k, generator)
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token at context ``seq_len`` (:meth:`TokenModel.training_flops`)."""
-        return self.training_flops(seq_len, attention_layers=len(self.blocks))
+        """Training FLOPs per token at context ``seq_len`` (:meth:`TokenModel.training_flops`); multi-token
+        prediction's extra depths each count their parameters, their block's attention and the shared head's
+        matmul, as if run over every token (depth j runs on seq_len - j)."""
+        extra = 0 if self.mtp is None else len(self.mtp.depths)
+        return self.training_flops(seq_len, attention_layers=len(self.blocks) + extra, heads=1 + extra)
 
 
 def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpec] | None = None) -> LanguageModel:
     """A model from a config with a ``block`` section and a ``model`` section: ``vocab_size``,
     ``n_layers``, ``tie_embeddings``, ``pattern`` (block overrides repeated over the depth,
-    ``[{attn: gated_deltanet}, {}]``) and ``layers`` (per-layer block overrides on top, ``{3: {attn: mqa}}``).
+    ``[{attn: gated_deltanet}, {}]``) and ``layers`` (per-layer block overrides on top, ``{3: {attn: mqa}}``);
+    an ``objective`` section (``objective=mtp``) adds its extra heads.
     ``specs``: the layers' specs already resolved from this config (:func:`zoo.models.config.layer_specs`)."""
     raw = to_dict(cfg)
     options = model_options(raw)
@@ -173,7 +188,8 @@ def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpe
             where = "block" if block.get("cross_attention") else layer_field(options, i)
             field = f"{where}.cross_attention"
             raise ConfigError(field, True, "a decoder-only model has no encoder memory; use zoo.build_seq2seq")
-    return LanguageModel(specs, options["vocab_size"], tie_embeddings=options["tie_embeddings"])
+    objective = objective_entry(raw.get("objective"))  # objective=mtp: the extra heads (zoo.models.objectives)
+    return LanguageModel(specs, options["vocab_size"], tie_embeddings=options["tie_embeddings"], objective=objective)
 
 
 __all__ = ["LanguageModel", "build_model"]

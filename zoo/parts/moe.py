@@ -7,7 +7,10 @@ sorted by expert and each expert runs once, as one call on its contiguous slice 
 results are scattered back with one index_add. There is no loop over tokens.
 
 The load-balancing loss (Switch Transformer) and the router z-loss (ST-MoE) are recorded as the
-auxiliary losses ``balance`` and ``router_z`` (zoo.core.auxiliary).
+auxiliary losses ``balance`` and ``router_z`` (zoo.core.auxiliary). Under ``balance: bias`` (DeepSeek-V3's
+auxiliary-loss-free balancing) a per-expert bias, a buffer, chooses the top k instead, nudged toward the
+mean load after each optimizer step (:meth:`MoE.after_step`); ``balance`` is then logged detached, a
+measure of the load that trains nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import replace
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
@@ -28,9 +32,12 @@ from zoo.core.tp import Chain, Plan, PrepareModuleOutput, Replicate, Replicated,
 from zoo.parts.mlps import MLP
 
 Routing = Literal["softmax", "sigmoid"]
+Balance = Literal["loss", "bias"]
 
 
-def route(logits: torch.Tensor, top_k: int, routing: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, top_k: int, routing: str, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Router logits (n, experts) -> (gate weights (n, k), chosen experts (n, k), router probabilities
     (n, experts)).
 
@@ -38,13 +45,22 @@ def route(logits: torch.Tensor, top_k: int, routing: str) -> tuple[torch.Tensor,
     sigmoid (DeepSeek-V3): the top-k of sigmoid(logits), normalized to sum to 1; the probabilities
     the balance loss reads are the sigmoid scores normalized over every expert. Both are computed as a
     softmax over logsigmoid(logits) (the same ratios), so they stay finite where every sigmoid underflows.
+    ``bias`` (experts,): added to the scores (the softmax probabilities, the sigmoids) only to choose the
+    top k; the gate weights and probabilities are the unbiased scores' (DeepSeek-V3, arXiv:2412.19437 §2.1.2).
     """
     if routing == "softmax":
         probs = logits.softmax(-1)
-        weights, chosen = probs.topk(top_k, dim=-1)
+        if bias is None:
+            weights, chosen = probs.topk(top_k, dim=-1)
+        else:
+            chosen = (probs.detach() + bias).topk(top_k, dim=-1).indices
+            weights = probs.gather(-1, chosen)
         return weights / weights.sum(-1, keepdim=True), chosen, probs
     log_scores = F.logsigmoid(logits)
-    chosen = logits.topk(top_k, dim=-1).indices  # sigmoid is increasing: the same experts as its top-k
+    if bias is None:
+        chosen = logits.topk(top_k, dim=-1).indices  # sigmoid is increasing: the same experts as its top-k
+    else:
+        chosen = (logits.detach().sigmoid() + bias).topk(top_k, dim=-1).indices
     return log_scores.gather(-1, chosen).softmax(-1), chosen, log_scores.softmax(-1)
 
 
@@ -72,6 +88,10 @@ class MoE(MLP):
     so under ``block.mlp.match`` the matched width is each expert's. ``n_shared`` > 0 adds a shared
     expert every token goes through, of width n_shared x d_ff (DeepSeekMoE's shared experts, fused).
     Parameters: ``router`` (no bias), ``experts.{i}.*`` (the expert MLP's own), ``shared.*``.
+
+    ``balance``: ``loss`` trains the router toward balance with the ``balance`` auxiliary loss; ``bias``
+    keeps the buffer ``expert_bias`` (n_experts,), added to the scores only to choose the top k and moved
+    by ``bias_rate`` x sign(mean load - load) after each optimizer step (:meth:`after_step`), no loss.
     """
 
     aux_losses = {"balance": 0.01, "router_z": 0.001}
@@ -100,19 +120,29 @@ class MoE(MLP):
         expert: str = "swiglu",
         n_shared: int = 0,
         routing: Routing = "softmax",
+        balance: Balance = "loss",
+        bias_rate: float = 0.001,
     ) -> None:
         expert_cls = MLPS.get(expert).cls
         super().__init__(replace(dims, d_ff=dims.d_ff or expert_cls.default_width(dims.d_model)))
         self.n_experts, self.top_k, self.routing = n_experts, top_k, routing
+        self.balance, self.bias_rate = balance, bias_rate
         expert_dims = replace(dims, d_ff=self.hidden)
         self.router = Router(dims.d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(expert_cls(expert_dims) for _ in range(n_experts))
         self.shared = expert_cls(replace(dims, d_ff=n_shared * self.hidden)) if n_shared else None
         #: Tokens each expert received in the last forward (n_experts,), for routing statistics.
         self.last_counts: torch.Tensor | None = None
+        #: balance=bias: the tokens each expert received in the last training forward, until after_step reads them.
+        self.train_load: torch.Tensor | None = None
+        if balance == "bias":  # a buffer: saved with the weights, no gradient, no optimizer state
+            self.register_buffer("expert_bias", torch.zeros(n_experts))
 
     @classmethod
-    def check(cls, dims: BlockDims, *, n_experts: int, top_k: int, expert: str, n_shared: int, routing: str) -> None:
+    def check(
+        cls, dims: BlockDims, *, n_experts: int, top_k: int, expert: str, n_shared: int, routing: str, balance: str,
+        bias_rate: float,
+    ) -> None:
         if n_experts < 1:
             raise ConfigError("block.mlp.n_experts", n_experts, "must be a positive integer")
         if not 1 <= top_k <= n_experts:
@@ -122,6 +152,8 @@ class MoE(MLP):
         experts = [name for name in MLPS.names() if not issubclass(MLPS.get(name).cls, MoE)]
         if expert not in experts:
             raise ConfigError("block.mlp.expert", expert, f"a registered dense MLP: {', '.join(experts)}")
+        if not bias_rate > 0:
+            raise ConfigError("block.mlp.bias_rate", bias_rate, "must be > 0 (the bias's step per optimizer step)")
 
     @classmethod
     def check_tp(cls, dims: BlockDims, tp: int, *, expert: str, n_shared: int, **options: object) -> None:
@@ -161,13 +193,30 @@ class MoE(MLP):
 
     def extra_repr(self) -> str:
         shared = f", shared={self.shared.hidden}" if self.shared is not None else ""
-        return f"experts={self.n_experts}, top_k={self.top_k}, hidden={self.hidden}, routing={self.routing}{shared}"
+        balance = f", balance=bias, bias_rate={self.bias_rate:g}" if self.balance == "bias" else ""
+        return (f"experts={self.n_experts}, top_k={self.top_k}, hidden={self.hidden}, routing={self.routing}"
+                f"{shared}{balance}")  # fmt: skip
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """balance=bias: each expert's bias += bias_rate x sign(mean load - load), the load being the tokens
+        routed to it in the last training forward (summed over every process, so every rank's bias stays the
+        same; a tensor-parallel group counts its tokens once per rank, which leaves every sign unchanged).
+        The load is consumed; without a training forward since the last call, nothing moves."""
+        if self.balance != "bias" or self.train_load is None:
+            return
+        load = self.train_load.to(self.expert_bias.dtype)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(load)
+        self.expert_bias += self.bias_rate * (load.mean() - load).sign()
+        self.train_load = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = rearrange(x, "... d -> (...) d")  # (n tokens, d)
         logits = self.router(flat)  # (n, experts), at least float32
         dtype = logits.dtype
-        weights, chosen, probs = route(logits, self.top_k, self.routing)  # (n, k), (n, k), (n, experts)
+        bias = self.expert_bias if self.balance == "bias" else None
+        weights, chosen, probs = route(logits, self.top_k, self.routing, bias)  # (n, k), (n, k), (n, experts)
 
         # Group: sort the n * k (token, expert) pairs by expert; expert e gets one contiguous slice.
         pair_expert = rearrange(chosen, "n k -> (n k)")
@@ -187,6 +236,23 @@ class MoE(MLP):
 
         if self.training and torch.is_grad_enabled():
             fraction = counts.to(dtype) / pair_expert.numel()  # f_e: share of routed pairs
-            record_aux(self, "balance", self.n_experts * (fraction * probs.mean(0)).sum())
+            balance = self.n_experts * (fraction * probs.mean(0)).sum()
+            record_aux(self, "balance", balance if self.balance == "loss" else balance.detach())  # bias: a measure
+            if self.balance == "bias":
+                self.train_load = counts.detach()
             record_aux(self, "router_z", torch.logsumexp(logits, -1).square().mean())
         return y.view_as(x)
+
+
+MLPS.document(
+    "balance",
+    values="loss, bias",
+    formula="loss: the balance auxiliary loss n_experts sum_e f_e P_e trains the router. bias: experts chosen by "
+    "top_k(s + b), gates from s alone (s: the softmax or sigmoid scores); after each optimizer step "
+    "b_e += bias_rate sign(mean load - load_e), load_e the tokens routed to e in the step (over every process); "
+    "aux_balance is logged detached",
+    cost="0 counted: n_experts additions per token to choose and a buffer of n_experts floats, no parameter; "
+    "one all-reduce of n_experts counts per step under torchrun",
+    reference="Wang et al. 2024, Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts, "
+    "arXiv:2408.15664; DeepSeek-AI 2024, DeepSeek-V3, arXiv:2412.19437",
+)

@@ -1,5 +1,5 @@
 """What ``zoo-parts`` prints: every registered extension (the block's axes, tasks, trackers, optimizers,
-schedules, callbacks) with its options and needs, a combination checked, parameter counts, and the
+schedules, objectives, callbacks) with its options and needs, a combination checked, parameter counts, and the
 Markdown catalogue docs/parts.md is made of."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from zoo.core.registry import (
     package_of,
     plugin_entry_points,
 )
-from zoo.lab.recipe import OPTIMIZERS, SCHEDULES
+from zoo.lab.recipe import OBJECTIVES, OPTIMIZERS, SCHEDULES
 from zoo.lab.records.trackers import TRACKERS
 from zoo.lab.tasks import TASKS
 from zoo.lab.training.loop_callbacks import CALLBACKS
@@ -38,7 +38,8 @@ from zoo.parts import canon
 #: What ``zoo-parts`` lists: the block's axes, then the lab's registries by their config key; a new
 #: registry of the lab (its parts registered, plugins included, like the block's) is one entry here.
 LISTED: dict[str, Registry] = {
-    **AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES, "callback": CALLBACKS,
+    **AXES, "task": TASKS, "logger": TRACKERS, "optim": OPTIMIZERS, "schedule": SCHEDULES, "objective": OBJECTIVES,
+    "callback": CALLBACKS,
 }  # fmt: skip
 
 
@@ -153,14 +154,14 @@ def print_param_table(d_model: int, n_heads: int, overrides: Sequence[str] = (),
 
 
 def option_docs(registry: Registry, parts: list[Part]) -> list[str]:
-    """The options several parts of ``registry`` take (``Registry.document``) as a table below its parts',
+    """The options documented once for the parts of ``registry`` (``Registry.document``) as a table below its parts',
     each naming the parts that take it; no lines when none is documented."""
     if not registry.option_docs:
         return []
     lines = [
         "",
-        f"Options several `{registry.axis}` parts take, `block.{registry.axis}.<option>`; the cost is the "
-        "training FLOPs (forward and backward) `flops_per_token` adds per layer:",
+        f"Options documented once for the `{registry.axis}` parts that take them, `block.{registry.axis}.<option>`; "
+        "the cost is the training FLOPs (forward and backward) `flops_per_token` adds per layer:",
         "",
         "| option | values | parts | formula | cost | reference |",
         "|---|---|---|---|---|---|",
@@ -221,6 +222,20 @@ def parts_markdown(plugins: bool = True) -> str:
             lines.append(f"| {name} | {part.summary} | `{part.formula}` | {options} | {part.reference} |")
         lines += option_docs(registry, listed(registry))
     lines += block_options(listed)
+    lines += [
+        "",
+        "## `objective`",
+        "",
+        "What a language model is trained to predict (`objective=<name>`, options `objective.<key>=`; a recipe",
+        "section: docs/sweeps.md#the-training-recipe); the cost is what it adds to `flops_per_token`:",
+        "",
+        "| name | what | formula | options (default) | cost | reference |",
+        "|---|---|---|---|---|---|",
+    ]
+    for part in listed(OBJECTIVES):
+        options = ", ".join(f"`{k}={v}`" for k, v in every_option(part).items()) or "-"
+        name = f"`{part.name}`" + (f" (from {part.origin})" if part.origin != BUILT_IN else "")
+        lines.append(f"| {name} | {part.summary} | `{part.formula}` | {options} | {part.cls.cost} | {part.reference} |")
     lines += [
         "",
         "## Compatibility",

@@ -106,6 +106,7 @@ def plan_run(
             "0 under FSDP2 or tensor parallelism (probes read whole weights)",
         )
     custom_model = task_cls.builds_own_model()
+    check_objective(recipe, custom_model=custom_model, mesh=mesh, seq_len=seq_len)
     param = check_param(
         raw, optimizer=recipe.optim["name"], dp_shard=mesh.dp_shard, tp=mesh.tp, custom_model=custom_model
     )
@@ -117,6 +118,24 @@ def plan_run(
             "(every rank runs as many forwards)",
         )
     return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts, recipe, branch, param)
+
+
+def check_objective(recipe: Recipe, *, custom_model: bool, mesh: ProcessMesh, seq_len: int | None) -> None:
+    """An objective with extra heads (``objective=mtp``) on a decoder-only language model, on one process or
+    under DDP, predicting fewer tokens past the next than the trained length holds."""
+    extra, name = recipe.objective_entry().extra, recipe.objective["name"]
+    if not extra:
+        return
+    if custom_model:
+        raise ConfigError("objective.name", name, "the task builds its own model (an encoder-decoder); "
+                          "multi-token prediction covers the decoder-only language model")  # fmt: skip
+    if mesh.sharded:
+        key, value = ("parallel.tp", mesh.tp) if mesh.tp > 1 else ("parallel.dp_shard", mesh.dp_shard)
+        raise ConfigError(key, value, f"objective={name} runs on one process or under DDP (dp_shard=1, tp=1): "
+                          "its extra heads have no tensor-parallel plan nor FSDP2 wrapping")  # fmt: skip
+    if seq_len is not None and extra >= seq_len:
+        raise ConfigError("objective.k", extra, f"must be below task.seq_len={seq_len} (depth j scores seq_len - j "
+                          "positions)")  # fmt: skip
 
 
 def check_positions_fit(specs: Sequence[BlockSpec], seq_len: int | None) -> None:

@@ -1,4 +1,5 @@
-"""The training recipe: optimizers (``optim=<name>``) and learning-rate schedules (``schedule=<name>``)."""
+"""The training recipe: optimizers (``optim=<name>``), learning-rate schedules (``schedule=<name>``) and the
+objective (``objective=<name>``, whose entries and extra heads are the model's: zoo.models.objectives)."""
 
 from zoo.lab.recipe import optimizers, schedules  # registers adamw, sgd, adafactor and the schedules
 
@@ -6,6 +7,7 @@ from zoo.lab.recipe import optimizers, schedules  # registers adamw, sgd, adafac
 from zoo.lab.recipe import muon  # registers optim=muon, after the default
 from zoo.lab.recipe.base import OPTIMIZERS, SCHEDULES, Optimizer, Schedule
 from zoo.lab.recipe.build import Recipe, check_recipe, is_default, lr_at
+from zoo.models.objectives import OBJECTIVES
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "Optimizer", "Recipe", "Schedule", "check_recipe", "is_default", "lr_at",
-           "muon", "optimizers", "schedules"]  # fmt: skip
+__all__ = ["OBJECTIVES", "OPTIMIZERS", "SCHEDULES", "Optimizer", "Recipe", "Schedule", "check_recipe", "is_default",
+           "lr_at", "muon", "optimizers", "schedules"]  # fmt: skip

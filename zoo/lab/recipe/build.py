@@ -1,5 +1,6 @@
-"""The run's recipe from its ``optim`` and ``schedule`` sections: checked once (before any tensor
-work, by :func:`zoo.lab.planning.plan.plan_run`), then what the trainer builds its optimizer and rates from."""
+"""The run's recipe from its ``optim``, ``schedule`` and ``objective`` sections: checked once (before any
+tensor work, by :func:`zoo.lab.planning.plan.plan_run`), then what the trainer builds its optimizer, rates and
+loss from (the objective's extra heads are the model's: zoo.models.objectives)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from torch import nn
 
 from zoo.assembly.mup import lr_ratios
 from zoo.core.errors import ConfigError
-from zoo.core.options import resolve_options
+from zoo.core.options import named_section, resolve_options
 from zoo.core.registry import Registry
 from zoo.lab.recipe.base import OPTIMIZERS, SCHEDULES, Optimizer, Schedule
+from zoo.models.objectives import DEFAULT as DEFAULT_OBJECTIVE
+from zoo.models.objectives import OBJECTIVES, Objective, objective_entry
 
 
 class TrainConfig(Protocol):
@@ -28,9 +31,9 @@ class TrainConfig(Protocol):
     weight_decay: float
 
 
-#: The default entries (``conf/config.yaml``'s ``optim: adamw`` and ``schedule: cosine``).
-DEFAULTS = {"optim": "adamw", "schedule": "cosine"}
-REGISTRIES: dict[str, Registry] = {"optim": OPTIMIZERS, "schedule": SCHEDULES}
+#: The default entries (``conf/config.yaml``'s ``optim: adamw``, ``schedule: cosine`` and ``objective: ntp``).
+DEFAULTS = {"optim": "adamw", "schedule": "cosine", "objective": DEFAULT_OBJECTIVE}
+REGISTRIES: dict[str, Registry] = {"optim": OPTIMIZERS, "schedule": SCHEDULES, "objective": OBJECTIVES}
 
 
 def train_keys(cls: type) -> tuple[str, ...]:
@@ -39,15 +42,10 @@ def train_keys(cls: type) -> tuple[str, ...]:
 
 
 def section_options(kind: str, section: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
-    """The entry's name and every option (defaults filled in, types checked) of an ``optim`` or
-    ``schedule`` section; a ConfigError for an unknown name or key, or a wrong type."""
-    if isinstance(section, str):
-        section = {"name": section}
-    if not isinstance(section or {}, Mapping):
-        raise ConfigError(kind, section, f"a mapping with a name: one of {', '.join(REGISTRIES[kind].names())}")
-    raw = dict(section or {})
-    name = raw.pop("name", DEFAULTS[kind])
-    part = REGISTRIES[kind].get(name)
+    """The entry's name and every option (defaults filled in, types checked) of an ``optim``, ``schedule``
+    or ``objective`` section; a ConfigError for an unknown name or key, or a wrong type."""
+    part, raw = named_section(REGISTRIES[kind], kind, section, DEFAULTS[kind])
+    name = part.name
     for key in raw:
         if key in train_keys(part.cls):
             raise ConfigError(f"{kind}.{key}", raw[key], f"{kind}={name} reads train.{key}: set that instead")
@@ -56,8 +54,8 @@ def section_options(kind: str, section: Mapping[str, Any] | None) -> tuple[str, 
 
 
 def is_default(kind: str, section: Any) -> bool:
-    """Whether a config's ``optim`` or ``schedule`` section computes what leaving it out does (the
-    default entry with its default options): such a section is left out of the config hash."""
+    """Whether a config's ``optim``, ``schedule`` or ``objective`` section computes what leaving it out does
+    (the default entry with its default options): such a section is left out of the config hash."""
     if section is None:
         return True
     try:
@@ -68,10 +66,12 @@ def is_default(kind: str, section: Any) -> bool:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A checked optimizer and schedule: ``optim`` and ``schedule`` are their sections (name and options)."""
+    """A checked optimizer, schedule and objective: ``optim``, ``schedule`` and ``objective`` are their sections
+    (name and options)."""
 
     optim: dict[str, Any] = field(default_factory=lambda: {"name": DEFAULTS["optim"]})
     schedule: dict[str, Any] = field(default_factory=lambda: {"name": DEFAULTS["schedule"]})
+    objective: dict[str, Any] = field(default_factory=lambda: {"name": DEFAULTS["objective"]})
 
     def optimizer_entry(self, train: TrainConfig) -> Optimizer:
         """The ``optim`` entry with its options (and the ``train`` keys it reads)."""
@@ -83,10 +83,15 @@ class Recipe:
         name, options = section_options("schedule", self.schedule)
         return SCHEDULES.get(name).cls(**options)
 
+    def objective_entry(self) -> Objective:
+        """The ``objective`` entry with its options (its values checked)."""
+        return objective_entry(self.objective)
+
     def check(self, train: TrainConfig, *, sharded: bool = False, tp: int = 1, compile: bool = False) -> None:
         """Every option and combination (with the steps ``train`` has), before any tensor work."""
         self.optimizer_entry(train).check(sharded=sharded, tp=tp, compile=compile)
         self.schedule_entry().check(steps=train.steps, warmup_steps=train.warmup_steps)
+        self.objective_entry()  # its values (the plan checks it against the task and the mesh)
 
     def build(self, model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
         """The optimizer over every parameter of ``model`` at ``train.lr`` and ``train.weight_decay``;
@@ -125,9 +130,10 @@ def lr_at(schedule: Schedule, step: int, train: TrainConfig) -> float:
 
 
 def check_recipe(raw: Mapping[str, Any], train: TrainConfig, *, sharded: bool, tp: int, compile: bool) -> Recipe:
-    """The run config's ``optim`` and ``schedule`` sections checked (names, options, the mesh, the steps)."""
+    """The run config's ``optim``, ``schedule`` and ``objective`` sections checked (names, options, the mesh,
+    the steps)."""
     sections = []
-    for kind in ("optim", "schedule"):
+    for kind in ("optim", "schedule", "objective"):
         name, options = section_options(kind, raw.get(kind))
         sections.append({"name": name, **options})
     recipe = Recipe(*sections)

@@ -1,5 +1,6 @@
 """One training step, the same for the trainer and the benchmarks: forward under the trainer's autocast,
-the loss, the parts' auxiliary losses and the z-loss, backward, gradient clipping, the optimizer step, zero_grad."""
+the loss, the parts' auxiliary losses and the z-loss, backward, gradient clipping, the optimizer step, the
+parts' updates after it (their ``after_step`` hooks), zero_grad."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from zoo.core.auxiliary import after_step_hooks
 from zoo.lab.tasks import IGNORE, Batch
 
 
@@ -37,6 +39,19 @@ def z_loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (log_z.square() * scored).sum() / scored.sum().clamp(min=1)
 
 
+def future_losses(logits: list[torch.Tensor], targets: torch.Tensor) -> list[torch.Tensor]:
+    """Each extra head's mean cross-entropy (float32; ``objective=mtp``): head j's logits (b, t - j, vocab) at
+    position i are scored against ``targets[:, i + j]``, token i + j + 1 of a language-model batch (targets
+    are the inputs shifted by one), over the positions whose target is not IGNORE (0 when there is none)."""
+    losses = []
+    for j, head in enumerate(logits, 1):
+        shifted = targets[:, j:]
+        flat_logits, flat_targets = rearrange(head.float(), "b t v -> (b t) v"), rearrange(shifted, "b t -> (b t)")
+        total = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE, reduction="sum")
+        losses.append(total / (shifted != IGNORE).sum().clamp(min=1))
+    return losses
+
+
 def lm_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
     """A decoder-only language model's logits of ``batch`` (what :meth:`Task.logits` does by default)."""
     return model(batch.inputs)
@@ -48,6 +63,9 @@ class Stepper:
     ``core`` the model itself, whose parts record auxiliary losses (weighted by ``aux_weights``).
     ``grad_clip`` 0 turns clipping off; ``logits`` is how a batch reaches the model (the task's);
     ``z_loss`` > 0 adds that weight x :func:`z_loss_fn` to the loss (reported as the auxiliary ``z_loss``).
+    A model with extra heads (``objective=mtp``) adds ``future_weight`` x the mean of :func:`future_losses`
+    (the trainer sets it each step: the objective's weight then), each reported as ``mtp_<j>``; the loss
+    returned, like validation, is the next token's alone.
     After each step ``grad_norm`` holds the gradients' total norm before clipping (on the device: the one
     clipping computes, else computed for it); ``before_step``, when set, runs after backward, before clipping
     and the optimizer step (the trainer's probes read the gradients and weights there)."""
@@ -61,9 +79,11 @@ class Stepper:
     logits: Callable[[nn.Module, Batch], torch.Tensor] = lm_logits
     z_loss: float = 0.0
     before_step: Callable[[], None] | None = None
+    future_weight: float = 0.0
 
     def __post_init__(self) -> None:
         self.params = list(self.core.parameters())
+        self.after_step = after_step_hooks(self.core)  # parts' updates outside the gradient (a router's bias)
         self.grad_norm: torch.Tensor | None = None
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -75,6 +95,10 @@ class Stepper:
         for name, value in self.core.take_aux_losses().items():  # what the parts recorded in this forward
             total = total + self.aux_weights[name] * value.float()
             aux[name] = value.detach().float()
+        future = future_losses(self.core.take_future_logits(), batch.targets)  # objective=mtp's extra heads
+        if future:
+            total = total + self.future_weight * torch.stack(future).mean()
+            aux.update({f"mtp_{j}": value.detach() for j, value in enumerate(future, 1)})
         if self.z_loss > 0:
             z = z_loss_fn(logits, batch.targets)
             total = total + self.z_loss * z
@@ -89,5 +113,7 @@ class Stepper:
         full = getattr(norm, "full_tensor", None)  # a DTensor (FSDP2, tensor parallel): the whole model's norm
         self.grad_norm = (full() if full is not None else norm).detach()
         self.optimizer.step()
+        for update in self.after_step:
+            update()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach(), aux

@@ -1,5 +1,6 @@
-"""The training loop: the recipe's optimizer and schedule (``optim=``, ``schedule=``: zoo.lab.recipe; AdamW
-and a cosine by default), gradient clipping, z-loss, logging, divergence and periodic evaluation.
+"""The training loop: the recipe's optimizer, schedule and objective (``optim=``, ``schedule=``, ``objective=``:
+zoo.lab.recipe; AdamW, a cosine and next-token prediction by default), gradient clipping, z-loss, logging,
+divergence and periodic evaluation.
 
 Everything else around the loop (records, the progress bar, probes, spike detection, checkpoints, a
 plugin's) is a callback (zoo.lab.training.callbacks): the loop calls hooks and names none of them. It keeps
@@ -85,8 +86,11 @@ class Trainer:
         self.schedule = self.recipe.schedule_entry()
         self.optimizer = self.recipe.build(self.model, cfg)
         self.aux_weights = aux_weights(self.model, cfg.aux_weights)  # the parts' defaults, then train.aux_weights
-        #: The auxiliary values logged: the parts' losses, then the z-loss (train.z_loss > 0).
-        self.aux_names = [*self.aux_weights, *(["z_loss"] if cfg.z_loss > 0 else [])]
+        self.objective = self.recipe.objective_entry()  # objective=mtp: the weight of its extra heads' losses
+        #: The auxiliary values logged: the parts' losses, the extra heads' (objective=mtp), then the z-loss
+        #: (train.z_loss > 0).
+        future = [f"mtp_{j}" for j in range(1, self.objective.extra + 1)]
+        self.aux_names = [*self.aux_weights, *future, *(["z_loss"] if cfg.z_loss > 0 else [])]
         self.tokens_per_step = cfg.batch_size * task.seq_len * self.dp
         if world > 1 and not self.sharded:
             from torch.nn.parallel import DistributedDataParallel
@@ -192,6 +196,7 @@ class Trainer:
             lr = lr_at(self.schedule, step - 1, cfg)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_ratio", 1.0)  # x 1.0: the same float
+            step_fn.future_weight = self.objective.weight_at(step - 1, cfg.steps)
             loss, aux = step_fn(next(batches))
             self.add_step(loop, loss, aux, step_fn.grad_norm)
             evaluate = step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
