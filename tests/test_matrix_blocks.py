@@ -96,3 +96,6 @@ def test_a_declaration_that_does_not_tile_is_refused_by_part_and_parameter():
         check_blocks(attn, "blocks.0.attn", {"qkv.weight": {"a": torch.arange(rows), "b": torch.arange(1)}})
     with pytest.raises(ValueError, match="names no 2-D or 3-D parameter"):
         check_blocks(attn, "blocks.0.attn", {"qkv.bias": {"a": torch.arange(rows)}})
+    gdn = next(m for m in part_modules(model_for("gated_deltanet")).values() if hasattr(m, "conv"))
+    with pytest.raises(ValueError, match=r"matrix_blocks\['conv'\]: is a depthwise convolution's kernel"):
+        check_blocks(gdn, "blocks.0.attn", {"conv": {"a": torch.arange(1)}})  # one row per channel: no matrices

@@ -11,6 +11,7 @@ from test_matrix_blocks import CONFIGS, SMALL, model_for
 from torch import nn
 
 import zoo
+from zoo.assembly import mup
 from zoo.core.errors import ConfigError
 from zoo.lab.recipe import OPTIMIZERS
 from zoo.lab.recipe.muon import MuonAdamW, lr_factor, treatments
@@ -24,6 +25,16 @@ def make(**options: object) -> object:
 # -- the parameter groups ------------------------------------------------------------------------------
 
 
+def vectors(name: str) -> set[str]:
+    """The parameters of ``model_for(name)`` that μP calls vectors (zoo.assembly.mup, from the shapes at
+    two widths): one dimension grows, as a bias, a gain or a depthwise convolution's kernel (channels, 1,
+    taps) does: a bank of set-size filters, one per channel, which no matrix is."""
+    widths = [w for w in SMALL if not w.startswith("block.d_model=")]
+    build = zoo.build_seq2seq if "cross" in name else zoo.build_model
+    found = mup.infer(lambda width: build(zoo.compose([*CONFIGS[name], *widths, f"block.d_model={width}"])), 64, 32)
+    return {pname for pname, scaling in found.scalings.items() if scaling.role == "vector"}
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_parameter_is_in_exactly_one_group_and_only_hidden_matrices_get_muon(name):
     model = model_for(name)
@@ -31,15 +42,35 @@ def test_every_parameter_is_in_exactly_one_group_and_only_hidden_matrices_get_mu
     ids = [id(p) for g in optimizer.param_groups for p in g["params"]]
     assert len(ids) == len(set(ids)) and set(ids) == {id(p) for p in model.parameters()}
     kind = {id(p): g["kind"] for g in optimizer.param_groups for p in g["params"]}
+    vector = vectors(name)
     for pname, param in model.named_parameters():
         outside = "blocks." not in pname or "norm" in pname  # (encoder./decoder.)blocks.i.* is inside a block
-        if param.ndim < 2 or outside:  # biases, gains, the embedding (tied head), position tables, norms
+        # biases, gains, depthwise convolution kernels, the embedding (tied head), position tables, norms
+        if param.ndim < 2 or pname in vector or outside:
             assert kind[id(param)] == "adamw", pname
         else:
             assert kind[id(param)] in ("muon", "blocks"), pname
     decayed = [p for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]]
     assert all(p.ndim >= 2 for p in decayed)  # no bias or gain decayed
     assert {g["lr_ratio"] for g in optimizer.param_groups} == {1.0, 0.015}
+
+
+def test_a_depthwise_convolution_kernel_gets_adamw_whatever_its_name():
+    found = treatments(model_for("gated_deltanet"))
+    assert found["blocks.0.attn.conv"].kind == "adamw"
+    assert "depthwise convolution's kernel" in found["blocks.0.attn.conv"].why
+
+    class Canon(nn.Module):  # a declaring part with a depthwise kernel under another name
+        def __init__(self) -> None:
+            super().__init__()
+            self.mix, self.taps = nn.Linear(4, 4), nn.Parameter(torch.randn(4, 1, 3))
+
+        def matrix_blocks(self) -> dict:
+            return {}
+
+    found = treatments(nn.Sequential(Canon()))
+    assert found["0.mix.weight"].kind == "muon" and found["0.taps"].kind == "adamw"
+    assert "depthwise convolution's kernel" in found["0.taps"].why
 
 
 def test_a_part_that_declares_nothing_gets_adamw():

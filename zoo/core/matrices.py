@@ -24,13 +24,25 @@ def part_modules(model: nn.Module) -> dict[str, nn.Module]:
     }
 
 
+def depthwise_kernel(param: torch.Tensor) -> bool:
+    """Whether ``param`` has a depthwise convolution's kernel layout (channels, 1, taps): one short filter
+    per channel, each channel's apart from the others' (μP's vector role), not a matrix or a bank of them."""
+    return param.ndim == 3 and param.shape[1] == 1
+
+
 def check_blocks(module: nn.Module, owner: str, blocks: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
-    """A part's declaration names its own 2-D or 3-D parameters, and tiles each one's rows exactly once."""
+    """A part's declaration names its own 2-D or 3-D parameters, no depthwise convolution's kernel, and
+    tiles each one's rows exactly once."""
     params = dict(module.named_parameters())
     for local, split in blocks.items():
         where = f"{type(module).__name__} {owner or '(model)'}: matrix_blocks[{local!r}]"
         if local not in params or params[local].ndim not in (2, 3):
             raise ValueError(f"{where} names no 2-D or 3-D parameter of the part")
+        if depthwise_kernel(params[local]):
+            raise ValueError(
+                f"{where}: is a depthwise convolution's kernel {tuple(params[local].shape)}, one filter per "
+                "channel, not a bank of matrices; leave it undeclared (AdamW)"
+            )
         rows = torch.cat([torch.as_tensor(r).reshape(-1) for r in split.values()]).sort().values
         if not torch.equal(rows, torch.arange(params[local].shape[-2])):
             raise ValueError(f"{where}: the blocks must cover each of its {params[local].shape[-2]} rows exactly once")

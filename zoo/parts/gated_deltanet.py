@@ -280,10 +280,15 @@ class GatedDeltaNet(nn.Module):
         return None
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (b, t, d_model) -> log g (b, h, t) = -exp(a_log) softplus(decay x + dt), <= 0, in at least float32."""
+        """x: (b, t, d_model) -> log g (b, h, t) = -exp(a_log) softplus(decay x + dt), <= 0, in at least float32.
+
+        The projection is put in (b, h, t) order, contiguous, before the softplus: a softplus whose gradient
+        arrives transposed returns it transposed in eager mode but contiguous in torch.compile's traced
+        strides, and the compiled backward's view of it then fails."""
         dtype = torch.promote_types(x.dtype, torch.float32)
-        step = F.softplus(self.decay(x).to(dtype) + self.dt.to(dtype))
-        return rearrange(-torch.exp(self.a_log.to(dtype)) * step, "b t h -> b h t")
+        logits = rearrange(self.decay(x).to(dtype), "b t h -> b h t").contiguous()
+        step = F.softplus(logits + rearrange(self.dt.to(dtype), "h -> h 1"))
+        return -rearrange(torch.exp(self.a_log.to(dtype)), "h -> h 1") * step
 
     def forward(
         self,

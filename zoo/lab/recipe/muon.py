@@ -6,8 +6,9 @@ belongs to the innermost part module holding it, and that part's ``matrix_blocks
 (zoo.core.interface) says how its fused weights split into logical matrices (the query, key and
 value rows of ``qkv``; gate and up of ``gate_up``; ...). Every other 2-D parameter of a declaring part
 is one logical matrix. The rest gets AdamW: the token embedding, the LM head, learned position
-tables (the model's, outside every part), norms, biases, and every parameter of a part that declares
-nothing (the conservative treatment).
+tables (the model's, outside every part), norms, biases, a depthwise convolution's kernel (channels,
+1, taps: one filter per channel, not a matrix), and every parameter of a part that declares nothing
+(the conservative treatment).
 
 A parameter that is one logical matrix is updated by ``torch.optim.Muon``; a fused one by the same
 update applied to each of its logical matrices separately, with one batched Newton-Schulz iteration
@@ -29,7 +30,7 @@ from torch import nn
 
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
-from zoo.core.matrices import check_blocks, part_modules
+from zoo.core.matrices import check_blocks, depthwise_kernel, part_modules
 from zoo.lab.recipe.base import OPTIMIZERS, Optimizer
 
 #: The reference's quintic Newton-Schulz coefficients (torch.optim.Muon's, Keller Jordan's).
@@ -77,6 +78,8 @@ def treatment(name: str, param: torch.Tensor, owner: str | None, blocks: Mapping
         return Treatment("blocks", owner, blocks=blocks[local])
     if param.ndim == 2:
         return Treatment("muon", owner)
+    if depthwise_kernel(param):
+        return Treatment("adamw", owner, why="a depthwise convolution's kernel: one filter per channel, not a matrix")
     return Treatment("adamw", owner, why="not a matrix (a bias, a gain)")
 
 
