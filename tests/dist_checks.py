@@ -24,6 +24,7 @@ from zoo.lab.planning.mesh import ProcessMesh
 from zoo.lab.records import checkpoint_writers as writers
 from zoo.lab.training.scale import parallelize
 from zoo.parts.attention import KVCache
+from zoo.parts.gated_deltanet import DeltaState
 from zoo.testing.combos import VOCAB, block_config, combo_id, context_of, covering_combinations, scramble
 
 
@@ -225,7 +226,7 @@ def train_loop(
 
 def check_generation_under_tp(tp: int) -> None:
     """Cached greedy generation with the model split over ``tp`` ranks (no sequence parallelism: each
-    rank holds its heads' cache) gives the one-process tokens."""
+    rank holds its heads' cache, or Gated DeltaNet's state) gives the one-process tokens."""
     parallel = ProcessMesh(tp=tp)
     mesh = parallel.mesh("cpu")
     for pos in ("rotary", "alibi", "learned"):
@@ -240,6 +241,17 @@ def check_generation_under_tp(tp: int) -> None:
         heads = model.blocks[0].attn.n_kv_heads // tp
         model.hidden_states(prompt, caches=caches)
         assert caches[0].mixer_state(KVCache).k.shape[1] == heads  # this rank's key/value heads only
+    model = tiny_model({**TRAIN_COMBO, "attn": "gated_deltanet"})
+    one = copy.deepcopy(model)
+    parallelize(model, parallel, mesh, sequence_parallel=False)
+    prompt = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(3))
+    got = model.generate(prompt, 4)
+    assert torch.equal(got, one.generate(prompt, 4)), ("gated_deltanet", got)
+    caches = model.new_caches(7)
+    model.hidden_states(prompt, caches=caches)
+    state, attn = caches[0].mixer_state(DeltaState), one.blocks[0].attn
+    assert state.matrix.shape[1] == attn.n_heads // tp  # this rank's heads' matrices
+    assert state.conv.shape[-1] == attn.channels // tp  # and their channels' last convolution inputs
 
 
 def check_dcp_save(folder: str) -> None:

@@ -158,7 +158,7 @@ def test_gated_deltanet_decodes_like_recomputing_with_left_padding(backend):
     assert torch.equal(cached[0], model.generate(ids[:1, 2:], 6)[0]), "padding changed the short prompt"
 
 
-def test_gated_deltanet_refuses_encoders_cross_attention_score_biases_and_tensor_parallelism():
+def test_gated_deltanet_refuses_encoders_cross_attention_score_biases_and_a_tp_that_splits_a_head():
     from zoo.assembly.compat import tp_refusal
     from zoo.assembly.spec import resolve_block
 
@@ -170,5 +170,6 @@ def test_gated_deltanet_refuses_encoders_cross_attention_score_biases_and_tensor
     assert reason is not None and "attn=gated_deltanet has no cross-attention" in reason, reason
     reason = check_combination({**base, "pos": "alibi"})
     assert reason is not None and "pos=alibi" in reason and "score bias" in reason, reason
-    refusal = tp_refusal(resolve_block(base), 2)
-    assert refusal is not None and "block.attn.name='gated_deltanet': has no tensor-parallel plan" in str(refusal)
+    assert tp_refusal(resolve_block(base), 2) is None  # its plan: whole heads per rank
+    refusal = tp_refusal(resolve_block(base), 3)
+    assert refusal is not None and "parallel.tp=3: must divide block.n_heads=4" in str(refusal), refusal

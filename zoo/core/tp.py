@@ -115,9 +115,10 @@ class LocalHeads(ParallelStyle):
 
 
 class HeadParameters(ParallelStyle):
-    """Per-head parameters of the module itself (a learned sink per head) sharded on the heads axis: rank r of
-    a tp mesh of size n holds heads r * h/n .. (r + 1) * h/n - 1, as the query projection's shard does. The
-    forward reads them through :func:`local`."""
+    """Per-head parameters of the module itself sharded on their first axis, which runs over the heads in
+    turn (one entry per head, as a learned sink; or each head's rows, as Gated DeltaNet's convolution
+    filters per channel): rank r of a tp mesh of size n holds heads r * h/n .. (r + 1) * h/n - 1, as the
+    query projection's shard does. The forward reads them through :func:`local`."""
 
     def __init__(self, *parameters: str) -> None:
         super().__init__()

@@ -21,6 +21,18 @@ from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
+from zoo.core.tp import (
+    Chain,
+    ColwiseParallel,
+    HeadParameters,
+    Plan,
+    gather_sequence,
+    heads_norm,
+    local,
+    prefixed,
+    require_whole_heads,
+    row_output,
+)
 from zoo.parts.canon import Canon
 from zoo.parts.convolution import short_convolution
 from zoo.parts.linear_attention import RecurrentState, forget, keep
@@ -215,6 +227,24 @@ class GatedDeltaNet(nn.Module):
                 "sees both directions (mha, linear, ...)",
             )
 
+    @classmethod
+    def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:
+        require_whole_heads(dims.n_heads, tp)
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """Each rank whole heads: column-wise ``qkv`` (heads in turn), ``beta``, ``decay`` and ``gate`` (their
+        rows in head order), row-wise ``out``; the convolution's kernel (one filter per ``qkv`` row, in
+        the same order), ``a_log`` and ``dt`` split on their first axis alike; the output norm on each
+        rank's heads; the position part's own plan. Under sequence parallelism the input is gathered
+        whole first (the convolution and the state run along time) and the output reduce-scattered back."""
+        plan: Plan = {name: ColwiseParallel() for name in ("qkv", "beta", "decay", "gate")}
+        plan["out"] = row_output(sequence_parallel)
+        plan["norm"] = heads_norm()
+        plan.update(prefixed("position", self.position.tp_plan(sequence_parallel)))  # type: ignore[attr-defined]
+        whole = [gather_sequence()] if sequence_parallel else []
+        plan[""] = Chain(*whole, HeadParameters("conv", "a_log", "dt"))
+        return plan
+
     def __init__(
         self,
         dims: BlockDims,
@@ -287,8 +317,8 @@ class GatedDeltaNet(nn.Module):
         strides, and the compiled backward's view of it then fails."""
         dtype = torch.promote_types(x.dtype, torch.float32)
         logits = rearrange(self.decay(x).to(dtype), "b t h -> b h t").contiguous()
-        step = F.softplus(logits + rearrange(self.dt.to(dtype), "h -> h 1"))
-        return -rearrange(torch.exp(self.a_log.to(dtype)), "h -> h 1") * step
+        step = F.softplus(logits + rearrange(local(self.dt).to(dtype), "h -> h 1"))
+        return -rearrange(torch.exp(local(self.a_log).to(dtype)), "h -> h 1") * step
 
     def forward(
         self,
@@ -313,12 +343,12 @@ class GatedDeltaNet(nn.Module):
         mixed = self.qkv(x)
         if real is not None:
             mixed = mixed * real[..., None]
-        mixed, tail = short_convolution(mixed, self.conv + self.present, None if state is None else state.conv)
+        mixed, tail = short_convolution(mixed, local(self.conv) + self.present, None if state is None else state.conv)
         mixed = F.silu(mixed)
         if self.canon is not None:
             mixed = self.canon(mixed, real, cache)
         work = torch.promote_types(x.dtype, torch.float32)  # the recurrence in at least float32
-        q, k, v = rearrange(mixed.to(work), "b t (h n) -> b h t n", h=self.n_heads).split(
+        q, k, v = rearrange(mixed.to(work), "b t (h n) -> b h t n", n=2 * self.d_key + self.d_head).split(
             [self.d_key, self.d_key, self.d_head], dim=-1
         )
         q, k = self.position.rotate(l2_normalize(q), l2_normalize(k), slots if positions is None else positions)
@@ -335,6 +365,6 @@ class GatedDeltaNet(nn.Module):
             y, end = delta_chunked(q, k, v, beta, log_decay, start, self.chunk)
         if state is not None:
             state.hold(end, tail, time)
-        gate = F.silu(rearrange(self.gate(x), "b t (h d) -> b h t d", h=self.n_heads))
+        gate = F.silu(rearrange(self.gate(x), "b t (h d) -> b h t d", d=self.d_head))  # this rank's heads
         y = self.norm(y.to(x.dtype)) * gate
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
