@@ -173,3 +173,16 @@ def test_mixers_benchmark_times_whole_models_per_mixer(monkeypatch, capsys):
     rows = {line.split(" | ")[0].lstrip("| "): line for line in out.splitlines() if line.startswith("| ")}
     assert {"mha (softmax, sdpa)", "linear (chunked)", "gated_deltanet (chunked)"} <= set(rows)
     assert " | 1.00 | " in rows["mha (softmax, sdpa)"]
+
+
+def test_mixers_benchmark_adds_the_hybrid_from_four_layers_and_matches_parameters(monkeypatch, capsys):
+    tiny = "--d-model 16 --heads 4 --layers 4 --vocab 32 --seq-len 8 --batch 2 --chunk 4 --repeats 1 --threads 1"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["mixers.py", *tiny.split(), "--match"])
+    runpy.run_path(str(BENCHMARKS / "mixers.py"), run_name="__main__")
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ")}  # fmt: skip
+    hybrid, mha = rows["hybrid 3 gated_deltanet : 1 mha"], rows["mha (softmax, sdpa)"]
+    params = {name: int(row[1].replace(",", "")) for name, row in rows.items() if name not in ("mixer", "---")}
+    assert params["mha (softmax, sdpa)"] == 13008 and abs(params[hybrid[0].lstrip("| ")] - 13008) < 0.01 * 13008
+    assert mha[3] == "1.00" and int(hybrid[4].replace(",", "")) > int(mha[4].replace(",", ""))  # more FLOPs/token

@@ -94,6 +94,9 @@ def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str])
                 value = AXES[key].names()[0] if key in AXES and "glob" in str(values) else str(values).split(",")[0]
                 kept.append(f"{key}={value}")
     tiny = [f"{k}={v}" for k, v in TINY.items() if not k.startswith("task.") or k.removeprefix("task.") in task_keys]
+    layers = [int(m) for a in kept for m in re.findall(r"^\+?model\.layers\.(\d+)\.", a)]  # a layer's override
+    if layers:  # as many layers as the highest overridden index needs
+        tiny = [f"model.n_layers={max(layers) + 1}" if t.startswith("model.n_layers=") else t for t in tiny]
     dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     done = subprocess.run(
         [sys.executable, "-m", module, *kept, *tiny, *dirs],

@@ -87,3 +87,34 @@ def test_runs_without_probes_have_no_peaks(tmp_path):
         fake_run(tmp_path, ["norm=layernorm", f"seed={seed}"], value=3.0)
     report = build_report(tmp_path)
     assert report.peaks == {} and "Probes (" not in write_report(tmp_path, plots=False)
+
+
+def test_the_first_position_share_and_the_residual_peak_join_the_table_when_recorded(tmp_path):
+    """attn_first's peak is compared as it is (a fraction), resid_max's on a log scale; a report of runs that
+    recorded neither (made before the probes had them) keeps its two peaks alone."""
+    first = {"none": [0.5, 0.6, 0.4], "elementwise": [0.1, 0.3, 0.2]}
+    resid = {"none": [100.0, 1000.0, 10.0], "elementwise": [10.0, 10.0, 1.0]}
+    for gate in first:
+        for seed in range(3):
+            overrides = [f"block.attn.gate={gate}", f"seed={seed}"]
+            fake_run(tmp_path, overrides, value=2.5, job=seed + 3 * (gate != "none"))
+            records = [{"kind": "probe", "step": 10 * i, "tokens": 100 * i, "attn_logit_max": [1.0, 2.0],
+                        "log_z": 5.0, "attn_first": [f * i, f / 2], "resid_max": [r * i, 1.0], "no_logits": {}}
+                       for i, (f, r) in enumerate([(first[gate][seed], resid[gate][seed])] * 2)]  # fmt: skip
+            with open(tmp_path / ",".join(overrides) / "metrics.jsonl", "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in records))
+    text = write_report(tmp_path, plots=False)
+    with open(tmp_path / "report.csv") as f:
+        rows = {r["block.attn.gate"]: r for r in csv.DictReader(f)}
+    mean, low, high = t_interval([a - b for a, b in zip(first["elementwise"], first["none"], strict=True)])
+    assert float(rows["elementwise"]["attn_first_peak_delta"]) == pytest.approx(mean)
+    assert float(rows["elementwise"]["attn_first_peak_delta_ci_high"]) == pytest.approx(high)
+    logs = [math.log10(a) - math.log10(b) for a, b in zip(resid["elementwise"], resid["none"], strict=True)]
+    assert float(rows["elementwise"]["resid_max_peak_log10_delta"]) == pytest.approx(t_interval(logs)[0])
+    assert float(rows["none"]["resid_max_peak"]) == pytest.approx(100.0)  # geometric mean of 100, 1000, 10
+    header = next(x for x in text.splitlines() if x.startswith("| variant | max attn logit"))
+    assert "| max attn on first | Δ vs block.attn.gate=none" in header and "| max abs residual | Δ log10" in header
+    old = tmp_path / "old"
+    probed(old)
+    header = next(x for x in write_report(old, plots=False).splitlines() if x.startswith("| variant | max attn"))
+    assert header.count("|") == 6 and "first" not in header  # the two peaks' columns alone

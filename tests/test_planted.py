@@ -23,7 +23,7 @@ from zoo.lab.studies.stats import CONFIDENCE, bootstrap_interval
 from zoo.lab.studies.tune import choose_lr
 from zoo.lab.studies.variants import build_report
 from zoo.lab.training import spikes
-from zoo.lab.training.probes import layer_stats
+from zoo.lab.training.probes import LAYER_KEYS, layer_stats
 from zoo.testing.combos import TINY
 
 
@@ -34,10 +34,21 @@ def test_the_residual_rms_probe_is_the_root_of_the_mean_square():
     x = torch.randn(2, 5, TINY["d_model"])
     out = torch.full((2, 5, TINY["d_model"]), 3.0)
     out[..., ::2] = -3.0
-    _, _, rms = layer_stats(block, x, out)
-    assert rms.item() == pytest.approx(3.0, rel=1e-6)
+    stats = dict(zip(LAYER_KEYS, layer_stats(block, x, out), strict=True))
+    assert stats["resid_rms"].item() == pytest.approx(3.0, rel=1e-6)
     noise = torch.randn(4, 7, TINY["d_model"])
-    assert layer_stats(block, x, noise)[2].item() == pytest.approx(noise.pow(2).mean().sqrt().item(), rel=1e-5)
+    rms = dict(zip(LAYER_KEYS, layer_stats(block, x, noise), strict=True))["resid_rms"]
+    assert rms.item() == pytest.approx(noise.pow(2).mean().sqrt().item(), rel=1e-5)
+
+
+def test_the_residual_peak_is_the_largest_absolute_value():
+    """resid_max: one feature at -40 in a stream of 3s and -3s is the peak (the signed maximum would say 3)."""
+    block = build_block({**TINY, "placement": "pre", "norm": "rmsnorm", "attn": "mha", "pos": "none", "mlp": "gelu"})
+    out = torch.full((2, 5, TINY["d_model"]), 3.0)
+    out[..., ::2] = -3.0
+    out[1, 4, 1] = -40.0
+    stats = dict(zip(LAYER_KEYS, layer_stats(block, torch.randn(2, 5, TINY["d_model"]), out), strict=True))
+    assert stats["resid_max"].item() == 40.0
 
 
 def tuning_run(root, lr: float, seed: int, status: str, value: float | None) -> None:

@@ -49,13 +49,15 @@ def from_weights(cfg: dict, state: dict[str, torch.Tensor], batch) -> dict[str, 
     model.load_state_dict(state)
     model.eval()
     inputs: dict[int, torch.Tensor] = {}
+    outputs: dict[int, torch.Tensor] = {}
     for i, block in enumerate(model.blocks):
         block.attn.register_forward_pre_hook(lambda m, a, i=i: inputs.__setitem__(i, a[0]))
+        block.register_forward_hook(lambda m, a, out, i=i: outputs.__setitem__(i, out))
     with torch.no_grad():
         logits = model(batch.inputs)
     n_heads, n_kv, width = cfg["block"]["n_heads"], 2, cfg["block"]["d_model"]
     d, r = width // n_heads, n_heads // n_kv
-    tops, entropies = [], []
+    tops, entropies, firsts = [], [], []
     for i in range(len(model.blocks)):
         weight, bias = state[f"blocks.{i}.attn.qkv.weight"], state[f"blocks.{i}.attn.qkv.bias"]
         qkv = (inputs[i] @ weight.T + bias).view(*inputs[i].shape[:2], n_kv, r + 2, d)  # per kv group: r q, k, v
@@ -66,11 +68,15 @@ def from_weights(cfg: dict, state: dict[str, torch.Tensor], batch) -> dict[str, 
         scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -math.inf)
         p = scores.softmax(-1)
         tops.append(scores.max().item())
-        entropies.append(-(p * p.clamp_min(1e-30).log()).sum(-1).mean().item())
+        entropies.append(-(p * p.clamp_min(1e-30).log()).sum(-1).mean().item())  # over the keys alone
+        if (sink := state.get(f"blocks.{i}.attn.sink")) is not None:  # one more term in each head's denominator
+            p = torch.cat([scores, sink.view(1, -1, 1, 1).expand(*scores.shape[:3], 1)], -1).softmax(-1)[..., :-1]
+        firsts.append(p[:, :, 1:, 0].mean().item())  # every query after the first, on key 0
     flat = logits.reshape(-1, logits.shape[-1])
     loss = F.cross_entropy(flat, batch.targets.flatten()).item()
-    return {"attn_logit_max": tops, "attn_entropy": entropies, "logit_max": flat.max().item(),
-            "log_z": flat.logsumexp(-1).mean().item(), "loss": loss}  # fmt: skip
+    peaks = [outputs[i].abs().max().item() for i in range(len(model.blocks))]
+    return {"attn_logit_max": tops, "attn_entropy": entropies, "attn_first": firsts, "resid_max": peaks,
+            "logit_max": flat.max().item(), "log_z": flat.logsumexp(-1).mean().item(), "loss": loss}  # fmt: skip
 
 
 def assert_matches(probe: dict, expected: dict) -> None:
@@ -112,6 +118,25 @@ def test_a_planted_bug_in_the_logit_scale_fails_the_check(probed, monkeypatch):
     wrong = forward_probe(model, build_task(cfg["task"]).logits, batch)
     with pytest.raises(AssertionError, match="attn_logit_max"):
         assert_matches(wrong, from_weights(cfg, state, batch))
+
+
+def test_attention_on_the_first_position_counts_a_learned_sink_and_the_residual_peak_is_the_largest_value():
+    """With a learned sink the share on position 0 is exp(s_0) / (exp(sink) + sum_j exp(s_j)), from the weights
+    by hand; a large sink takes most of the attention, so the share falls."""
+    cfg = tiny(*PROBED, "block.attn.sink=learned")
+    torch.manual_seed(0)
+    model, batch, logits_of = build_model(cfg), probe_batch(cfg), build_task(cfg["task"]).logits
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.sink.copy_(torch.tensor([3.0, -2.0, 0.5, 0.0]))
+    probe = forward_probe(model, logits_of, batch)
+    assert_matches(probe, from_weights(cfg, model.state_dict(), batch))
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.sink.fill_(-30.0)  # no weight left for the sink: the softmax over the keys alone
+    without = forward_probe(model, logits_of, batch)
+    assert all(a < 0.8 * b for a, b in zip(probe["attn_first"], without["attn_first"], strict=True))
+    assert min(without["attn_first"]) > 1 / 32  # above the least a query can give key 0 under uniform attention
 
 
 @pytest.mark.parametrize("attn", ["gqa", "mla"])

@@ -8,6 +8,7 @@ from typing import Any
 from zoo.lab.planning.options import TESTS, TUNE_DIR
 from zoo.lab.reports.ladder import ladder_lines
 from zoo.lab.reports.table import (
+    PEAK_HEADERS,
     fmt,
     fmt_rate,
     header_fields,
@@ -326,22 +327,36 @@ def peak_lines(report: Report) -> list[str]:
     """The probes' peaks over training per variant (train.probe_every), each against the baseline's."""
     if not report.peaks:
         return []
+    keys = [key for key in PEAKS if any(key in peaks for peaks in report.peaks.values())]  # those recorded
+    newer = [key for key in keys if key in ("attn_first", "resid_max")]
     lines = [
         "",
         "Probes (train.probe_every, probes.png): per run, the largest attention logit (over layers, heads, "
-        "positions and every probe record of training) and the largest mean output log-partition (log Z). "
-        f"Attention logit: the geometric mean over seeds [{CONFIDENCE:.0%} t interval of the mean log10], Δ: "
-        "the variant's log10 minus the baseline's, paired by seed; log Z: the mean [t interval] and the paired "
-        "difference. lower or higher: the interval excludes 0.",
+        "positions and every probe record of training) and the largest mean output log-partition (log Z)"
+        + (
+            ", and the largest over layers and records of the mean attention on the first position (attn first) "
+            "and of the residual stream's largest absolute value after a block (abs residual)"
+            if newer
+            else ""
+        )
+        + f". Attention logit{' and residual' if 'resid_max' in keys else ''}: the geometric mean over seeds "
+        f"[{CONFIDENCE:.0%} t interval of the mean log10], Δ: "
+        "the variant's log10 minus the baseline's, paired by seed; log Z"
+        + (" and attn first" if "attn_first" in keys else "")
+        + ": the mean [t interval] and the paired difference. lower or higher: the interval excludes 0.",
         "",
-        f"| variant | max attn logit | Δ log10 vs {report.baseline_label} [{CONFIDENCE:.0%} CI] | max log Z | "
-        f"Δ vs {report.baseline_label} [{CONFIDENCE:.0%} CI] |",
-        "|---|---|---|---|---|",
+        "| variant | "
+        + " | ".join(
+            f"{PEAK_HEADERS[key]} | Δ{' log10' if PEAKS[key] else ''} vs {report.baseline_label} [{CONFIDENCE:.0%} CI]"
+            for key in keys
+        )
+        + " |",
+        "|---|" + "---|---|" * len(keys),
     ]
     for variant in report.variants:
         if variant.key in report.peaks:
             cells = [report.label(variant)]
-            for key in PEAKS:
+            for key in keys:
                 cells += [peak_text(peak_of(report, variant, key)), peak_delta_text(report, variant, key)]
             lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -120,7 +120,11 @@ PEAK_VERDICTS = {"better": "lower", "worse": "higher"}
 
 
 #: report.csv's names of the probes' peaks (zoo/lab/studies/peaks.py).
-PEAK_NAMES = {"attn_logit_max": "attn_logit_peak", "log_z": "log_z_peak"}
+PEAK_NAMES = {"attn_logit_max": "attn_logit_peak", "log_z": "log_z_peak", "attn_first": "attn_first_peak",
+              "resid_max": "resid_max_peak"}  # fmt: skip
+#: The report's headers of the probes' peaks.
+PEAK_HEADERS = {"attn_logit_max": "max attn logit", "log_z": "max log Z", "attn_first": "max attn on first",
+                "resid_max": "max abs residual"}  # fmt: skip
 
 
 def peak_of(report: Report, variant: Variant, key: str) -> Peak | None:
@@ -149,7 +153,7 @@ def peak_delta_text(report: Report, variant: Variant, key: str) -> str:
 
 def peak_columns(report: Report) -> list[str]:
     """report.csv's peak columns: each key's mean and interval, its difference from the baseline's (log10 for
-    the attention logit) with its interval, and the verdict."""
+    the attention logit and the residual peak) with its interval, and the verdict."""
     out = []
     for key, log in PEAKS.items():
         name, delta = PEAK_NAMES[key], "log10_delta" if log else "delta"

@@ -5,7 +5,9 @@ Per run, the peak of each key of :data:`PEAKS` is its largest value over every p
 per-layer list, over the layers; a mixer without logits records None and is skipped). Attention logits
 that grow do so by orders of magnitude, so the logit peak is summarized on a log scale: its geometric
 mean over seeds with the interval of the mean log10, and each variant's log10 peak minus the
-baseline's. The output log-partition is a logarithm already: its mean, interval and difference as they are.
+baseline's; so is the residual stream's largest absolute value (``resid_max``). The output log-partition
+is a logarithm already, and the attention share on the first position (``attn_first``) a fraction: their
+means, intervals and differences as they are. Runs recorded before a key existed have no peak of it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from zoo.lab.records.metrics import read_metrics
 from zoo.lab.studies.runset import Variant
 from zoo.lab.studies.stats import Comparison, compare, mean_interval
 
-#: Probe keys with a peak: whether it is compared on a log10 scale.
-PEAKS = {"attn_logit_max": True, "log_z": False}
+#: Probe keys with a peak: whether it is compared on a log10 scale (the residual stream's largest value, like the
+#: logits, can grow by orders of magnitude; the attention share on the first position is a fraction).
+PEAKS = {"attn_logit_max": True, "log_z": False, "attn_first": False, "resid_max": True}
 
 
 def run_peaks(path: Path) -> dict[str, float]:

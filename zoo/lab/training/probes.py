@@ -7,7 +7,11 @@ keys of :data:`PROBE_KEYS` (besides ``kind``, ``step`` and ``tokens``):
 - per layer, as lists in layer order (None for a mixer without softmax logits, named in ``no_logits``):
   ``attn_logit_max`` (the largest pre-softmax attention score over batch, heads and positions, after
   qk-norm and positions, at the kernel's score scale), ``attn_entropy`` (the attention weights' mean
-  entropy over batch, heads and queries, nats) and ``resid_rms`` (the residual stream's RMS after the block);
+  entropy over batch, heads and queries, nats, of the softmax over the keys), ``attn_first`` (the mean
+  attention weight on the first position over batch, heads and the queries after the first: the
+  "attention sink" of Qiu et al. 2025; a learned sink, ``block.attn.sink``, is one more term in each
+  head's denominator, as in the forward), ``resid_rms`` (the residual stream's RMS after the block) and
+  ``resid_max`` (its largest absolute value there: the "massive activations");
 - the output logits' largest value ``logit_max``, their mean log-partition ``log_z`` (what z-loss
   penalizes) and the ``loss``, over the batch's scored tokens;
 - ``grad_norm`` and ``update_ratio`` of the step just taken: the gradient's norm (before clipping, as
@@ -28,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from einops import rearrange
 from torch import nn
 
 from zoo.assembly.block import Block
@@ -35,10 +40,10 @@ from zoo.core.interface import hook
 from zoo.lab.tasks import IGNORE, Batch
 
 #: The keys of a probe record besides ``kind``, ``step`` and ``tokens`` (other tools read them).
-PROBE_KEYS = ("attn_logit_max", "attn_entropy", "resid_rms", "no_logits", "logit_max", "log_z", "loss",
-              "grad_norm", "update_ratio")  # fmt: skip
+PROBE_KEYS = ("attn_logit_max", "attn_entropy", "attn_first", "resid_rms", "resid_max", "no_logits", "logit_max",
+              "log_z", "loss", "grad_norm", "update_ratio")  # fmt: skip
 #: The per-layer keys (lists in layer order).
-LAYER_KEYS = ("attn_logit_max", "attn_entropy", "resid_rms")
+LAYER_KEYS = ("attn_logit_max", "attn_entropy", "attn_first", "resid_rms", "resid_max")
 
 
 @contextlib.contextmanager
@@ -99,18 +104,32 @@ def shared_projections(mixers: list[nn.Module]) -> Iterator[None]:
             delattr(mixer, name)
 
 
+def first_share(scores: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """The mean attention weight on key 0 over batch, heads and the queries after the first, of scores
+    (b, h, t, t); ``sink`` (h,): a learned logit per head, one more term in each row's denominator."""
+    rows = scores[:, :, 1:]  # query 0 sees key 0 alone
+    lse = torch.logsumexp(rows, dim=-1)  # (b, h, t - 1)
+    if sink is not None:
+        lse = torch.logaddexp(lse, rearrange(sink.float(), "h -> 1 h 1"))
+    return torch.exp(rows[..., 0] - lse).mean()
+
+
 def layer_stats(block: Block, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    """(max attention logit, mean attention entropy, output RMS) of one block, on the device; the first two
-    None when its mixer has no logits. ``x``: the mixer's input, ``out``: the block's output."""
+    """(max attention logit, mean attention entropy, mean attention on the first position, output RMS, output
+    peak) of one block, on the device; the first three None when its mixer has no logits. ``x``: the mixer's
+    input, ``out``: the block's output."""
     rms = torch.linalg.vector_norm(out.float()) / out.numel() ** 0.5
+    peak = out.float().abs().max()
     scores = hook(block.attn, "attention_logits")(x)
     if scores is None:
-        return None, None, rms
+        return None, None, None, rms, peak
     weights = torch.softmax(scores, dim=-1)  # over keys; blocked keys (-inf) get 0
     # (b, h, t): -sum p log p; p at least the smallest normal number in the log, so 0 log 0 = 0 (vectorized
     # clamp, log and product: faster than the element-wise torch.special.entr)
     entropy = weights.clamp_min(torch.finfo(weights.dtype).tiny).log_().mul_(weights).sum(-1).neg_()
-    return scores.max(), entropy.mean(), rms
+    sink = getattr(block.attn, "sink", None)  # block.attn.sink=learned: (h,) logits
+    first = first_share(scores.float(), sink if isinstance(sink, torch.Tensor) else None)
+    return scores.max(), entropy.mean(), first, rms, peak
 
 
 @torch.inference_mode()  # no gradients, no version counters: what it computes is read back and dropped
@@ -125,7 +144,7 @@ def forward_probe(model: nn.Module, logits_of: Callable[[nn.Module, Batch], torc
     try:
         with eval_mode(model), shared_projections([block.attn for block in blocks]):
             logits = logits_of(model, batch).float()
-            stats = [layer_stats(block, *seen[i][:2]) if i in seen else (None,) * 3 for i, block in enumerate(blocks)]
+            stats = [layer_stats(block, *seen[i][:2]) if i in seen else (None,) * 5 for i, block in enumerate(blocks)]
     finally:
         for handle in handles:
             handle.remove()
