@@ -166,6 +166,12 @@ def test_a_shared_step_computes_again_for_other_numbers_only():
     for other in ((x + 1, slots), (x, slots.flip(0)), (x[:, :2], slots[:2]), (x.double(), slots)):
         assert torch.equal(step(*other), other[0] * 2 + other[1])  # another input: computed for it
     assert len(calls) == 5
+    calls.clear()
+    optional = probes.computed_once(lambda x, positions, mask=None: calls.append(mask) or x * 2 + positions)
+    first = optional(x, slots, None)  # the forward's call, its mask left out
+    assert optional(x, slots) is first and calls == [None]  # attention_logits's call: the same step
+    optional(x, slots, torch.ones(3))
+    assert len(calls) == 2  # a mask given: computed for it
 
 
 def test_update_ratio_and_gradient_norms_against_sgd_by_hand():

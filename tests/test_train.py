@@ -406,7 +406,7 @@ def test_a_run_checks_each_section_once_and_builds_from_what_it_resolved(tmp_pat
 
     monkeypatch.setattr(train, "tune_options", counting("tune", train.tune_options))
     monkeypatch.setattr(mesh.ProcessMesh, "check_model", counting("mesh", mesh.ProcessMesh.check_model))
-    monkeypatch.setattr("zoo.models.language.layer_specs", lambda *a, **k: pytest.fail("resolved the block again"))
+    monkeypatch.setattr("zoo.models.language.stack_specs", lambda *a, **k: pytest.fail("resolved the block again"))
     summary = run(tiny(), tmp_path)
     assert summary["status"] == "ok", summary["error"]
     assert calls == {"tune": 1, "mesh": 1}

@@ -77,12 +77,15 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def computed_once(step: Callable[..., Any]) -> Callable[..., Any]:
-    """``step`` with the result of the call before it for the same tensor arguments (``same``)."""
+    """``step`` with the result of the call before it for the same tensor arguments (``same``); trailing
+    ``None`` arguments (an optional mask or cache left out) count as absent."""
     last: list[Any] = []  # [arguments, result] of the latest call
 
-    def once(*args: torch.Tensor, **kwargs: Any) -> Any:
+    def once(*args: torch.Tensor | None, **kwargs: Any) -> Any:
         if kwargs:  # not a call the forward or attention_logits makes: computed as it is
             return step(*args, **kwargs)
+        while args and args[-1] is None:
+            args = args[:-1]
         if not (last and len(last[0]) == len(args) and all(map(same, last[0], args))):
             last[:] = [args, step(*args)]
         return last[1]
