@@ -24,7 +24,7 @@ def cfg(**changes):
 
 
 def test_available_lists_every_axis():
-    assert set(zoo.available()) == {"placement", "norm", "attn", "pos", "mlp"}
+    assert set(zoo.available()) == {"placement", "norm", "attn", "pos", "mlp", "residual"}
     assert zoo.available()["attn"] == ["mha", "gqa", "mqa", "mla", "linear", "gated_deltanet"]
 
 
@@ -58,7 +58,7 @@ def test_plain_dict_builds_the_same_block_as_the_composed_config():
 )
 def test_presets_set_every_axis(preset, expected):
     block = compose([f"preset={preset}"]).block
-    assert {axis: block[axis].name for axis in AXES} == expected
+    assert {axis: block[axis].name for axis in AXES} == {**expected, "residual": "add"}
     assert block.bias is (preset != "llama")
 
 

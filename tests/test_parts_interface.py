@@ -36,7 +36,7 @@ def block_cfg(**axes: Any) -> dict[str, Any]:
 
 def test_every_registered_part_matches_its_axis_protocol():
     assert every_part_error() == []
-    assert set(PROTOCOLS) == {"placement", "norm", "attn", "pos", "mlp"}
+    assert set(PROTOCOLS) == {"placement", "norm", "attn", "pos", "mlp", "residual"}
 
 
 def test_every_hook_has_a_docstring_or_a_comment_and_the_known_ones_are_there():

@@ -20,6 +20,9 @@ class Block(nn.Module):
     cross-attention also ``cross_attn.{q,kv,out}``, and the norms are ``placement.norms.{0,1,2}``
     (self-attention, cross-attention, MLP).
 
+    ``residual``: how the branches join the stream (``block.residual``, zoo.parts.residuals: ``residual.*``);
+    None: the placement adds them itself, as ``add`` does.
+
     ``canon``: the canon sites (``block.canon`` as letters, zoo.parts.canon). The block applies ``a`` and ``c``
     itself, on its branches' inputs (``canon.a.kernel``, ``canon.c.kernel``); the attention and the MLP apply
     ``b`` and ``d`` inside (built from the same ``dims``), the MLP handed the new tokens' padding mask and
@@ -34,6 +37,7 @@ class Block(nn.Module):
         d_model: int,
         cross_attn: nn.Module | None = None,
         canon: str = "",
+        residual: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.placement = placement
@@ -43,6 +47,10 @@ class Block(nn.Module):
         self.d_model = d_model
         self.canon_sites = canon
         self.canon = block_canon(canon, d_model)
+        self.residual = residual
+        #: The residual streams the block keeps: its input is (batch, time, d_model), or in a stack
+        #: (batch, time, streams, d_model) when more than 1 (zoo.parts.residuals.Hyper).
+        self.streams: int = getattr(residual, "streams", 1)
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
         """The block's tensor-parallel plan: its placement's (the norms), its attention's and its MLP's,
@@ -50,8 +58,9 @@ class Block(nn.Module):
         if self.cross_attn is not None:
             raise ValueError("blocks with cross-attention have no tensor-parallel plan")
         plan: Plan = {}
-        for name in ("placement", "attn", "mlp"):
-            plan.update(prefixed(name, getattr(self, name).tp_plan(sequence_parallel)))
+        for name in ("placement", "attn", "mlp", "residual"):
+            if getattr(self, name) is not None:
+                plan.update(prefixed(name, getattr(self, name).tp_plan(sequence_parallel)))
         return plan
 
     def state_size(self, length: int) -> int:
@@ -68,17 +77,25 @@ class Block(nn.Module):
         positions: torch.Tensor | None = None,
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
+        x0: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x: (batch, time, d_model) -> (batch, time, d_model).
+        """x: (batch, time, d_model) -> (batch, time, d_model); a block of several residual streams
+        (``streams``) also takes and returns them whole, (batch, time, streams, d_model), as a stack passes them.
 
         key_mask: (batch, keys) bool, True at real tokens, False at padding (keys include cached ones).
         cache: this layer's decoding state for incremental decoding (written in place).
         positions: (batch, time) per-sample position ids (left-padded batches); default: cache slots.
         memory: (batch, source, d_model) encoder output, for a block with cross-attention.
         memory_mask: (batch, source) bool, True at real source tokens.
+        x0: (batch, time, d_model) the stack's embedding output, for a residual that re-injects it (``scaled``;
+        None: the block's input).
         """
-        if x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"block input must be (batch, time, d_model={self.d_model}), got shape {tuple(x.shape)}")
+        streams = x.ndim == 4 and self.streams > 1 and x.shape[2] == self.streams
+        if not (x.ndim == 3 or streams) or x.shape[-1] != self.d_model:
+            also = f" or (batch, time, streams={self.streams}, d_model)" if self.streams > 1 else ""
+            raise ValueError(
+                f"block input must be (batch, time, d_model={self.d_model}){also}, got shape {tuple(x.shape)}"
+            )
         if self.cross_attn is None and memory is not None:
             raise ValueError("this block has no cross-attention (block.cross_attention=false) but got memory")
 
@@ -93,7 +110,9 @@ class Block(nn.Module):
                 return cross_attn(h, memory, memory_mask=memory_mask, cache=cache)
 
             branches.insert(1, cross)
-        return self.placement(x, branches)
+        if self.residual is None:
+            return self.placement(x, branches)
+        return self.residual(x, x0, self.placement, branches)
 
     def canon_branches(
         self, x: torch.Tensor, key_mask: torch.Tensor | None, cache: LayerState | None, attend: Branch

@@ -17,12 +17,15 @@ from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.interface import hook
 
 
-def build_block(cfg: Mapping[str, Any] | DictConfig | BlockSpec, *, context: Context = "block") -> Block:
+def build_block(
+    cfg: Mapping[str, Any] | DictConfig | BlockSpec, *, context: Context = "block", layer: int = 0
+) -> Block:
     """Build a block from a config (``cfg.block`` as composed, or a plain dict with its keys).
 
     ``context``: where the block lives (``block``: alone; ``model``: in a model, which provides
     the token embedding that absolute positions need). A part whose needs the context does not
-    meet raises ConfigError (zoo.assembly.compat).
+    meet raises ConfigError (zoo.assembly.compat). ``layer``: the block's index in its stack (a
+    hyper-connection's initial read stream depends on it).
     """
     spec = cfg if isinstance(cfg, BlockSpec) else resolve_block(cfg)
     error = unmet_need(spec, context)
@@ -38,7 +41,9 @@ def build_block(cfg: Mapping[str, Any] | DictConfig | BlockSpec, *, context: Con
         cross = hook(attn.part.cls, "cross_attention")(dims, **attn.options)()
     n_branches = 3 if cross is not None else 2
     placement = spec["placement"].build(dims, spec.make_norm, n_branches)
-    return Block(placement, self_attn, mlp, dims.d_model, cross_attn=cross, canon=dims.canon_sites)
+    n_updates = hook(spec["placement"].part.cls, "update_count")(n_branches)
+    residual = spec["residual"].build(dims, n_updates, layer)
+    return Block(placement, self_attn, mlp, dims.d_model, cross_attn=cross, canon=dims.canon_sites, residual=residual)
 
 
 def param_report(cfg: Mapping[str, Any] | DictConfig | BlockSpec) -> dict[str, int | None]:

@@ -49,17 +49,39 @@ def choices(axis: str, with_variants: bool = True) -> list[str]:
 
 
 def combo_id(combo: dict[str, str]) -> str:
-    """``pre-rmsnorm-gqa-rotary-swiglu``: the labels in axis order."""
-    return "-".join(combo.values())
+    """``pre-rmsnorm-gqa-rotary-swiglu``: the labels in axis order, a paired axis' (``residual``) only away from
+    its default (``pre-rmsnorm-gqa-rotary-swiglu-hyper``)."""
+    return "-".join(
+        label for axis, label in combo.items() if not (axis in AXES and AXES[axis].paired and label == default(axis))
+    )
+
+
+def default(axis: str) -> str:
+    """The part an axis takes when a combination does not vary it: its registry's default, else its first part."""
+    return AXES[axis].default or AXES[axis].names()[0]
+
+
+def paired_choices(axis: str) -> list[str]:
+    """The labels of ``axis`` that enter the grid paired with every choice of each other axis, not in the product:
+    its variants; for a paired axis (``Registry(paired=True)``, the residual) every label but its default."""
+    if AXES[axis].paired:
+        return [label for label in choices(axis) if label != default(axis)]
+    return choices(axis)[len(AXES[axis].names()) :]
 
 
 def combinations() -> list[dict[str, str]]:
-    """The product of part names, then each variant choice paired with every choice of each other axis."""
-    combos = [dict(zip(AXES, names, strict=True)) for names in itertools.product(*(AXES[a].names() for a in AXES))]
+    """The product of part names over the axes that are not paired (a paired axis at its default), then each
+    variant choice, and each other part of a paired axis, paired with every choice of each other axis."""
+    base = {axis: default(axis) for axis in AXES}
+    product = [axis for axis in AXES if not AXES[axis].paired]
+    combos = [
+        {**base, **dict(zip(product, names, strict=True))}
+        for names in itertools.product(*(AXES[a].names() for a in product))
+    ]
     seen = {combo_id(c) for c in combos}
-    base = {axis: AXES[axis].names()[0] for axis in AXES}
+    base = {axis: AXES[axis].names()[0] if axis in product else default(axis) for axis in AXES}
     for axis in AXES:
-        for variant in choices(axis)[len(AXES[axis].names()) :]:
+        for variant in paired_choices(axis):
             pairs = [{}] + [{other: label} for other in AXES if other != axis for label in choices(other)]
             for pair in pairs:
                 combo = {**base, axis: variant, **pair}

@@ -9,7 +9,8 @@ The rules live in the parts, not in a table here (each hook written in zoo.core.
   ``conflicts = {"score bias": "why"}``: what no other part of its block may provide (a position's
   ``provides`` follows from the methods it overrides: ``rotation``, ``score bias``).
 
-A self-attention that declares no ``cross_attention`` is refused under ``block.cross_attention=true``.
+A self-attention that declares no ``cross_attention`` is refused under ``block.cross_attention=true``; a
+residual that owns the addition (``hyper``) beside a placement with no ``updates`` (``post``), by name.
 
 Surroundings are a *context*: a lone ``block`` provides nothing; a ``model`` provides ``embedding``
 (token embeddings that absolute positions are added to).
@@ -26,7 +27,7 @@ from zoo.assembly.match import mlp_dims
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.interface import defines, hook
-from zoo.core.registry import ATTENTIONS
+from zoo.core.registry import ATTENTIONS, PLACEMENTS, RESIDUALS
 from zoo.core.tp import has_plan
 
 Context = Literal["block", "model"]
@@ -40,7 +41,7 @@ def unmet_need(spec: BlockSpec, context: Context = "block") -> IncompatibleParts
     provides, or that a part conflicts with and another part provides; or None."""
     if context not in CONTEXTS:
         raise ConfigError("context", context, f"one of {', '.join(CONTEXTS)}")
-    refusal = cross_attention_refusal(spec)
+    refusal = cross_attention_refusal(spec) or residual_refusal(spec)
     if refusal is not None:
         return refusal
     provided = set(CONTEXTS[context])
@@ -74,6 +75,24 @@ def cross_attention_refusal(spec: BlockSpec) -> IncompatibleParts | None:
         True,
         f"attn={attn.name} has no cross-attention (its class declares none); "
         f"use attn={having or '<an attention with one>'} with block.cross_attention=true",
+    )
+
+
+def residual_refusal(spec: BlockSpec) -> IncompatibleParts | None:
+    """A residual that owns the addition (``hyper``: its ``owns_add``) beside a placement that is no sum of terms
+    on the stream (no ``updates``: ``post``, the norm of the sum): the error naming block.residual, the
+    placements it takes and the residuals the placement takes; else None."""
+    residual, placement = spec["residual"].part, spec["placement"].part
+    if not hook(residual.cls, "owns_add") or defines(placement.cls, "updates"):
+        return None
+    sums = "|".join(p.name for p in PLACEMENTS.parts() if defines(p.cls, "updates")) or "none"
+    others = "|".join(p.name for p in RESIDUALS.parts() if not hook(p.cls, "owns_add"))
+    return IncompatibleParts(
+        "block.residual.name",
+        residual.name,
+        f"owns the residual addition, and placement={placement.name} is not a sum of terms on the stream (its "
+        f"class has no updates); use placement={sums} with residual={residual.name}, or residual={others} "
+        f"with placement={placement.name}",
     )
 
 

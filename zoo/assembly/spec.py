@@ -100,7 +100,8 @@ def to_dict(cfg: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
 def resolve_block(cfg: Mapping[str, Any] | DictConfig) -> BlockSpec:
     """Validate a block config. Raises ConfigError naming the field, value and what is allowed.
 
-    An axis may be given as a node (``{"name": "rmsnorm", "eps": 1e-6}``) or just a name.
+    An axis may be given as a node (``{"name": "rmsnorm", "eps": 1e-6}``) or just a name; an axis with a default
+    (``residual``: ``add``) may be left out.
     """
     raw = to_dict(cfg)
     known = {f.name for f in fields(BlockDims)} | set(AXES)
@@ -154,6 +155,8 @@ def every_option(part: Part) -> dict[str, Any]:
 
 def _node(axis: str, node: Any) -> dict[str, Any]:
     names = AXES[axis].names()
+    if node is None and AXES[axis].default is not None:  # an axis added since (block.residual): its default
+        node = AXES[axis].default
     if node is None:
         raise ConfigError(f"block.{axis}", None, f"missing; choose one of: {', '.join(names)}")
     node = {"name": node} if isinstance(node, str) else to_dict(node)

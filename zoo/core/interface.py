@@ -5,9 +5,9 @@ A part is a class registered on an axis (zoo.core.registry). Beyond its construc
 zoo reads optional *hooks* from it: class attributes and class methods read before anything is
 built (``needs``, ``check``, ...), and methods or attributes of the built module read afterwards
 (``tp_plan``, ``state_size``, ...). Each axis's protocol below names them: :class:`PartHooks` (any
-axis), :class:`PlacementHooks`, :class:`NormHooks`, :class:`AttentionHooks`, :class:`PositionHooks`
-and :class:`MLPHooks`. The value given in a protocol's body is the hook's default, what a part that
-does not define it gets.
+axis), :class:`PlacementHooks`, :class:`NormHooks`, :class:`AttentionHooks`, :class:`PositionHooks`,
+:class:`MLPHooks` and :class:`ResidualHooks`. The value given in a protocol's body is the hook's
+default, what a part that does not define it gets.
 
 Code that reads a hook does it through :func:`hook` (``hook(cls, "needs")``), which returns the
 part's own or else that default; :func:`hook_errors` checks a part's hooks against the protocol
@@ -106,6 +106,35 @@ class PlacementHooks(PartHooks, Protocol):
         """How many ``norms`` the placement owns for ``n_branches`` branches (one per branch)."""
         return n_branches
 
+    @classmethod
+    def update_count(cls, n_branches: int) -> int:
+        """How many additions to the stream :meth:`updates` makes for ``n_branches`` branches (one per branch)."""
+        return n_branches
+
+    def updates(self, branches: Any) -> Any:
+        """The placement as additions to the residual stream: functions ``u_i(x)``, each applied in turn as
+        ``x = x + u_i(x)`` (pre: ``drop(f_i(norm_i(x)))``), so that a ``block.residual`` other than ``add``
+        can own the addition (zoo.parts.residuals). No default: a placement that is not a sum of such terms
+        (post: the norm of the sum) is refused with those residuals by name (zoo.assembly.compat)."""
+        raise NotImplementedError
+
+
+class ResidualHooks(PartHooks, Protocol):
+    """A residual (how the branches join the stream): built as ``cls(dims, n_updates, layer, **options)``,
+    ``n_updates`` the placement's :meth:`PlacementHooks.update_count`, ``layer`` the block's index in its stack;
+    ``forward(x, x0, placement, branches)`` (zoo.parts.residuals.Residual)."""
+
+    #: Whether the block's forward needs ``x0``, the stack's embedding output (the stack passes it then).
+    uses_x0: ClassVar[bool] = False
+    #: Whether it needs the placement's :meth:`PlacementHooks.updates` (it owns the addition itself).
+    owns_add: ClassVar[bool] = False
+
+    @classmethod
+    def stream_count(cls, **options: Any) -> int:
+        """How many residual streams a block of this residual keeps (1: the stream is (b, t, d_model); n: the
+        stack's stream is (b, t, n, d_model), expanded from the embedding and summed before the final norm)."""
+        return 1
+
 
 class NormHooks(PartHooks, Protocol):
     """A norm: built as ``cls(dims, **options)`` over ``dims.d_model`` features (zoo.parts.norms.build_norm)."""
@@ -191,6 +220,7 @@ PROTOCOLS: dict[str, type] = {
     "attn": AttentionHooks,
     "pos": PositionHooks,
     "mlp": MLPHooks,
+    "residual": ResidualHooks,
 }
 _ALL = (*PROTOCOLS.values(), EmbeddingHooks)
 _MISSING = object()
@@ -335,5 +365,5 @@ def _type_mismatch(value: Any, annotation: Any) -> str | None:
 
 __all__ = [
     "DEFAULTS", "HOOKS", "PROTOCOLS", "AttentionHooks", "EmbeddingHooks", "MLPHooks", "NormHooks", "PartHooks",
-    "PlacementHooks", "PositionHooks", "defines", "every_part_error", "hook", "hook_errors",
+    "PlacementHooks", "PositionHooks", "ResidualHooks", "defines", "every_part_error", "hook", "hook_errors",
 ]  # fmt: skip

@@ -89,9 +89,17 @@ class Registry:
 
     _every: ClassVar[weakref.WeakSet[Registry]] = weakref.WeakSet()  # to undo a failed plugin's parts
 
-    def __init__(self, axis: str, where: str | None = None) -> None:
+    def __init__(
+        self, axis: str, where: str | None = None, *, default: str | None = None, paired: bool = False
+    ) -> None:
         self.axis = axis
         self.where = where or f"block.{axis}.name"  # the config key that names a part, for errors
+        #: The part a block config that leaves the axis out takes (an axis added after runs were recorded);
+        #: None: the axis must be named.
+        self.default = default
+        #: True: the contract's grid pairs this axis' other parts with every choice of every other axis, as
+        #: variants are, rather than multiplying the product of the axes (zoo.assembly.combinations).
+        self.paired = paired
         self._parts: dict[str, Part] = {}
         #: Options documented once for the parts that take them (:meth:`document`), in the order documented.
         self.option_docs: dict[str, OptionDoc] = {}
@@ -277,6 +285,8 @@ NORMS = Registry("norm")
 ATTENTIONS = Registry("attn")
 POSITIONS = Registry("pos")
 MLPS = Registry("mlp")
+#: How each branch joins the residual stream; ``add`` when a config names none (configs from before the axis).
+RESIDUALS = Registry("residual", default="add", paired=True)
 
 #: Every axis of a block, in the order configs and test ids name them.
 AXES: dict[str, Registry] = {
@@ -285,4 +295,5 @@ AXES: dict[str, Registry] = {
     "attn": ATTENTIONS,
     "pos": POSITIONS,
     "mlp": MLPS,
+    "residual": RESIDUALS,
 }

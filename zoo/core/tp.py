@@ -37,9 +37,9 @@ from zoo.core.errors import ConfigError
 
 __all__ = [
     "Chain", "ColwiseParallel", "HeadParameters", "LocalHeads", "PartialGradient", "Plan", "PrepareModuleInput",
-    "PrepareModuleOutput", "Replicate", "Replicated", "RowwiseParallel", "SequenceParallel", "Shard", "column_branch",
-    "gather_sequence", "has_plan", "heads_norm", "local", "no_plan", "require_whole_heads", "norm_plan", "prefixed",
-    "row_output",
+    "PrepareModuleOutput", "Replicate", "Replicated", "ReplicatedParameters", "RowwiseParallel", "SequenceParallel",
+    "Shard", "column_branch", "gather_sequence", "has_plan", "heads_norm", "local", "no_plan", "require_whole_heads",
+    "norm_plan", "prefixed", "replicated", "row_output",
 ]  # fmt: skip
 
 #: A part's plan: sub-module name relative to the part ("" = the part itself) -> style.
@@ -134,6 +134,34 @@ class HeadParameters(ParallelStyle):
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """A parameter as this rank's local tensor (a DTensor's shard; any other tensor as it is), differentiably."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class ReplicatedParameters(ParallelStyle):
+    """A module's own small parameters replicated on the tp mesh, its inputs and outputs left as they are (local
+    tensors): for a part applied to the residual stream by the block (zoo.parts.residuals), which reads each
+    parameter through :func:`replicated`. Under sequence parallelism each rank applies them to its own tokens,
+    so its gradient is a partial sum: :func:`replicated` sums it over the tp ranks in backward."""
+
+    def __init__(self, sequence_parallel: bool) -> None:
+        super().__init__()
+        self.sequence_parallel = sequence_parallel
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name, p in list(module.named_parameters(recurse=False)):
+            module.register_parameter(name, nn.Parameter(DTensor.from_local(p.data, device_mesh, [Replicate()])))
+        module.tp_sum_group = device_mesh.get_group() if self.sequence_parallel else None
+        return module
+
+
+def replicated(module: nn.Module, param: torch.Tensor) -> torch.Tensor:
+    """A parameter of ``module`` as a whole local tensor, differentiably: a :class:`ReplicatedParameters`
+    DTensor's local copy (its gradient summed over the tp ranks when they hold sequence shards); any other
+    tensor as it is."""
+    if not isinstance(param, DTensor):
+        return param
+    value = param.to_local()
+    group = getattr(module, "tp_sum_group", None)
+    return value if group is None else _SumOverRanks.apply(value, value.shape[-1], group)
 
 
 def norm_plan(self: nn.Module, sequence_parallel: bool) -> Plan:

@@ -41,8 +41,8 @@ NEUTRAL_STACK: dict[str, Any] = {"pattern": []}
 #: The sections :data:`NEUTRAL_STACK` applies to.
 STACKS = ("model", "encoder")
 #: ``block`` keys added after runs were recorded, left out of the hash at the value that changes nothing
-#: (canon layers: zoo.parts.canon).
-NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none"}
+#: (canon layers: zoo.parts.canon; the residual axis at ``add``: zoo.parts.residuals).
+NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none", "residual": {"name": "add"}}
 #: ``block.mlp`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (a mixture of experts' balancing: zoo.parts.moe).
 NEUTRAL_MLP: dict[str, Any] = {"balance": "loss", "bias_rate": 0.001}

@@ -17,6 +17,7 @@ from zoo.assembly.match import active_count
 from zoo.core.auxiliary import collect_aux
 from zoo.core.interface import defines, hook
 from zoo.parts.canon import Canon, init_canon
+from zoo.parts.residuals import Residual
 
 #: Parameters whose output is added to the residual stream (scaled down at init by depth).
 RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight")  # also matches cross_attn.out.weight
@@ -35,6 +36,8 @@ def init_stack(
     independent of depth. ``n_residual_branches``: that number, or a function of the parameter's name
     (an encoder-decoder's two stacks have their own depths). ``stds``: the std of named matrices
     that differ (the token embedding under sinusoidal positions: d_model^-0.5, :func:`token_init_stds`).
+    A residual part's parameters (``block.residual``: scalars, hyper-connections' weights) take its own initial
+    values (its ``reset_parameters``), never a draw.
 
     Each draw is seeded from (seed, full parameter name, shape) (zoo.assembly.init; seed: the last
     torch.manual_seed), so variants built after the same seed share the weights of every parameter
@@ -43,7 +46,12 @@ def init_stack(
     branches = n_residual_branches if callable(n_residual_branches) else lambda name: n_residual_branches
     stds = stds or {}
     canon = {name for name, m in module.named_modules() if isinstance(m, Canon)}
+    residuals = {name: m for name, m in module.named_modules() if isinstance(m, Residual)}
+    for m in residuals.values():
+        m.reset_parameters()
     for name, p in seeded_parameters(module, seed):
+        if name.rpartition(".")[0] in residuals:
+            continue
         if name.rpartition(".")[0] in canon:
             init_canon(p)  # the reference's draw of a canon layer's kernel
         elif name.endswith("bias"):
@@ -77,9 +85,11 @@ def residual_branches(blocks: Sequence[Block]) -> int:
 
 def component_of(name: str) -> str:
     """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention;
-    ``mtp.*``, multi-token prediction's extra heads, -> mtp)."""
+    ``mtp.*``, multi-token prediction's extra heads, -> mtp; ``*.residual.*``, ``block.residual``'s -> residual)."""
     if name.startswith("mtp."):
         return "mtp"
+    if ".residual." in name:
+        return "residual"
     if name.startswith(("embed", "pos_embed", "head")) or ".pos_embed." in name:
         return "embedding"
     if ".attn." in name or ".cross_attn." in name or ".canon.a." in name:  # canon site a: the attention's input
@@ -103,7 +113,8 @@ class TokenModel(nn.Module):
 
     def parameter_counts(self) -> dict[str, int]:
         """Parameters by component: embedding (and untied head), attention, mlp, norms, mtp (the extra heads
-        of ``objective=mtp``, only when there are some), total."""
+        of ``objective=mtp``) and residual (``block.residual``'s scalars and weights), each of those two only
+        when there are some, total."""
         counts = {"embedding": 0, "attention": 0, "mlp": 0, "norms": 0}
         for name, p in self.named_parameters():
             component = component_of(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from einops import reduce, repeat
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -28,6 +29,7 @@ from zoo.core.tp import (
     prefixed,
 )
 from zoo.parts.positions import LearnedEmbedding
+from zoo.parts.residuals import stream_count
 from zoo.parts.state import LayerState
 
 
@@ -59,6 +61,21 @@ def check_positions(specs: Sequence[BlockSpec], fields: Sequence[str]) -> None:
             )
 
 
+def check_streams(specs: Sequence[BlockSpec], fields: Sequence[str]) -> int:
+    """The residual streams every layer keeps (``block.residual``: 1, or hyper's ``n_streams``); a layer that
+    keeps another number than layer 0 is a ConfigError naming ``{fields[i]}.residual``."""
+    first = stream_count(specs[0]["residual"])
+    for i, spec in enumerate(specs[1:], 1):
+        if stream_count(spec["residual"]) != first:
+            raise ConfigError(
+                f"{fields[i]}.residual",
+                spec["residual"].part.name,
+                f"keeps {stream_count(spec['residual'])} residual stream(s) and layer 0 "
+                f"(residual={specs[0]['residual'].part.name}) {first}: every layer of a stack must keep as many",
+            )
+    return first
+
+
 def position_embedding(specs: Sequence[BlockSpec], field: str = "model.layers") -> nn.Module | None:
     """The module that adds the stack's absolute positions to its token embeddings, or None; the layers
     must agree on them (:func:`check_positions`, naming ``{field}.{i}.pos``)."""
@@ -70,6 +87,9 @@ def position_embedding(specs: Sequence[BlockSpec], field: str = "model.layers") 
 class Stack(nn.Module):
     """Absolute positions added to its input (``pos_embed``, when the blocks' ``pos`` is learned or
     sinusoidal), blocks in turn, then ``final_norm`` where the last block's placement needs one.
+    With ``block.residual=hyper`` the blocks pass ``streams`` residual streams (b, t, streams, d_model): the
+    input copied into each before the first block, their sum taken before the final norm; with ``scaled`` each
+    block is also given the input (after positions) as ``x0``.
 
     Parameter names: ``pos_embed`` (``pos=learned`` only), ``blocks.{i}.*``, ``final_norm``; a stack
     that owns its token embedding (the decoder-only model) registers ``embed`` before them, so the
@@ -85,7 +105,9 @@ class Stack(nn.Module):
         if embed is not None:
             self.embed = embed
         self.pos_embed = position_embedding(specs, field)  # absolute positions, else None
-        self.blocks = nn.ModuleList(build_block(s, context="model") for s in specs)
+        #: The residual streams between the blocks (block.residual=hyper: n_streams; else 1).
+        self.streams = check_streams(specs, [f"{field}.{i}" for i in range(len(specs))])
+        self.blocks = nn.ModuleList(build_block(s, context="model", layer=i) for i, s in enumerate(specs))
         self.final_norm = final_norm_for(specs[-1])
         #: Activation checkpointing (train.activation_checkpointing): each block's activations are
         #: recomputed in backward (torch.utils.checkpoint) instead of kept.
@@ -110,15 +132,21 @@ class Stack(nn.Module):
         """
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
-        x = self.add_positions(x, caches, positions)
+        x0 = x = self.add_positions(x, caches, positions)
+        if self.streams > 1:  # hyper-connections: the embedding copied into every residual stream
+            x = repeat(x, "b t d -> b t n d", n=self.streams)
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
             inputs = {"key_mask": key_mask, "cache": cache, "positions": positions}
             inputs |= {"memory": memory, "memory_mask": memory_mask}
+            if hook(block.residual, "uses_x0"):  # block.residual=scaled: the embedding output re-injected
+                inputs["x0"] = x0
             if self.checkpoint_blocks and torch.is_grad_enabled():  # keep only each block's input for backward
                 x = checkpoint(block, x, use_reentrant=False, **inputs)
             else:
                 x = block(x, **inputs)
+        if self.streams > 1:
+            x = reduce(x, "b t n d -> b t d", "sum")
         return self.final_norm(x)
 
     def add_positions(
@@ -153,6 +181,15 @@ class Stack(nn.Module):
             plan["blocks.0"] = PrepareModuleInput(
                 input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
             )
+            for i, block in enumerate(self.blocks):  # x0 (block.residual=scaled): cut as the stream is
+                if hook(block.residual, "uses_x0"):
+                    plan[f"blocks.{i}"] = PrepareModuleInput(
+                        input_layouts=(Replicate(),) if i == 0 else (None,),
+                        desired_input_layouts=(Shard(1),) if i == 0 else (None,),
+                        input_kwarg_layouts={"x0": Replicate()},
+                        desired_input_kwarg_layouts={"x0": Shard(1)},
+                        use_local_output=True,
+                    )
             gather = PrepareModuleOutput(
                 output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True
             )
@@ -162,4 +199,4 @@ class Stack(nn.Module):
         return plan
 
 
-__all__ = ["Stack", "check_positions", "embeds_positions", "final_norm_for", "position_embedding"]
+__all__ = ["Stack", "check_positions", "check_streams", "embeds_positions", "final_norm_for", "position_embedding"]

@@ -37,11 +37,18 @@ class Placement(nn.Module):
         """How many ``norms`` this placement owns for ``n_branches`` branches."""
         return n_branches
 
+    @classmethod
+    def update_count(cls, n_branches: int) -> int:
+        """How many terms :meth:`updates` adds to the stream for ``n_branches`` branches (a placement that
+        has ``updates``: zoo.core.interface.PlacementHooks)."""
+        return n_branches
+
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """Nothing fused: a placement's own parameters are its norms' (parts of their own)."""
         return {}
 
-    # Subclasses define forward(x, branches: Sequence[Branch]) -> x.
+    # Subclasses define forward(x, branches: Sequence[Branch]) -> x; those that are a sum of terms on the
+    # stream also define updates(branches) -> [u_i], x = x + u_i(x) in turn (a residual other than add owns it).
 
 
 def norms_plan(self: Placement, sequence_parallel: bool) -> Plan:
@@ -69,9 +76,16 @@ class PreNorm(Placement):
 
     final_norm = True
 
+    def updates(self, branches: Sequence[Branch]) -> list[Branch]:
+        """``drop(f(norm(x)))`` for each branch f."""
+        return [
+            lambda x, norm=norm, branch=branch: self.drop(branch(norm(x)))
+            for norm, branch in zip(self.norms, branches, strict=True)
+        ]
+
     def forward(self, x: torch.Tensor, branches: Sequence[Branch]) -> torch.Tensor:
-        for norm, branch in zip(self.norms, branches, strict=True):
-            x = x + self.drop(branch(norm(x)))
+        for update in self.updates(branches):
+            x = x + update(x)
         return x
 
 
@@ -112,9 +126,16 @@ class SandwichNorm(Placement):
         super().__init__(dims, make_norm, n_branches)
         self.out_norms = nn.ModuleList(make_norm() for _ in range(n_branches))
 
+    def updates(self, branches: Sequence[Branch]) -> list[Branch]:
+        """``drop(norm_b(f(norm_a(x))))`` for each branch f."""
+        return [
+            lambda x, norm=norm, out_norm=out_norm, branch=branch: self.drop(out_norm(branch(norm(x))))
+            for norm, out_norm, branch in zip(self.norms, self.out_norms, branches, strict=True)
+        ]
+
     def forward(self, x: torch.Tensor, branches: Sequence[Branch]) -> torch.Tensor:
-        for norm, out_norm, branch in zip(self.norms, self.out_norms, branches, strict=True):
-            x = x + self.drop(out_norm(branch(norm(x))))
+        for update in self.updates(branches):
+            x = x + update(x)
         return x
 
 
@@ -137,7 +158,24 @@ class Parallel(Placement):
     def norm_count(cls, n_branches: int) -> int:
         return 1
 
+    @classmethod
+    def update_count(cls, n_branches: int) -> int:
+        return 1  # every branch reads the same input: one term, their sum
+
+    def updates(self, branches: Sequence[Branch]) -> list[Branch]:
+        """One term: ``sum_i drop(f_i(norm(x)))``."""
+
+        def summed(x: torch.Tensor) -> torch.Tensor:
+            h = self.norms[0](x)
+            out = self.drop(branches[0](h))
+            for branch in branches[1:]:
+                out = out + self.drop(branch(h))
+            return out
+
+        return [summed]
+
     def forward(self, x: torch.Tensor, branches: Sequence[Branch]) -> torch.Tensor:
+        # (x + a) + b, not x + (a + b) as updates() sums: the same rounding as before the residual axis.
         h = self.norms[0](x)
         out = x
         for branch in branches:
