@@ -117,11 +117,14 @@ def make_block(combo: dict[str, str], dtype: torch.dtype = torch.float64, **over
 
 
 def randomize(module: torch.nn.Module) -> None:
-    """Give norms non-trivial gains and biases so tests cannot pass on ones and zeros."""
+    """Give norms non-trivial gains and biases so tests cannot pass on ones and zeros; a matrix that starts at
+    zero (hyper-connections' dynamic weights) is drawn too, or the scalars that multiply it get no gradient."""
     with torch.no_grad():
         for _name, p in module.named_parameters():
             if p.ndim == 1:
                 p.add_(0.1 * torch.randn_like(p))
+            elif not p.any():
+                p.normal_(0, 0.1)
 
 
 #: Model-level contract tests: a 2-layer model over a 32-token vocabulary.

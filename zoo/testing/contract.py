@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from einops import repeat
 from torch import nn
 
 from zoo.assembly.spec import resolve_block
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
+from zoo.parts.residuals import Hyper, Residual
 from zoo.parts.state import LayerState
 from zoo.testing.combos import block_config, build, combo_id, context_of, has_part, randomize
 
@@ -421,3 +423,58 @@ def padding(s: Subject) -> None:
     y_changed = s.block()(changed, key_mask=s.key_mask)
     for i, pad in enumerate(PADS):
         close(y_changed[i, pad:], y[i, pad:], 1e-12, f"sample {i}: changing its {pad} padded positions")
+
+
+def residual_of(block: nn.Module) -> Residual:
+    """The block's residual part (``block.residual``)."""
+    return next(m for m in block.modules() if isinstance(m, Residual))
+
+
+@prop("hyper-connections mix the streams, doubly stochastic under Sinkhorn")
+def stream_mixing(s: Subject) -> str | None:
+    residual = residual_of(s.block())
+    if not isinstance(residual, Hyper):
+        return "not applicable: one residual stream"
+    n = residual.n_streams
+    streams = torch.randn(B, T, n, D, dtype=torch.float64)
+    nothing = torch.zeros(B, T, D, dtype=torch.float64)
+    linear = torch.randn(D, D, dtype=torch.float64)
+    for i in range(residual.n_updates):
+        read, mix, write = residual.weights(streams, i)
+        if residual.sinkhorn_iters:
+            for dim, what in ((-1, "row"), (-2, "column")):
+                worst = float((mix.sum(dim=dim) - 1).abs().max())
+                assert worst <= 1e-4, (
+                    f"term {i}: a {what} of the mixing matrix sums to 1 {worst:+.2e} off (1e-4 allowed)"
+                )
+        mixed = torch.einsum("...jk,...jd->...kd", mix, streams)  # stream k <- sum_j mix[j, k] H_j
+        close(residual.update(streams, i, lambda h: nothing), mixed, 1e-12, f"term {i}: the streams with a zero branch")
+        h = torch.einsum("...j,...jd->...d", read, streams)
+        written = torch.einsum("...k,...d->...kd", write, h @ linear)
+        got = residual.update(streams, i, lambda h: h @ linear)
+        close(got, mixed + written, 1e-12, f"term {i}: the streams after a linear branch (read, then written)")
+    return None
+
+
+@prop("at its initial values the residual equals add")
+def initial_residual(s: Subject) -> str | None:
+    if s.cfg["residual"]["name"] == "add":
+        return "not applicable: add itself"
+    block = s.build()
+    residual = residual_of(block)
+    if getattr(residual, "sinkhorn_iters", 0):
+        return "not applicable: mHC's constrained read cannot be one-hot (sigmoid)"
+    residual.reset_parameters()
+    plain = s.build(residual="add")
+    missing, unexpected = plain.load_state_dict(block.state_dict(), strict=False)
+    assert not missing and all(".residual." in f".{k}" for k in unexpected), (missing, unexpected)
+    expected = plain(s.x)
+    if residual.streams == 1:
+        close(block(s.x), expected, 0.0, "the block at its initial values")
+        return None
+    inner = block.block if hasattr(block, "pos_embed") and hasattr(block, "block") else block
+    x = s.x if inner is block else block.pos_embed(s.x, torch.arange(T))
+    streams = inner(repeat(x, "b t d -> b t n d", n=residual.streams))
+    for k in range(residual.streams):  # 1e-12: under parallel, x + (a + b) where add's own sum is (x + a) + b
+        close(streams[:, :, k], expected, 1e-12, f"stream {k} of the block at its initial values")
+    return None

@@ -1,0 +1,316 @@
+"""block.residual: add (the default, old configs unchanged), scaled and hyper (hyper-connections, mHC) against
+their papers' equations written out by hand, their initial values, the stack's streams, refusals, the contract's
+grid, and what optimizers, μP and the FLOP count make of them."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from zoo import ConfigError, build_block, check_combination
+from zoo.assembly.combinations import choices, combinations, combo_id, default, paired_choices
+from zoo.core.registry import AXES, RESIDUALS
+from zoo.models.config import layer_specs
+from zoo.models.language import LanguageModel, build_model
+from zoo.parts.residuals import Hyper, sinkhorn
+
+D = 16
+BLOCK = {"d_model": D, "n_heads": 4, "d_ff": 24, "placement": "pre", "norm": "rmsnorm", "attn": "mha", "pos": "none",
+         "mlp": "gelu"}  # fmt: skip
+
+
+def specs(block: dict, n_layers: int = 2) -> list:
+    return layer_specs(block, n_layers, None, "model.layers")
+
+
+def hyper(n_updates: int = 1, layer: int = 0, d: int = 3, **options) -> Hyper:
+    from zoo.core.dims import BlockDims
+
+    return Hyper(BlockDims(d_model=d, n_heads=1), n_updates, layer, **options).double()
+
+
+def set_weights(module: Hyper, read, mix, write) -> None:
+    with torch.no_grad():
+        module.read.copy_(torch.tensor(read, dtype=torch.float64).flatten())
+        module.mix.copy_(torch.tensor(mix, dtype=torch.float64).flatten())
+        module.write.copy_(torch.tensor(write, dtype=torch.float64).flatten())
+
+
+# -- the equations, by hand ---------------------------------------------------------------------------
+
+
+def test_static_hyper_connection_follows_the_paper_by_hand():
+    """Zhu et al. 2024, eq. (static): h = A_m^T H, H' = A_r^T H + B^T u(h), two streams of 3 features."""
+    module = hyper(n_streams=2)
+    set_weights(module, read=[0.25, 0.75], mix=[[0.5, 2.0], [1.0, -1.0]], write=[3.0, -0.5])
+    H = torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.0, 4.0]], dtype=torch.float64)[None, None]  # (1, 1, 2, 3)
+    h = [0.25 * 1 + 0.75 * -1, 0.25 * 2 + 0.75 * 0, 0.25 * 3 + 0.75 * 4]  # [-0.5, 0.5, 3.75]
+    u = [2 * v for v in h]  # the branch: u(h) = 2 h
+    new0 = [0.5 * 1 + 1.0 * -1 + 3.0 * u[0], 0.5 * 2 + 1.0 * 0 + 3.0 * u[1], 0.5 * 3 + 1.0 * 4 + 3.0 * u[2]]
+    new1 = [2.0 * 1 - 1.0 * -1 - 0.5 * u[0], 2.0 * 2 - 1.0 * 0 - 0.5 * u[1], 2.0 * 3 - 1.0 * 4 - 0.5 * u[2]]
+    got = module.update(H, 0, lambda x: 2 * x)
+    torch.testing.assert_close(got[0, 0], torch.tensor([new0, new1], dtype=torch.float64), rtol=0, atol=1e-15)
+
+
+def test_dynamic_hyper_connection_follows_the_paper_by_hand():
+    """Dynamic weights: each stream j adds s tanh(norm(H_j) W) to its read weight, its write weight and its
+    row of the mixing matrix (s_alpha for read and mix, s_beta for write)."""
+    module = hyper(n_streams=2, dynamic=True)
+    set_weights(module, read=[1.0, 0.0], mix=[[1.0, 0.0], [0.0, 1.0]], write=[1.0, 1.0])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        module.dynamic_weight.normal_()
+        module.alpha_scale.fill_(0.3)
+        module.beta_scale.fill_(-0.2)
+    H = torch.randn(1, 1, 2, 3, dtype=torch.float64)
+    W = module.dynamic_weight[0].detach()  # (4, 3): read, write, mix row
+    read, write, mix = [], [], []
+    for j in range(2):
+        stream = H[0, 0, j]
+        normed = stream / torch.sqrt((stream**2).mean() + torch.finfo(torch.float64).eps)
+        z = torch.tanh(W @ normed)
+        read.append(float([1.0, 0.0][j] + 0.3 * z[0]))
+        write.append(float(1.0 + -0.2 * z[1]))
+        mix.append([float([[1.0, 0.0], [0.0, 1.0]][j][k] + 0.3 * z[2 + k]) for k in range(2)])
+    h = read[0] * H[0, 0, 0] + read[1] * H[0, 0, 1]
+    expected = torch.stack(
+        [mix[0][k] * H[0, 0, 0] + mix[1][k] * H[0, 0, 1] + write[k] * torch.sin(h) for k in range(2)]
+    )
+    torch.testing.assert_close(module.update(H, 0, torch.sin)[0, 0], expected, rtol=0, atol=1e-12)
+
+
+def reference_sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
+    """x-transformers' sinkhorn (HyperConnection, hyper_conn_sinkhorn_iters): a softmax over rows' entries of each
+    column, then alternately each row and each column divided by its sum."""
+    m = logits.softmax(dim=-2)
+    for _ in range(iters):
+        m = F.normalize(m, p=1, dim=-1)
+        m = F.normalize(m, p=1, dim=-2)
+    return m
+
+
+def test_sinkhorn_reaches_the_doubly_stochastic_scaling_the_reference_reaches():
+    """Both scale exp(logits) to the one doubly stochastic matrix D1 exp(L) D2 (Sinkhorn's theorem)."""
+    torch.manual_seed(1)
+    logits = torch.randn(5, 4, 4, dtype=torch.float64) * 2
+    ours, theirs = sinkhorn(logits, 200), reference_sinkhorn(logits, 200)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
+    for dim in (-1, -2):
+        torch.testing.assert_close(ours.sum(dim), torch.ones(5, 4, dtype=torch.float64), rtol=0, atol=1e-8)
+    ratio = ours / torch.exp(logits)  # D1 exp(L) D2: the ratio has rank one per matrix
+    assert torch.linalg.matrix_rank(ratio).eq(1).all()
+
+
+def test_mhc_constrains_read_write_and_mix_as_the_paper():
+    """mHC: read = sigmoid(logits), write = 2 sigmoid(logits), mix = Sinkhorn(exp(logits)) of 20 iterations."""
+    module = hyper(n_streams=3, sinkhorn_iters=20)
+    read, mix, write = [0.5, -1.0, 2.0], [[1.0, 0.2, -0.3], [0.0, 2.0, 0.1], [0.4, -0.5, 0.9]], [0.0, 1.0, -2.0]
+    set_weights(module, read, mix, write)
+    H = torch.randn(2, 3, 3, 3, dtype=torch.float64)
+    got_read, got_mix, got_write = module.weights(H, 0)
+    as_tensor = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    torch.testing.assert_close(got_read, torch.sigmoid(as_tensor(read)), rtol=0, atol=0)
+    torch.testing.assert_close(got_write, 2 * torch.sigmoid(as_tensor(write)), rtol=0, atol=0)
+    torch.testing.assert_close(got_mix, sinkhorn(as_tensor(mix), 20), rtol=0, atol=0)
+    assert (got_mix.sum(-1) - 1).abs().max() < 1e-4 and (got_mix.sum(-2) - 1).abs().max() < 1e-12
+
+
+# -- initial values -----------------------------------------------------------------------------------
+
+
+def test_hyper_starts_at_the_papers_values_and_the_model_init_keeps_them():
+    """read = e_(i mod n) for the i-th term over the stack, mix = I, write = 1; init_stack draws none of them,
+    and the dynamic weights start at 0 with scales 0.01."""
+    torch.manual_seed(0)
+    model = build_model({"block": {**BLOCK, "residual": {"name": "hyper", "n_streams": 3, "dynamic": True}},
+                         "model": {"vocab_size": 11, "n_layers": 2}})  # fmt: skip
+    for layer, block in enumerate(model.blocks):
+        r = block.residual
+        reads = r.read.view(2, 3)
+        for i in range(2):
+            assert reads[i].tolist() == F.one_hot(torch.tensor((2 * layer + i) % 3), 3).float().tolist()
+        assert torch.equal(r.mix.view(2, 3, 3), torch.eye(3).expand(2, 3, 3))
+        assert r.write.eq(1).all() and r.dynamic_weight.eq(0).all() and r.alpha_scale.eq(0.01).all()
+    with torch.no_grad():
+        model.blocks[0].residual.mix.add_(1.0)
+    model.reset_parameters()
+    assert torch.equal(model.blocks[0].residual.mix.view(2, 3, 3), torch.eye(3).expand(2, 3, 3))
+
+
+@pytest.mark.parametrize("residual", ["scaled", "hyper", {"name": "hyper", "dynamic": True}])
+@pytest.mark.parametrize("placement", ["pre", "sandwich", "parallel"])
+def test_at_init_a_model_equals_add(residual, placement):
+    """scaled: the logits to the bit. hyper: every stream equals add's stream, so the final norm reads n times
+    add's stream (the logits then differ only by the norm's eps, large beside init's small stream)."""
+    block = {**BLOCK, "placement": placement, "pos": "learned", "max_len": 8}
+    models, streams = [], []
+    for choice in ("add", residual):
+        torch.manual_seed(3)
+        model = LanguageModel(specs({**block, "residual": choice}), 13).double()
+        model.final_norm.register_forward_pre_hook(lambda m, args: streams.append(args[0]))
+        models.append(model)
+    ids = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(0))
+    plain, other = (m(ids) for m in models)
+    if residual == "scaled":
+        torch.testing.assert_close(other, plain, rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(streams[1], 4 * streams[0], rtol=1e-12, atol=1e-14)
+
+
+def test_mhc_at_init_keeps_equal_streams_equal():
+    """What holds for mHC at init: the mixing matrix is doubly stochastic, so streams that are equal stay equal
+    (each is x + u(c x) with c = the sum of the sigmoid read weights)."""
+    block = build_block({**BLOCK, "residual": {"name": "hyper", "sinkhorn_iters": 20}}).double()
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    streams = block(x[:, :, None].expand(2, 5, 4, D).contiguous())
+    for k in range(1, 4):
+        torch.testing.assert_close(streams[:, :, k], streams[:, :, 0], rtol=0, atol=1e-12)
+
+
+# -- the stack, configs, refusals ---------------------------------------------------------------------
+
+
+def test_the_stack_expands_the_embedding_into_the_streams_and_sums_them_before_the_final_norm():
+    torch.manual_seed(0)
+    model = LanguageModel(specs({**BLOCK, "residual": "hyper"}), 11).double()
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    model.final_norm.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    ids = torch.randint(0, 11, (2, 5))
+    model(ids)
+    embedded = model.embed(ids)
+    assert seen[0].shape == (2, 5, 4, D) and all(torch.equal(seen[0][:, :, k], embedded) for k in range(4))
+    streams = model.blocks[1](model.blocks[0](seen[0]))
+    torch.testing.assert_close(seen[1], streams.sum(dim=2), rtol=0, atol=0)
+
+
+def test_scaled_blocks_get_the_embedding_output_after_positions():
+    torch.manual_seed(0)
+    model = LanguageModel(specs({**BLOCK, "residual": "scaled", "pos": "learned", "max_len": 8}), 11)
+    seen = []
+    model.blocks[1].register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["x0"]), with_kwargs=True)
+    ids = torch.randint(0, 11, (2, 5))
+    model(ids)
+    torch.testing.assert_close(seen[0], model.pos_embed(model.embed(ids), torch.arange(5)), rtol=0, atol=0)
+
+
+def test_every_layer_of_a_stack_keeps_as_many_streams():
+    cfg = {"block": {**BLOCK, "residual": "hyper"}, "model": {"vocab_size": 11, "n_layers": 2,
+           "layers": {1: {"residual": "scaled"}}}}  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        build_model(cfg)
+    assert error.value.field == "model.layers.1.residual" and "residual stream" in str(error.value)
+    cfg["model"]["layers"] = {1: {"residual": {"name": "hyper", "dynamic": True}}}  # the same 4 streams
+    build_model(cfg)
+
+
+def test_post_norm_beside_hyper_is_refused_by_name_before_any_tensor_work():
+    reason = check_combination({**BLOCK, "placement": "post", "residual": "hyper"})
+    assert "block.residual.name='hyper'" in reason and "use placement=pre|sandwich|parallel" in reason
+    assert "residual=add|scaled with placement=post" in reason
+    assert check_combination({**BLOCK, "placement": "post", "residual": "scaled"}) is None
+
+
+@pytest.mark.parametrize(("option", "value"), [("n_streams", 0), ("sinkhorn_iters", -1), ("dynamic", "yes")])
+def test_bad_hyper_options_name_the_field(option, value):
+    with pytest.raises(ConfigError) as error:
+        build_block({**BLOCK, "residual": {"name": "hyper", option: value}})
+    assert error.value.field == f"block.residual.{option}"
+
+
+def test_a_config_without_the_axis_builds_add_and_keeps_its_hash():
+    """Block configs from before the axis have no residual; the default config's hash does not name it."""
+    from helpers import tiny
+
+    from zoo.lab.records.config import config_hash, semantic_config
+
+    torch.manual_seed(0)
+    old = build_block(BLOCK)
+    torch.manual_seed(0)
+    new = build_block({**BLOCK, "residual": "add"})
+    assert old.state_dict().keys() == new.state_dict().keys()
+    x = torch.randn(2, 5, D)
+    torch.testing.assert_close(old(x), new(x), rtol=0, atol=0)
+    recorded = {(): "0a7575235f9168ae", ("attn=gqa",): "0a03979dc78d43b5"}  # computed before the axis
+    for overrides, digest in recorded.items():
+        config = tiny(*overrides)
+        assert config["block"]["residual"] == {"name": "add"} and "residual" not in semantic_config(config)["block"]
+        assert config_hash(config) == config_hash(tiny(*overrides, "residual=add")) == digest
+    changed = {config_hash(tiny("residual=scaled")), config_hash(tiny("residual=hyper")),
+               config_hash(tiny("residual=hyper", "block.residual.sinkhorn_iters=20"))}  # fmt: skip
+    assert len(changed | {recorded[()]}) == 4
+
+
+# -- the contract's grid ------------------------------------------------------------------------------
+
+
+def test_the_residual_pairs_with_every_choice_instead_of_multiplying_the_product():
+    assert RESIDUALS.paired and default("residual") == "add"
+    combos = combinations()
+    product = [a for a in AXES if not AXES[a].paired]
+    plain = [c for c in combos if c["residual"] == "add"]
+    expected = {tuple(names) for names in itertools.product(*(AXES[a].names() for a in product))}
+    assert expected <= {tuple(c[a] for a in product) for c in plain}
+    assert len(combos) < 1.1 * len(plain)  # the axis adds pairs, not a factor of 3
+    base = {axis: AXES[axis].names()[0] for axis in product} | {"residual": "add"}
+    for label in paired_choices("residual"):
+        wanted = [{**base, "residual": label}] + [
+            {**base, "residual": label, other: choice} for other in product for choice in choices(other)
+        ]
+        got = {combo_id(c) for c in combos if c["residual"] == label}
+        assert got == {combo_id(c) for c in wanted}, label
+    assert set(paired_choices("residual")) == {"scaled", "hyper", "hyper+mhc", "hyper+dynamic"}
+    assert combo_id({**base}) == "-".join(base[a] for a in product)  # add leaves ids as they were
+    assert combo_id({**base, "residual": "hyper"}).endswith("-hyper")
+
+
+# -- optimizers, μP, counts and FLOPs -----------------------------------------------------------------
+
+
+def hyper_model(**options) -> LanguageModel:
+    torch.manual_seed(0)
+    return LanguageModel(specs({**BLOCK, "residual": {"name": "hyper", **options}}), 11)
+
+
+def test_muon_gives_the_residual_weights_adamw_and_mup_treats_them_as_fixed_or_output():
+    from zoo.assembly import mup
+    from zoo.lab.recipe.muon import treatments
+
+    model = hyper_model(dynamic=True)
+    found = treatments(model)
+    for name in ("read", "mix", "write", "alpha_scale", "dynamic_weight"):
+        assert found[f"blocks.0.residual.{name}"].kind == "adamw", name
+    assert found["blocks.0.attn.out.weight"].kind != "adamw"
+
+    def build(width: int) -> LanguageModel:
+        return LanguageModel(specs({**BLOCK, "d_model": width, "residual": {"name": "hyper",
+                                          "dynamic": True}}), 11)  # fmt: skip
+
+    roles = {name: s.role for name, s in mup.infer(build, 32, 16).scalings.items()}
+    assert roles["blocks.0.residual.mix"] == roles["blocks.0.residual.read"] == "fixed"
+    assert roles["blocks.0.residual.dynamic_weight"] == "output"  # d_model in, n + 2 out
+
+
+def test_parameter_counts_name_the_residual_only_when_it_has_parameters():
+    torch.manual_seed(0)
+    plain = LanguageModel(specs(BLOCK), 11)
+    assert "residual" not in plain.parameter_counts()
+    counts = hyper_model().parameter_counts()
+    assert counts["residual"] == 2 * 2 * (4 + 16 + 4)  # 2 layers x 2 terms x (read, mix, write)
+    assert counts["total"] == plain.parameter_counts()["total"] + counts["residual"]
+
+
+@pytest.mark.parametrize(("options", "extra"), [({}, 0), ({"dynamic": True, "sinkhorn_iters": 20}, 1)])
+def test_flops_per_token_count_the_stream_mixing(options, extra):
+    torch.manual_seed(0)
+    plain = LanguageModel(specs(BLOCK), 11)
+    model = hyper_model(**options)
+    n, terms = 4, 4  # 2 layers x 2 terms
+    residual_params = model.parameter_counts()["residual"]
+    mixing = 3 * terms * (2 * n * n * D + 4 * n * D)
+    if extra:
+        mixing += 3 * terms * (2 * (n - 1) * (n + 2) * D + 4 * n * n * 20)
+    assert model.flops_per_token(8) == plain.flops_per_token(8) + 6 * residual_params + mixing
+    scaled = LanguageModel(specs({**BLOCK, "residual": "scaled"}), 11)
+    assert scaled.flops_per_token(8) == plain.flops_per_token(8) + 6 * 4 + 2 * 9 * D
