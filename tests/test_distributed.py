@@ -38,6 +38,8 @@ def test_two_and_four_processes_match_one_and_a_checkpoint_reshards(tmp_path):
             ("train", {"dp_shard": 2, "compile": True}),  # compile on (aot_eager) = off
             ("train", {"dp_shard": 2, "ac": True}),  # activation checkpointing on = off
             ("train", {"tp": 2, "ac": True, "norm": "layernorm", "placement": "sandwich", "pos": "alibi"}),
+            ("train", {"tp": 2, "residual": "scaled"}),  # x0 cut as the stream; replicated scalars' gradients summed
+            ("train", {"tp": 2, "residual": "hyper"}),  # 4 streams sharded on the sequence
             ("mup_ddp", ()),  # param=mup under DDP = one process over the whole batch
             ("generate", (2,)),  # cached generation, each rank its heads' cache
             ("dcp_save", (str(folder),)),  # written by FSDP2 over 2 processes

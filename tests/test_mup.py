@@ -53,6 +53,10 @@ DOCUMENTED = [
     ("bottleneck", "mlp.squeeze.bias", "fixed"),
     ("bottleneck", "mlp.expand.weight", "input"),
     ("bottleneck", "mlp.gain", "fixed"),
+    (None, "residual.resid_lambda", "fixed"),  # residual=scaled: one scalar each
+    (None, "residual.x0_lambda", "fixed"),
+    *((None, f"residual.{name}", "fixed") for name in ("read", "mix", "write", "alpha_scale", "beta_scale")),
+    (None, "residual.dynamic_weight", "output"),  # hyper+dynamic: (terms, n + 2, d_model)
     (None, ".bias", "vector"),
 ]
 

@@ -124,7 +124,7 @@ def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     "static (learned) weights, plus s tanh(norm(H_j) W) per stream when dynamic; sinkhorn_iters > 0: read = "
     "sigmoid, write = 2 sigmoid, mix = Sinkhorn(exp) (doubly stochastic); the stack expands the embedding into "
     "the streams and sums them before the final norm",
-    reference="Zhu et al. 2024, Hyper-Connections, arXiv:2409.19606; Xie et al. 2025 (DeepSeek), mHC: "
+    reference="Zhu et al. 2024, Hyper-Connections, arXiv:2409.19606; DeepSeek-AI 2025, mHC: "
     "Manifold-Constrained Hyper-Connections, arXiv:2512.24880",
     variants={"mhc": {"sinkhorn_iters": 20}, "dynamic": {"dynamic": True}},
 )

@@ -109,9 +109,11 @@ def print_check(overrides: Sequence[str], context: str) -> int:
 
 
 def parse_grid(overrides: Sequence[str]) -> tuple[dict[str, list[str]], dict[str, Any]]:
-    """``AXIS=a,b`` restricts an axis; ``block.KEY=VALUE`` (or ``block.AXIS.OPTION=VALUE``) sets a value
+    """``AXIS=a,b`` restricts an axis (a paired axis, ``residual``, is at its default unless named);
+    ``block.KEY=VALUE`` (or ``block.AXIS.OPTION=VALUE``) sets a value
     (parsed as YAML) in every combination."""
-    names = {axis: registry.names() for axis, registry in AXES.items()}
+    names = {axis: [registry.default] if registry.paired and registry.default else registry.names()
+             for axis, registry in AXES.items()}  # fmt: skip
     block: dict[str, Any] = {}
     for item in overrides:
         key, sep, value = item.partition("=")
