@@ -118,7 +118,7 @@ def test_import_zoo_reads_no_torch_and_a_registry_brings_the_built_in_parts():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(sorted(["attn", "mlp", "norm", "placement", "pos"]))
+    assert done.stdout.strip() == str(sorted(["attn", "mlp", "norm", "placement", "pos", "residual"]))
 
 
 def answers_without_torch(module: str, function: str, argv: list[str]) -> tuple[bool, str]:

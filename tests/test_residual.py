@@ -314,3 +314,14 @@ def test_flops_per_token_count_the_stream_mixing(options, extra):
     assert model.flops_per_token(8) == plain.flops_per_token(8) + 6 * residual_params + mixing
     scaled = LanguageModel(specs({**BLOCK, "residual": "scaled"}), 11)
     assert scaled.flops_per_token(8) == plain.flops_per_token(8) + 6 * 4 + 2 * 9 * D
+
+
+@pytest.mark.parametrize("residual", ["scaled", "hyper"])
+def test_export_to_transformers_refuses_a_residual_other_than_add(residual):
+    from zoo.models.hf import target_for
+
+    llama = {**BLOCK, "attn": "gqa", "pos": "rotary", "mlp": "swiglu", "bias": False}
+    assert target_for(LanguageModel(specs(llama), 11))[0] == "LlamaForCausalLM"
+    with pytest.raises(ConfigError) as error:
+        target_for(LanguageModel(specs({**llama, "residual": residual}), 11))
+    assert error.value.field == "block.residual" and error.value.value == residual

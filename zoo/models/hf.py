@@ -89,6 +89,7 @@ def layer_shape(model: LanguageModel, i: int) -> Shape:
         bias=attn.qkv.bias is not None,
         max_len=model.pos_embed.weight.shape[0] if isinstance(model.pos_embed, LearnedEmbedding) else None,
         canon=block.canon_sites or "none",
+        residual=part_name("residual", block.residual) if block.residual is not None else "add",
     )
 
 
@@ -98,6 +99,7 @@ PLAIN_ATTENTION = [
     ("softcap", (None,), "no score softcap"),
     ("causal", (True,), "causal attention"),
     ("canon", ("none",), "no canon layers"),
+    ("residual", ("add",), "the plain residual addition (residual=add)"),
 ]
 #: Per target: (field, expected values, description) checks against a Shape.
 TARGETS: dict[str, list[tuple[str, tuple[Any, ...], str]]] = {

@@ -37,6 +37,7 @@ class Shape:
     bias: bool
     max_len: int | None
     canon: str = "none"  # block.canon
+    residual: str = "add"  # block.residual
 
 
 @dataclass(frozen=True)
