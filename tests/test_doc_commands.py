@@ -33,6 +33,9 @@ from zoo.lab.commands.sweep import sweep_argv, sweep_names
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "adding-a-part.md")]
 
 
+TINY = tiny_cli(steps=1, train__warmup_steps=0)  # one step: no warmup (a schedule refuses one past its decay)
+
+
 def shell_commands() -> list[tuple[str, str]]:
     """(page, command) for each command line in a ```bash block (continuations joined, comments cut)."""
     found = []
@@ -47,13 +50,45 @@ def shell_commands() -> list[tuple[str, str]]:
 
 
 def runs_as(command: str) -> tuple[str, ...]:
-    """What running ``command`` here executes: a ``zoo-train``/``zoo-sweep`` line's first grid point
-    of each key, its output folder left out (two pages showing one command run it once)."""
+    """What running ``command`` here executes: a ``zoo-train``/``zoo-sweep`` line's arguments with each
+    swept key at its first grid point (:func:`pinned`), its output folder left out (two pages showing
+    one command, or a sweep shown with the launcher ``zoo-sweep`` picks anyway, run it once)."""
     words = shlex.split(re.split(r" [|>] ", command.split("&& ")[-1])[0])
     if words[0] not in ("zoo-train", "zoo-sweep"):
         return (command,)
-    args = [first_value(a) if "=" in a else a for a in words[1:]]
-    return (words[0], *sorted(a for a in args if not a.startswith(("hydra.sweep.dir=", "hydra.run.dir="))))
+    args = [a for a in pinned(words[0], words[1:]) if words[0] != "zoo-sweep" or not a.startswith(LAUNCHER)]
+    return (words[0], *sorted(args))
+
+
+#: ``zoo-sweep``'s own launcher choice (joblib, as many runs at a time as the cores hold), when a page names it.
+LAUNCHER = ("hydra/launcher=joblib", "hydra.launcher.n_jobs=")
+
+
+def pinned(program: str, args: list[str]) -> list[str]:
+    """``args`` with every swept key at its first grid point, the sweep file's included, and a sweep's
+    learning-rate search cut to its first seed and first two rates (a search still, on fewer runs);
+    the output folder left out."""
+    kept = [first_value(a) if "=" in a else a for a in args]
+    kept = [a for a in kept if a.split("=")[0] not in TINY and not a.startswith("hydra.sweep.dir")]
+    kept = [a for a in kept if not a.startswith("hydra.run.dir")]
+    if program != "zoo-sweep":
+        return kept
+    sweep = yaml.safe_load((ROOT / "sweeps" / f"{args[0]}.yaml").read_text())
+    params = sweep["hydra"]["sweeper"]["params"]
+    if "ladder" in sweep:  # one width and one step: its grid point as an ordinary run (tests/test_ladder.py)
+        kept.append("ladder.steps=null")
+    given = {a.split("=")[0] for a in kept}
+    for key, values in params.items():
+        if key not in given:
+            value = AXES[key].names()[0] if key in AXES and "glob" in str(values) else str(values).split(",")[0]
+            kept.append(f"{key}={value}")
+    rates = next((yaml.safe_load(a.split("=", 1)[1]) for a in kept if a.startswith("tune.lr=")), None)
+    rates = rates or (sweep.get("tune") or {}).get("lr")
+    if rates:  # tune.lr searches each variant over rates x tune.seeds runs before the sweep's own
+        seeds = (sweep.get("tune") or {}).get("seeds") or [0]
+        kept = [a for a in kept if not a.startswith(("tune.lr=", "tune.seeds="))]
+        kept += [f"tune.lr=[{','.join(map(str, rates[:2]))}]", f"tune.seeds=[{seeds[0]}]"]
+    return kept
 
 
 def first_value(override: str) -> str:
@@ -74,25 +109,11 @@ def test_docs_show_the_main_commands():
     assert {"zoo-sweep", "zoo-train", "zoo-parts"} <= shown, shown
 
 
-TINY = tiny_cli(steps=1, train__warmup_steps=0)  # one step: no warmup (a schedule refuses one past its decay)
-
-
 def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str]) -> None:
     """Run the command in a subprocess at tiny sizes (the ``task.*`` ones its task has), one grid point
-    per swept key; every run must be ok."""
+    per swept key (:func:`pinned`); every run must be ok."""
     module = {"zoo-train": "zoo.train", "zoo-sweep": "zoo.lab.commands.sweep"}[program]
-    first = [first_value(a) if "=" in a else a for a in args]
-    kept = [a for a in first if a.split("=")[0] not in TINY and not a.startswith("hydra.sweep.dir")]
-    if program == "zoo-sweep":  # pin every key the sweep file sweeps to one value
-        sweep = yaml.safe_load((ROOT / "sweeps" / f"{args[0]}.yaml").read_text())
-        params = sweep["hydra"]["sweeper"]["params"]
-        if "ladder" in sweep:  # one width and one step: its grid point as an ordinary run (tests/test_ladder.py)
-            kept.append("ladder.steps=null")
-        given = {a.split("=")[0] for a in kept}
-        for key, values in params.items():
-            if key not in given:
-                value = AXES[key].names()[0] if key in AXES and "glob" in str(values) else str(values).split(",")[0]
-                kept.append(f"{key}={value}")
+    kept = pinned(program, args)
     tiny = [f"{k}={v}" for k, v in TINY.items() if not k.startswith("task.") or k.removeprefix("task.") in task_keys]
     layers = [int(m) for a in kept for m in re.findall(r"^\+?model\.layers\.(\d+)\.", a)]  # a layer's override
     if layers:  # as many layers as the highest overridden index needs
