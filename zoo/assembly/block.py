@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from zoo.core.channel import Channel
 from zoo.core.tp import Plan, prefixed
 from zoo.parts.canon import Canon, block_canon
 from zoo.parts.placements import Branch, Placement
@@ -68,6 +69,7 @@ class Block(nn.Module):
         positions: torch.Tensor | None = None,
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
+        channel: Channel | None = None,
     ) -> torch.Tensor:
         """x: (batch, time, d_model) -> (batch, time, d_model).
 
@@ -76,6 +78,7 @@ class Block(nn.Module):
         positions: (batch, time) per-sample position ids (left-padded batches); default: cache slots.
         memory: (batch, source, d_model) encoder output, for a block with cross-attention.
         memory_mask: (batch, source) bool, True at real source tokens.
+        channel: the stack's side channel, handed to the attention (zoo.core.channel); None: none.
         """
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"block input must be (batch, time, d_model={self.d_model}), got shape {tuple(x.shape)}")
@@ -83,7 +86,8 @@ class Block(nn.Module):
             raise ValueError("this block has no cross-attention (block.cross_attention=false) but got memory")
 
         def attend(h: torch.Tensor) -> torch.Tensor:
-            return self.attn(h, key_mask=key_mask, cache=cache, positions=positions)
+            side = {} if channel is None else {"channel": channel}
+            return self.attn(h, key_mask=key_mask, cache=cache, positions=positions, **side)
 
         branches = [attend, self.mlp] if not self.canon_sites else self.canon_branches(x, key_mask, cache, attend)
         if self.cross_attn is not None:
