@@ -239,3 +239,15 @@ def test_a_channel_names_what_nothing_wrote():
     channel.layer = 3
     with pytest.raises(KeyError, match=r"layer 3 reads side-channel entry 'first_values', which nothing wrote"):
         channel.read("first_values")
+
+
+def test_export_to_transformers_refuses_them_by_name():
+    from zoo.models.hf import to_hf_model
+
+    llama = {**BLOCK, "norm": "rmsnorm", "pos": "rotary", "mlp": "swiglu", "bias": False}
+    model = build_model({"block": {**llama, "attn": {"name": "gqa", "value_residual": "learned"}}})
+    with pytest.raises(ConfigError, match=r"block\.attn\.value_residual='learned'.*needs no value residual"):
+        to_hf_model(model)
+    model = build_model({"block": {**llama, "attn": "gqa"}, "model": {"value_embeddings": True}})
+    with pytest.raises(ConfigError, match=r"model\.value_embeddings=True.*needs no value embeddings"):
+        to_hf_model(model)

@@ -89,6 +89,8 @@ def layer_shape(model: LanguageModel, i: int) -> Shape:
         bias=attn.qkv.bias is not None,
         max_len=model.pos_embed.weight.shape[0] if isinstance(model.pos_embed, LearnedEmbedding) else None,
         canon=block.canon_sites or "none",
+        value_residual=attn.value_residual,
+        value_embeddings=model.value_embeds is not None,
     )
 
 
@@ -98,6 +100,8 @@ PLAIN_ATTENTION = [
     ("softcap", (None,), "no score softcap"),
     ("causal", (True,), "causal attention"),
     ("canon", ("none",), "no canon layers"),
+    ("value_residual", ("none",), "no value residual"),
+    ("value_embeddings", (False,), "no value embeddings"),
 ]
 #: Per target: (field, expected values, description) checks against a Shape.
 TARGETS: dict[str, list[tuple[str, tuple[Any, ...], str]]] = {
@@ -125,6 +129,8 @@ FIELDS = {
     "window": "block.attn.window",
     "softcap": "block.attn.softcap",
     "rotary_fraction": "block.pos.rotary_fraction",
+    "value_residual": "block.attn.value_residual",
+    "value_embeddings": "model.value_embeddings",
 }
 
 

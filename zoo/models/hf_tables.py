@@ -37,6 +37,8 @@ class Shape:
     bias: bool
     max_len: int | None
     canon: str = "none"  # block.canon
+    value_residual: str = "none"  # block.attn.value_residual
+    value_embeddings: bool = False  # model.value_embeddings
 
 
 @dataclass(frozen=True)
