@@ -213,3 +213,23 @@ def test_block_canon_at_none_leaves_existing_config_hashes_as_they_were():
         assert config_hash(tiny(*overrides, "block.canon=none")) == digest, overrides
     changed = {config_hash(tiny(f"block.canon={sites}")) for sites in ("a", "ac", "abcd")}
     assert len(changed | {recorded[()]}) == 4
+
+
+def test_value_residual_and_value_embeddings_off_leave_existing_config_hashes_as_they_were():
+    """block.attn.value_residual (none) and model.value_embeddings (false) are out of the hash at their defaults:
+    the hashes below were computed before the keys existed; set, each is a new run."""
+    from helpers import tiny
+
+    from zoo.lab.records.config import config_hash
+
+    recorded = {(): "0a7575235f9168ae", ("attn=gqa",): "0a03979dc78d43b5",
+                ("attn=gated_deltanet",): "a136122f0d36426a"}  # fmt: skip
+    for overrides, digest in recorded.items():
+        config = tiny(*overrides)
+        assert config["model"]["value_embeddings"] is False
+        assert config_hash(config) == digest, overrides
+        assert config_hash(tiny(*overrides, "model.value_embeddings=false")) == digest, overrides
+    assert tiny("attn=gqa")["block"]["attn"]["value_residual"] == "none"
+    changed = [tiny(key) for key in ("block.attn.value_residual=learned", "block.attn.value_residual=per_token",
+                                     "model.value_embeddings=true")]  # fmt: skip
+    assert len({config_hash(c) for c in changed} | {recorded[()]}) == 4

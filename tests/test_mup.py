@@ -36,6 +36,7 @@ DOCUMENTED = [
     ("linear+gated", "attn.gate.weight", "output"),  # one decay gate per head: (n_heads, d_model)
     ("linear+gated", "attn.gate.bias", "fixed"),
     (None, "attn.sink", "fixed"),  # one learned sink logit per head: (n_heads,)
+    (None, "attn.value_mix.lambdas", "fixed"),  # value residual's two scalars, on layers after the first
     *((f"{attn}+headgate", suffix, role) for attn in ("mha", "gqa", "mqa", "mla")
       for suffix, role in (("attn.gate.weight", "output"), ("attn.gate.bias", "fixed"))),  # one gate per head
     ("gated_deltanet", "attn.beta.weight", "output"),  # one rate per head: (n_heads, d_model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from zoo.core.channel import Channel
 from zoo.core.tp import Plan, prefixed
 from zoo.parts.canon import Canon, block_canon
 from zoo.parts.placements import Branch, Placement
@@ -78,6 +79,7 @@ class Block(nn.Module):
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
         x0: torch.Tensor | None = None,
+        channel: Channel | None = None,
     ) -> torch.Tensor:
         """x: (batch, time, d_model) -> (batch, time, d_model); a block of several residual streams
         (``streams``) also takes and returns them whole, (batch, time, streams, d_model), as a stack passes them.
@@ -89,6 +91,7 @@ class Block(nn.Module):
         memory_mask: (batch, source) bool, True at real source tokens.
         x0: (batch, time, d_model) the stack's embedding output, for a residual that re-injects it (``scaled``;
         None: the block's input).
+        channel: the stack's side channel, handed to the attention (zoo.core.channel); None: none.
         """
         streams = x.ndim == 4 and self.streams > 1 and x.shape[2] == self.streams
         if not (x.ndim == 3 or streams) or x.shape[-1] != self.d_model:
@@ -100,7 +103,8 @@ class Block(nn.Module):
             raise ValueError("this block has no cross-attention (block.cross_attention=false) but got memory")
 
         def attend(h: torch.Tensor) -> torch.Tensor:
-            return self.attn(h, key_mask=key_mask, cache=cache, positions=positions)
+            side = {} if channel is None else {"channel": channel}
+            return self.attn(h, key_mask=key_mask, cache=cache, positions=positions, **side)
 
         branches = [attend, self.mlp] if not self.canon_sites else self.canon_branches(x, key_mask, cache, attend)
         if self.cross_attn is not None:

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
+from zoo.core.channel import ChannelUse
 from zoo.core.dims import BlockDims
 from zoo.core.options import option_defaults
 from zoo.core.registry import AXES
@@ -150,6 +151,9 @@ class AttentionHooks(PartHooks, Protocol):
     shares_block_norm: ClassVar[bool] = False
     #: Whether the built attention masks later tokens (False in encoder blocks); read on the module.
     causal: bool = True
+    #: Features of the values a value embedding adds to (``n_kv_heads * d_head``), read on the built module;
+    #: None (the default): the mixer takes no value embedding, and ``model.value_embeddings`` is refused by name.
+    value_width: int | None = None
 
     @classmethod
     def cross_attention(cls, dims: BlockDims, **options: Any) -> Callable[[], nn.Module] | None:
@@ -162,6 +166,14 @@ class AttentionHooks(PartHooks, Protocol):
         """Numbers one sample's decoding state holds after ``length`` tokens (the model contract checks
         the state's bytes against it)."""
         raise NotImplementedError
+
+    def join_channel(self, layer: int, provided: frozenset[str]) -> ChannelUse:
+        """Called once by the stack the built mixer sits in, before initialization: its layer index and the
+        side-channel entries the stack and the layers before it provide (zoo.core.channel). Returns what it
+        reads and writes; a mixer that uses the channel gets ``channel=`` in its forward, and may add the
+        parameters it needs here (value residual's weights on every layer after the first). The default:
+        it uses nothing, and its forward gets no channel. A mixer alone (outside a stack) is never told."""
+        return ChannelUse()
 
     def mixing_flops(self, seq_len: int) -> int | None:
         """Training FLOPs (forward + backward) per token of the mixing itself at context ``seq_len``: the

@@ -85,12 +85,13 @@ def residual_branches(blocks: Sequence[Block]) -> int:
 
 def component_of(name: str) -> str:
     """The component a parameter belongs to, from its name (``blocks.0.attn.qkv.weight`` -> attention;
-    ``mtp.*``, multi-token prediction's extra heads, -> mtp; ``*.residual.*``, ``block.residual``'s -> residual)."""
+    ``value_embeds.*``, value embedding tables, -> embedding; ``mtp.*``, multi-token prediction's extra
+    heads, -> mtp; ``*.residual.*``, ``block.residual``'s -> residual)."""
     if name.startswith("mtp."):
         return "mtp"
     if ".residual." in name:
         return "residual"
-    if name.startswith(("embed", "pos_embed", "head")) or ".pos_embed." in name:
+    if name.startswith(("embed", "pos_embed", "head", "value_embeds.")) or ".pos_embed." in name:
         return "embedding"
     if ".attn." in name or ".cross_attn." in name or ".canon.a." in name:  # canon site a: the attention's input
         return "attention"

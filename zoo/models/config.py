@@ -21,7 +21,7 @@ from zoo.models.stack import check_positions
 
 #: ``model`` keys and their defaults.
 MODEL_DEFAULTS: dict[str, Any] = {
-    "vocab_size": None, "n_layers": 4, "tie_embeddings": True, "layers": {}, "pattern": []
+    "vocab_size": None, "n_layers": 4, "tie_embeddings": True, "layers": {}, "pattern": [], "value_embeddings": False
 }  # fmt: skip
 #: ``model.vocab_size: null`` outside a run (a run takes its task's vocabulary: zoo.lab.planning.run_model): bytes.
 DEFAULT_VOCAB = 256
@@ -54,14 +54,15 @@ def positive_int(field: str, value: Any) -> int:
 
 def model_options(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The validated ``model`` section: vocab_size (null: :data:`DEFAULT_VOCAB`), n_layers, tie_embeddings,
-    layers, pattern."""
+    layers, pattern, value_embeddings."""
     options = section(raw, "model", MODEL_DEFAULTS)
     if options["vocab_size"] is None:
         options["vocab_size"] = DEFAULT_VOCAB
     positive_int("model.vocab_size", options["vocab_size"])
     positive_int("model.n_layers", options["n_layers"])
-    if not isinstance(options["tie_embeddings"], bool):
-        raise ConfigError("model.tie_embeddings", options["tie_embeddings"], "must be true or false")
+    for key in ("tie_embeddings", "value_embeddings"):
+        if not isinstance(options[key], bool):
+            raise ConfigError(f"model.{key}", options[key], "must be true or false")
     return options
 
 

@@ -90,6 +90,8 @@ def layer_shape(model: LanguageModel, i: int) -> Shape:
         max_len=model.pos_embed.weight.shape[0] if isinstance(model.pos_embed, LearnedEmbedding) else None,
         canon=block.canon_sites or "none",
         residual=part_name("residual", block.residual) if block.residual is not None else "add",
+        value_residual=attn.value_residual,
+        value_embeddings=model.value_embeds is not None,
     )
 
 
@@ -100,6 +102,8 @@ PLAIN_ATTENTION = [
     ("causal", (True,), "causal attention"),
     ("canon", ("none",), "no canon layers"),
     ("residual", ("add",), "the plain residual addition (residual=add)"),
+    ("value_residual", ("none",), "no value residual"),
+    ("value_embeddings", (False,), "no value embeddings"),
 ]
 #: Per target: (field, expected values, description) checks against a Shape.
 TARGETS: dict[str, list[tuple[str, tuple[Any, ...], str]]] = {
@@ -127,6 +131,8 @@ FIELDS = {
     "window": "block.attn.window",
     "softcap": "block.attn.softcap",
     "rotary_fraction": "block.pos.rotary_fraction",
+    "value_residual": "block.attn.value_residual",
+    "value_embeddings": "model.value_embeddings",
 }
 
 

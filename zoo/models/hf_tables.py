@@ -38,6 +38,8 @@ class Shape:
     max_len: int | None
     canon: str = "none"  # block.canon
     residual: str = "add"  # block.residual
+    value_residual: str = "none"  # block.attn.value_residual
+    value_embeddings: bool = False  # model.value_embeddings
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ class LanguageModel(TokenModel, Stack):
     :class:`zoo.models.stack.Stack` of blocks (positions, blocks, final norm), the LM head.
 
     Parameter names: ``embed``, ``pos_embed`` (``pos=learned`` only), ``blocks.{i}.*``, ``final_norm``
-    (when the last block's placement needs one), ``head`` (absent when tied to the embedding), ``mtp.*``
+    (when the last block's placement needs one), ``value_embeds.{i}`` (``model.value_embeddings``: a table
+    per layer), ``head`` (absent when tied to the embedding), ``mtp.*``
     (``objective=mtp``'s extra heads, zoo.models.mtp: run in a training forward only, their logits taken by
     :meth:`take_future_logits`; the forward returns the next-token logits alone).
     Initialization: :func:`init_stack`; under ``pos=sinusoidal`` the token embedding is drawn with std
@@ -39,16 +40,19 @@ class LanguageModel(TokenModel, Stack):
         n_layers: int | None = None,
         tie_embeddings: bool = True,
         objective: Objective | None = None,
+        value_embeddings: bool = False,
     ) -> None:
         """spec: one BlockSpec repeated ``n_layers`` times, or one BlockSpec per layer; ``objective``: the
-        training objective, whose extra heads (if any) the model owns (default: next-token prediction)."""
+        training objective, whose extra heads (if any) the model owns (default: next-token prediction);
+        ``value_embeddings``: a value embedding table per layer (``model.value_embeddings``, zoo.parts.values)."""
         specs = [spec] * (n_layers or 1) if isinstance(spec, BlockSpec) else list(spec)
         if n_layers is not None and len(specs) != n_layers:
             raise ConfigError("model.n_layers", n_layers, f"must match the {len(specs)} block specs given")
         if not specs or any(s.dims.d_model != specs[0].dims.d_model for s in specs):
             raise ConfigError("block.d_model", [s.dims.d_model for s in specs], "every layer needs the same d_model")
         d_model = specs[0].dims.d_model
-        super().__init__(specs, "model.layers", embed=nn.Embedding(vocab_size, d_model))
+        embed = nn.Embedding(vocab_size, d_model)
+        super().__init__(specs, "model.layers", embed=embed, value_embeddings=value_embeddings)
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
         self.mtp = (objective or objective_entry(None)).heads(specs[-1])  # None under next-token prediction
         self.reset_parameters()
@@ -87,7 +91,7 @@ class LanguageModel(TokenModel, Stack):
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids: (b, t) -> the final-normed residual stream (b, t, d_model); arguments as in forward."""
-        return Stack.forward(self, self.embed(ids), key_mask=key_mask, caches=caches, positions=positions)
+        return Stack.forward(self, self.embed(ids), key_mask=key_mask, caches=caches, positions=positions, ids=ids)
 
     def tp_plan(self, sequence_parallel: bool = True) -> Plan:
         """The model's tensor-parallel plan (``parallelize_module`` over the ``tp`` mesh dimension): the
@@ -174,7 +178,7 @@ class LanguageModel(TokenModel, Stack):
 
 def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpec] | None = None) -> LanguageModel:
     """A model from a config with a ``block`` section and a ``model`` section: ``vocab_size``,
-    ``n_layers``, ``tie_embeddings``, ``pattern`` (block overrides repeated over the depth,
+    ``n_layers``, ``tie_embeddings``, ``value_embeddings``, ``pattern`` (block overrides repeated over the depth,
     ``[{attn: gated_deltanet}, {}]``) and ``layers`` (per-layer block overrides on top, ``{3: {attn: mqa}}``);
     an ``objective`` section (``objective=mtp``) adds its extra heads.
     ``specs``: the layers' specs already resolved from this config (:func:`zoo.models.config.layer_specs`)."""
@@ -189,7 +193,13 @@ def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpe
             field = f"{where}.cross_attention"
             raise ConfigError(field, True, "a decoder-only model has no encoder memory; use zoo.build_seq2seq")
     objective = objective_entry(raw.get("objective"))  # objective=mtp: the extra heads (zoo.models.objectives)
-    return LanguageModel(specs, options["vocab_size"], tie_embeddings=options["tie_embeddings"], objective=objective)
+    return LanguageModel(
+        specs,
+        options["vocab_size"],
+        tie_embeddings=options["tie_embeddings"],
+        objective=objective,
+        value_embeddings=options["value_embeddings"],
+    )
 
 
 __all__ = ["LanguageModel", "build_model"]

@@ -170,6 +170,8 @@ def build_seq2seq(cfg: Mapping[str, Any] | DictConfig) -> Seq2SeqModel:
     """
     raw = to_dict(cfg)
     options = model_options(raw)
+    if options["value_embeddings"]:
+        raise ConfigError("model.value_embeddings", True, "false in an encoder-decoder: a decoder-only model's option")
     encoder = section(raw, "encoder", ENCODER_DEFAULTS)
     block = block_section(raw)
     d_model = resolve_block(block).dims.d_model  # errors in the shared block name block.*

@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec
+from zoo.core.channel import ENTRIES, Channel
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.tp import (
@@ -84,6 +85,49 @@ def position_embedding(specs: Sequence[BlockSpec], field: str = "model.layers") 
     return first["pos"].build(first.dims).embedding()
 
 
+def value_tables(blocks: Sequence[nn.Module], vocab_size: int, field: str) -> nn.ModuleList:
+    """One value embedding table per layer (``model.value_embeddings``): vocab_size x the layer's attention's
+    ``value_width``; a layer whose mixer takes none is a ConfigError naming ``{section}.value_embeddings``."""
+    tables = []
+    for i, block in enumerate(blocks):
+        width = hook(block.attn, "value_width")
+        if width is None:
+            raise ConfigError(
+                f"{field.rpartition('.')[0]}.value_embeddings",
+                True,
+                f"false here: layer {i}'s attention ({type(block.attn).__name__}) takes no value embedding; "
+                "softmax attention (mha, gqa, mqa) does",
+            )
+        tables.append(nn.Embedding(vocab_size, width))
+    return nn.ModuleList(tables)
+
+
+def join_channel(
+    blocks: Sequence[nn.Module], specs: Sequence[BlockSpec], field: str, stack_entries: frozenset[str], tables: bool
+) -> list[bool]:
+    """Tell each layer's mixer its index and the side-channel entries before it (the stack's ``stack_entries``,
+    ``value_embedding`` where it has a table, and what earlier layers write: zoo.core.channel); which layers use
+    the channel. A layer reading an entry nothing provides is a ConfigError naming the option that reads it
+    (``{field}.{i}.attn.value_residual``)."""
+    written, used = set(stack_entries), []
+    for i, (block, spec) in enumerate(zip(blocks, specs, strict=True)):
+        provided = frozenset(written | ({"value_embedding"} if tables else set()))
+        use = hook(block.attn, "join_channel")(i, provided)
+        for name, option in use.reads.items():
+            if name not in provided:
+                axis, _, key = option.partition(".")
+                value = spec[axis].options.get(key, spec[axis].part.name) if axis in spec.choices else None
+                raise ConfigError(
+                    f"{field}.{i}.{option}",
+                    value,
+                    f"reads the side channel's {name!r} ({ENTRIES.get(name, 'a plugin entry')}), which nothing "
+                    f"before layer {i} writes (written before it: {', '.join(sorted(written)) or 'none'})",
+                )
+        written |= use.writes
+        used.append(use.used)
+    return used
+
+
 class Stack(nn.Module):
     """Absolute positions added to its input (``pos_embed``, when the blocks' ``pos`` is learned or
     sinusoidal), blocks in turn, then ``final_norm`` where the last block's placement needs one.
@@ -96,10 +140,21 @@ class Stack(nn.Module):
     parameters come in the order embedding, positions, blocks, final norm.
 
     field: where the stack's per-layer overrides sit (``model.layers``, ``encoder.layers``), for errors.
+    ``value_embeddings`` (a stack owning its token embedding): a table per layer, ``value_embeds.{i}``, whose
+    rows for the tokens each layer's attention adds to its values (zoo.parts.values).
+
+    The side channel (zoo.core.channel): each mixer is told its layer and what the channel provides once built
+    (its ``join_channel`` hook); a forward makes one :class:`~zoo.core.channel.Channel` (with ``ids``, the tokens,
+    when given) and hands it to the mixers that use it, and none when none does.
     """
 
     def __init__(
-        self, specs: Sequence[BlockSpec], field: str = "model.layers", *, embed: nn.Embedding | None = None
+        self,
+        specs: Sequence[BlockSpec],
+        field: str = "model.layers",
+        *,
+        embed: nn.Embedding | None = None,
+        value_embeddings: bool = False,
     ) -> None:
         super().__init__()
         if embed is not None:
@@ -109,6 +164,12 @@ class Stack(nn.Module):
         self.streams = check_streams(specs, [f"{field}.{i}" for i in range(len(specs))])
         self.blocks = nn.ModuleList(build_block(s, context="model", layer=i) for i, s in enumerate(specs))
         self.final_norm = final_norm_for(specs[-1])
+        if value_embeddings and embed is None:
+            raise ValueError("value embeddings need a stack that owns its token embedding")
+        self.value_embeds = value_tables(self.blocks, embed.num_embeddings, field) if value_embeddings else None
+        stack_entries = frozenset({"ids"} if embed is not None else ())
+        #: Whether each layer's mixer uses the side channel.
+        self.channel_layers = join_channel(self.blocks, specs, field, stack_entries, value_embeddings)
         #: Activation checkpointing (train.activation_checkpointing): each block's activations are
         #: recomputed in backward (torch.utils.checkpoint) instead of kept.
         self.checkpoint_blocks = False
@@ -122,6 +183,7 @@ class Stack(nn.Module):
         positions: torch.Tensor | None = None,
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
+        ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(b, t, d_model) token embeddings -> the final-normed residual stream (b, t, d_model).
 
@@ -129,18 +191,24 @@ class Stack(nn.Module):
         caches: one LayerState per block, written in place.
         positions: (b, t) per-sample position ids (left-padded batches); default: cache slots.
         memory, memory_mask: the encoder's output and its mask, for blocks with cross-attention.
+        ids: (b, t) the tokens' ids, the side channel's ``ids`` (needed by value embeddings).
         """
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
+        if self.value_embeds is not None and ids is None:
+            raise ValueError("a stack with value embeddings needs the tokens' ids")
         x0 = x = self.add_positions(x, caches, positions)
         if self.streams > 1:  # hyper-connections: the embedding copied into every residual stream
             x = repeat(x, "b t d -> b t n d", n=self.streams)
+        channel = Channel(ids) if any(self.channel_layers) else None  # one per forward: the new tokens'
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
             inputs = {"key_mask": key_mask, "cache": cache, "positions": positions}
             inputs |= {"memory": memory, "memory_mask": memory_mask}
             if hook(block.residual, "uses_x0"):  # block.residual=scaled: the embedding output re-injected
                 inputs["x0"] = x0
+            if channel is not None and self.channel_layers[i]:
+                inputs["channel"] = self.channel_for(channel, i)
             if self.checkpoint_blocks and torch.is_grad_enabled():  # keep only each block's input for backward
                 x = checkpoint(block, x, use_reentrant=False, **inputs)
             else:
@@ -148,6 +216,12 @@ class Stack(nn.Module):
         if self.streams > 1:
             x = reduce(x, "b t n d -> b t d", "sum")
         return self.final_norm(x)
+
+    def channel_for(self, channel: Channel, layer: int) -> Channel:
+        """``layer``'s view of the forward's channel: with its value embedding's rows for the tokens, if any."""
+        if self.value_embeds is None:
+            return channel.at(layer)
+        return channel.at(layer, value_embedding=self.value_embeds[layer](channel.read("ids")))
 
     def add_positions(
         self, x: torch.Tensor, caches: list[LayerState] | None, positions: torch.Tensor | None
@@ -171,6 +245,8 @@ class Stack(nn.Module):
         (norms and dropout on each rank's tokens): cut at the first block, gathered whole after the
         final norm. Without it (cached generation, one token per step) every rank holds the whole stream.
         """
+        if self.value_embeds is not None:
+            raise ValueError("value embeddings have no tensor-parallel plan (model.value_embeddings: refused under tp)")
         plan: Plan = {}
         if self.pos_embed is not None:
             plan.update(prefixed("pos_embed", self.pos_embed.tp_plan(sequence_parallel)))

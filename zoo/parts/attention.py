@@ -14,6 +14,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
+from zoo.core.channel import Channel, ChannelUse
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
@@ -37,6 +38,7 @@ from zoo.parts.logits import masked_logits
 from zoo.parts.norms import build_norm
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState, query_slots
+from zoo.parts.values import ValueGate, ValueResidual, build_mix
 
 
 class KVCache(GrowingState):
@@ -109,6 +111,7 @@ OUTPUT_VARIANTS: dict[str, dict[str, Any]] = {
         "softcap": {"softcap": 2.0, "backend": "math"},
         "qknorm": {"qk_norm": "rmsnorm"},
         **OUTPUT_VARIANTS,
+        "vres": {"value_residual": "learned"},  # in a model: layer 1 mixes layer 0's values
     },
     n_kv_heads=None,
 )
@@ -133,7 +136,11 @@ class Attention(nn.Module):
     the output options of :mod:`zoo.parts.head_outputs`: ``gate`` (``headwise`` or ``elementwise``: heads'
     outputs times sigmoid(x W_g), parameter ``gate``), ``sink`` (``learned``: a logit per head in the
     softmax's denominator, parameter ``sink``) and ``xsa`` (each head's output less its component along
-    its own value).
+    its own value), and ``value_residual`` (in a stack: every layer after the first mixes layer 0's values into
+    its own, :mod:`zoo.parts.values`; parameter ``value_mix``).
+
+    In a stack (zoo.core.channel) the attention may also add a value embedding to its values
+    (``model.value_embeddings``; parameter ``value_gate``).
     """
 
     #: Built as ``Attention(dims, position, block_norm_options, ...)``: its qk-norm shares block.norm's options.
@@ -186,6 +193,12 @@ class Attention(nn.Module):
                 f"must divide block.n_heads={dims.n_heads} and the key/value heads (block.attn.n_kv_heads={kv}): "
                 "each rank holds whole groups of query heads with the key/value head they read",
             )
+        if options["value_residual"] != "none":
+            raise ConfigError(
+                "block.attn.value_residual",
+                options["value_residual"],
+                f"none under parallel.tp={tp}: its weights mix every key/value head, which no rank holds whole",
+            )
         qk_norm = options["qk_norm"]
         if qk_norm != "none" and not has_plan(NORMS.get(qk_norm).cls):
             raise ConfigError(
@@ -220,6 +233,7 @@ class Attention(nn.Module):
         gate: Gate = "none",
         sink: Sink = "none",
         xsa: bool = False,
+        value_residual: ValueResidual = "none",
     ) -> None:
         super().__init__()
         self.n_heads = dims.n_heads
@@ -244,6 +258,40 @@ class Attention(nn.Module):
         self.gate, self.sink, self.xsa = build_gate(gate, dims), build_sink(sink, self.n_heads), xsa
         self.output_options = {"gate": gate, "sink": sink, "xsa": xsa}
         self.canon = Canon(width, "b") if "b" in dims.canon_sites else None
+        self.dims, self.value_residual = dims, value_residual
+        self.value_width = self.n_kv_heads * self.d_head
+        #: Set by join_channel in a stack: whether it writes its values (layer 0 with value residual), the
+        #: mixing of layer 0's values into its own (later layers), the gate of its value embedding.
+        self.writes_first = False
+        self.value_mix: nn.Module | None = None
+        self.value_gate: ValueGate | None = None
+
+    def join_channel(self, layer: int, provided: frozenset[str]) -> ChannelUse:
+        """In a stack: a value embedding's gate where the stack provides one (``value_embedding``); with
+        ``value_residual``, layer 0 writes its values (``first_values``) and every later layer builds its
+        mixing and reads them."""
+        reads: dict[str, str] = {}
+        if "value_embedding" in provided:
+            self.value_gate = ValueGate(self.dims, self.n_kv_heads)
+            reads["value_embedding"] = "attn"
+        if self.value_residual == "none":
+            return ChannelUse(reads)
+        if layer == 0:
+            self.writes_first = True
+            return ChannelUse(reads, frozenset({"first_values"}))
+        self.value_mix = build_mix(self.value_residual, self.dims, self.n_kv_heads)
+        return ChannelUse({**reads, "first_values": "attn.value_residual"})
+
+    def side_values(self, v: torch.Tensor, x: torch.Tensor, channel: Channel) -> torch.Tensor:
+        """The new tokens' values v (b, g, t, d) with the value embedding added, then written (layer 0) or
+        mixed with layer 0's (value residual); x: the attention's input (b, t, d_model)."""
+        if self.value_gate is not None:
+            v = self.value_gate(v, channel.read("value_embedding"), x)
+        if self.writes_first:
+            channel.write("first_values", v)
+        elif self.value_mix is not None:
+            v = self.value_mix(v, channel.read("first_values"), x)
+        return v
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """``qkv``'s rows as the query, key and value matrices (:func:`split_qkv` of its row indices);
@@ -266,8 +314,10 @@ class Attention(nn.Module):
         return 6 * min(self.window if self.causal else 2 * self.window - 1, seq_len) * self.n_heads * self.d_head
 
     def extra_flops(self, seq_len: int) -> int:
-        """The output options' FLOPs per token (:func:`zoo.parts.head_outputs.output_flops`)."""
-        return output_flops(self.n_heads, self.n_kv_heads, self.d_head, **self.output_options)
+        """The output options' FLOPs per token (:func:`zoo.parts.head_outputs.output_flops`), and the value
+        embedding's gate and the value residual's mixing where the stack built them (zoo.parts.values)."""
+        values = sum(m.flops(self.value_width) for m in (self.value_gate, self.value_mix) if m is not None)
+        return output_flops(self.n_heads, self.n_kv_heads, self.d_head, **self.output_options) + values
 
     def project(
         self,
@@ -320,6 +370,7 @@ class Attention(nn.Module):
         key_mask: torch.Tensor | None = None,
         cache: LayerState | None = None,
         positions: torch.Tensor | None = None,
+        channel: Channel | None = None,
     ) -> torch.Tensor:
         """x: (b, t, d_model) -> (b, t, d_model).
 
@@ -328,12 +379,16 @@ class Attention(nn.Module):
             and the new ones are written into it.
         positions: (b, t) position ids per sample, for left-padded batches; by default the query at
             cache slot ``s`` has position ``s``. The causal mask always follows slots.
+        channel: the stack's side channel (zoo.core.channel), given when :meth:`join_channel` said it uses it:
+            the new tokens' values take their value embedding and value residual before they are cached.
         """
         time = x.shape[1]
         state = None if cache is None else cache.mixer_state(KVCache)
         slots = query_slots(state, time, x.device)  # absolute indices of the queries (t,)
         real = None if key_mask is None or self.canon is None else key_mask.index_select(1, slots).bool()
         q, k, v = self.project(x, slots if positions is None else positions, real, cache)
+        if channel is not None:
+            v = self.side_values(v, x, channel)
         own = v  # the values at the queries' own positions (XSA)
         k_positions = positions
         if state is not None:
@@ -410,6 +465,17 @@ ATTENTIONS.document(
     "(its key/value head's under GQA); after the sink, before the gate",
     cost="3 (3 n_kv_heads + 4 n_heads) d_head; no parameter",
     reference="Exclusive self-attention (XSA), arXiv:2603.09078",
+)
+ATTENTIONS.document(
+    "value_residual",
+    values="none, learned, per_token",
+    formula="in a stack, layer n > 0: v_n <- λ1 v_n + λ2 v_1 (learned: scalars per layer, init 0.5, 0.5), or "
+    "(1 - w) v_n + w v_1, w = sigmoid(x W_r + b_r) per token and key/value head (per_token); v_1 layer 0's values "
+    "(zoo.core.channel), before caching; layer 0 and a block alone unchanged",
+    cost="9 n_kv_heads d_head (learned), 3 (3 n_kv_heads d_head + n_kv_heads) beyond W_r's (per_token); "
+    "2 (learned) or (d_model + 1) n_kv_heads (per_token) parameters per layer after the first",
+    reference="Zhou et al. 2024, Value Residual Learning For Alleviating Attention Concentration In "
+    "Transformers (ResFormer), arXiv:2410.17897",
 )
 
 

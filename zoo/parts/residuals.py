@@ -49,9 +49,9 @@ class Residual(nn.Module):
     def reset_parameters(self) -> None:
         """Nothing to set."""
 
-    def matrix_blocks(self) -> None:
-        """Declares nothing: an optimizer that treats matrices whole (Muon) gives its scalars AdamW."""
-        return None
+    def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Nothing fused, and no matrix: its scalars and per-term rows are vectors (AdamW under Muon)."""
+        return {}
 
 
 @RESIDUALS.register(

@@ -28,6 +28,7 @@ from zoo.assembly.combinations import (  # the grid itself; re-exported for the 
     combo_id,
     covering_combinations,
     node,
+    paired_choices,
     pairwise_combinations,
 )
 from zoo.assembly.compat import check_combination
@@ -158,16 +159,18 @@ def make_model(
     dtype: torch.dtype = torch.float64,
     n_layers: int = 2,
     pattern: list[dict[str, Any]] | None = None,
+    value_embeddings: bool = False,
     **overrides: Any,
 ):
     """A tiny LanguageModel of ``combo`` with weights large enough that greedy tokens vary; with a
-    ``pattern`` (:data:`PATTERNS`), its layers take it over the depth (zoo.models.config.layer_specs)."""
+    ``pattern`` (:data:`PATTERNS`), its layers take it over the depth (zoo.models.config.layer_specs);
+    ``value_embeddings``: ``model.value_embeddings``."""
     from zoo.models.config import layer_specs
     from zoo.models.language import LanguageModel
 
     block = block_config(combo, **overrides)
     specs = layer_specs(block, n_layers, None, "model.layers", pattern)
-    model = LanguageModel(specs, VOCAB).to(dtype)
+    model = LanguageModel(specs, VOCAB, value_embeddings=value_embeddings).to(dtype)
     scramble(model)
     return model.eval()
 
