@@ -28,7 +28,7 @@ from zoo.assembly.combinations import (  # the grid itself; re-exported for the 
     combo_id,
     covering_combinations,
     node,
-    paired_choices,
+    paired_choices,  # noqa: F401  (re-exported for the contract's users)
     pairwise_combinations,
 )
 from zoo.assembly.compat import check_combination
