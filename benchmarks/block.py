@@ -8,6 +8,8 @@
     python benchmarks/block.py --moe                # also: mlp=moe (8 experts, top-2) vs per-expert loops and dense
     python benchmarks/block.py --outputs-only --d-model 128 --n-heads 4 --batch 8 --time 256
                                                     # tokens/s of a 2-layer model with each attention output option
+    python benchmarks/block.py --residuals-only --d-model 96 --n-heads 4 --batch 24 --time 64 --threads 1
+                                                    # tokens/s of the residual sweep's model with each residual option
     python benchmarks/block.py --device cuda --dtype bfloat16 --d-model 2048 --time 2048
 
 Peers come from the ``bench`` extra (``pip install -e ".[bench]"``); a missing peer is skipped.
@@ -247,31 +249,58 @@ OUTPUT_OPTIONS = {
 }
 
 
+#: The residual-stream options --residuals times (block.residual, the value residual, value embeddings), each
+#: against add, in the residual sweep's model (sweeps/residual.yaml: 4 layers, rotary, GELU, MHA).
+RESIDUAL_OPTIONS = {
+    "add": [],
+    "scaled": ["residual=scaled"],
+    "hyper (4 streams)": ["residual=hyper"],
+    "hyper, dynamic": ["residual=hyper", "block.residual.dynamic=true"],
+    "mHC (hyper, 20 Sinkhorn iterations)": ["residual=hyper", "block.residual.sinkhorn_iters=20"],
+    "value residual (learned)": ["block.attn.value_residual=learned"],
+    "value embeddings": ["model.value_embeddings=true"],
+}
+
+
 def run_outputs(args: argparse.Namespace) -> None:
-    """Training tokens/s (forward + backward over next-token logits) of a 2-layer llama model with each attention
-    output option against none, in one process, round-robin; beside each, its flops_per_token over none's."""
+    """The attention output options in a 2-layer llama model, each against none."""
+    base = ["preset=llama", "model.n_layers=2"]
+    time_options(args, "attention output options, 2-layer llama model", "block.attn", OUTPUT_OPTIONS, base)
+
+
+def run_residuals(args: argparse.Namespace) -> None:
+    """The residual-stream options in the residual sweep's 4-layer model, each against add."""
+    base = ["pos=rotary", "model.n_layers=4"]
+    time_options(args, "residual-stream options, the residual sweep's 4-layer model", "option", RESIDUAL_OPTIONS, base)
+
+
+def time_options(
+    args: argparse.Namespace, title: str, column: str, options: dict[str, list[str]], base: list[str]
+) -> None:
+    """Training tokens/s (forward + backward over next-token logits) of a model with each option against the
+    first, in one process, round-robin; beside each, its flops_per_token over the first's."""
     device, dtype = args.device, getattr(torch, args.dtype)
     ids = torch.randint(0, 256, (args.batch, args.time), device=device)
     steps, models = {}, {}
-    for name, chosen in OUTPUT_OPTIONS.items():
-        overrides = ["preset=llama", f"block.d_model={args.d_model}", f"block.n_heads={args.n_heads}", *chosen]
+    for name, chosen in options.items():
+        overrides = [*base, f"block.d_model={args.d_model}", f"block.n_heads={args.n_heads}", *chosen]
         torch.manual_seed(0)
-        model = zoo.build_model(zoo.compose([*overrides, "model.n_layers=2", "model.vocab_size=256"]))
+        model = zoo.build_model(zoo.compose([*overrides, "model.vocab_size=256"]))
         models[name] = model.to(device, dtype)
         steps[name] = fwd_bwd(model, ids, lambda tokens, m=model: m(tokens))
     seconds = time_interleaved(steps, device, args.repeats, warmup=2)
     tokens = args.batch * args.time
     print(
-        f"\nattention output options, 2-layer llama model, training forward+backward, {device} {args.dtype}, "
-        f"batch {args.batch}, T {args.time}, d_model {args.d_model}, {args.n_heads} heads, "
-        f"{torch.get_num_threads()} threads, median of {args.repeats}\n"
+        f"\n{title}, training forward+backward, {device} {args.dtype}, batch {args.batch}, T {args.time}, "
+        f"d_model {args.d_model}, {args.n_heads} heads, {torch.get_num_threads()} threads, median of {args.repeats}\n"
     )
-    print("| block.attn | parameters | tokens/s | tokens/s / none | flops_per_token / none |")
+    first = next(iter(options))
+    print(f"| {column} | parameters | tokens/s | tokens/s / {first} | flops_per_token / {first} |")
     print("|---|---:|---:|---:|---:|")
-    base_flops = models["none"].flops_per_token(args.time)
+    base_flops = models[first].flops_per_token(args.time)
     for name, model in models.items():
         rate, flops = tokens / seconds[name], model.flops_per_token(args.time) / base_flops
-        ratio = seconds["none"] / seconds[name]
+        ratio = seconds[first] / seconds[name]
         print(f"| {name} | {count(model):,} | {rate:,.0f} | {ratio:.3f} | {flops:.4f} |")
 
 
@@ -435,6 +464,7 @@ def main() -> None:
     parser.add_argument("--moe-only", action="store_true", help="time only mlp=moe (no block peers)")
     parser.add_argument("--outputs", action="store_true", help="also time the attention output options")
     parser.add_argument("--outputs-only", action="store_true", help="time only the attention output options")
+    parser.add_argument("--residuals-only", action="store_true", help="time only the residual-stream options")
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
@@ -451,6 +481,9 @@ def main() -> None:
         mixer_peak_child(args)
         return
     torch.manual_seed(0)
+    if args.residuals_only:
+        run_residuals(args)
+        return
     if not (args.moe_only or args.outputs_only):
         run_speed(args)
     if args.outputs or args.outputs_only:

@@ -341,3 +341,22 @@ def test_a_moe_run_balanced_by_bias_moves_the_bias_and_records_it_in_its_weights
         assert steps.abs().max() <= 4
     logged = [r for r in read_metrics(tmp_path) if r["kind"] == "train"]
     assert all(r["aux_balance"] > 0 for r in logged)
+
+
+def test_a_bias_balanced_run_resumed_from_its_checkpoint_equals_the_uninterrupted_one(tmp_path):
+    """The bias is state: killed after step 3 and run again, the run ends with the uninterrupted run's metrics
+    and weights (a bias left out of the checkpoint would route steps 4 to 8 otherwise). Step 3: this tiny
+    router's bias flips between 0 and +-bias_rate, so an even step's checkpoint could hold zeros."""
+    from helpers import tiny
+    from safetensors.torch import load_file
+    from test_run_contract import check_resume
+
+    from zoo.lab.training.run import run
+
+    options = ["mlp=moe", "block.mlp.n_experts=4", "block.mlp.balance=bias", "block.mlp.bias_rate=0.05"]
+    config = tiny(*options, "train.steps=8", "train.checkpoint_every=3", "train.keep_checkpoints=10")
+    whole = run(config, tmp_path / "whole")
+    assert whole["status"] == "ok", whole["error"]
+    saved = load_file(tmp_path / "whole" / "checkpoints" / "step_000003" / "model.safetensors")
+    assert all(saved[f"blocks.{i}.mlp.expert_bias"].abs().sum() > 0 for i in (0, 1))  # a bias to lose
+    check_resume(tmp_path / "whole", config, 3, tmp_path / "scratch")
