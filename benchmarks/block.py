@@ -259,6 +259,7 @@ RESIDUAL_OPTIONS = {
     "mHC (hyper, 20 Sinkhorn iterations)": ["residual=hyper", "block.residual.sinkhorn_iters=20"],
     "value residual (learned)": ["block.attn.value_residual=learned"],
     "value embeddings": ["model.value_embeddings=true"],
+    "add, again": [],  # the same model twice: how far apart equal work times here
 }
 
 
