@@ -27,6 +27,7 @@ from zoo.assembly.combinations import (  # the grid itself; re-exported for the 
     combinations,
     combo_id,
     covering_combinations,
+    default,
     node,
     paired_choices,  # noqa: F401  (re-exported for the contract's users)
     pairwise_combinations,
@@ -59,8 +60,10 @@ def every_combination(test: Any) -> Any:
 
 
 def block_config(combo: dict[str, str], **overrides: Any) -> dict[str, Any]:
-    """A plain-dict block config; ``attn`` overrides go in as ``attn={"backend": "math"}``."""
-    cfg: dict[str, Any] = {**TINY, **{axis: node(axis, label) for axis, label in combo.items()}}
+    """A plain-dict block config; ``attn`` overrides go in as ``attn={"backend": "math"}``. A paired axis the
+    combination leaves out (``residual``) takes its default, as a config without it does."""
+    left_out = {axis: node(axis, default(axis)) for axis in AXES if AXES[axis].paired and axis not in combo}
+    cfg: dict[str, Any] = {**TINY, **left_out, **{axis: node(axis, label) for axis, label in combo.items()}}
     cfg.update(block_settings(combo))  # a variant's block settings (pre+canon: block.canon)
     for key, value in overrides.items():
         if key in AXES:
