@@ -160,7 +160,7 @@ def plot_final(report: Report, path: Path) -> Figure:
         deltas += draw_difference(delta_ax, report, variant, y)
     if base_mean is not None:
         ax.axvline(base_mean, color="black", ls="--", lw=1, alpha=0.7, label=f"baseline {report.baseline_label}")
-        ax.legend(loc="lower right", fontsize="small")
+        fig.legend(loc="outside lower center", fontsize="small")  # below the axes: never over a variant's row
     delta_ax.axvline(0, color="black", ls="--", lw=1, alpha=0.7)
     ax.set_yticks(ys, labels, fontsize="small")
     ax.set_ylim(-0.7, n - 0.3)
