@@ -212,12 +212,12 @@ def test_a_model_draws_canon_kernels_as_the_reference_does_and_by_name():
 
 
 def test_a_model_with_canon_layers_has_no_transformers_counterpart():
-    from zoo.models.hf import target_for
+    from zoo.models.hf import family_for
 
     block = {"d_model": 16, "n_heads": 4, "canon": "ac", "placement": "pre", "norm": "rmsnorm", "attn": "mha",
              "pos": "rotary", "mlp": "swiglu"}  # fmt: skip
-    with pytest.raises(ConfigError, match=r"block.canon='ac'.*needs no canon layers"):
-        target_for(build_model({"block": block, "model": {"n_layers": 1, "vocab_size": 32}}))
+    with pytest.raises(ConfigError, match=r"block.canon='ac'.*needs block.canon='none'"):
+        family_for(build_model({"block": block, "model": {"n_layers": 1, "vocab_size": 32}}))
 
 
 def test_the_contract_variant_puts_canon_on_every_site_a_combination_takes():

@@ -8,8 +8,8 @@ import torch
 import zoo
 from zoo import build_model, compose
 from zoo.core.errors import ConfigError
-from zoo.models.hf import convert, layer_shape, to_hf_model
-from zoo.models.hf_tables import TABLES
+from zoo.models.hf import FAMILIES, to_hf_model
+from zoo.models.hf.weights import convert
 
 transformers = pytest.importorskip("transformers")  # installed by .ci/run (the hf extra)
 
@@ -79,15 +79,18 @@ def test_import_of_a_transformers_model_keeps_its_logits(kind):
 @pytest.mark.parametrize(
     ("overrides", "field", "part"),
     [
-        (["preset=llama", "placement=post"], "block.placement='post'", "LlamaForCausalLM, needs pre-norm blocks"),
+        (["preset=llama", "placement=post"], "block.placement='post'", "LlamaForCausalLM (llama), needs pre-norm"),
         (["preset=llama", "norm=scalenorm"], "block.norm='scalenorm'", "needs RMSNorm"),
         (["preset=llama", "pos=alibi"], "block.pos='alibi'", "needs rotary positions"),
         (["preset=llama", "block.pos.rotary_fraction=0.5"], "block.pos.rotary_fraction=0.5", "whole head"),
-        (["preset=llama", "block.attn.qk_norm=rmsnorm"], "block.attn.qk_norm='rmsnorm'", "needs no qk_norm"),
-        (["preset=gpt", "pos=learned", "attn=gqa"], "block.attn='gqa'", "GPT2LMHeadModel, needs multi-head"),
+        (["preset=llama", "block.attn.qk_norm=rmsnorm"], "block.attn.qk_norm='rmsnorm'", "qk_norm='none'"),
+        (["preset=gpt", "pos=learned", "attn=gqa"], "block.attn='gqa'", "GPT2LMHeadModel (gpt2), needs multi-head"),
         (["preset=gpt", "pos=learned", "block.bias=false"], "block.bias=False", "biases everywhere"),
         (["preset=gpt", "pos=sinusoidal"], "block.pos='sinusoidal'", "needs learned absolute positions"),
-        (["preset=llama", "block.attn.window=8"], "block.attn.window=8", "needs no sliding window"),
+        (["preset=llama", "block.attn.window=8"], "block.attn.window=8", "needs block.attn.window=None"),
+        (["preset=llama", "block.attn.xsa=true"], "block.attn.xsa=True", "needs block.attn.xsa=False"),
+        (["preset=llama", "block.attn.gate=headwise"], "block.attn.gate='headwise'", "needs block.attn.gate='none'"),
+        (["preset=llama", "block.attn.sink=learned"], "block.attn.sink='learned'", "needs block.attn.sink='none'"),
     ],
 )
 def test_a_combination_no_class_expresses_names_its_part(overrides, field, part, tmp_path):
@@ -99,7 +102,7 @@ def test_a_combination_no_class_expresses_names_its_part(overrides, field, part,
 
 def test_mixed_layers_and_tanh_gelu_are_refused(tmp_path):
     mixed = build_model(compose(["preset=llama", *SMALL, "+model.layers.1.attn=mha"]))
-    with pytest.raises(ConfigError, match=r"model.layers.1.attn='mha': transformers classes repeat one block"):
+    with pytest.raises(ConfigError, match=r"model.layers.1.attn='mha': .* needs every layer alike in block.attn"):
         zoo.to_hf(mixed, tmp_path)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64))
     with pytest.raises(ConfigError, match="activation_function='gelu_new': .*tanh approximation"):
@@ -120,19 +123,19 @@ def test_a_run_folder_exports(tmp_path):
         torch.testing.assert_close(theirs(IDS[:, :32]).logits, model(IDS[:, :32]), rtol=1e-5, atol=1e-5)
 
 
-#: Per transformers class, exportable models that between them hold every parameter its table maps.
+#: Per family, exportable models that between them hold every parameter its table maps.
 COVERING = {
-    "LlamaForCausalLM": [
+    "llama": [
         EXPORTABLE["llama (gqa, rmsnorm, rotary, swiglu, no bias, tied)"],
         EXPORTABLE["llama mha, bias, untied"],
     ],
-    "GPT2LMHeadModel": [EXPORTABLE["gpt2 (layernorm, learned, exact gelu)"], EXPORTABLE["gpt2 relu2 untied d_ff"]],
+    "gpt2": [EXPORTABLE["gpt2 (layernorm, learned, exact gelu)"], EXPORTABLE["gpt2 relu2 untied d_ff"]],
 }
 
 
-@pytest.mark.parametrize("name", list(TABLES))
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_each_table_maps_every_key_of_both_sides_and_every_entry_is_used(name):
-    table, used = TABLES[name], set()
+    table, used = FAMILIES[name].weights, set()
     for overrides in COVERING[name]:
         model = perturbed(overrides)
         theirs = to_hf_model(model)
@@ -146,12 +149,14 @@ def test_each_table_maps_every_key_of_both_sides_and_every_entry_is_used(name):
 
 def test_a_key_no_entry_maps_is_refused_by_name():
     model = perturbed(EXPORTABLE["llama (gqa, rmsnorm, rotary, swiglu, no bias, tied)"])
+    llama = FAMILIES["llama"]
+    table, geometries = llama.weights, llama.geometries(model)
     weights = {**model.state_dict(), "blocks.0.attn.q_norm.weight": torch.ones(8)}
-    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.q_norm\.weight: no entry of LlamaForCausalLM's table"):
-        convert(weights, "LlamaForCausalLM", layer_shape(model, 0), to="hf")
-    hf = convert(model.state_dict(), "LlamaForCausalLM", layer_shape(model, 0), to="hf")
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.q_norm\.weight: no entry of LlamaForCausalLM \(llama\)'s"):
+        convert(weights, table, geometries, to="hf", name=llama.title)
+    hf = convert(model.state_dict(), table, geometries, to="hf")
     del hf["model.layers.1.self_attn.k_proj.weight"]
     with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight: missing"):
-        convert(hf, "LlamaForCausalLM", layer_shape(model, 0), to="zoo")
+        convert(hf, table, geometries, to="zoo")
     with pytest.raises(ConfigError, match=r"^to='back': hf"):
-        convert(hf, "LlamaForCausalLM", layer_shape(model, 0), to="back")
+        convert(hf, table, geometries, to="back")

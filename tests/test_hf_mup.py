@@ -11,7 +11,9 @@ from omegaconf import OmegaConf
 import zoo
 from zoo import build_model, compose
 from zoo.lab.recipe.param import infer_for, parametrize
-from zoo.models.hf import CLASSES, convert, target_for
+from zoo.models.hf import family_for, to_hf_model
+from zoo.models.hf.family import model_settings
+from zoo.models.hf.weights import convert
 
 transformers = pytest.importorskip("transformers")  # installed by .ci/run (the hf extra)
 
@@ -64,9 +66,11 @@ def test_export_of_a_mup_model_keeps_the_logits(overrides, tmp_path):
 def test_without_the_fold_the_logits_differ(overrides):
     # The plain conversion (as before the fold) of the same weights: the multipliers are not 1.
     model = under_mup(overrides)
-    name, shape = target_for(model)
-    unfolded = getattr(transformers, name)(zoo.models.hf.hf_config(model, name, shape, tied=model.head is None))
-    unfolded.load_state_dict(convert(model.state_dict(), name, shape, to="hf"), strict=False)
+    family = family_for(model)
+    config = family.hf_config(model, model_settings(model)[0], model.head is None)
+    unfolded = getattr(transformers, family.hf_class)(config)
+    plain = convert(model.state_dict(), family.weights, family.geometries(model), to="hf")
+    unfolded.load_state_dict(plain, strict=False)
     if model.head is None:
         unfolded.tie_weights()
     with torch.no_grad():
@@ -81,7 +85,7 @@ def test_without_the_fold_the_logits_differ(overrides):
 def test_at_the_base_width_the_export_is_the_standard_one(tmp_path):
     model = under_mup(CASES["llama gqa (2 kv heads), tied"], base_width=64)
     assert model.logit_scale is None and all(block.attn.score_scale is None for block in model.blocks)
-    theirs = zoo.models.hf.to_hf_model(model)
-    assert type(theirs).__name__ == CLASSES["llama"] and theirs.config.tie_word_embeddings
+    theirs = to_hf_model(model)
+    assert type(theirs).__name__ == "LlamaForCausalLM" and theirs.config.tie_word_embeddings
     with torch.no_grad():
         torch.testing.assert_close(theirs(IDS).logits, model(IDS), rtol=1e-5, atol=1e-5)

@@ -318,10 +318,10 @@ def test_flops_per_token_count_the_stream_mixing(options, extra):
 
 @pytest.mark.parametrize("residual", ["scaled", "hyper"])
 def test_export_to_transformers_refuses_a_residual_other_than_add(residual):
-    from zoo.models.hf import target_for
+    from zoo.models.hf import family_for
 
     llama = {**BLOCK, "attn": "gqa", "pos": "rotary", "mlp": "swiglu", "bias": False}
-    assert target_for(LanguageModel(specs(llama), 11))[0] == "LlamaForCausalLM"
+    assert family_for(LanguageModel(specs(llama), 11)).hf_class == "LlamaForCausalLM"
     with pytest.raises(ConfigError) as error:
-        target_for(LanguageModel(specs({**llama, "residual": residual}), 11))
+        family_for(LanguageModel(specs({**llama, "residual": residual}), 11))
     assert error.value.field == "block.residual" and error.value.value == residual

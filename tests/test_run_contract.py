@@ -65,7 +65,7 @@ ROWS = {
     "tokens-muon-wsd-branch": Row(
         "tokens",
         ("attn=mqa", "pos=alibi", "optim=muon", "schedule=wsd", "model.tie_embeddings=false", *CHECKPOINTS),
-        hf="block.attn",
+        hf="block.norm",
         resume=True,
         branch=True,
     ),
@@ -73,13 +73,13 @@ ROWS = {
     "mqar-mla-sgd-mup": Row(
         "mqar",
         ("attn=mla", "pos=none", "optim=sgd", "train.lr=0.05", "schedule=linear", "param=mup", "param.base_width=16"),
-        hf="model.layers.0.attn",
+        hf="block.attn",
     ),
     # Longer evaluation lengths, linear attention, Adafactor, sinusoidal positions, untied.
     "lengthgen-linear-adafactor": Row(
         "lengthgen",
         ("attn=linear", "pos=sinusoidal", "optim=adafactor", "schedule=constant", "model.tie_embeddings=false"),
-        hf="model.layers.0.attn",
+        hf="block.attn",
     ),
     # An encoder-decoder.
     "transduce-seq2seq": Row(

@@ -82,6 +82,27 @@ class BlockSpec:
     def names(self) -> dict[str, str]:
         return {axis: choice.part.name for axis, choice in self.choices.items()}
 
+    def settings(self) -> dict[str, Any]:
+        """Every setting of the block under the config key that sets it, defaults filled in: the sizes
+        (``block.d_model``), each axis's part (``block.attn``: its name) and that part's options
+        (``block.attn.window``), and the MLP's matching options (``block.mlp.match``)."""
+        found: dict[str, Any] = {f"block.{f.name}": getattr(self.dims, f.name) for f in fields(BlockDims)}
+        for axis, choice in self.choices.items():
+            found[f"block.{axis}"] = choice.part.name
+            found.update({f"block.{axis}.{key}": value for key, value in choice.options.items()})
+        found.update({f"block.mlp.{f.name}": getattr(self.match, f.name) for f in fields(MatchOptions)})
+        return found
+
+    def default_settings(self) -> dict[str, Any]:
+        """What each key of :meth:`settings` holds when a config leaves it out: the sizes' defaults, an axis's
+        default part (None where the axis must be named), the chosen part's option defaults."""
+        found: dict[str, Any] = {f"block.{f.name}": f.default for f in fields(BlockDims)}
+        for axis, choice in self.choices.items():
+            found[f"block.{axis}"] = AXES[axis].default
+            found.update({f"block.{axis}.{key}": value for key, value in option_defaults(choice.part).items()})
+        found.update({f"block.mlp.{f.name}": f.default for f in fields(MatchOptions)})
+        return found
+
     def make_norm(self) -> nn.Module:
         """A new norm of the block's ``norm`` choice, with its options (zoo.parts.norms.build_norm)."""
         norm = self.choices["norm"]

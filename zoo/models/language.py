@@ -13,8 +13,9 @@ from zoo.assembly.spec import BlockSpec, to_dict
 from zoo.core.errors import ConfigError
 from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel
 from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
-from zoo.models.config import block_section, layer_field, model_options, stack_specs
+from zoo.models.config import MODEL_DEFAULTS, block_section, layer_field, model_options, stack_specs
 from zoo.models.generate import check_generate_args, continued_positions, generate_tokens, padded_prompt
+from zoo.models.objectives import DEFAULT as OBJECTIVE_DEFAULT
 from zoo.models.objectives import Objective, objective_entry
 from zoo.models.stack import Stack
 from zoo.parts.state import LayerState
@@ -54,8 +55,22 @@ class LanguageModel(TokenModel, Stack):
         embed = nn.Embedding(vocab_size, d_model)
         super().__init__(specs, "model.layers", embed=embed, value_embeddings=value_embeddings)
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
-        self.mtp = (objective or objective_entry(None)).heads(specs[-1])  # None under next-token prediction
+        objective = objective or objective_entry(None)
+        self.mtp = objective.heads(specs[-1])  # None under next-token prediction
+        #: The model's own settings under their config keys (its layers': ``specs``), for an export to read.
+        self.settings: dict[str, Any] = {
+            "model.tie_embeddings": tie_embeddings,
+            "model.value_embeddings": value_embeddings,
+            "objective": objective.name,
+        }
         self.reset_parameters()
+
+    def default_settings(self) -> dict[str, Any]:
+        """What each of :attr:`settings`' keys holds when a config leaves it out."""
+        return {
+            key: OBJECTIVE_DEFAULT if key == "objective" else MODEL_DEFAULTS[key.removeprefix("model.")]
+            for key in self.settings
+        }
 
     def reset_parameters(self, seed: int | None = None) -> None:
         """Re-draw every weight as documented in :func:`init_stack` (seed: default the last torch.manual_seed)."""

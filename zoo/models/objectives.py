@@ -38,6 +38,11 @@ class Objective:
     #: What it adds to a token's training FLOPs (``flops_per_token``), for the catalogue (docs/parts.md).
     cost: ClassVar[str] = "nothing"
 
+    @property
+    def name(self) -> str:
+        """The name it is registered under (``ntp``, ``mtp``)."""
+        return next(part.name for part in OBJECTIVES.parts() if type(self) is part.cls)
+
     def heads(self, spec: BlockSpec) -> nn.Module | None:
         """The extra heads of a model whose last block is ``spec``; None: none."""
         return None

@@ -162,6 +162,8 @@ class Stack(nn.Module):
         self.pos_embed = position_embedding(specs, field)  # absolute positions, else None
         #: The residual streams between the blocks (block.residual=hyper: n_streams; else 1).
         self.streams = check_streams(specs, [f"{field}.{i}" for i in range(len(specs))])
+        #: Each layer's validated spec, as built: what an export reads (BlockSpec.settings).
+        self.specs = tuple(specs)
         self.blocks = nn.ModuleList(build_block(s, context="model", layer=i) for i, s in enumerate(specs))
         self.final_norm = final_norm_for(specs[-1])
         if value_embeddings and embed is None:

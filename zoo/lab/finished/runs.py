@@ -113,11 +113,12 @@ def plugins_named(record: RunRecord) -> Iterator[None]:
         raise UnknownName(error.field, error.value, error.allowed + trained) from None
 
 
-def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path) -> Path:
-    """Write a ``transformers`` checkpoint of a zoo model or a run folder (see :func:`zoo.models.hf.to_hf`)."""
+def to_hf(model_or_run: nn.Module | str | Path, out_dir: str | Path, family: str | None = None) -> Path:
+    """Write a ``transformers`` checkpoint of a zoo model or a run folder (see :func:`zoo.models.hf.to_hf`;
+    ``family``: the transformers family to write, by name, else the one that holds the model)."""
     model = model_or_run if isinstance(model_or_run, nn.Module) else load_run(model_or_run).model
     is_language_model(model, "to_hf", ": transformers' causal LM classes are decoder-only")
-    return hf.to_hf(model, out_dir)  # type: ignore[arg-type]
+    return hf.to_hf(model, out_dir, family)  # type: ignore[arg-type]
 
 
 # -- text and tokens ------------------------------------------------------------------------------
