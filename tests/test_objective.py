@@ -184,6 +184,26 @@ def test_a_training_step_logs_each_heads_loss_and_trains_every_parameter(heads):
         assert not torch.equal(p, before[name]), name
 
 
+def test_the_step_trains_on_the_next_token_loss_plus_the_weight_times_the_mean_of_the_extra_losses():
+    """The documented loss, L_ntp + weight / k sum_j L_j (k = 3 heads here), by hand: the step's gradients equal
+    those of that sum written out; a sum of the extra losses (k times the weight) moves them."""
+    model = mtp_model("sequential", k=3)
+    tokens = torch.randint(0, V, (2, T + 1), generator=torch.Generator().manual_seed(5))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    model.train()
+    logits, *extra = [model(inputs), *model.take_future_logits()]
+    by_hand = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    by_hand = by_hand + 0.5 / 3 * sum(F.cross_entropy(x.flatten(0, 1), targets[:, j:].flatten())
+                                      for j, x in enumerate(extra, 1))  # fmt: skip
+    expected = torch.autograd.grad(by_hand, list(model.parameters()))
+    grads: list[torch.Tensor] = []
+    step = Stepper(model, model, torch.optim.SGD(model.parameters(), lr=0.0), torch.device("cpu"), future_weight=0.5,
+                   before_step=lambda: grads.extend(p.grad.clone() for p in model.parameters()))  # fmt: skip
+    step(Batch(inputs, targets))
+    for (name, _), got, want in zip(model.named_parameters(), grads, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=name)  # the step scores in float32
+
+
 def test_the_extra_heads_are_counted_in_flops_per_token_by_hand():
     """d=16, 4 heads, mha + gelu + layernorm with biases, vocab 256, 2 layers, seq_len 32: each extra depth adds
     6 x its parameters, the shared head's 6 x 256 x 16 matmul and its attention's 6 x 32 x 16."""

@@ -195,6 +195,27 @@ def test_scaled_blocks_get_the_embedding_output_after_positions():
     torch.testing.assert_close(seen[0], model.pos_embed(model.embed(ids), torch.arange(5)), rtol=0, atol=0)
 
 
+def test_scaled_reinjects_the_embedding_output_not_the_blocks_own_input():
+    """With every branch silenced, layer l maps its input x to r_l x + a_l e (e: the embedding output), so two
+    layers give (r_1 (r_0 + a_0) + a_1) e before the final norm. Re-injecting the block's own input instead
+    would give (r_1 + a_1)(r_0 + a_0) e: a lone block cannot tell them apart, two layers can."""
+    torch.manual_seed(0)
+    model = LanguageModel(specs({**BLOCK, "residual": "scaled", "bias": False}), 11).double()
+    (r0, a0), (r1, a1) = (0.5, 0.75), (2.0, -1.5)
+    with torch.no_grad():
+        for block, (r, a) in zip(model.blocks, ((r0, a0), (r1, a1)), strict=True):
+            block.attn.out.weight.zero_()
+            block.mlp.down.weight.zero_()
+            block.residual.resid_lambda.fill_(r)
+            block.residual.x0_lambda.fill_(a)
+    seen = []
+    model.final_norm.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    ids = torch.randint(0, 11, (2, 5))
+    model(ids)
+    expected = (r1 * (r0 + a0) + a1) * model.embed(ids)  # 1.0 e, where the block's own input would give 0.625 e
+    torch.testing.assert_close(seen[0], expected, rtol=0, atol=1e-15)
+
+
 def test_every_layer_of_a_stack_keeps_as_many_streams():
     cfg = {"block": {**BLOCK, "residual": "hyper"}, "model": {"vocab_size": 11, "n_layers": 2,
            "layers": {1: {"residual": "scaled"}}}}  # fmt: skip
