@@ -104,6 +104,52 @@ def zoo_cli(
     return done
 
 
+@contextlib.contextmanager
+def command_state(cwd: Path) -> Iterator[None]:
+    """What a zoo command changes in the process that runs it, put back afterwards: the working folder,
+    ``sys.argv``, torch's threads, Hydra's global state and the root logger's handlers and level."""
+    import logging
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    root, argv, threads, here = logging.getLogger(), list(sys.argv), torch.get_num_threads(), Path.cwd()
+    handlers, level = list(root.handlers), root.level
+    GlobalHydra.instance().clear()
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+        sys.argv[:] = argv
+        torch.set_num_threads(threads)
+        GlobalHydra.instance().clear()
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def zoo_in_process(program: str, args: list[str], cwd: Path) -> int:
+    """Run ``zoo-train`` or ``zoo-sweep`` with ``args`` in this process, through the entry point its console
+    script calls (torch and zoo already imported: seconds, where a new interpreter takes several more); its exit
+    code. For what a command line does inside one run (not for what needs a process of its own: signals,
+    torchrun, another interpreter's environment)."""
+    from zoo.lab.commands.sweep import sweep_main
+    from zoo.lab.commands.train import main as train_main
+
+    with command_state(cwd):
+        try:
+            if program == "zoo-sweep":
+                sweep_main(args)
+            else:
+                sys.argv[:] = ["zoo-train", *args]
+                train_main()
+        except SystemExit as done:
+            return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    return 0
+
+
 def summaries(folder: Path) -> dict[str, dict]:
     """Every run's summary in a sweep folder, by run folder name."""
     return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/summary.json")}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, tiny_cli
+from helpers import ROOT, tiny_cli, zoo_in_process
 
 import zoo
 from zoo import AXES
@@ -110,8 +110,10 @@ def test_docs_show_the_main_commands():
 
 
 def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str]) -> None:
-    """Run the command in a subprocess at tiny sizes (the ``task.*`` ones its task has), one grid point
-    per swept key (:func:`pinned`); every run must be ok."""
+    """Run the command at tiny sizes (the ``task.*`` ones its task has), one grid point per swept key
+    (:func:`pinned`), in this process through the entry point its console script calls (a command with a
+    launcher of processes, submitit's, in a subprocess); every run must be ok. A ``zoo-sweep`` runs its runs one
+    at a time (one grid point each: the launcher that runs them side by side is tests/test_sweep.py's)."""
     module = {"zoo-train": "zoo.train", "zoo-sweep": "zoo.lab.commands.sweep"}[program]
     kept = pinned(program, args)
     tiny = [f"{k}={v}" for k, v in TINY.items() if not k.startswith("task.") or k.removeprefix("task.") in task_keys]
@@ -119,15 +121,20 @@ def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str])
     if layers:  # as many layers as the highest overridden index needs
         tiny = [f"model.n_layers={max(layers) + 1}" if t.startswith("model.n_layers=") else t for t in tiny]
     dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    done = subprocess.run(
-        [sys.executable, "-m", module, *kept, *tiny, *dirs],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    if any("submitit" in a for a in kept):
+        done = subprocess.run(
+            [sys.executable, "-m", module, *kept, *tiny, *dirs],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    else:
+        if program == "zoo-sweep":  # one at a time, in place of the launcher zoo-sweep picks (or the page names)
+            kept = [a for a in kept if not a.startswith(LAUNCHER)] + ["hydra/launcher=basic"]
+        assert zoo_in_process(program, [*kept, *tiny, *dirs], tmp_path) == 0
     statuses = [json.loads(p.read_text())["status"] for p in tmp_path.glob("**/summary.json")]
     assert statuses and set(statuses) == {"ok"}, statuses
 
