@@ -246,6 +246,7 @@ OUTPUT_OPTIONS = {
     "sink=learned": ["block.attn.sink=learned"],
     "xsa=true": ["block.attn.xsa=true"],
     "all three (elementwise)": ["block.attn.gate=elementwise", "block.attn.sink=learned", "block.attn.xsa=true"],
+    "none, again": [],  # the same model twice: how far apart equal work times here
 }
 
 

@@ -94,12 +94,12 @@ def without_timings(records: list[dict]) -> list[dict]:
 
 
 def zoo_cli(
-    module: str, *args: str, cwd: Path, launcher: list[str] | None = None, returncode: int = 0
+    module: str, *args: str, cwd: Path, launcher: list[str] | None = None, returncode: int = 0, timeout: int = 300
 ) -> subprocess.CompletedProcess:
     """Run ``python -m <module> args`` (or under ``launcher``) with this checkout first on the path."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     command = [*(launcher or [sys.executable]), "-m", module, *args]
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == returncode, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 

@@ -161,6 +161,8 @@ def test_block_benchmark_times_the_attention_output_options_against_none(monkeyp
     assert "| none |" in out and "| 1.000 | 1.0000 |" in out  # none against itself
     for name in ("gate=headwise", "gate=elementwise", "sink=learned", "xsa=true", "all three (elementwise)"):
         assert f"| {name} |" in out
+    again = next(line for line in out.splitlines() if line.startswith("| none, again |"))  # the noise floor
+    assert again.endswith("| 1.0000 |")  # the same model as none, timed twice
 
 
 def test_mixers_benchmark_times_whole_models_per_mixer(monkeypatch, capsys):

@@ -5,10 +5,15 @@ and the lines it printed. Each such command is run as written, in a temporary fo
 of the kinds below that its quoted lines hold must be in what it prints, in the same place: the numbers
 are read from the page, so a page that quotes a number the command no longer prints fails here.
 Timestamps, throughput and wall times are not compared (they depend on the machine).
+
+The quick sweep's report (the README's first command) is quoted whole: every line of such a quote is what
+``zoo-sweep quick`` (or ``zoo-report runs/quick`` over its runs) prints, digit for digit, but for the
+machine's columns (tokens/s, wall s).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 import sys
@@ -88,3 +93,108 @@ def test_a_quoted_output_is_what_the_command_prints(page, command, printed, tmp_
     for name, values in quoted.items():
         said = f"{page} quotes {name} {values} for `{command}`; it prints {now[name]}"
         assert values == now[name][: len(values)], said
+
+
+#: The quick sweep's commands whose report a page quotes whole (a quote with no command is the README's, under
+#: its first command), the header that marks its main table, and the columns that depend on the machine.
+QUICK_COMMANDS = ("zoo-sweep quick", "zoo-report runs/quick")
+QUICK_HEADER = "| # | pos | mlp |"
+MACHINE_COLUMNS = {"tokens/s", "wall s"}
+#: A run's closing log line: its folder and headline metric.
+RUN_DONE = r"(\S+) ok: val_bpb=([\d.]+)"
+
+
+def report_lines(text: str) -> list[str]:
+    """The report's lines in ``text``, each table's machine columns blanked: no command, log line (``[time]``),
+    elision or blank line."""
+    lines: list[str] = []
+    header: list[str] | None = None
+    for line in text.splitlines():
+        if not line.strip() or line.startswith(("$ ", "[", "...")):
+            continue
+        if not line.startswith("|"):
+            header = None
+            lines.append(line.rstrip())
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif len(cells) == len(header):
+            cells = ["·" if name in MACHINE_COLUMNS else cell for name, cell in zip(header, cells, strict=True)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def quick_quotes() -> list[tuple[str, str, str]]:
+    """(page, command, the quoted block) for every plain block that quotes the quick sweep's report."""
+    found = []
+    for page in PAGES:
+        for block in plain_blocks(page.read_text()):
+            if not any(line.startswith(QUICK_HEADER) for line in block.splitlines()):
+                continue
+            commands = re.findall(r"^\$ (.*)$", block, flags=re.MULTILINE)
+            command = commands[0].strip() if commands else QUICK_COMMANDS[0]
+            if command in QUICK_COMMANDS:
+                found.append((page.name, command, block))
+    return found
+
+
+def first_unprinted(quoted: list[str], printed: list[str]) -> str | None:
+    """The first quoted line that is not printed after the one before it (None: each is, in order)."""
+    at = 0
+    for line in quoted:
+        try:
+            at = printed.index(line, at) + 1
+        except ValueError:
+            return line
+    return None
+
+
+QUICK_QUOTED = quick_quotes()
+
+
+def test_the_pages_quote_the_quick_report_this_file_checks():
+    """The README's report and docs/sweeps.md's two are found, each with its tables and interaction line: none
+    escapes the check below by a change of layout."""
+    assert {(page, command) for page, command, _ in QUICK_QUOTED} == {
+        ("README.md", "zoo-sweep quick"), ("sweeps.md", "zoo-sweep quick"), ("sweeps.md", "zoo-report runs/quick"),
+    }  # fmt: skip
+    for _, _, block in QUICK_QUOTED:
+        lines = report_lines(block)
+        assert sum(line.startswith("| 1 |") for line in lines) == 1 and any("interaction pos×mlp" in x for x in lines)
+
+
+def test_a_wrong_digit_fails_the_check_and_another_throughput_does_not():
+    """A digit changed anywhere in a quote (here the interaction interval's last) is a line the sweep does not
+    print; the machine's columns (tokens/s, wall s) are not compared."""
+    quoted = QUICK_QUOTED[0][2]
+    printed = report_lines(quoted)
+    assert first_unprinted(printed, printed) is None
+    line = next(x for x in quoted.splitlines() if x.startswith("- interaction"))
+    at = line.rindex("]") - 1
+    wrong = line[:at] + str((int(line[at]) + 1) % 10) + line[at + 1 :]
+    assert first_unprinted(report_lines(quoted.replace(line, wrong)), printed) == wrong
+    elsewhere = re.sub(r"\| [\d,.]+ \| [\d.]+ \| ok \|$", "| 1 | 2 | ok |", quoted, flags=re.MULTILINE)
+    assert elsewhere != quoted and first_unprinted(report_lines(elsewhere), printed) is None
+
+
+@pytest.fixture(scope="module")
+def quick_printed(tmp_path_factory) -> dict[str, str]:
+    """What ``zoo-sweep quick`` prints in a fresh folder (its 12 runs of 200 steps), then ``zoo-report runs/quick``."""
+    cwd = tmp_path_factory.mktemp("quick")
+    sweep = zoo_cli("zoo.lab.commands.sweep", "quick", cwd=cwd, timeout=1800)
+    report = zoo_cli("zoo.lab.commands.report", "runs/quick", cwd=cwd)
+    return {QUICK_COMMANDS[0]: sweep.stdout + sweep.stderr, QUICK_COMMANDS[1]: report.stdout + report.stderr}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("page", "command", "block"), QUICK_QUOTED, ids=[f"{p}: {c}" for p, c, _ in QUICK_QUOTED])
+def test_a_quoted_quick_report_is_what_the_sweep_prints(page, command, block, quick_printed):
+    printed = quick_printed[command]
+    lines = report_lines(printed)
+    missing = first_unprinted(report_lines(block), lines)
+    closest = difflib.get_close_matches(missing or "", lines, n=1, cutoff=0)
+    assert missing is None, f"{page} quotes for `{command}`:\n{missing}\nwhich it does not print; it prints:\n{closest}"
+    done = dict(re.findall(RUN_DONE, printed))
+    for run, value in re.findall(RUN_DONE, block):
+        assert done.get(run) == value, f"{page} quotes {run} at val_bpb={value}; it prints {done.get(run)}"

@@ -120,6 +120,32 @@ def test_torchrun_ddp_two_cpu_processes_and_resume(tmp_path):
     assert without_timings(read_metrics(tmp_path / "resumed")) == without_timings(read_metrics(tmp_path / "ddp"))
 
 
+@pytest.mark.slow
+def test_a_runs_result_depends_neither_on_the_launcher_nor_on_the_runs_before_it(tmp_path):
+    """A run trains to the same numbers, bit for bit, alone in its own process, after other runs in one process
+    (the basic launcher: multi-token runs and another seed first) and in joblib's workers beside other runs:
+    nothing it computes is left over from its process or taken from the runs around it."""
+    small = [*SMALL, "pos=rotary", "train.steps=6"]
+    zoo_cli("zoo.train", *small, "seed=1", "hydra.run.dir=alone", cwd=tmp_path)
+    zoo_cli("zoo.train", "-m", *small, "objective=mtp,ntp", "seed=0,1", "hydra/launcher=basic",
+            "hydra.sweep.dir=basic", cwd=tmp_path)  # fmt: skip
+    zoo_cli("zoo.train", "-m", *small, "seed=0,1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+            "hydra.sweep.dir=joblib", cwd=tmp_path)  # fmt: skip
+    alone = read_summary(tmp_path / "alone")
+    basic, joblib = (seed_1_ntp(tmp_path / sweep) for sweep in ("basic", "joblib"))
+    assert alone["status"] == basic["status"] == joblib["status"] == "ok"
+    assert basic["final"] == alone["final"] == joblib["final"]
+    assert basic["config_hash"] == alone["config_hash"] == joblib["config_hash"]
+    curves = [without_timings(read_metrics(Path(s["run_dir"]))) for s in (alone, basic, joblib)]
+    assert curves[0] == curves[1] == curves[2]
+
+
+def seed_1_ntp(folder: Path) -> dict:
+    """The summary of a sweep's next-token run at seed 1."""
+    (found,) = [s for s in summaries(folder).values() if (s["config"]["seed"], s["choices"]["objective"]) == (1, "ntp")]
+    return found
+
+
 def test_zoo_sweep_lists_the_versioned_sweeps(capsys):
     sweep_main([])
     out = capsys.readouterr().out
