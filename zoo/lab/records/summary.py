@@ -41,7 +41,7 @@ class RunRecord:
     choices: dict[str, Any] | None = None  # the group choices (attn=gqa, ...)
     overrides: list[str] | None = None  # the command line's key=value overrides
     started: str | None = None  # ISO time, UTC
-    versions: dict[str, Any] | None = None  # python, torch, zoo, hydra, platform, plugins (zoo.parts providers)
+    versions: dict[str, Any] | None = None  # python, torch, zoo, hydra, platform, plugins (zoo.parts providers), cpu
     job: int | None = None  # Hydra's job number in a sweep
     tune: dict[str, Any] | None = None  # tune.lr's choice: lr, metric, mode, searched, seeds
     config: dict[str, Any] | None = None  # the resolved config

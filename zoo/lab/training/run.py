@@ -58,7 +58,8 @@ log = logging.getLogger("zoo.lab.training.run")
 
 
 def versions() -> dict[str, Any]:
-    """What the run ran on: python, torch, zoo, hydra, the platform, and the installed part plugins."""
+    """What the run ran on: python, torch, zoo, hydra, the platform, the installed part plugins, and the CPU with the
+    instruction set torch's kernels use on it (a run's last digits can move with either: docs/results.md)."""
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -66,7 +67,19 @@ def versions() -> dict[str, Any]:
         "hydra": hydra.__version__,
         "platform": platform.platform(),
         "plugins": installed_plugins(),
+        "cpu": {"model": cpu_model(), "kernels": torch.backends.cpu.get_cpu_capability()},
     }
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``'s, else ``platform.processor()``), or ``unknown``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def package_version() -> str:
