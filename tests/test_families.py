@@ -144,3 +144,103 @@ def test_gated_deltanet_equals_olmo_hybrid_with_and_without_negative_eigenvalues
         copy_rates_and_output(ours, w["conv1d.weight"], w, "o_proj.weight")
         x = torch.randn(2, 11, D, dtype=torch.float64)
         torch.testing.assert_close(ours(x), theirs(x), **TOL)
+
+
+# --- Mixtures of experts: DeepSeek-V3, Qwen3-Next, gpt-oss ----------------------------------------------------------
+
+EXPERTS, WIDTH = 8, 8  # experts, each expert's hidden width
+
+
+def moe(**options: Any) -> torch.nn.Module:
+    return block_part("mlp", {"name": "moe", "n_experts": EXPERTS, **options}, d_ff=WIDTH)
+
+
+def interleaved(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Separate gate and up rows -> zoo's gate_up rows (gate unit j at row 2j, up unit j at row 2j + 1)."""
+    return rearrange(torch.stack([gate, up]), "two f ... -> (f two) ...")
+
+
+def copy_experts(ours: torch.nn.Module, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+    """transformers' stacked experts (gate_up (e, 2f, d): the f gate rows, then the f up rows; down (e, d, f))."""
+    for expert, w, w_down in zip(ours.experts, gate_up, down, strict=True):
+        expert.gate_up.weight.copy_(interleaved(*w.chunk(2)))
+        expert.down.weight.copy_(w_down)
+
+
+def copy_shared(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
+    ours.gate_up.weight.copy_(interleaved(theirs.gate_proj.weight, theirs.up_proj.weight))
+    ours.down.weight.copy_(theirs.down_proj.weight)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_moe_equals_deepseek_v3_with_groups_bias_and_scaling(normalize, float64):
+    """DeepseekV3MoE: sigmoid scores, e_score_correction_bias on the choice only, the top 2 of 4 groups by their two
+    best scores, norm_topk_prob, routed_scaling_factor 2.5, one shared expert."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
+
+    float64(deepseek)
+    torch.manual_seed(0)
+    config = DeepseekV3Config(hidden_size=D, moe_intermediate_size=WIDTH, n_routed_experts=EXPERTS,
+                              num_experts_per_tok=3, n_shared_experts=1, n_group=4, topk_group=2,
+                              routed_scaling_factor=2.5, norm_topk_prob=normalize)  # fmt: skip
+    theirs = drawn(deepseek.DeepseekV3MoE(config))
+    ours = moe(top_k=3, routing="sigmoid", n_shared=1, n_groups=4, top_groups=2, routed_scaling_factor=2.5,
+               balance="bias", normalize=normalize)  # fmt: skip
+    with torch.no_grad():
+        theirs.gate.e_score_correction_bias.normal_(0, 0.5)
+        ours.router.weight.copy_(theirs.gate.weight)
+        ours.expert_bias.copy_(theirs.gate.e_score_correction_bias)
+        copy_experts(ours, theirs.experts.gate_up_proj, theirs.experts.down_proj)
+        copy_shared(ours.shared, theirs.shared_experts)
+        x = torch.randn(2, 7, D, dtype=torch.float64)
+        torch.testing.assert_close(ours(x), theirs(x), **TOL)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_moe_equals_qwen3_next_with_its_gated_shared_expert(normalize, float64):
+    """Qwen3NextSparseMoeBlock: softmax routing, norm_topk_prob (Qwen3-Next's true, and false), a shared expert gated
+    by sigmoid(shared_expert_gate x)."""
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next import modeling_qwen3_next as qwen
+
+    float64(qwen)
+    torch.manual_seed(0)
+    config = Qwen3NextConfig(hidden_size=D, moe_intermediate_size=WIDTH, shared_expert_intermediate_size=2 * WIDTH,
+                             num_experts=EXPERTS, num_experts_per_tok=2, norm_topk_prob=normalize)  # fmt: skip
+    theirs = drawn(qwen.Qwen3NextSparseMoeBlock(config))
+    ours = moe(n_shared=2, shared_gate=True, normalize=normalize)
+    with torch.no_grad():
+        ours.router.weight.copy_(theirs.gate.weight)
+        copy_experts(ours, theirs.experts.gate_up_proj, theirs.experts.down_proj)
+        copy_shared(ours.shared, theirs.shared_expert)
+        ours.shared_gate.weight.copy_(theirs.shared_expert_gate.weight)
+        x = torch.randn(2, 7, D, dtype=torch.float64)
+        torch.testing.assert_close(ours(x), theirs(x), **TOL)
+
+
+def test_moe_equals_gpt_oss_with_a_router_bias_and_clamped_swiglu_experts(float64):
+    """GptOssMLP: a router with a bias, the top 4 logits then a softmax over them alone (zoo's softmax over every
+    expert renormalized over the top 4 gives the same weights), experts with biases whose SwiGLU is clamped at 7
+    (reached here: the inputs are large), alpha 1.702 and (up + 1)."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss import modeling_gpt_oss as gpt_oss
+
+    float64(gpt_oss)
+    torch.manual_seed(0)
+    config = GptOssConfig(hidden_size=D, intermediate_size=WIDTH, num_local_experts=EXPERTS, num_experts_per_tok=4)
+    theirs = drawn(gpt_oss.GptOssMLP(config))
+    ours = block_part("mlp", {"name": "moe", "n_experts": EXPERTS, "top_k": 4, "expert": "clamped_swiglu",
+                              "router_bias": True}, d_ff=WIDTH, bias=True)  # fmt: skip
+    experts = theirs.experts
+    with torch.no_grad():
+        ours.router.weight.copy_(theirs.router.weight)
+        ours.router.bias.copy_(theirs.router.bias)
+        for e, expert in enumerate(ours.experts):  # gpt-oss multiplies x @ W: zoo's weights are the transposes
+            expert.gate_up.weight.copy_(experts.gate_up_proj[e].T)  # its columns interleave gate and up as zoo's rows
+            expert.gate_up.bias.copy_(experts.gate_up_proj_bias[e])
+            expert.down.weight.copy_(experts.down_proj[e].T)
+            expert.down.bias.copy_(experts.down_proj_bias[e])
+        x = 4 * torch.randn(2, 7, D, dtype=torch.float64)
+        assert (x @ experts.gate_up_proj[0] + experts.gate_up_proj_bias[0]).abs().max() > config.swiglu_limit
+        torch.testing.assert_close(ours(x), theirs(x)[0], **TOL)

@@ -48,8 +48,11 @@ STACKS = ("model", "encoder")
 #: (canon layers: zoo.parts.canon; the residual axis at ``add``: zoo.parts.residuals).
 NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none", "residual": {"name": "add"}}
 #: ``block.mlp`` options added after runs were recorded, left out of the hash at the value that changes nothing
-#: (a mixture of experts' balancing: zoo.parts.moe).
-NEUTRAL_MLP: dict[str, Any] = {"balance": "loss", "bias_rate": 0.001}
+#: (a mixture of experts' balancing, its routing's options and its gates: zoo.parts.moe).
+NEUTRAL_MLP: dict[str, Any] = {
+    "balance": "loss", "bias_rate": 0.001, "normalize": True, "routed_scaling_factor": 1.0, "n_groups": 1,
+    "top_groups": 1, "router_bias": False, "shared_gate": False,
+}  # fmt: skip
 
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
 #: order's), the sweep
