@@ -244,3 +244,36 @@ def test_moe_equals_gpt_oss_with_a_router_bias_and_clamped_swiglu_experts(float6
         x = 4 * torch.randn(2, 7, D, dtype=torch.float64)
         assert (x @ experts.gate_up_proj[0] + experts.gate_up_proj_bias[0]).abs().max() > config.swiglu_limit
         torch.testing.assert_close(ours(x), theirs(x)[0], **TOL)
+
+
+# --- mHC: DeepSeek-V4's hyper-connection -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("iters", [1, 20])
+def test_mhc_equals_deepseek_v4s_hyper_connection(iters, float64):
+    """DeepseekV4HyperConnection: the flattened streams RMS-normalized together, one projection to pre, post and comb,
+    three scales and a bias; pre = sigmoid + eps (zoo's read), post = 2 sigmoid (write), comb = Sinkhorn of a row
+    softmax (mix); the layer's streams then post (x) f(pre . H) + comb^T H (DeepseekV4DecoderLayer's sum)."""
+    from transformers import DeepseekV4Config
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as deepseek
+
+    float64(deepseek)
+    torch.manual_seed(0)
+    config = DeepseekV4Config(hidden_size=D, hc_mult=3, hc_sinkhorn_iters=iters, hc_eps=1e-6, rms_norm_eps=1e-6)
+    theirs = drawn(deepseek.DeepseekV4HyperConnection(config))
+    cfg = {**TINY, "placement": "pre", "norm": "rmsnorm", "attn": "mha", "pos": "none", "mlp": "gelu",
+           "residual": {"name": "mhc", "n_streams": 3, "sinkhorn_iters": iters}}  # fmt: skip
+    ours = build_block(cfg).residual.double()
+    with torch.no_grad():
+        ours.projection[0].copy_(theirs.fn)
+        ours.base[: theirs.base.numel()].copy_(theirs.base)
+        ours.scale[:3].copy_(theirs.scale)
+        streams = torch.randn(2, 5, 3, D, dtype=torch.float64)
+        branch = torch.randn(D, D, dtype=torch.float64)
+        post, comb, collapsed = theirs(streams)
+        read, mix, write = ours.weights(streams, 0)
+        torch.testing.assert_close(mix, comb, **TOL)
+        torch.testing.assert_close(write, post, **TOL)
+        torch.testing.assert_close(torch.einsum("btj,btjd->btd", read, streams), collapsed, **TOL)
+        layer = post.unsqueeze(-1) * torch.tanh(collapsed @ branch).unsqueeze(-2) + comb.transpose(-1, -2) @ streams
+        torch.testing.assert_close(ours.update(streams, 0, lambda h: torch.tanh(h @ branch)), layer, **TOL)

@@ -60,6 +60,8 @@ DOCUMENTED = [
     (None, "residual.x0_lambda", "fixed"),
     *((None, f"residual.{name}", "fixed") for name in ("read", "mix", "write", "alpha_scale", "beta_scale")),
     (None, "residual.dynamic_weight", "output"),  # hyper+dynamic: (terms, n + 2, d_model)
+    (None, "residual.projection", "output"),  # mhc: (terms, 2 n + n^2, n d_model)
+    (None, "residual.base", "fixed"),  # mhc: terms x (2 n + n^2), flat
     (None, ".bias", "vector"),
 ]
 
