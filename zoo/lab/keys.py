@@ -54,6 +54,10 @@ NEUTRAL_MLP: dict[str, Any] = {
     "top_groups": 1, "router_bias": False, "shared_gate": False,
 }  # fmt: skip
 
+#: ``objective`` options added after runs were recorded, left out of the hash at the value that changes nothing
+#: (multi-token prediction's carry: zoo.models.mtp).
+NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
+
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
 #: order's), the sweep
 #: file, and where a branch starts (its identity is the source run's hash, not the path).
