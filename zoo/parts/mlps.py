@@ -251,6 +251,10 @@ class ClampedSwiGLU(GatedMLP):
         super().__init__(dims)
         self.limit, self.alpha = limit, alpha
 
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """:class:`GatedMLP`'s: the clamps and the activation act on each hidden unit alone."""
+        return super().tp_plan(sequence_parallel)
+
     def glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         gate = gate.clamp(max=self.limit)
         return (up.clamp(-self.limit, self.limit) + 1) * gate * torch.sigmoid(self.alpha * gate)

@@ -145,9 +145,6 @@ class Streams(Residual):
     def streams(self) -> int:
         return self.n_streams
 
-    def tp_plan(self, sequence_parallel: bool) -> Plan:
-        return {"": ReplicatedParameters(sequence_parallel)}
-
     def weights(self, streams: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Term ``i``'s read (..., n), mix (..., n, n) and write (..., n) for ``streams`` (b, t, n, d)."""
         raise NotImplementedError
@@ -254,6 +251,9 @@ class Hyper(Streams):
                 self.alpha_scale.fill_(0.01)
                 self.beta_scale.fill_(0.01)
                 self.dynamic_weight.zero_()
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        return {"": ReplicatedParameters(sequence_parallel)}
 
     def extra_flops(self, seq_len: int) -> int:
         """Per term, forward: the read (2 n d), the mix (2 n^2 d) and the write (2 n d); with ``dynamic`` the
@@ -364,6 +364,9 @@ class ManifoldHyper(Streams):
             self.projection.zero_()
             self.base.copy_(rearrange(base, "u l -> (u l)"))
             self.scale.fill_(1.0)
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        return {"": ReplicatedParameters(sequence_parallel)}
 
     def extra_flops(self, seq_len: int) -> int:
         """Per term, forward: the norm (3 n d), the read (2 n d), the mix (2 n^2 d), the write (2 n d) and the
