@@ -27,6 +27,7 @@ CONFIGS = {
     "mla-qrank+reglu": ["attn=mla", "+block.attn.q_rank=8", "mlp=reglu"],
     "linear-gated": ["attn=linear", "block.attn.decay=gated", "block.attn.d_key=4", "mlp=relu2"],
     "gated_deltanet": ["attn=gated_deltanet", "block.attn.d_key=4", "mlp=gelu"],
+    "gated_deltanet-grouped": ["attn=gated_deltanet", "block.attn.d_key=4", "block.attn.n_key_heads=2", "mlp=gelu"],
 }
 
 

@@ -104,6 +104,10 @@ def test_linear_attention_rejects_a_key_narrower_than_the_rotation():
         ({"name": "gated_deltanet", "chunk": 0}, "block.attn.chunk=0"),
         ({"name": "gated_deltanet", "d_key": 0}, "block.attn.d_key=0"),
         ({"name": "gated_deltanet", "backend": "flash"}, "block.attn.backend='flash'"),
+        ({"name": "gated_deltanet", "n_key_heads": 3}, "block.attn.n_key_heads=3: must divide block.n_heads=4"),
+        ({"name": "gated_deltanet", "n_key_heads": 0}, "block.attn.n_key_heads=0"),
+        ({"name": "gated_deltanet", "norm_eps": 0.0}, "block.attn.norm_eps=0.0: must be > 0"),
+        ({"name": "gated_deltanet", "allow_neg_eigval": "yes"}, "block.attn.allow_neg_eigval='yes'"),
     ],
 )
 def test_bad_options_name_the_field(attn, field):
@@ -173,3 +177,32 @@ def test_gated_deltanet_refuses_encoders_cross_attention_score_biases_and_a_tp_t
     assert tp_refusal(resolve_block(base), 2) is None  # its plan: whole heads per rank
     refusal = tp_refusal(resolve_block(base), 3)
     assert refusal is not None and "parallel.tp=3: must divide block.n_heads=4" in str(refusal), refusal
+    grouped = {**base, "attn": {"name": "gated_deltanet", "n_key_heads": 1}}  # one key head for the four value heads
+    refusal = tp_refusal(resolve_block(grouped), 2)
+    assert refusal is not None and "parallel.tp=2: must divide block.attn.n_key_heads=1" in str(refusal), refusal
+
+
+def test_gated_deltanet_with_fewer_key_heads_holds_the_value_heads_states_and_fewer_channels():
+    """n_key_heads = 2 for 4 value heads: a (d_key, d_head) matrix per value head, and the convolution's last inputs
+    over 2 x (2 d_key) + 4 d_head channels; its qkv has those rows."""
+    attn = {"name": "gated_deltanet", "d_key": 6, "n_key_heads": 2}
+    nbytes, state = state_bytes(attn, tokens=5)
+    d_head = D // H
+    channels = 2 * 2 * 6 + H * d_head
+    assert state.mixer.matrix.shape == (2, H, 6, d_head) and state.mixer.conv.shape == (2, 3, channels)
+    assert nbytes == 2 * (H * 6 * d_head + 3 * channels) * 8
+
+
+def test_gated_deltanets_options_at_their_defaults_leave_config_hashes_as_they_were():
+    """n_key_heads (null), allow_neg_eigval (false) and norm_eps (1e-5) are out of the hash at their defaults: the
+    hash below was recorded before the options existed; set, each is a new run."""
+    from helpers import tiny
+
+    from zoo.lab.records.config import config_hash
+
+    config = tiny("attn=gated_deltanet")
+    assert {"n_key_heads": None, "allow_neg_eigval": False, "norm_eps": 1e-5}.items() <= config["block"]["attn"].items()
+    assert config_hash(config) == "a136122f0d36426a"
+    changed = [tiny("attn=gated_deltanet", f"block.attn.{key}")
+               for key in ("n_key_heads=2", "allow_neg_eigval=true", "norm_eps=1e-6")]  # fmt: skip
+    assert len({config_hash(c) for c in changed} | {"a136122f0d36426a"}) == 4

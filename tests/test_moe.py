@@ -27,7 +27,15 @@ def moe(**options) -> MoE:
     return build_block(cfg).mlp.double()
 
 
-@pytest.mark.parametrize("options", [{}, {"routing": "sigmoid", "n_shared": 1, "expert": "gelu"}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"routing": "sigmoid", "n_shared": 1, "expert": "gelu"},
+        {"n_shared": 1, "shared_gate": True, "router_bias": True, "normalize": False, "expert": "clamped_swiglu"},
+        {"routing": "sigmoid", "n_groups": 2, "top_groups": 1, "routed_scaling_factor": 2.5},
+    ],
+)
 def test_every_expert_the_router_and_the_shared_expert_get_gradients_once_routed_to(options):
     layer = moe(n_experts=4, **options)
     x = torch.randn(4, 16, D, dtype=torch.float64, requires_grad=True)
@@ -109,6 +117,12 @@ def test_the_balance_loss_trains_the_router_toward_balance():
         ({"expert": "moe"}, "block.mlp.expert='moe': a registered dense MLP: gelu"),
         ({"n_shared": -1}, "block.mlp.n_shared=-1: must be >= 0"),
         ({"routing": "relu"}, "block.mlp.routing='relu': must be one of 'softmax', 'sigmoid'"),
+        ({"routed_scaling_factor": 0.0}, "block.mlp.routed_scaling_factor=0.0: must be > 0"),
+        ({"n_groups": 3}, "block.mlp.n_groups=3: must divide block.mlp.n_experts=8"),
+        ({"n_groups": 4, "top_groups": 5}, "block.mlp.top_groups=5: must be in 1..n_groups=4"),
+        ({"n_groups": 4, "top_groups": 1, "top_k": 3}, "block.mlp.top_k=3: must be at most the 2 experts of the"),
+        ({"shared_gate": True}, "block.mlp.shared_gate=True: needs a shared expert (block.mlp.n_shared >= 1)"),
+        ({"normalize": "yes"}, "block.mlp.normalize='yes'"),
     ],
 )
 def test_bad_options_are_refused_naming_the_field(options, message):
@@ -150,6 +164,42 @@ def test_match_by_total_or_active_parameters(match):
     slope = (8 if match == "params" else 2) * 3 * 64 + 3 * 64  # one more unit per expert (and shared unit)
     assert abs(matched - dense["block_params"]) <= slope / 2
     assert report["active_params"] < report["block_params"]
+
+
+def test_active_parameters_count_the_router_bias_and_the_shared_gate():
+    """A token uses the router (with its bias), top_k experts, the shared expert and its gate."""
+    layer = moe(n_shared=1, shared_gate=True, router_bias=True)
+    per_expert = sum(p.numel() for p in layer.experts[0].parameters())
+    shared = sum(p.numel() for p in layer.shared.parameters())
+    assert layer.active_parameters() == 8 * D + 8 + 2 * per_expert + shared + D
+
+
+def test_group_limited_routing_chooses_only_in_the_groups_whose_two_best_scores_sum_highest():
+    """By hand: groups (0, 1), (2, 3), (4, 5); the second group's best pair sums highest though expert 4 alone
+    scores highest; one group kept, so both choices lie in it."""
+    scores = torch.tensor([[0.50, 0.52, 0.90, 0.88, 0.95, 0.01]])
+    logits = scores.logit()
+    _, chosen, _ = route(logits, 2, "sigmoid", groups=(3, 1))
+    assert sorted(chosen[0].tolist()) == [2, 3]
+    _, chosen, _ = route(logits, 2, "sigmoid")  # no groups: the top two anywhere
+    assert sorted(chosen[0].tolist()) == [2, 4]
+    weights, _, _ = route(logits, 2, "sigmoid", groups=(3, 1), normalize=False)  # the sigmoids themselves
+    torch.testing.assert_close(weights.sort().values, torch.tensor([[0.88, 0.90]]))
+
+
+def test_the_routing_options_at_their_defaults_leave_config_hashes_as_they_were():
+    """normalize, routed_scaling_factor, n_groups, top_groups, router_bias and shared_gate are out of the hash at
+    their defaults (hashes recorded before they existed); set, each is a new run."""
+    from helpers import tiny
+
+    from zoo.lab.records.config import config_hash
+
+    digest = "df3c064098a29560"
+    assert config_hash(tiny("mlp=moe")) == digest
+    changed = ["normalize=false", "routed_scaling_factor=2.5", "n_groups=2", "router_bias=true"]
+    hashes = {config_hash(tiny("mlp=moe", f"block.mlp.{key}")) for key in changed}
+    hashes.add(config_hash(tiny("mlp=moe", "block.mlp.n_shared=1", "block.mlp.shared_gate=true")))
+    assert len(hashes | {digest}) == 6
 
 
 def test_a_moe_run_logs_its_aux_losses_and_routing_and_the_report_plots_it(tmp_path):

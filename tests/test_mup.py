@@ -33,6 +33,8 @@ DOCUMENTED = [
     (None, "head.weight", "readout"),  # the untied LM head: (vocab, d_model)
     (None, ".scale", "fixed"),  # scalenorm's scalar gain
     (None, "mlp.router.weight", "output"),  # MoE router: (n_experts, d_model)
+    (None, "mlp.router.bias", "fixed"),  # moe+gated's router bias: (n_experts,)
+    (None, "mlp.shared_gate.weight", "output"),  # moe+gated's shared expert gate: (1, d_model)
     ("linear+gated", "attn.gate.weight", "output"),  # one decay gate per head: (n_heads, d_model)
     ("linear+gated", "attn.gate.bias", "fixed"),
     (None, "attn.sink", "fixed"),  # one learned sink logit per head: (n_heads,)
@@ -58,13 +60,17 @@ DOCUMENTED = [
     (None, "residual.x0_lambda", "fixed"),
     *((None, f"residual.{name}", "fixed") for name in ("read", "mix", "write", "alpha_scale", "beta_scale")),
     (None, "residual.dynamic_weight", "output"),  # hyper+dynamic: (terms, n + 2, d_model)
+    (None, "residual.projection", "output"),  # mhc: (terms, 2 n + n^2, n d_model)
+    (None, "residual.base", "fixed"),  # mhc: terms x (2 n + n^2), flat
     (None, ".bias", "vector"),
 ]
 
 
 def documented_role(combo: dict[str, str], name: str, ndim: int) -> str:
+    """A label names a part with its variants (gated_deltanet: gated_deltanet+grouped too) or one variant."""
+    labels = {*combo.values(), *(value.partition("+")[0] for value in combo.values())}
     for label, suffix, role in DOCUMENTED:
-        if (label is None or label in combo.values()) and name.endswith(suffix):
+        if (label is None or label in labels) and name.endswith(suffix):
             return role
     return "vector" if ndim == 1 else "hidden"  # norm gains and q/k norms; every other matrix
 

@@ -25,13 +25,16 @@ FORMS = ["sequential", "independent"]
 V, T = 32, 12
 
 
-def mtp_model(heads: str, k: int = 2, **block) -> zoo.LanguageModel:
+IDS = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(6))
+
+
+def mtp_model(heads: str, k: int = 2, carry: str = "block", **block) -> zoo.LanguageModel:
     torch.manual_seed(0)
     cfg = {
         "block": {"d_model": 16, "n_heads": 4, "placement": "pre", "norm": "rmsnorm", "attn": "mha",
                   "pos": "rotary", "mlp": "swiglu", **block},
         "model": {"vocab_size": V, "n_layers": 2},
-        "objective": {"name": "mtp", "k": k, "heads": heads},
+        "objective": {"name": "mtp", "k": k, "heads": heads, "carry": carry},
     }  # fmt: skip
     return zoo.build_model(cfg).double()
 
@@ -58,9 +61,22 @@ def test_ntp_is_the_default_and_leaves_config_hashes_as_they_were():
     assert "objective" not in zoo.build_model(cfg).state_dict().keys()
 
 
+def test_carry_at_block_leaves_mtp_config_hashes_as_they_were():
+    """objective.carry (block) is out of the hash at its default: the hashes below were recorded before the option
+    existed; carry=normed is a new run."""
+    recorded = {("objective=mtp",): "9350975da6042fd2", ("objective=mtp", "objective.k=2"): "a7383d75c7e692cc",
+                ("objective=mtp", "objective.heads=independent"): "8baeb918a306993c"}  # fmt: skip
+    for overrides, digest in recorded.items():
+        assert config_hash(tiny(*overrides)) == digest, overrides
+        assert config_hash(tiny(*overrides, "objective.carry=block")) == digest, overrides
+    normed = config_hash(tiny("objective=mtp", "objective.k=2", "objective.carry=normed"))
+    assert normed not in recorded.values()
+
+
 def test_mtp_on_the_command_line_and_in_a_dict():
     cfg = tiny("objective=mtp", "objective.k=2")
-    assert cfg["objective"] == {"name": "mtp", "k": 2, "heads": "sequential", "weight": 0.3, "anneal": "none"}
+    assert cfg["objective"] == {"name": "mtp", "k": 2, "heads": "sequential", "weight": 0.3, "anneal": "none",
+                                "carry": "block"}  # fmt: skip
     for section in (cfg["objective"], {"name": "mtp", "k": 2}):
         model = zoo.build_model({**cfg, "objective": section})
         assert len(model.mtp.depths) == 2 and model.mtp.heads == "sequential"
@@ -75,6 +91,7 @@ def test_mtp_on_the_command_line_and_in_a_dict():
         (("objective=mtp", "objective.heads=parallel"), "objective.heads='parallel': must be one of 'sequential', 'independent'"),  # noqa: E501
         (("objective=mtp", "objective.weight=-1"), "objective.weight=-1.0: must be >= 0"),
         (("objective=mtp", "objective.anneal=cosine"), "objective.anneal='cosine': must be one of 'none', 'linear'"),
+        (("objective=mtp", "objective.carry=final"), "objective.carry='final': must be one of 'block', 'normed'"),
         (("objective=mtp", "objective.k=32"), "objective.k=32: must be below task.seq_len=32"),
         (("+objective.k=2",), "objective.k=2: not an option of objective 'ntp'"),
     ],
@@ -128,6 +145,39 @@ def test_no_head_sees_past_the_token_it_is_given(heads):
             assert all(t + reach >= s for t in seen), f"head {j} at {[t for t in seen if t + reach < s]} sees token {s}"
             if heads == "sequential" and 0 <= s - j < a.shape[1]:
                 assert moved[s - j], f"head {j} at {s - j} does not read the token {s} it is given"
+
+
+@pytest.mark.parametrize("carry", ["block", "normed"])
+def test_each_sequential_depth_reads_what_its_carry_says_by_hand(carry):
+    """DeepSeek-V3's equations written out with each depth's modules: depth j combines norm(c_{j-1}) of the first
+    T - j positions with the embedding of token t + j, c_0 = h the trunk's final state, c_j = block_j's output
+    (carry: block, the paper's h_i^k) or its final-normed state (normed); head j reads final_norm_j(block_j(...))."""
+    model = mtp_model("sequential", k=3, carry=carry)
+    ids = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(5))
+    got = all_logits(model, ids)[1:]
+    with torch.no_grad():
+        c = model.hidden_states(ids)  # the trunk's final-normed state
+        for j, depth in enumerate(model.mtp.depths, 1):
+            n = T - j
+            mixed = depth.proj(torch.cat([depth.norm_h(c[:, :n]), depth.norm_e(model.embed(ids[:, j:]))], dim=-1))
+            out = depth.block(mixed)
+            state = depth.final_norm(out)
+            torch.testing.assert_close(got[j - 1], model.logits(state), rtol=0, atol=1e-12)
+            c = out if carry == "block" else state
+
+
+def test_the_carries_agree_at_depth_one_and_part_from_depth_two():
+    """The same weights (norm gains away from 1: at init the final norm's unit gain makes norm(norm(x)) equal
+    norm(x) but for its eps): depth 1 is the same, depth 2 differs."""
+    from zoo.testing.combos import scramble
+
+    models = [mtp_model("sequential", k=2, carry=c) for c in ("block", "normed")]
+    torch.manual_seed(7)
+    scramble(models[0])
+    models[1].load_state_dict(models[0].state_dict())
+    block, normed = (all_logits(m, IDS) for m in models)
+    torch.testing.assert_close(normed[1], block[1], rtol=0, atol=0)
+    assert (normed[2] - block[2]).norm() > 0.01 * block[2].norm()
 
 
 @pytest.mark.parametrize("heads", FORMS)

@@ -1,4 +1,5 @@
-"""block.residual: add (the default, old configs unchanged), scaled and hyper (hyper-connections, mHC) against
+"""block.residual: add (the default, old configs unchanged), scaled, hyper (hyper-connections, with mHC's
+constraints) and mhc (the mHC paper's form; against transformers in test_families.py) against
 their papers' equations written out by hand, their initial values, the stack's streams, refusals, the contract's
 grid, and what optimizers, μP and the FLOP count make of them."""
 
@@ -168,6 +169,48 @@ def test_mhc_at_init_keeps_equal_streams_equal():
         torch.testing.assert_close(streams[:, :, k], streams[:, :, 0], rtol=0, atol=1e-12)
 
 
+def test_mhc_starts_reading_the_streams_mean_writing_once_and_mixing_uniformly_and_the_model_init_keeps_it():
+    """projection 0, scales 1, read 1/n, write 1, mix the uniform doubly stochastic matrix (each entry (1 - eps) / n
+    once Sinkhorn settles); init_stack draws none of them."""
+    torch.manual_seed(0)
+    model = build_model({"block": {**BLOCK, "residual": {"name": "mhc", "n_streams": 3}},
+                         "model": {"vocab_size": 11, "n_layers": 2}})  # fmt: skip
+    for block in model.blocks:
+        r = block.residual.double()
+        assert r.projection.eq(0).all() and r.scale.eq(1).all()
+        read, mix, write = r.weights(torch.randn(2, 5, 3, D, dtype=torch.float64), 1)
+        torch.testing.assert_close(read, torch.full_like(read, 1 / 3), rtol=0, atol=1e-7)  # base stored in float32
+        torch.testing.assert_close(write, torch.ones_like(write), rtol=0, atol=0)
+        torch.testing.assert_close(mix, torch.full_like(mix, (1 - 1e-6) / 3), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("placement", ["pre", "sandwich", "parallel"])
+def test_mhc_at_init_keeps_every_stream_at_adds_up_to_its_eps(placement):
+    """Every stream equals add's stream but for the eps terms (the columns of mix sum to 1 - eps, a relative 1e-6 per
+    layer), so the final norm reads n times add's stream within 1e-5 of its largest value."""
+    block = {**BLOCK, "placement": placement}
+    torch.manual_seed(3)
+    plain = LanguageModel(specs(block), 13).double()
+    torch.manual_seed(3)
+    model = LanguageModel(specs({**block, "residual": "mhc"}), 13).double()
+    model.load_state_dict(plain.state_dict(), strict=False)
+    streams = []
+    for m in (plain, model):
+        m.final_norm.register_forward_pre_hook(lambda m, args: streams.append(args[0]))
+    ids = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(0))
+    plain(ids), model(ids)
+    worst = (streams[1] - 4 * streams[0]).abs().max() / (4 * streams[0]).abs().max()
+    assert 0 < worst < 1e-5, worst
+
+
+@pytest.mark.parametrize(("option", "value"), [("n_streams", 0), ("sinkhorn_iters", 0), ("eps", 0.0),
+                                               ("norm_eps", -1.0)])  # fmt: skip
+def test_bad_mhc_options_name_the_field(option, value):
+    with pytest.raises(ConfigError) as error:
+        build_block({**BLOCK, "residual": {"name": "mhc", option: value}})
+    assert error.value.field == f"block.residual.{option}"
+
+
 # -- the stack, configs, refusals ---------------------------------------------------------------------
 
 
@@ -281,7 +324,7 @@ def test_the_residual_pairs_with_every_choice_instead_of_multiplying_the_product
         ]
         got = {combo_id(c) for c in combos if c["residual"] == label}
         assert got == {combo_id(c) for c in wanted}, label
-    assert set(paired_choices("residual")) == {"scaled", "hyper", "hyper+mhc", "hyper+dynamic"}
+    assert set(paired_choices("residual")) == {"scaled", "hyper", "mhc", "hyper+sinkhorn", "hyper+dynamic"}
     assert combo_id({**base}) == "-".join(base[a] for a in product)  # add leaves ids as they were
     assert combo_id({**base, "residual": "hyper"}).endswith("-hyper")
 
@@ -312,6 +355,17 @@ def test_muon_gives_the_residual_weights_adamw_and_mup_treats_them_as_fixed_or_o
     assert roles["blocks.0.residual.mix"] == roles["blocks.0.residual.read"] == "fixed"
     assert roles["blocks.0.residual.dynamic_weight"] == "output"  # d_model in, n + 2 out
 
+    mhc = LanguageModel(specs({**BLOCK, "residual": "mhc"}), 11)
+    found = treatments(mhc)
+    assert {found[f"blocks.0.residual.{name}"].kind for name in ("projection", "base", "scale")} == {"adamw"}
+
+    def build_mhc(width: int) -> LanguageModel:
+        return LanguageModel(specs({**BLOCK, "d_model": width, "residual": "mhc"}), 11)
+
+    roles = {name: s.role for name, s in mup.infer(build_mhc, 32, 16).scalings.items()}
+    assert roles["blocks.0.residual.base"] == roles["blocks.0.residual.scale"] == "fixed"
+    assert roles["blocks.0.residual.projection"] == "output"  # n d_model in, 2 n + n^2 out
+
 
 def test_parameter_counts_name_the_residual_only_when_it_has_parameters():
     torch.manual_seed(0)
@@ -337,7 +391,20 @@ def test_flops_per_token_count_the_stream_mixing(options, extra):
     assert scaled.flops_per_token(8) == plain.flops_per_token(8) + 6 * 4 + 2 * 9 * D
 
 
-@pytest.mark.parametrize("residual", ["scaled", "hyper"])
+def test_mhc_counts_its_parameters_and_flops():
+    """Per term: a projection of n d_model features to 2 n + n^2, as many biases, 3 scales (parameters, 6 FLOPs
+    each); the norm, read, mix, write and Sinkhorn beyond them (x 3)."""
+    torch.manual_seed(0)
+    plain = LanguageModel(specs(BLOCK), 11)
+    model = LanguageModel(specs({**BLOCK, "residual": {"name": "mhc", "n_streams": 3, "sinkhorn_iters": 5}}), 11)
+    n, terms, logits = 3, 4, 2 * 3 + 9
+    counts = model.parameter_counts()
+    assert counts["residual"] == terms * (logits * n * D + logits + 3)
+    mixing = 3 * terms * (2 * n * n * D + 7 * n * D + 4 * n * n * 5)
+    assert model.flops_per_token(8) == plain.flops_per_token(8) + 6 * counts["residual"] + mixing
+
+
+@pytest.mark.parametrize("residual", ["scaled", "hyper", "mhc"])
 def test_export_to_transformers_refuses_a_residual_other_than_add(residual):
     from zoo.models.hf import family_for
 

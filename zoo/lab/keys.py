@@ -33,8 +33,12 @@ NEUTRAL_TRAIN: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step":
 #: (``data_seed`` null: the data order follows ``seed``, as it did before the key existed).
 NEUTRAL_TOP: dict[str, Any] = {"data_seed": None}
 #: ``block.attn`` options added after runs were recorded, left out of the hash at the value that changes nothing
-#: (softmax attention's output gate, sink and XSA: zoo.parts.head_outputs; value residual: zoo.parts.values).
-NEUTRAL_ATTN: dict[str, Any] = {"gate": "none", "sink": "none", "xsa": False, "value_residual": "none"}
+#: (softmax attention's output gate, sink and XSA: zoo.parts.head_outputs; value residual: zoo.parts.values; Gated
+#: DeltaNet's key heads, negative eigenvalues and output norm epsilon: zoo.parts.gated_deltanet).
+NEUTRAL_ATTN: dict[str, Any] = {
+    "gate": "none", "sink": "none", "xsa": False, "value_residual": "none",
+    "n_key_heads": None, "allow_neg_eigval": False, "norm_eps": 1e-5,
+}  # fmt: skip
 #: ``model`` (and ``encoder``) keys added after runs were recorded, left out of the hash at the value that
 #: changes nothing (no layer pattern: every layer the block, as before the key; no value embeddings).
 NEUTRAL_STACK: dict[str, Any] = {"pattern": [], "value_embeddings": False}
@@ -44,8 +48,15 @@ STACKS = ("model", "encoder")
 #: (canon layers: zoo.parts.canon; the residual axis at ``add``: zoo.parts.residuals).
 NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none", "residual": {"name": "add"}}
 #: ``block.mlp`` options added after runs were recorded, left out of the hash at the value that changes nothing
-#: (a mixture of experts' balancing: zoo.parts.moe).
-NEUTRAL_MLP: dict[str, Any] = {"balance": "loss", "bias_rate": 0.001}
+#: (a mixture of experts' balancing, its routing's options and its gates: zoo.parts.moe).
+NEUTRAL_MLP: dict[str, Any] = {
+    "balance": "loss", "bias_rate": 0.001, "normalize": True, "routed_scaling_factor": 1.0, "n_groups": 1,
+    "top_groups": 1, "router_bias": False, "shared_gate": False,
+}  # fmt: skip
+
+#: ``objective`` options added after runs were recorded, left out of the hash at the value that changes nothing
+#: (multi-token prediction's carry: zoo.models.mtp).
+NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
 
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
 #: order's), the sweep

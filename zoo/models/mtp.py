@@ -3,8 +3,11 @@ each giving the hidden state from which the model's shared LM head predicts one 
 
 Depth j (1..k) at position t predicts token t + j + 1 (the trunk's own head predicts t + 1):
 
-- ``sequential`` (DeepSeek-V3's MTP modules, arXiv:2412.19437 §2.2): ``g_j(t) = block_j(proj_j([norm(g_{j-1}(t));
-  norm(embed(x_{t+j}))]))``, ``g_0`` the trunk's final hidden state; it reads tokens up to t + j, never its target.
+- ``sequential`` (DeepSeek-V3's MTP modules, arXiv:2412.19437 §2.2): ``g_j(t) = block_j(proj_j([norm(c_{j-1}(t));
+  norm(embed(x_{t+j}))]))``, ``c_0`` the trunk's final hidden state; it reads tokens up to t + j, never its target.
+  What depth j carries to depth j + 1 (``carry``): ``block``, its block's output ``c_j = g_j`` (the paper's
+  equations: h_i^k = TRM_k(h'_i^k) is what depth k + 1 reads), or ``normed``, its final-normed state
+  ``c_j = final_norm_j(g_j)`` (transformers' and Megatron-LM's MTP layers). The two differ from depth 2 on.
 - ``independent`` (Gloeckle et al. 2024, arXiv:2404.19737): ``g_j(t) = block_j(h_t)`` on the trunk's final
   hidden state ``h``; it reads tokens up to t.
 
@@ -23,6 +26,7 @@ from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec
 
 HeadsForm = Literal["sequential", "independent"]
+Carry = Literal["block", "normed"]
 
 
 class Depth(nn.Module):
@@ -49,15 +53,17 @@ class Depth(nn.Module):
 
 
 class FutureHeads(nn.Module):
-    """k depths (``depths.{j-1}``) predicting tokens t + 2 .. t + k + 1 in the ``heads`` form."""
+    """k depths (``depths.{j-1}``) predicting tokens t + 2 .. t + k + 1 in the ``heads`` form; a sequential depth
+    hands the next its block's output (``carry: block``) or its final-normed state (``normed``)."""
 
-    def __init__(self, spec: BlockSpec, k: int, heads: HeadsForm) -> None:
+    def __init__(self, spec: BlockSpec, k: int, heads: HeadsForm, carry: Carry = "block") -> None:
         super().__init__()
-        self.heads = heads
+        self.heads, self.carry = heads, carry
         self.depths = nn.ModuleList(Depth(spec, heads == "sequential") for _ in range(k))
 
     def extra_repr(self) -> str:
-        return f"k={len(self.depths)}, heads={self.heads}"
+        carry = f", carry={self.carry}" if self.heads == "sequential" and self.carry != "block" else ""
+        return f"k={len(self.depths)}, heads={self.heads}{carry}"
 
     def forward(self, h: torch.Tensor, ids: torch.Tensor, embed: nn.Embedding) -> list[torch.Tensor]:
         """h: (b, T, d) the trunk's final hidden state; ids: (b, T) its tokens. Depth j's final-normed states
@@ -66,11 +72,12 @@ class FutureHeads(nn.Module):
         for j, depth in enumerate(self.depths, 1):
             n = ids.shape[1] - j
             if self.heads == "sequential":
-                previous, state = depth(previous[:, :n], embed(ids[:, j:]))  # position t is given token t + j
+                out, state = depth(previous[:, :n], embed(ids[:, j:]))  # position t is given token t + j
+                previous = state if self.carry == "normed" else out
             else:
                 _, state = depth(h[:, :n])
             states.append(state)
         return states
 
 
-__all__ = ["Depth", "FutureHeads", "HeadsForm"]
+__all__ = ["Carry", "Depth", "FutureHeads", "HeadsForm"]

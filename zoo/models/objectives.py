@@ -20,7 +20,7 @@ from zoo.assembly.spec import BlockSpec
 from zoo.core.errors import ConfigError
 from zoo.core.options import named_section, resolve_options
 from zoo.core.registry import Registry
-from zoo.models.mtp import FutureHeads, HeadsForm
+from zoo.models.mtp import Carry, FutureHeads, HeadsForm
 
 #: ``objective=<name>``: what the model is trained to predict.
 OBJECTIVES = Registry("objective", where="objective.name")
@@ -64,8 +64,10 @@ class NextToken(Objective):
 @OBJECTIVES.register(
     "mtp",
     formula="L = L_ntp + lambda / k sum_{j=1..k} mean_t CE(head(norm_j(s_j(t))), x_{t+j+1}); sequential: "
-    "s_j(t) = block_j(proj_j([norm(s_{j-1}(t)); norm(embed(x_{t+j}))])), s_0 = h the trunk's final hidden state; "
-    "independent: s_j(t) = block_j(h_t); lambda = weight, or weight (1 - step / steps) under anneal: linear",
+    "s_j(t) = block_j(proj_j([norm(c_{j-1}(t)); norm(embed(x_{t+j}))])), c_0 = h the trunk's final hidden state, "
+    "c_j = s_j (carry: block, the paper's equations) or norm_j(s_j) (carry: normed, transformers' and "
+    "Megatron-LM's); independent: s_j(t) = block_j(h_t); lambda = weight, or weight (1 - step / steps) under "
+    "anneal: linear",
     reference="DeepSeek-AI 2024, DeepSeek-V3 Technical Report §2.2, arXiv:2412.19437; Gloeckle et al. 2024, "
     "Better & Faster Large Language Models via Multi-token Prediction, arXiv:2404.19737",
 )
@@ -76,6 +78,8 @@ class MultiToken(Objective):
     embedding of token t + j, through norms, a concatenation, a projection and one block) or ``independent``
     (one block per future offset on the trunk's final hidden state). Both share the embedding and the LM head.
     ``weight``: lambda on the mean of the extra losses; ``anneal: linear`` takes it linearly to 0 by the end.
+    ``carry`` (sequential): what depth j hands depth j + 1, its block's output (``block``: DeepSeek-V3's equations)
+    or its final-normed state (``normed``: transformers' and Megatron-LM's MTP layers); the same at k = 1.
     """
 
     cost = ("k x (6 P + 6 seq_len d_model + 6 vocab d_model): each depth's parameters P (its block, its norms; "
@@ -83,16 +87,22 @@ class MultiToken(Objective):
             "counted over every token")  # fmt: skip
 
     def __init__(
-        self, *, k: int = 1, heads: HeadsForm = "sequential", weight: float = 0.3, anneal: Anneal = "none"
+        self,
+        *,
+        k: int = 1,
+        heads: HeadsForm = "sequential",
+        weight: float = 0.3,
+        anneal: Anneal = "none",
+        carry: Carry = "block",
     ) -> None:
         if k < 1:
             raise ConfigError("objective.k", k, "must be a positive integer (the tokens predicted past the next)")
         if not weight >= 0:
             raise ConfigError("objective.weight", weight, "must be >= 0 (lambda on the mean of the extra losses)")
-        self.extra, self.form, self.weight, self.anneal = k, heads, weight, anneal
+        self.extra, self.form, self.weight, self.anneal, self.carry = k, heads, weight, anneal, carry
 
     def heads(self, spec: BlockSpec) -> nn.Module:
-        return FutureHeads(spec, self.extra, self.form)
+        return FutureHeads(spec, self.extra, self.form, self.carry)
 
     def weight_at(self, step: int, steps: int) -> float:
         return self.weight * (1 - step / steps) if self.anneal == "linear" else self.weight

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
+from einops import rearrange, repeat
 from torch import nn
 
 from zoo.core.dims import BlockDims
@@ -43,7 +43,7 @@ from zoo.parts.state import LayerState, nbytes, query_slots
 #: The epsilon of the queries' and keys' L2 norm (fla's l2norm).
 L2_EPS = 1e-6
 
-#: The epsilon of the per-head output RMSNorm (fla's GatedDeltaNet norm_eps).
+#: The default epsilon of the per-head output RMSNorm (fla's GatedDeltaNet norm_eps; ``block.attn.norm_eps``).
 OUTPUT_NORM_EPS = 1e-5
 
 #: Initial per-head rates A (Mamba-2's range, spread over the heads) and step sizes dt (fla's range).
@@ -172,24 +172,31 @@ def initial_rates(n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     "corrected by the delta rule, after a short causal convolution on q, k, v; chunked for training, "
     "recurrent for decoding.",
     formula="S_i = g_i S_{i-1} (I - beta_i k_i k_i^T) + beta_i v_i k_i^T, y_i = rmsnorm(S_i q_i) * silu(W_g x_i); "
-    "q, k, v = silu(conv(W_qkv x)), q and k L2-normalized per head, beta = sigmoid(W_b x), "
-    "g = exp(-exp(A_log) softplus(W_a x + dt)); mixing cost per token 6 n_heads (chunk (3 d_key + 2 d_head) "
-    "+ 3 d_key d_head) training FLOPs",
+    "q, k, v = silu(conv(W_qkv x)), q and k L2-normalized per head, beta = sigmoid(W_b x) (2 sigmoid(W_b x) under "
+    "allow_neg_eigval: beta in [0, 2]), g = exp(-exp(A_log) softplus(W_a x + dt)); value head h reads key head "
+    "h // (n_heads / n_key_heads); rmsnorm's epsilon norm_eps; mixing cost per token 6 n_heads (chunk (3 d_key + "
+    "2 d_head) + 3 d_key d_head) training FLOPs",
     reference="Yang et al. 2024, Gated Delta Networks, arXiv:2412.06464; Yang et al. 2024, Parallelizing "
     "Linear Transformers with the Delta Rule over Sequence Length, arXiv:2406.06484; fla-core's "
-    "GatedDeltaNet layer",
+    "GatedDeltaNet layer; Grazzi et al. 2024, Unlocking State-Tracking in Linear RNNs Through Negative "
+    "Eigenvalues, arXiv:2411.12537 (allow_neg_eigval); Qwen3-Next (n_key_heads < n_heads)",
+    variants={"grouped": {"n_key_heads": 2}, "negeig": {"allow_neg_eigval": True}},
 )
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet: linear attention whose (d_key, d_head) state per head forgets by a data-dependent
     gate g_i and overwrites the value stored under the key k_i (the delta rule: a step of size beta_i
     toward v_i), rather than adding to it.
 
-    Per token: q, k, v from one projection ``qkv`` (per head: d_key, d_key, d_head features, heads in
-    turn), a short causal depthwise convolution of ``conv`` taps over them (its decoding state keeps the
-    last conv - 1 inputs), SiLU; q and k L2-normalized per head, q scaled by d_key^-1/2; the rate
-    beta = sigmoid(``beta`` x) and the decay g = exp(-exp(``a_log``) softplus(``decay`` x + ``dt``)) per
-    head. Each head's output is RMS-normalized (gain ``norm``) and gated by silu(``gate`` x), then
-    ``out`` mixes the heads, as in fla's GatedDeltaNet layer.
+    Per token: q, k, v from one projection ``qkv``, its rows grouped by key head: for each of the ``n_key_heads``
+    (default n_heads), its query and key (d_key rows each), then the values of the n_heads / n_key_heads value heads
+    that read it (d_head rows each; Qwen3-Next's layout, 16 key heads for 32 value heads); value head h reads key
+    head h // (n_heads / n_key_heads). Then a short causal depthwise convolution of ``conv`` taps over them (its
+    decoding state keeps the last conv - 1 inputs), SiLU; q and k L2-normalized per head, q scaled by d_key^-1/2;
+    the rate beta = sigmoid(``beta`` x) and the decay g = exp(-exp(``a_log``) softplus(``decay`` x + ``dt``)) per
+    value head. ``allow_neg_eigval``: beta = 2 sigmoid(``beta`` x), in [0, 2], so I - beta k k^T may have a negative
+    eigenvalue (OLMo-Hybrid's option). Each head's output is RMS-normalized (gain ``norm``, epsilon ``norm_eps``:
+    fla's 1e-5, Qwen3-Next's rms_norm_eps 1e-6) and gated by silu(``gate`` x), then ``out`` mixes the heads, as in
+    fla's GatedDeltaNet layer.
 
     Initialization: the convolution's kernel is stored as its difference from the identity (a kernel
     that passes the present token through), so the model's std-0.02 draw starts it near the identity;
@@ -219,6 +226,13 @@ class GatedDeltaNet(nn.Module):
             )
         if options["chunk"] < 1:
             raise ConfigError("block.attn.chunk", options["chunk"], "must be a positive integer")
+        key_heads = options["n_key_heads"]
+        if key_heads is not None and (key_heads < 1 or dims.n_heads % key_heads):
+            raise ConfigError(
+                "block.attn.n_key_heads", key_heads, f"must divide block.n_heads={dims.n_heads}, or null for n_heads"
+            )
+        if not options["norm_eps"] > 0:
+            raise ConfigError("block.attn.norm_eps", options["norm_eps"], "must be > 0 (the output norm's epsilon)")
         if not dims.causal:
             raise ConfigError(
                 "block.attn.name",
@@ -230,13 +244,19 @@ class GatedDeltaNet(nn.Module):
     @classmethod
     def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:
         require_whole_heads(dims.n_heads, tp)
+        if options.get("n_key_heads") is not None and options["n_key_heads"] % tp:
+            raise ConfigError(
+                "parallel.tp", tp, f"must divide block.attn.n_key_heads={options['n_key_heads']}: each rank holds "
+                "whole key heads with the value heads that read them"
+            )
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
-        """Each rank whole heads: column-wise ``qkv`` (heads in turn), ``beta``, ``decay`` and ``gate`` (their
-        rows in head order), row-wise ``out``; the convolution's kernel (one filter per ``qkv`` row, in
-        the same order), ``a_log`` and ``dt`` split on their first axis alike; the output norm on each
-        rank's heads; the position part's own plan. Under sequence parallelism the input is gathered
-        whole first (the convolution and the state run along time) and the output reduce-scattered back."""
+        """Each rank whole key heads with the value heads that read them: column-wise ``qkv`` (key heads in turn),
+        ``beta``, ``decay`` and ``gate`` (their rows in value-head order), row-wise ``out``; the convolution's
+        kernel (one filter per ``qkv`` row, in the same order), ``a_log`` and ``dt`` split on their first axis
+        alike; the output norm on each rank's heads; the position part's own plan. Under sequence parallelism the
+        input is gathered whole first (the convolution and the state run along time) and the output reduce-scattered
+        back."""
         plan: Plan = {name: ColwiseParallel() for name in ("qkv", "beta", "decay", "gate")}
         plan["out"] = row_output(sequence_parallel)
         plan["norm"] = heads_norm()
@@ -251,13 +271,20 @@ class GatedDeltaNet(nn.Module):
         position: Position,
         *,
         d_key: int | None = None,
+        n_key_heads: int | None = None,
         conv: int = 4,
         chunk: int = 64,
+        allow_neg_eigval: bool = False,
+        norm_eps: float = OUTPUT_NORM_EPS,
         backend: Literal["sdpa", "math"] = "sdpa",
     ) -> None:
         super().__init__()
         self.n_heads, self.d_head = dims.n_heads, dims.d_head
         self.d_key = self.d_head if d_key is None else d_key
+        self.n_key_heads = self.n_heads if n_key_heads is None else n_key_heads
+        #: Value heads per key head.
+        self.group = self.n_heads // self.n_key_heads
+        self.beta_max = 2.0 if allow_neg_eigval else 1.0
         self.causal, self.backend, self.chunk = dims.causal, backend, chunk
         rotated = hook(position, "rotated")  # rotary's rotated features per head
         if rotated is not None and rotated > self.d_key:
@@ -265,7 +292,9 @@ class GatedDeltaNet(nn.Module):
                 "block.attn.d_key", d_key, f"must be at least the {rotated} features per head the position rotates"
             )
         self.position = position
-        self.channels = self.n_heads * (2 * self.d_key + self.d_head)
+        #: Each key head's rows of ``qkv``: its query, its key, its value heads' values.
+        self.group_width = 2 * self.d_key + self.group * self.d_head
+        self.channels = self.n_key_heads * self.group_width
         self.qkv = nn.Linear(dims.d_model, self.channels, bias=dims.bias)
         self.conv = nn.Parameter(torch.empty(self.channels, 1, conv))  # the kernel less the identity
         nn.init.kaiming_uniform_(self.conv, a=math.sqrt(5))  # nn.Conv1d's own default draw
@@ -277,17 +306,18 @@ class GatedDeltaNet(nn.Module):
         self.decay = nn.Linear(dims.d_model, self.n_heads, bias=False)  # ``dt`` is its bias
         a_log, dt = initial_rates(self.n_heads)
         self.a_log, self.dt = nn.Parameter(a_log), nn.Parameter(dt)
-        self.norm = build_norm("rmsnorm", dims, width=self.d_head, shared={"eps": OUTPUT_NORM_EPS})
+        self.norm = build_norm("rmsnorm", dims, width=self.d_head, shared={"eps": norm_eps})
         self.gate = nn.Linear(dims.d_model, self.n_heads * self.d_head, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
         self.canon = Canon(self.channels, "b") if "b" in dims.canon_sites else None
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
-        """``qkv``'s rows as the query, key and value matrices (each head's d_key, d_key, d_head rows in
-        turn); ``beta``, ``decay``, ``gate`` and ``out`` are one matrix each; the convolution's kernel
-        (channels, 1, conv) is none (one short filter per channel)."""
-        rows = rearrange(torch.arange(self.channels), "(h n) -> h n", h=self.n_heads)
-        q, k, v = (rearrange(part, "h n -> (h n)") for part in rows.split([self.d_key, self.d_key, self.d_head], 1))
+        """``qkv``'s rows as the query, key and value matrices (each key head's d_key, d_key and
+        n_heads / n_key_heads x d_head rows in turn); ``beta``, ``decay``, ``gate`` and ``out`` are one matrix
+        each; the convolution's kernel (channels, 1, conv) is none (one short filter per channel)."""
+        rows = rearrange(torch.arange(self.channels), "(g n) -> g n", g=self.n_key_heads)
+        sizes = [self.d_key, self.d_key, self.group * self.d_head]
+        q, k, v = (rearrange(part, "g n -> (g n)") for part in rows.split(sizes, 1))
         return {"qkv.weight": {"q": q, "k": k, "v": v}}
 
     def state_size(self, length: int) -> int:
@@ -348,12 +378,17 @@ class GatedDeltaNet(nn.Module):
         if self.canon is not None:
             mixed = self.canon(mixed, real, cache)
         work = torch.promote_types(x.dtype, torch.float32)  # the recurrence in at least float32
-        q, k, v = rearrange(mixed.to(work), "b t (h n) -> b h t n", n=2 * self.d_key + self.d_head).split(
-            [self.d_key, self.d_key, self.d_head], dim=-1
+        q, k, v = rearrange(mixed.to(work), "b t (g n) -> b g t n", n=self.group_width).split(
+            [self.d_key, self.d_key, self.group * self.d_head], dim=-1
         )
         q, k = self.position.rotate(l2_normalize(q), l2_normalize(k), slots if positions is None else positions)
+        if self.group > 1:  # value head h reads key head h // group
+            q, k = (repeat(t, "b g t n -> b (g r) t n", r=self.group) for t in (q, k))
+            v = rearrange(v, "b g t (r d) -> b (g r) t d", r=self.group)
         q = q / math.sqrt(self.d_key)
         beta = rearrange(torch.sigmoid(self.beta(x).to(work)), "b t h -> b h t")
+        if self.beta_max != 1.0:  # allow_neg_eigval: beta in [0, 2]
+            beta = self.beta_max * beta
         log_decay = self.log_decay(x)
         if real is not None:  # padding: no key, no decay
             k = k * rearrange(real, "b t -> b 1 t 1")

@@ -132,7 +132,11 @@ class GatedMLP(MLP):
         gate, up = self.gate_and_up(x)
         if self.canon is not None:
             gate, up = self.canon(torch.cat([gate, up], dim=-1), real, cache).chunk(2, dim=-1)
-        return self.down(self.drop(self.activation(gate) * up))
+        return self.down(self.drop(self.glu(gate, up)))
+
+    def glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """The hidden units from the gate's and the up projection's: act(gate) * up."""
+        return self.activation(gate) * up
 
     def gate_and_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """gate(x) and up(x), (b, t, f) each: one matmul per matrix of ``gate_up`` (its rows as strided views,
@@ -221,3 +225,39 @@ class ReGLU(GatedMLP):
     """Gated MLP with ReLU gate; hidden width d_ff (default 8/3 * d_model, rounded up to 8)."""
 
     activation = staticmethod(F.relu)
+
+
+@MLPS.register(
+    "clamped_swiglu",
+    formula="down((clamp(up(x), -limit, limit) + 1) * g sigmoid(alpha g)), g = min(gate(x), limit); gate and up "
+    "in one matmul",
+    reference="OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925 (its experts' SwiGLU)",
+)
+class ClampedSwiGLU(GatedMLP):
+    """The SwiGLU of gpt-oss's experts: gate and up clamped at ``limit``, SiLU steepened by ``alpha``, up plus one.
+
+    The gate is clamped from above and the up projection on both sides, the gate's activation is g sigmoid(alpha g);
+    hidden width d_ff (default 8/3 * d_model, rounded up to 8). As a mixture of experts' ``expert`` it is built at its
+    defaults, gpt-oss's limit 7 and alpha 1.702."""
+
+    @classmethod
+    def check(cls, dims: BlockDims, *, limit: float, alpha: float) -> None:
+        if not limit > 0:
+            raise ConfigError("block.mlp.limit", limit, "must be > 0 (the clamp on the gate and up projections)")
+        if not alpha > 0:
+            raise ConfigError("block.mlp.alpha", alpha, "must be > 0 (the slope in g sigmoid(alpha g))")
+
+    def __init__(self, dims: BlockDims, *, limit: float = 7.0, alpha: float = 1.702) -> None:
+        super().__init__(dims)
+        self.limit, self.alpha = limit, alpha
+
+    def tp_plan(self, sequence_parallel: bool) -> Plan:
+        """:class:`GatedMLP`'s: the clamps and the activation act on each hidden unit alone."""
+        return super().tp_plan(sequence_parallel)
+
+    def glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate = gate.clamp(max=self.limit)
+        return (up.clamp(-self.limit, self.limit) + 1) * gate * torch.sigmoid(self.alpha * gate)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, limit={self.limit:g}, alpha={self.alpha:g}"

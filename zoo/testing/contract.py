@@ -21,7 +21,7 @@ from torch import nn
 from zoo.assembly.spec import resolve_block
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
-from zoo.parts.residuals import Hyper, Residual
+from zoo.parts.residuals import Residual, Streams
 from zoo.parts.state import LayerState
 from zoo.testing.combos import block_config, build, combo_id, context_of, has_part, randomize
 
@@ -433,7 +433,7 @@ def residual_of(block: nn.Module) -> Residual:
 @prop("hyper-connections mix the streams, doubly stochastic under Sinkhorn")
 def stream_mixing(s: Subject) -> str | None:
     residual = residual_of(s.block())
-    if not isinstance(residual, Hyper):
+    if not isinstance(residual, Streams):
         return "not applicable: one residual stream"
     n = residual.n_streams
     streams = torch.randn(B, T, n, D, dtype=torch.float64)
