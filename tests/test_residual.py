@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from zoo import ConfigError, build_block, check_combination
-from zoo.assembly.combinations import choices, combinations, combo_id, default, paired_choices
-from zoo.core.registry import AXES, RESIDUALS
+from zoo.assembly.combinations import choices, combinations, combo_id, default, paired_choices, product_names
+from zoo.core.registry import AXES, MLPS, RESIDUALS
 from zoo.models.config import layer_specs
 from zoo.models.language import LanguageModel, build_model
 from zoo.parts.residuals import Hyper, sinkhorn
@@ -314,7 +314,7 @@ def test_the_residual_pairs_with_every_choice_instead_of_multiplying_the_product
     combos = combinations()
     product = [a for a in AXES if not AXES[a].paired]
     plain = [c for c in combos if c["residual"] == "add"]
-    expected = {tuple(names) for names in itertools.product(*(AXES[a].names() for a in product))}
+    expected = {tuple(names) for names in itertools.product(*(product_names(a) for a in product))}
     assert expected <= {tuple(c[a] for a in product) for c in plain}
     assert len(combos) < 1.1 * len(plain)  # the axis adds pairs, not a factor of 3
     base = {axis: AXES[axis].names()[0] for axis in product} | {"residual": "add"}
@@ -330,6 +330,17 @@ def test_the_residual_pairs_with_every_choice_instead_of_multiplying_the_product
 
 
 # -- optimizers, μP, counts and FLOPs -----------------------------------------------------------------
+
+
+def test_a_paired_part_meets_every_choice_of_every_other_axis_outside_the_product():
+    """clamped_swiglu (registered paired): it is in no product row, and it meets every choice of every other axis."""
+    assert MLPS.get("clamped_swiglu").paired and "clamped_swiglu" not in product_names("mlp")
+    assert "clamped_swiglu" in paired_choices("mlp")
+    combos = [c for c in combinations() if c["mlp"] == "clamped_swiglu"]
+    for other in AXES:
+        if other != "mlp":
+            assert set(choices(other)) <= {c[other] for c in combos}, other
+    assert len(combos) < 2 * sum(len(choices(a)) for a in AXES)  # pairs, not a product
 
 
 def hyper_model(**options) -> LanguageModel:

@@ -16,7 +16,7 @@ import pytest
 from helpers import ROOT, as_overrides, tiny_cli
 
 import zoo
-from zoo.testing.combos import paired_choices
+from zoo.testing.combos import paired_choices, product_names
 
 TUTORIAL = ROOT / "docs" / "adding-a-part.md"
 
@@ -54,8 +54,8 @@ def test_tutorial_part_appears_in_zoo_parts_the_contract_suite_and_a_sweep(tmp_p
     ids = re.findall(r"test_block_contract\[(.*?)\]", collected)
     assert "pre-dyt-gqa-rotary-swiglu" in ids and all(i.split("-")[1] == "dyt" for i in ids), collected[-2000:]
     others = [axis for axis in zoo.AXES if axis != "norm"]
-    product = math.prod(len(zoo.AXES[axis].names()) for axis in others if not zoo.AXES[axis].paired)
-    paired = sum(len(paired_choices(axis)) for axis in others)  # variants, and a paired axis' other parts
+    product = math.prod(len(product_names(axis)) for axis in others if not zoo.AXES[axis].paired)
+    paired = sum(len(paired_choices(axis)) for axis in others)  # variants, paired parts, a paired axis' other parts
     assert len(ids) == len(set(ids)) == product + paired  # the product with dyt, and dyt with each of those
     # And a sweep from the command line trains with it.
     small = as_overrides(tiny_cli(d_model=32))

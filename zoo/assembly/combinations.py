@@ -61,22 +61,29 @@ def default(axis: str) -> str:
     return AXES[axis].default or AXES[axis].names()[0]
 
 
+def product_names(axis: str) -> list[str]:
+    """The part names of ``axis`` that the grid's product multiplies: every part but the paired ones
+    (``register(..., paired=True)``); for a paired axis (``Registry(paired=True)``, the residual) its default alone."""
+    if AXES[axis].paired:
+        return [default(axis)]
+    return [part.name for part in AXES[axis].parts() if not part.paired]
+
+
 def paired_choices(axis: str) -> list[str]:
     """The labels of ``axis`` that enter the grid paired with every choice of each other axis, not in the product:
-    its variants; for a paired axis (``Registry(paired=True)``, the residual) every label but its default."""
-    if AXES[axis].paired:
-        return [label for label in choices(axis) if label != default(axis)]
-    return choices(axis)[len(AXES[axis].names()) :]
+    its variants and its paired parts; for a paired axis every label but its default."""
+    product = set(product_names(axis))
+    return [label for label in choices(axis) if label not in product]
 
 
 def combinations() -> list[dict[str, str]]:
-    """The product of part names over the axes that are not paired (a paired axis at its default), then each
-    variant choice, and each other part of a paired axis, paired with every choice of each other axis."""
+    """The product of the part names :func:`product_names` gives, then each variant choice, each paired part and
+    each other part of a paired axis, paired with every choice of each other axis."""
     base = {axis: default(axis) for axis in AXES}
     product = [axis for axis in AXES if not AXES[axis].paired]
     combos = [
         {**base, **dict(zip(product, names, strict=True))}
-        for names in itertools.product(*(AXES[a].names() for a in product))
+        for names in itertools.product(*(product_names(a) for a in product))
     ]
     seen = {combo_id(c) for c in combos}
     base = {axis: AXES[axis].names()[0] if axis in product else default(axis) for axis in AXES}

@@ -58,6 +58,10 @@ class Part:
     #: Where it comes from: ``built-in``, the distribution of the plugin that registered it
     #: (``zoo-dyt``), or else the top-level module that did (``__main__``, ``my_parts``).
     origin: str = BUILT_IN
+    #: True: the contract's grid pairs it with every choice of every other axis, as it does a variant, rather than
+    #: multiplying the product by it: a part that is another's computation with a change (gpt-oss's clamped
+    #: SwiGLU is SwiGLU's) meets every other part without costing a product of its own.
+    paired: bool = False
 
     @property
     def where(self) -> str:
@@ -117,13 +121,14 @@ class Registry:
         formula: str = "",
         reference: str = "",
         variants: dict[str, dict[str, Any]] | None = None,
+        paired: bool = False,
         **defaults: Any,
     ) -> Callable[[T], T]:
         """Class decorator registering ``cls`` under ``name``; ``defaults`` preset its options.
 
         ``summary`` defaults to the first sentence of the class docstring. ``variants`` names option
         settings (beyond the defaults) that the contract suite also checks, paired with every part
-        of every other axis.
+        of every other axis; ``paired``: the part itself enters the contract's grid that way (:attr:`Part.paired`).
         """
 
         def decorator(cls: T) -> T:
@@ -141,6 +146,7 @@ class Registry:
                 defaults=dict(defaults),
                 variants={key: dict(value) for key, value in (variants or {}).items()},
                 origin=_origin(cls),
+                paired=paired,
             )
             return cls
 

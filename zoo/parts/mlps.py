@@ -232,6 +232,7 @@ class ReGLU(GatedMLP):
     formula="down((clamp(up(x), -limit, limit) + 1) * g sigmoid(alpha g)), g = min(gate(x), limit); gate and up "
     "in one matmul",
     reference="OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925 (its experts' SwiGLU)",
+    paired=True,  # SwiGLU with clamps: it meets every other part, as a variant does, not in the product
 )
 class ClampedSwiGLU(GatedMLP):
     """The SwiGLU of gpt-oss's experts: gate and up clamped at ``limit``, SiLU steepened by ``alpha``, up plus one.

@@ -31,6 +31,7 @@ from zoo.assembly.combinations import (  # the grid itself; re-exported for the 
     node,
     paired_choices,  # noqa: F401  (re-exported for the contract's users)
     pairwise_combinations,
+    product_names,  # noqa: F401  (re-exported for the contract's users)
 )
 from zoo.assembly.compat import check_combination
 from zoo.assembly.spec import resolve_block
