@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zoo.lab.records.settings import UNSET, setting
 from zoo.lab.records.summary import RunRecord
+
+__all__ = ["UNSET", "UNUSED", "Run", "Variant", "grid_edge"]
 
 #: A run's value for an axis that its parts do not use.
 UNUSED = "unused"
-#: A run's value for an axis it leaves unset (null or absent in its config: a run that is not a branch has no
-#: ``train.branch.step``), so that it reads as a value of its own rather than an empty cell.
-UNSET = "unset"
 
 
 def grid_edge(rate: float | None, grid: Any) -> str | None:
@@ -55,13 +55,7 @@ class Run:
         config leaves null or does not have."""
         if key in (self.record.unused_axes or ()):
             return UNUSED
-        if key in self.overrides:
-            return self.overrides[key]
-        choices = self.record.choices or {}
-        if key in choices:
-            return str(choices[key])
-        node = self.record.config_value(key)
-        return UNSET if node is None else str(node)
+        return setting(key, self.overrides, self.record.choices or {}, self.record.config or {})
 
 
 @dataclass

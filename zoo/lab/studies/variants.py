@@ -21,6 +21,7 @@ from zoo.core.registry import AXES
 from zoo.lab.keys import NOT_AXES
 from zoo.lab.planning.options import TUNE_DIR, check_interaction, report_interaction, report_options
 from zoo.lab.records.metrics import METRICS
+from zoo.lab.records.settings import parse_overrides
 from zoo.lab.records.summary import SUMMARY, read_record_checked
 from zoo.lab.studies.interactions import Interaction, axis_interactions
 from zoo.lab.studies.peaks import Peak, variant_peaks
@@ -101,16 +102,6 @@ class Effect:
     value: str
     baseline: str
     comparison: Comparison
-
-
-def parse_overrides(overrides: Sequence[str]) -> dict[str, str]:
-    """``["+sweeps=quick", "norm=rmsnorm"]`` -> ``{"sweeps": "quick", "norm": "rmsnorm"}``."""
-    out = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if sep:
-            out[key.lstrip("+~")] = value
-    return out
 
 
 def scan(root: Path) -> tuple[list[Run], list[Dropped]]:
