@@ -398,6 +398,30 @@ def test_a_run_folder_that_cannot_be_read_is_named_and_fails_the_exit_status(tmp
     assert "not read" not in (tmp_path / "report.md").read_text()
 
 
+def test_a_sweep_whose_report_fails_exits_1_with_the_reports_error(tmp_path, capsys):
+    """The report callback's failure (no run to read here) is the sweep's exit status and its last words on
+    stderr, after its runs' own; a sweep whose report is written and whose runs did their work exits 0."""
+    from omegaconf import OmegaConf
+
+    from zoo.lab.records.exit_status import SweepStatus, exit_if_a_run_failed
+    from zoo.lab.reports.report import ReportCallback
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}, "report": {"baseline": None}})
+    SweepStatus().on_multirun_end(config)
+    ReportCallback().on_multirun_end(config)
+    with pytest.raises(SystemExit) as exit_:
+        exit_if_a_run_failed()
+    assert str(exit_.value.code).startswith(f"the report of {tmp_path} was not written: FileNotFoundError: no "
+                                            "summary.json under ")  # fmt: skip
+    sweep(tmp_path)
+    for seed in (0, 1):
+        shutil.rmtree(tmp_path / f"norm=broken,seed={seed},train.steps=10")
+    SweepStatus().on_multirun_end(config)
+    ReportCallback().on_multirun_end(config)
+    exit_if_a_run_failed()  # no failed run, a report written: nothing to say
+    assert (tmp_path / "report.md").is_file() and "report:" in capsys.readouterr().out
+
+
 # -- pooled effects: the seed is the unit ------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.lab.planning.options import report_interaction, report_options
+from zoo.lab.records.exit_status import report_failed
 from zoo.lab.records.lock import report_lock
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.records.report_files import OPTIONAL, PLOTS, TABLES
@@ -133,8 +134,9 @@ class ReportCallback(Callback):
             with report_lock(root):  # a second sweep into this folder writes its report after this one
                 report = build_report(root, baseline=baseline, correction=correction, test=test, interaction=named)
                 text = write_built(report)
-        except Exception as error:  # a report problem must not hide the runs' own results
+        except Exception as error:  # a report problem must not hide the runs' own results: the sweep exits 1
             log.error("report for %s failed: %s: %s", root, type(error).__name__, error)
+            report_failed(root, f"{type(error).__name__}: {error}")
             return
         others = ", ".join(p.name for p in written(root, True) if p.name != "report.md")
         print("\n" + text + f"\nreport: {root / 'report.md'} (and {others})")
