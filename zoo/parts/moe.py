@@ -33,6 +33,8 @@ from zoo.parts.mlps import MLP
 
 Routing = Literal["softmax", "sigmoid"]
 Balance = Literal["loss", "bias"]
+#: ``block.mlp.bias_rate``'s default: the step balance=bias moves each expert's bias by after each optimizer step.
+BIAS_RATE = 0.001
 
 
 def route(
@@ -121,7 +123,7 @@ class MoE(MLP):
         n_shared: int = 0,
         routing: Routing = "softmax",
         balance: Balance = "loss",
-        bias_rate: float = 0.001,
+        bias_rate: float = BIAS_RATE,
     ) -> None:
         expert_cls = MLPS.get(expert).cls
         super().__init__(replace(dims, d_ff=dims.d_ff or expert_cls.default_width(dims.d_model)))
@@ -154,6 +156,10 @@ class MoE(MLP):
             raise ConfigError("block.mlp.expert", expert, f"a registered dense MLP: {', '.join(experts)}")
         if not bias_rate > 0:
             raise ConfigError("block.mlp.bias_rate", bias_rate, "must be > 0 (the bias's step per optimizer step)")
+        if balance != "bias" and bias_rate != BIAS_RATE:
+            raise ConfigError("block.mlp.bias_rate", bias_rate, f"moves the bias of balance=bias only (balance="
+                              f"{balance} here, where it would do nothing): set block.mlp.balance=bias, or leave it at "
+                              f"{BIAS_RATE}")  # fmt: skip
 
     @classmethod
     def check_tp(cls, dims: BlockDims, tp: int, *, expert: str, n_shared: int, **options: object) -> None:
