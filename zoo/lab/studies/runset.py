@@ -36,6 +36,7 @@ class Run:
     path: Path
     record: RunRecord
     overrides: dict[str, str]
+    folded: dict[str, list[str]] = field(default_factory=dict)  # an axis -> the options of its part read with it
 
     @property
     def status(self) -> str:
@@ -52,10 +53,13 @@ class Run:
     def value(self, key: str) -> str:
         """The run's setting for a swept key: its override, its group choice, or its config value;
         ``unused`` for an axis its parts do not use (a norm-free placement's ``norm``); ``unset`` for one its
-        config leaves null or does not have."""
+        config leaves null or does not have. An axis with options folded into it (:attr:`folded`) reads them
+        beside its value where the run has them: ``hyper sinkhorn_iters=20``."""
         if key in (self.record.unused_axes or ()):
             return UNUSED
-        return setting(key, self.overrides, self.record.choices or {}, self.record.config or {})
+        value = setting(key, self.overrides, self.record.choices or {}, self.record.config or {})
+        options = ((o, setting(o, self.overrides, {}, self.record.config or {})) for o in self.folded.get(key, ()))
+        return " ".join([value, *(f"{o.rpartition('.')[2]}={v}" for o, v in options if v != UNSET)])
 
 
 @dataclass

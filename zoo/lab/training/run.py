@@ -152,13 +152,7 @@ def run_record(
     # job: Hydra's job number in a sweep (job 0 holds the first value of every swept key)
     record = RunRecord(run_dir=str(out_dir) if out_dir else None, choices=dict(choices or {}),
                        overrides=list(overrides), started=now(), versions=versions(), job=job)  # fmt: skip
-    claimed: list[bool] = []  # this process wrote the folder's record: from then on the folder is its own
-
-    def claim() -> None:
-        claimed.append(True)
-        if on_write is not None:
-            on_write()
-
+    claim = Claim(on_write)
     try:
         prior = read_record(out_dir) if writes and resume and world == 1 else None  # type: ignore[arg-type]
         raw = resolved(cfg, record, tune_dir, prior)
@@ -182,12 +176,31 @@ def run_record(
         record.traceback = traceback.format_exc()
     record.wall_time_s = time.perf_counter() - started
     record.finished = now()
-    if writes and not claimed and (held := kept_as_it_was(out_dir, record)) is not None:  # type: ignore[arg-type]
-        return refuse(out_dir, held, world, advice="")  # type: ignore[arg-type]
-    if writes:
-        write_record(out_dir, record)  # type: ignore[arg-type]
-    if rank == 0:
-        log_end(record, out_dir, writes)
+    return ended(record, out_dir if writes else None, claimed=claim.made, world=world)
+
+
+class Claim:
+    """Called by a run just before it first writes its folder (``on_write`` then called): from then on the
+    folder is the run's own, and its failure is recorded there (:func:`ended`)."""
+
+    def __init__(self, on_write: Callable[[], None] | None) -> None:
+        self.made, self.on_write = False, on_write
+
+    def __call__(self) -> None:
+        self.made = True
+        if self.on_write is not None:
+            self.on_write()
+
+
+def ended(record: RunRecord, out_dir: Path | None, *, claimed: bool, world: int) -> RunRecord:
+    """The ended run's record, written to ``out_dir`` (None: this rank writes nothing) and logged; unless the
+    run failed before it claimed a folder that holds a finished run (:func:`kept_as_it_was`): refused then."""
+    if out_dir is not None and not claimed and (held := kept_as_it_was(out_dir, record)) is not None:
+        return refuse(out_dir, held, world, advice="")
+    if out_dir is not None:
+        write_record(out_dir, record)
+    if dist_env()[0] == 0:
+        log_end(record, out_dir, out_dir is not None)
     return record
 
 
