@@ -373,3 +373,17 @@ def test_the_tuning_sweep_is_checked_with_the_sweep_and_reports_only_the_axes_it
     assert "block.d_model=32" in argv and "block.d_model=32,64" not in argv
     assert argv[argv.index("block.d_model=32") + 1 : argv.index("tune.lr=null")] == [
         "report.baseline='pos=rotary'", "report.interaction=[[pos,mlp]]"]  # fmt: skip
+
+
+def test_a_grid_of_many_combinations_of_parts_is_checked_on_the_first_run_of_each_value(tmp_path):
+    """Each choice of config groups takes Hydra a composition: sweeps/card.yaml's 2520 are checked on the first
+    run of each value (every value of every swept key, each at least once); a smaller grid on every run."""
+    from zoo.lab.planning.jobs import MAX_COMPOSED, checked_selection, sweep_jobs
+
+    with multirun_config("+sweeps=card", f"hydra.sweep.dir={tmp_path}") as config:
+        launched = sweep_jobs(config)
+        selected = checked_selection(config, launched)
+    assert len(launched) == 2520 and len(selected) <= 4 + 3 + 6 + 5 + 7 < MAX_COMPOSED
+    assert {o for job in selected for o in job} == {o for job in launched for o in job}
+    with multirun_config("+sweeps=ladder", f"hydra.sweep.dir={tmp_path}") as config:
+        assert checked_selection(config, sweep_jobs(config)) == sweep_jobs(config)  # 4 choices of groups, 100 runs

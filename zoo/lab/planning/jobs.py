@@ -105,10 +105,10 @@ def launched_world(config: DictConfig) -> tuple[int, bool]:
     return world, target.rsplit(".", 1)[-1] in HERE
 
 
-def check_jobs(config: DictConfig, jobs: Sequence[Job]) -> None:
+def check_jobs(config: DictConfig, jobs: Sequence[Job], launched: Sequence[Sequence[str]] | None = None) -> None:
     """Check each job's run config as its run will before any tensor work (the tuning of ``tune.lr`` aside: its
     rate is a learning rate like any other): the first mistake is a ConfigError naming the field, the bad value,
-    what is allowed and the runs it refuses (:func:`culprit`)."""
+    what is allowed and the runs it refuses among those ``launched`` (default: ``jobs``; :func:`culprit`)."""
     world, here = launched_world(config)
     planned: set[str] = set()  # the configs checked, less their seeds (a variant's seeds are checked once)
     for job in jobs:
@@ -122,7 +122,7 @@ def check_jobs(config: DictConfig, jobs: Sequence[Job]) -> None:
         except IncompatibleParts:
             continue  # a combination the grid holds and the compatibility map refuses: its run records why
         except ConfigError as error:
-            which = culprit(job, error.field, jobs)
+            which = culprit(job, error.field, launched if launched is not None else [j.overrides for j in jobs])
             raise ConfigError(error.field, error.value, f"{error.allowed} ({which})") from None
 
 
@@ -132,23 +132,51 @@ def check_seeds(config: dict[str, Any]) -> None:
     check_type("data_seed", config.get("data_seed"), int | None)
 
 
-def culprit(job: Job, field: str, jobs: Sequence[Job]) -> str:
-    """Which of the sweep's runs a mistake in ``field`` refuses: ``the 12 runs with block.attn.gate=head`` (the job's
-    override of that field or of the group that set it, or ``every run``), else the first run refused."""
+def culprit(job: Job, field: str, launched: Sequence[Sequence[str]]) -> str:
+    """Which of the sweep's runs (``launched``: each one's overrides) a mistake in ``field`` refuses: ``the 12 runs
+    with block.attn.gate=head`` (the job's override of that field or of the group that set it, or ``every run``),
+    else the first run refused."""
     for override in job.overrides:
         key = override.partition("=")[0].lstrip("+~")
         if any(field == k or field.startswith((f"{k}.", f"{k}[")) for k in (key, f"block.{key}")):
-            count = sum(override in other.overrides for other in jobs)
-            return f"the {count} run{'s' if count > 1 else ''} with {override}" if count < len(jobs) else "every run"
-    swept = swept_keys(jobs)
+            count = sum(override in other for other in launched)
+            if count == len(launched):
+                return "every run"
+            return f"the {count} run{'s' if count > 1 else ''} with {override}"
+    swept = swept_keys(launched)
     shown = " ".join(o for o in job.overrides if o.partition("=")[0].lstrip("+~") in swept)
     return f"first refused: the run {shown}" if shown else "every run"
 
 
-def swept_keys(jobs: Sequence[Job]) -> set[str]:
-    """The keys the jobs give more than one value (their override's key, ``+`` and ``~`` stripped)."""
+def swept_keys(launched: Sequence[Sequence[str]]) -> set[str]:
+    """The keys the jobs' overrides give more than one value (``+`` and ``~`` stripped)."""
     values: dict[str, set[str]] = {}
-    for job in jobs:
-        for key, value in parse_overrides(job.overrides).items():
+    for overrides in launched:
+        for key, value in parse_overrides(overrides).items():
             values.setdefault(key, set()).add(value)
     return {key for key, seen in values.items() if len(seen) > 1}
+
+
+#: The most choices of config groups a sweep's check composes one by one (each takes Hydra a composition, as long
+#: as a run's start): a grid of more (``sweeps/card.yaml``'s every combination of parts) is checked on the first
+#: run of each of its values (:func:`covering`), its other combinations by their own runs.
+MAX_COMPOSED = 64
+
+
+def checked_selection(config: DictConfig, launched: Sequence[Sequence[str]]) -> list[Sequence[str]]:
+    """The jobs a sweep's check composes: every one, unless they choose more than :data:`MAX_COMPOSED` different
+    config groups, then :func:`covering`'s."""
+    groups = set(config.hydra.runtime.choices)
+    chosen = {tuple(o for o in job if o.partition("=")[0].lstrip("+~") in groups) for job in launched}
+    return list(launched) if len(chosen) <= MAX_COMPOSED else covering(launched)
+
+
+def covering(launched: Sequence[Sequence[str]]) -> list[Sequence[str]]:
+    """The first job (in launch order) of each override value: every value of every swept key, each once."""
+    seen: set[str] = set()
+    kept = []
+    for job in launched:
+        if not seen.issuperset(job):
+            kept.append(job)
+            seen.update(job)
+    return kept

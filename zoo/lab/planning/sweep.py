@@ -10,6 +10,7 @@ show only after every run.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.core.errors import ConfigError
 from zoo.lab.keys import NOT_AXES
 from zoo.lab.planning.branch import decay_start
-from zoo.lab.planning.jobs import Job, check_jobs, job_configs, sweep_jobs
+from zoo.lab.planning.jobs import Job, check_jobs, checked_selection, job_configs, sweep_jobs
 from zoo.lab.planning.options import (
     TUNE_DIR,
     check_interaction,
@@ -36,6 +37,8 @@ from zoo.lab.planning.options import (
 from zoo.lab.planning.tuning import search_argv
 from zoo.lab.records.settings import parse_overrides, setting
 from zoo.lab.records.summary import RunRecord, read_record
+
+log = logging.getLogger("zoo.lab.planning.sweep")
 
 #: The fewest widths a ladder fits (zoo.lab.studies.ladder.MIN_RUNGS, without importing numpy here).
 MIN_WIDTHS = 3
@@ -119,10 +122,15 @@ def check_before_any_run(config: DictConfig) -> None:
 
 
 def checked_jobs(config: DictConfig) -> list[Job]:
-    """The sweep's jobs, each run config checked (zoo.lab.planning.jobs); none under a sweeper that does not say."""
-    overrides = sweep_jobs(config)
-    jobs = list(job_configs(config, overrides or []))
-    check_jobs(config, jobs)
+    """The sweep's jobs, each run config checked (zoo.lab.planning.jobs: a grid of many combinations of parts on the
+    first run of each value); none under a sweeper that does not say."""
+    launched = sweep_jobs(config) or []
+    selected = checked_selection(config, launched)
+    if len(selected) < len(launched):
+        log.info("checking %d of the %d runs' configs before any run: the first run of each value", len(selected),
+                 len(launched))  # fmt: skip
+    jobs = list(job_configs(config, selected))
+    check_jobs(config, jobs, launched)
     return jobs
 
 
