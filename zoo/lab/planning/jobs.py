@@ -19,6 +19,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -83,7 +84,7 @@ def job_configs(config: DictConfig, jobs: Sequence[Sequence[str]]) -> Iterator[J
                 cfg = copy.deepcopy(base)
                 ConfigLoaderImpl._apply_overrides_to_config([o for o in rest if o.key_or_group not in groups], cfg)
                 variants[variant] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-        except OmegaConfBaseException as error:
+        except (HydraException, OmegaConfBaseException) as error:
             raise ConfigError("the run", " ".join(job), f"does not compose: {error}".replace("\n", " ")) from None
         yield Job(tuple(job), {**variants[variant], **seeds}, choices)
 
