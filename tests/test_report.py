@@ -260,6 +260,10 @@ def test_the_baseline_is_the_first_launched_value_unless_given(tmp_path, capsys)
     with pytest.raises(SystemExit):
         report_main([str(tmp_path), "--baseline", "norm=dyt"])
     assert "report.baseline='norm=dyt': one of norm's values: layernorm, rmsnorm" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report_main([str(tmp_path), "--baseline", "pos=rotary"])
+    assert "report.baseline='pos=rotary': pos is not a swept axis; swept: norm: layernorm, rmsnorm" in \
+        capsys.readouterr().err  # fmt: skip
     # launched with report.baseline in the runs' config: the report follows it
     for summary in tmp_path.glob("*/summary.json"):
         data = json.loads(summary.read_text())

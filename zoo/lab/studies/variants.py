@@ -162,7 +162,8 @@ def choose_baseline(runs: Sequence[Run], axes: Sequence[str], given: dict[str, s
     given = given or {}
     for axis, value in given.items():
         if axis not in axes:
-            raise ConfigError("report.baseline", f"{axis}={value}", f"a swept axis; axes: {', '.join(axes) or 'none'}")
+            swept = "; ".join(f"{a}: {', '.join(sorted({r.value(a) for r in runs}))}" for a in axes) or "none"
+            raise ConfigError("report.baseline", f"{axis}={value}", f"{axis} is not a swept axis; swept: {swept}")
         seen = sorted({r.value(axis) for r in runs})
         if value not in seen:
             raise ConfigError("report.baseline", f"{axis}={value}", f"one of {axis}'s values: {', '.join(seen)}")
