@@ -150,6 +150,11 @@ def zoo_in_process(program: str, args: list[str], cwd: Path) -> int:
     return 0
 
 
+def folder_bytes(folder: Path) -> dict[Path, bytes]:
+    """Every file under ``folder`` and its bytes: equal before and after, nothing in it was written."""
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
 def summaries(folder: Path) -> dict[str, dict]:
     """Every run's summary in a sweep folder, by run folder name."""
     return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/summary.json")}

@@ -26,6 +26,12 @@ from zoo.lab.commands.sweep import sweep_main
         (["-m", "norm=rmsnorm,rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'?"),
         (["task=nosuchtask"], "task='nosuchtask': unknown task; options: bytes, lengthgen, mqar, tokens, transduce"),
         (["task=mqar", "task.seq_len=8"], "task.seq_len='8': unknown key 'seq_len' of task; keys: "),
+        (["residual.n_streams=2"], "residual.n_streams='2': the residual group's options sit under block.residual: "
+                                   "block.residual.n_streams=2"),
+        (["-m", "norm.eps=1e-6"], "norm.eps='1e-6': the norm group's options sit under block.norm: "
+                                  "block.norm.eps=1e-6"),
+        (["sweeps.x=1"], "sweeps.x='1': sweeps is a config group, not a key: choose one of its options "
+                         "(sweeps=<option>): "),
     ],
 )
 def test_a_misspelt_key_or_option_names_what_exists(args, message):

@@ -188,3 +188,11 @@ def test_mixers_benchmark_adds_the_hybrid_from_four_layers_and_matches_parameter
     params = {name: int(row[1].replace(",", "")) for name, row in rows.items() if name not in ("mixer", "---")}
     assert params["mha (softmax, sdpa)"] == 13008 and abs(params[hybrid[0].lstrip("| ")] - 13008) < 0.01 * 13008
     assert mha[3] == "1.00" and int(hybrid[4].replace(",", "")) > int(mha[4].replace(",", ""))  # more FLOPs/token
+
+
+def test_sweep_check_benchmark_times_the_check_before_any_run(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["sweep_check.py", "quick"])
+    runpy.run_path(str(BENCHMARKS / "sweep_check.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.startswith("load average ") and "| quick | 12 (0) | " in out

@@ -117,9 +117,10 @@ def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str])
     module = {"zoo-train": "zoo.train", "zoo-sweep": "zoo.lab.commands.sweep"}[program]
     kept = pinned(program, args)
     tiny = [f"{k}={v}" for k, v in TINY.items() if not k.startswith("task.") or k.removeprefix("task.") in task_keys]
-    layers = [int(m) for a in kept for m in re.findall(r"^\+?model\.layers\.(\d+)\.", a)]  # a layer's override
-    if layers:  # as many layers as the highest overridden index needs
-        tiny = [f"model.n_layers={max(layers) + 1}" if t.startswith("model.n_layers=") else t for t in tiny]
+    layers = [int(m) + 1 for a in kept for m in re.findall(r"^\+?model\.layers\.(\d+)\.", a)]  # a layer's override
+    layers += [len(yaml.safe_load(a.split("=", 1)[1])) for a in kept if a.startswith("model.pattern=")]  # its entries
+    if layers:  # as many layers as the highest overridden index or the pattern needs
+        tiny = [f"model.n_layers={max(layers)}" if t.startswith("model.n_layers=") else t for t in tiny]
     dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     if any("submitit" in a for a in kept):
         done = subprocess.run(

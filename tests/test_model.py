@@ -252,7 +252,7 @@ def test_a_lone_block_of_a_preset_says_why_not_and_builds_for_a_model(preset):
         (["pos=sinusoidal", "+model.layers.2.pos=rotary"], "model.layers.2.pos='rotary'"),
         (["pos=learned", "+model.layers.1.pos=sinusoidal"], "model.layers.1.pos='sinusoidal'"),
         (["pos=learned", "+model.layers.1.max_len=32"], "model.layers.1.pos='learned'"),
-        (["pos=rotary", "+model.layers.0.pos=learned"], "model.layers.1.pos='rotary'"),
+        (["pos=rotary", "+model.layers.0.pos=learned"], "model.layers.0.pos='learned'"),  # the layer that set it
     ],
 )
 def test_per_layer_embedding_positions_are_rejected_naming_the_layer(overrides, field):

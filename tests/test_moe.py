@@ -347,11 +347,15 @@ def test_under_bias_the_balance_measure_is_logged_but_trains_nothing():
         ({"balance": "aux"}, "block.mlp.balance='aux': must be one of 'loss', 'bias'"),
         ({"balance": "bias", "bias_rate": 0.0}, "block.mlp.bias_rate=0.0: must be > 0"),
         ({"balance": "bias", "bias_rate": -0.001}, "block.mlp.bias_rate=-0.001: must be > 0"),
+        ({"bias_rate": 0.01}, "block.mlp.bias_rate=0.01: moves the bias of balance=bias only (balance=loss here, "
+                              "where it would do nothing): set block.mlp.balance=bias, or leave it at 0.001"),
     ],
 )
 def test_bad_balance_options_are_refused_naming_the_field(options, message):
     cfg = {**BASE, "mlp": {"name": "moe", **options}}
     assert message in check_combination(cfg)
+    default = {"name": "moe", "balance": "loss", "bias_rate": 0.001}
+    assert check_combination({**BASE, "mlp": default}) is None
 
 
 def test_balance_loss_leaves_existing_config_hashes_as_they_were():

@@ -47,8 +47,10 @@ def test_a_pattern_that_does_not_divide_the_depth_is_truncated_and_layers_apply_
     assert [b.attn.window for b in model.blocks] == [2, 2, None, 4, 2, None, 2]
     assert [b.attn.n_kv_heads for b in model.blocks] == [2, 2, 2, 2, 2, 1, 2]
     assert [type(b.mlp).__name__ for b in model.blocks] == ["SwiGLU"] * 4 + ["GeluMLP"] + ["SwiGLU"] * 2
-    longer = build_model({"block": block, "model": {"n_layers": 2, "pattern": pattern}})
-    assert [b.attn.window for b in longer.blocks] == [2, 2]
+    with pytest.raises(ConfigError) as longer:  # an entry no layer takes would do nothing: refused by name
+        build_model({"block": block, "model": {"n_layers": 2, "pattern": pattern}})
+    assert str(longer.value) == ("model.pattern[2]={}: past the depth: model.n_layers=2 takes pattern[0] to "
+                                 "pattern[1]; drop the entries past it or raise model.n_layers")  # fmt: skip
 
 
 def test_an_empty_pattern_is_the_block_on_every_layer():
@@ -67,6 +69,9 @@ def test_an_empty_pattern_is_the_block_on_every_layer():
         (["model.pattern=[{d_model: 64}]"], "model.pattern[0].d_model=64", "must equal block.d_model=32"),
         (["model.pattern=[{d_modle: 64}]"], "model.pattern[0].d_modle=64", "unknown key"),
         (["model.pattern=[{},{pos: learned}]"], "model.pattern[1].pos='learned'", "set them once with block.pos"),
+        (["model.pattern=[{pos: learned},{}]"], "model.pattern[0].pos='learned'", "set them once with block.pos"),
+        (["model.pattern=[{pos: sinusoidal}]", "+model.layers.2.pos=rotary"], "model.pattern[0].pos='sinusoidal'",
+         "set them once with block.pos"),  # fmt: skip
         (["pos=learned", "model.pattern=[{},{pos: rotary}]"], "model.pattern[1].pos='rotary'", "set them once"),
         (["model.pattern=[{cross_attention: true}]"], "model.pattern[0].cross_attention=True", "build_seq2seq"),
         (["model.pattern=[{},{attn: gated_deltanet}]", "+model.layers.1.attn.window=2"],

@@ -260,6 +260,10 @@ def test_the_baseline_is_the_first_launched_value_unless_given(tmp_path, capsys)
     with pytest.raises(SystemExit):
         report_main([str(tmp_path), "--baseline", "norm=dyt"])
     assert "report.baseline='norm=dyt': one of norm's values: layernorm, rmsnorm" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report_main([str(tmp_path), "--baseline", "pos=rotary"])
+    assert "report.baseline='pos=rotary': pos is not a swept axis; swept: norm: layernorm, rmsnorm" in \
+        capsys.readouterr().err  # fmt: skip
     # launched with report.baseline in the runs' config: the report follows it
     for summary in tmp_path.glob("*/summary.json"):
         data = json.loads(summary.read_text())
@@ -396,6 +400,70 @@ def test_a_run_folder_that_cannot_be_read_is_named_and_fails_the_exit_status(tmp
         shutil.rmtree(tmp_path / folder)
     report_main([str(tmp_path), "--no-plots"])
     assert "not read" not in (tmp_path / "report.md").read_text()
+
+
+def test_a_sweep_whose_report_fails_exits_1_with_the_reports_error(tmp_path, capsys):
+    """The report callback's failure (no run to read here) is the sweep's exit status and its last words on
+    stderr, after its runs' own; a sweep whose report is written and whose runs did their work exits 0."""
+    from omegaconf import OmegaConf
+
+    from zoo.lab.records.exit_status import SweepStatus, exit_if_a_run_failed
+    from zoo.lab.reports.report import ReportCallback
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}, "report": {"baseline": None}})
+    SweepStatus().on_multirun_end(config)
+    ReportCallback().on_multirun_end(config)
+    with pytest.raises(SystemExit) as exit_:
+        exit_if_a_run_failed()
+    assert str(exit_.value.code).startswith(f"the report of {tmp_path} was not written: FileNotFoundError: no "
+                                            "summary.json under ")  # fmt: skip
+    sweep(tmp_path)
+    for seed in (0, 1):
+        shutil.rmtree(tmp_path / f"norm=broken,seed={seed},train.steps=10")
+    SweepStatus().on_multirun_end(config)
+    ReportCallback().on_multirun_end(config)
+    exit_if_a_run_failed()  # no failed run, a report written: nothing to say
+    assert (tmp_path / "report.md").is_file() and "report:" in capsys.readouterr().out
+
+
+def residual_runs(root: Path) -> None:
+    """zoo-sweep residual (add, scaled, hyper; 4 seeds), then the same sweep again into its folder with
+    residual=hyper block.residual.sinkhorn_iters=20 (mHC): an option only hyper has."""
+    hyper = {"name": "hyper", "n_streams": 4, "dynamic": False, "sinkhorn_iters": 0}
+    for seed in range(4):
+        for i, (name, node, extra) in enumerate([("add", {"name": "add"}, []), ("scaled", {"name": "scaled"}, []),
+                                                 ("hyper", hyper, []),
+                                                 ("hyper", {**hyper, "sinkhorn_iters": 20},
+                                                  ["block.residual.sinkhorn_iters=20"])]):  # fmt: skip
+            config = {"seed": seed, "block": {"residual": node}}
+            fake_run(root, ["+sweeps=residual", f"residual={name}", *extra, f"seed={seed}"], value=3.0 - 0.1 * i
+                     + 0.01 * seed, config=config, choices={"residual": name}, job=4 * seed + i)  # fmt: skip
+
+
+def test_an_option_only_one_parts_runs_have_is_folded_into_its_axis(tmp_path):
+    """block.residual.sinkhorn_iters exists under residual=hyper only: it is no axis of its own (whose pooled rows
+    would pair runs that do not differ by it) but part of residual's value, each variant its 4 seeds."""
+    residual_runs(tmp_path)
+    report = build_report(tmp_path)
+    assert report.axes == ["residual"]
+    assert sorted(v.key for v in report.variants) == [("add",), ("hyper sinkhorn_iters=0",),
+                                                      ("hyper sinkhorn_iters=20",), ("scaled",)]  # fmt: skip
+    assert all(len(v.runs) == 4 for v in report.variants) and not report.effects and not report.interactions
+    assert report.baseline == ("add",)
+    text = markdown(report)
+    assert "sinkhorn_iters=20" in text and "unset" not in text
+    mhc = build_report(tmp_path, baseline={"residual": "hyper sinkhorn_iters=0"})
+    assert mhc.baseline == ("hyper sinkhorn_iters=0",)
+
+
+def test_an_option_every_run_has_stays_an_axis_of_its_own(tmp_path):
+    for seed in range(3):
+        for i, (attn, gate) in enumerate([("mha", "none"), ("mha", "headwise"), ("gqa", "none"), ("gqa", "headwise")]):
+            config = {"seed": seed, "block": {"attn": {"name": attn, "gate": gate}}}
+            fake_run(tmp_path, [f"attn={attn}", f"block.attn.gate={gate}", f"seed={seed}"], value=3.0 - 0.1 * i,
+                     config=config, choices={"attn": attn})  # fmt: skip
+    report = build_report(tmp_path)
+    assert report.axes == ["attn", "block.attn.gate"] and len(report.effects) == 2
 
 
 # -- pooled effects: the seed is the unit ------------------------------------------------------------------------

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, SMALL, interrupt, summaries, without_timings, zoo_cli
+from helpers import ROOT, SMALL, fake_run, interrupt, summaries, without_timings, zoo_cli
 from matplotlib.image import imread
 from omegaconf import OmegaConf
 
@@ -25,23 +27,24 @@ from zoo.lab.training.run import run
 
 @pytest.mark.slow
 def test_zoo_sweep_trains_reports_and_survives_a_failing_run(tmp_path):
-    # Three variants; n_heads=5 does not divide d_model=32, so that run fails and the others go on;
-    # the report is written, then the sweep exits 1 (a failed run is not a result).
+    # Three variants; model.vocab_size=100 is below the bytes task's 256, which only the task read at the run's
+    # start knows, so that run fails and the others go on; the report is written, then the sweep exits 1 (a
+    # failed run is not a result).
     folder = tmp_path / "sweep"
-    small = [a for a in SMALL if not a.startswith("block.n_heads")]
-    args = ["quick", "pos=none", "mlp=gelu", "seed=0", "block.n_heads=2,4,5", *small, f"hydra.sweep.dir={folder}"]
+    args = ["quick", "pos=none", "mlp=gelu", "seed=0", "model.vocab_size=null,512,100", *SMALL,
+            f"hydra.sweep.dir={folder}"]  # fmt: skip
     done = zoo_cli("zoo.lab.commands.sweep", *args, cwd=tmp_path, returncode=1)
     last = done.stderr.rstrip().splitlines()[-2:]
     assert last[0] == "1 run(s) failed (a diverged run is a result; a failed one is not):", done.stderr[-2000:]
-    assert last[1].startswith("  sweep/") and "block.n_heads=5" in last[1], last
-    assert last[1].endswith(": ConfigError: block.n_heads=5: must divide d_model=32 (head size = d_model / n_heads)")
+    assert last[1].startswith("  sweep/") and "model.vocab_size=100" in last[1], last
+    assert last[1].endswith(": ConfigError: model.vocab_size=100: at least task 'bytes''s vocabulary (256)")
     runs = summaries(folder)
-    status = {r["config"]["block"]["n_heads"]: r["status"] for r in runs.values()}
-    assert status == {2: "ok", 4: "ok", 5: "failed"}
+    status = {r["config"]["model"]["vocab_size"]: r["status"] for r in runs.values()}
+    assert status == {256: "ok", 512: "ok", 100: "failed"}
     assert all(r["choices"]["sweeps"] == "quick" and r["config"]["block"]["d_model"] == 32 for r in runs.values())
-    assert "| # | block.n_heads | seeds | params | val_bpb (mean ± std) |" in done.stdout  # the table ends the sweep
+    assert "| # | model.vocab_size | seeds | params | val_bpb (mean ± std) |" in done.stdout  # the table ends the sweep
     report = (folder / "report.md").read_text()
-    assert "block.n_heads=5: failed: ConfigError: block.n_heads=5: must divide d_model=32" in report
+    assert "model.vocab_size=100: failed: ConfigError: model.vocab_size=100: at least task 'bytes'" in report
     # What the sweep file and the command line held fixed, beyond zoo's defaults (threads: runtime only).
     fixed = next(line for line in report.splitlines() if line.startswith("Fixed in every run"))
     for setting in ("block.d_model=32", "model.n_layers=2", "task.seq_len=32", "train.steps=4", "train.eval_every=2"):
@@ -54,6 +57,15 @@ def test_zoo_sweep_trains_reports_and_survives_a_failing_run(tmp_path):
     for png in ("curves.png", "final.png"):
         assert imread(folder / png).shape[2] in (3, 4)
     assert not (tmp_path / "runs").exists()  # everything went where hydra.sweep.dir said
+
+
+def test_zoo_sweep_refuses_a_bad_swept_value_in_one_line_before_any_run(tmp_path):
+    folder = tmp_path / "sweep"
+    done = zoo_cli("zoo.lab.commands.sweep", "quick", *SMALL, "block.attn.gate=none,head", f"hydra.sweep.dir={folder}",
+                   cwd=tmp_path, returncode=1)  # fmt: skip
+    assert done.stderr.splitlines() == ["zoo-sweep: refused before any run: block.attn.gate='head': must be one of "
+                                        "'none', 'headwise', 'elementwise' (the 12 runs with block.attn.gate=head)"]
+    assert not folder.exists() and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow
@@ -308,3 +320,96 @@ def test_a_sweeps_report_tune_and_ladder_are_checked_against_its_axes_before_any
         "zoo-sweep: refused before any run: report.interaction='mlp,pos': 'pos' is not a swept axis; swept: mlp"
     ]
     assert not folder.exists() and not (tmp_path / "runs").exists()
+
+
+@contextlib.contextmanager
+def multirun_config(*overrides: str) -> Iterator:
+    """zoo's config as a sweep with these overrides composes it (sweep values too), Hydra kept initialized."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from zoo.assembly.config_tree import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield GlobalHydra.instance().config_loader().load_configuration("config", list(overrides), RunMode.MULTIRUN)
+
+
+def refusal(*overrides: str) -> str:
+    """Why the sweep of these overrides is refused before any run ("" when it is not)."""
+    from zoo.lab.planning.sweep import check_before_any_run
+
+    with multirun_config(*overrides) as config:
+        try:
+            check_before_any_run(config)
+        except zoo.ConfigError as error:
+            return str(error)
+    return ""
+
+
+def test_every_swept_value_is_checked_before_any_run_and_a_combination_the_grid_refuses_is_not_a_mistake(tmp_path):
+    """Each job's run config, composed as Hydra composes it, is checked as its run will be: a bad value names the
+    field, what is allowed and the runs it refuses; a combination the compatibility map refuses is a result."""
+    where = f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    assert refusal("+sweeps=quick", "block.attn.gate=none,head", where) == (
+        "block.attn.gate='head': must be one of 'none', 'headwise', 'elementwise' "
+        "(the 12 runs with block.attn.gate=head)"
+    )
+    assert refusal("+sweeps=quick", "block.n_heads=4,5", "mlp=gelu", where).startswith(
+        "block.n_heads=5: must divide d_model=64 (head size = d_model / n_heads) (the 6 runs with block.n_heads=5)"
+    )
+    assert refusal("+sweeps=quick", "block.d_model=30", where).startswith("block.n_heads=4: must divide d_model=30")
+    assert refusal("+sweeps=quick", "attn=linear", "pos=none,alibi", where) == ""  # alibi with linear: incompatible
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_report_baseline_names_a_swept_axis_and_one_of_its_values_before_any_run(tmp_path):
+    """report.baseline is checked against the values the sweep's runs (and the runs its folder holds) give each
+    axis, naming them: a value the sweep does not have, or an axis it holds fixed, is refused before any run."""
+    folder = tmp_path / "sweep"
+    quick = ("+sweeps=quick", f"hydra.sweep.dir={folder}")
+    assert refusal(*quick, "report.baseline={pos: rotari}") == (
+        "report.baseline='pos=rotari': one of pos's values: none, rotary (swept: pos: none, rotary; mlp: gelu, swiglu)"
+    )
+    assert refusal(*quick, "pos=none", "report.baseline={pos: rotary}") == (
+        "report.baseline='pos=rotary': pos is not a swept axis (none in every run); swept: mlp: gelu, swiglu"
+    )
+    assert refusal(*quick, "report.baseline={pos: rotary, mlp: swiglu}") == ""
+    fake_run(folder, ["pos=alibi", "seed=0"], value=2.0)  # a run the folder already holds is reported too
+    assert refusal(*quick, "pos=none", "report.baseline={pos: alibi}") == ""
+
+
+def test_the_tuning_sweep_is_checked_with_the_sweep_and_reports_only_the_axes_it_sweeps(tmp_path):
+    """tune.lr's tuning sweep, as its own process will compose it, is checked before any run too; under
+    tune.width it holds the width fixed, so its report leaves the width out of the interaction and baseline that
+    the sweep's own report states."""
+    from zoo.lab.planning.tuning import search_argv
+
+    tuned = ("+sweeps=quick", "tune.lr=[1e-3,1e-2]", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert refusal(*tuned, "tune.width=30").startswith(
+        "block.n_heads=4: must divide d_model=30 (head size = d_model / n_heads) (first refused: the run pos=none "
+    )
+    assert refusal(*tuned, "tune.width=30").endswith("; in the tuning sweep of tune.lr at tune.width=30")
+    widths = (*tuned, "block.d_model=32,64", "tune.width=32", "report.interaction=[[block.d_model,pos],[pos,mlp]]",
+              "report.baseline={block.d_model: 64, pos: rotary}")  # fmt: skip
+    assert refusal(*widths) == ""
+    with multirun_config(*widths) as config:
+        argv = search_argv(config, tmp_path / "tune", [1e-3, 1e-2], [0])
+    assert "block.d_model=32" in argv and "block.d_model=32,64" not in argv
+    assert argv[argv.index("block.d_model=32") + 1 : argv.index("tune.lr=null")] == [
+        "report.baseline='pos=rotary'", "report.interaction=[[pos,mlp]]"]  # fmt: skip
+
+
+def test_a_grid_of_many_combinations_of_parts_is_checked_on_the_first_run_of_each_value(tmp_path):
+    """Each choice of config groups takes Hydra a composition: sweeps/card.yaml's 2520 are checked on the first
+    run of each value (every value of every swept key, each at least once); a smaller grid on every run."""
+    from zoo.lab.planning.jobs import MAX_COMPOSED, checked_selection, sweep_jobs
+
+    with multirun_config("+sweeps=card", f"hydra.sweep.dir={tmp_path}") as config:
+        launched = sweep_jobs(config)
+        selected = checked_selection(config, launched)
+    assert len(launched) == 2520 and len(selected) <= 4 + 3 + 6 + 5 + 7 < MAX_COMPOSED
+    assert {o for job in selected for o in job} == {o for job in launched for o in job}
+    with multirun_config("+sweeps=ladder", f"hydra.sweep.dir={tmp_path}") as config:
+        assert checked_selection(config, sweep_jobs(config)) == sweep_jobs(config)  # 4 choices of groups, 100 runs

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import tiny, without_timings
+from helpers import folder_bytes, tiny, without_timings
 from omegaconf import OmegaConf
 
 from zoo import ConfigError, build_model, compose
@@ -129,6 +129,22 @@ def test_resume_skips_ok_runs_and_reruns_the_rest(tmp_path):
     redone = run(tiny(), tmp_path)  # a failed run of this config is trained again
     assert redone["status"] == "ok" and redone["finished"] >= summary["finished"]
     assert without_timings(read_metrics(tmp_path))[-1]["step"] == first["steps"]
+
+
+def test_a_run_that_fails_before_it_trains_never_writes_a_folder_holding_a_finished_run(tmp_path):
+    """Whatever fails before a run trains (a tuning without a rate, a bad runtime key under the same config hash),
+    a folder holding a finished run (ok or diverged) keeps every byte; the run says so and is ``refused``."""
+    ok, diverged = tmp_path / "ok", tmp_path / "diverged"
+    assert run(tiny(), ok)["status"] == "ok"
+    assert run(tiny("train.lr=1000", "train.warmup_steps=0"), diverged)["status"] == "diverged"
+    for folder, change in [(ok, "tune.lr=[1e-3]"), (diverged, "threads=0")]:
+        before = folder_bytes(folder)
+        config = tiny("train.lr=1000", "train.warmup_steps=0", change) if folder == diverged else tiny(change)
+        failed = run(config, folder, multirun=True, tune_dir=tmp_path / "no_tuning")
+        assert failed["status"] == "refused", failed
+        key = change.split("=")[0]
+        assert "holds a finished run (status " in failed["error"] and f"ConfigError: {key}=" in failed["error"]
+        assert folder_bytes(folder) == before, change
 
 
 def test_mqar_and_longer_evaluation_lengths(tmp_path):

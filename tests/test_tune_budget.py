@@ -7,11 +7,12 @@ import json
 import math
 
 import pytest
-from helpers import tiny, zoo_cli
+from helpers import folder_bytes, tiny, zoo_cli
 from matplotlib.image import imread
 
 from zoo.core.errors import ConfigError
 from zoo.lab.planning.train_config import TrainConfig
+from zoo.lab.records.summary import read_summary
 from zoo.lab.training.run import run
 
 TOKENS_PER_STEP = 4 * 32  # tiny(): batch_size 4 x seq_len 32
@@ -50,6 +51,25 @@ def test_bad_budgets_are_refused(budget, message):
 def test_tune_lr_needs_a_sweep(tmp_path):
     summary = run(tiny("tune.lr=[1e-3,1e-2]"), tmp_path)
     assert summary["status"] == "failed" and "tunes a sweep" in summary["error"]
+
+
+def test_a_finished_tuned_run_is_known_before_its_tuning_and_no_failed_tuning_writes_it(tmp_path):
+    """A rerun with the same tune.lr skips a finished tuned run without reading the tuning runs (gone here); a
+    rerun whose tuning finishes no rate (tune.lr=[1000.0]) is refused and writes nothing, and the next plain
+    rerun skips the run again instead of training it anew."""
+    tune_dir, out, rate = tmp_path / "tune", tmp_path / "run", 3e-3
+    assert run(tiny(f"train.lr={rate}"), tune_dir / "lr", multirun=True)["status"] == "ok"  # its one tuning run
+    tuned = tiny(f"tune.lr=[{rate}]", "seed=1")
+    assert run(tuned, out, multirun=True, tune_dir=tune_dir)["status"] == "ok"
+    first = read_summary(out)  # as a skipped run returns it
+    assert first["tune"]["lr"] == first["config"]["train"]["lr"] == rate
+    before = folder_bytes(out)
+    assert run(tuned, out, multirun=True, tune_dir=tmp_path / "gone") == first  # skipped, untouched
+    other = run(tiny("tune.lr=[1000.0]", "seed=1"), out, multirun=True, tune_dir=tune_dir)
+    assert other["status"] == "refused" and "holds a finished run (status ok)" in other["error"], other
+    assert "ConfigError: tune.lr=[1000.0]: no tuning run of this variant finished ok" in other["error"]
+    assert folder_bytes(out) == before
+    assert run(tuned, out, multirun=True, tune_dir=tune_dir) == first
 
 
 @pytest.mark.slow

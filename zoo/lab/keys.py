@@ -58,10 +58,11 @@ NEUTRAL_MLP: dict[str, Any] = {
 #: (multi-token prediction's carry: zoo.models.mtp).
 NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
 
+#: The keys a variant's runs repeat over: the seed, and the data order's own seed.
+REPLICATES = ("seed", "data_seed")
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
-#: order's), the sweep
-#: file, and where a branch starts (its identity is the source run's hash, not the path).
-NOT_AXES = frozenset({"seed", "data_seed", "sweeps", "train.branch.from"})
+#: order's), the sweep file, and where a branch starts (its identity is the source run's hash, not the path).
+NOT_AXES = frozenset({*REPLICATES, "sweeps", "train.branch.from"})
 
 #: The ``sweeps`` group: the sweep file a sweep was launched from (the sweep's own folder, not a run's).
 SWEEP_FILE = "sweeps"

@@ -16,8 +16,9 @@ from typing import Any
 
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 from zoo.core.registry import AXES
-from zoo.models.stack import check_positions
+from zoo.models.stack import check_positions, embeds_positions
 
 #: ``model`` keys and their defaults.
 MODEL_DEFAULTS: dict[str, Any] = {
@@ -98,6 +99,10 @@ def layer_specs(
     if layers is not None and not isinstance(layers, Mapping):
         raise ConfigError(field, layers, "must map layer indices to block overrides, e.g. {3: {attn: mqa}}")
     section = field.rpartition(".")[0]
+    if pattern and isinstance(pattern, Sequence) and not isinstance(pattern, str | bytes) and len(pattern) > n_layers:
+        raise ConfigError(f"{section}.pattern[{n_layers}]", pattern[n_layers], f"past the depth: {section}.n_layers="
+                          f"{n_layers} takes pattern[0] to pattern[{n_layers - 1}]; drop the entries past it or raise "
+                          f"{section}.n_layers")  # fmt: skip
     merged, fields = _pattern_blocks(block, base, pattern, f"{section}.pattern")
     specs = [merged[i % len(merged)][1] for i in range(n_layers)]
     origins = [fields[i % len(fields)] if pattern else f"{field}.{i}" for i in range(n_layers)]
@@ -128,11 +133,20 @@ def _pattern_blocks(
 
 
 def _changes(changes: Any, base: BlockSpec, field: str) -> Mapping[str, Any]:
-    """``changes`` checked as one layer's block overrides (a mapping keeping block.d_model)."""
+    """``changes`` checked as one layer's block overrides (a mapping keeping block.d_model, and the block's
+    position when that is added at the token embedding, or when it would be)."""
     if not isinstance(changes, Mapping):
         raise ConfigError(field, changes, "must be a mapping of block overrides, e.g. {attn: mqa}, or {} for none")
     if "d_model" in changes and changes["d_model"] != base.dims.d_model:
         raise ConfigError(f"{field}.d_model", changes["d_model"], f"must equal block.d_model={base.dims.d_model}")
+    pos = changes.get("pos")
+    name = pos.get("name") if isinstance(pos, Mapping) else pos
+    block_pos = base["pos"].part.name
+    if isinstance(name, str) and name != block_pos and name in AXES["pos"].names():
+        if embeds_positions(base) or "embedding" in hook(AXES["pos"].get(name).cls, "needs"):
+            raise ConfigError(f"{field}.pos", name, f"positions added at the token embedding (learned, sinusoidal) "
+                              f"apply to every layer: set them once with block.pos (pos={block_pos} here), not per "
+                              "layer")  # fmt: skip
     return changes
 
 

@@ -33,6 +33,8 @@ from zoo.parts.mlps import MLP
 
 Routing = Literal["softmax", "sigmoid"]
 Balance = Literal["loss", "bias"]
+#: ``block.mlp.bias_rate``'s default: the step balance=bias moves each expert's bias by after each optimizer step.
+BIAS_RATE = 0.001
 
 
 def choose(scores: torch.Tensor, top_k: int, groups: tuple[int, int] = (1, 1)) -> torch.Tensor:
@@ -162,7 +164,7 @@ class MoE(MLP):
         n_shared: int = 0,
         routing: Routing = "softmax",
         balance: Balance = "loss",
-        bias_rate: float = 0.001,
+        bias_rate: float = BIAS_RATE,
         normalize: bool = True,
         routed_scaling_factor: float = 1.0,
         n_groups: int = 1,
@@ -218,6 +220,10 @@ class MoE(MLP):
             )
         if shared_gate and not n_shared:
             raise ConfigError("block.mlp.shared_gate", shared_gate, "needs a shared expert (block.mlp.n_shared >= 1)")
+        if balance != "bias" and bias_rate != BIAS_RATE:
+            raise ConfigError("block.mlp.bias_rate", bias_rate, f"moves the bias of balance=bias only (balance="
+                              f"{balance} here, where it would do nothing): set block.mlp.balance=bias, or leave it at "
+                              f"{BIAS_RATE}")  # fmt: skip
 
     @classmethod
     def check_tp(cls, dims: BlockDims, tp: int, *, expert: str, n_shared: int, **options: object) -> None:

@@ -87,7 +87,19 @@ def check_overrides(args: Sequence[str]) -> None:
         head, *rest = key.split(".")
         if head not in top:
             raise unknown(key, value, f"key {head!r}", head, top, "keys")
+        if rest and head in groups and head not in cfg:
+            raise group_key(key, value, cfg, groups[head])
         check_path(key, value, cfg, rest, head)
+
+
+def group_key(key: str, value: str, cfg: DictConfig, options: Sequence[str]) -> ConfigError:
+    """``residual.n_streams=2``: a dotted key under a config group whose options sit elsewhere (an axis's under
+    ``block``), or under a group that sets no key of its own name (``sweeps``)."""
+    head, _, rest = key.partition(".")
+    if isinstance(cfg.get("block"), DictConfig) and head in cfg.block:
+        return ConfigError(key, value, f"the {head} group's options sit under block.{head}: block.{key}={value}")
+    return ConfigError(key, value, f"{head} is a config group, not a key: choose one of its options ({head}=<option>): "
+                       f"{', '.join(options)}")  # fmt: skip
 
 
 def check_path(key: str, value: str, cfg: DictConfig, rest: Sequence[str], head: str) -> None:

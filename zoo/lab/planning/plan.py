@@ -71,11 +71,13 @@ def plan_run(
     *,
     world: int = 1,
     torchrun_sweep: bool = False,
+    here: bool = True,
 ) -> RunPlan:
     """Check ``raw`` (a resolved run config) section by section; the first mistake raises ConfigError.
     ``choices`` and ``overrides`` name the option file that set a bad part; ``torchrun_sweep``: this
-    is a sweep launched under torchrun (refused)."""
-    train_cfg, device = check_run_config(raw)
+    is a sweep launched under torchrun (refused); ``here``: the run trains on this machine (its device is
+    checked against it: not so for a sweep's job checked where it is launched, to train on another)."""
+    train_cfg, device = check_run_config(raw, here=here)
     logger = check_logger(raw.get("logger"))  # a tracker that is not installed fails here, before any work
     report_options(raw.get("report"))  # a bad report.baseline or report.correction fails before training
     report_interaction((raw.get("report") or {}).get("interaction"))

@@ -1,30 +1,44 @@
-"""A sweep's own sections checked before any of its runs (tuning runs too), by :class:`SweepCheck`: which axes
-it sweeps (its sweep file's ``hydra.sweeper.params`` and its command line's), ``report`` (its options, and
-an interaction of two of those axes), ``tune`` (its rates and seeds) and ``ladder`` (a ladder that could not
-be fitted or branched: fewer than 2 shorter budgets or 3 widths, a schedule other than WSD, or a decay start
-without a checkpoint kept to branch from). None of them changes a run, and none names a run folder
-(zoo.lab.keys.names_folder): a mistake in one would otherwise show only in the report, after every run.
+"""A sweep checked before any of its runs (tuning runs too), by :class:`SweepCheck`: its own sections against the
+axes it sweeps (its sweep file's ``hydra.sweeper.params`` and its command line's): ``report`` (its options, a
+baseline of values the sweep has, an interaction of two of its axes), ``tune`` (its rates and seeds) and ``ladder``
+(a ladder that could not be fitted or branched: fewer than 2 shorter budgets or 3 widths, a schedule other than
+WSD, or a decay start without a checkpoint kept to branch from); then every job's run config
+(zoo.lab.planning.jobs), and the tuning sweep of ``tune.lr`` the same way. None of the sections changes a run,
+and none names a run folder (zoo.lab.keys.names_folder): a mistake in one, or in one job's value, would otherwise
+show only after every run.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
 from zoo.lab.keys import NOT_AXES
 from zoo.lab.planning.branch import decay_start
+from zoo.lab.planning.jobs import Job, check_jobs, checked_selection, job_configs, sweep_jobs
 from zoo.lab.planning.options import (
+    TUNE_DIR,
     check_interaction,
     ladder_options,
     report_interaction,
     report_options,
     tune_options,
 )
+from zoo.lab.planning.tuning import search_argv
+from zoo.lab.records.settings import parse_overrides, setting
+from zoo.lab.records.summary import RunRecord, read_record
+
+log = logging.getLogger("zoo.lab.planning.sweep")
 
 #: The fewest widths a ladder fits (zoo.lab.studies.ladder.MIN_RUNGS, without importing numpy here).
 MIN_WIDTHS = 3
@@ -90,12 +104,81 @@ def check_sweep(config: DictConfig) -> None:
     check_ladder(raw, swept_values(config, "block.d_model"))
 
 
+def check_before_any_run(config: DictConfig) -> None:
+    """The sweep's sections (:func:`check_sweep`), every job's run config and the report's baseline against the
+    values the jobs give (:func:`check_baseline`), then the tuning sweep of ``tune.lr`` the same way."""
+    check_sweep(config)
+    jobs = checked_jobs(config)
+    check_baseline(config, jobs, earlier_runs(Path(config.hydra.sweep.dir)))
+    tuning = tuning_sweep(config)
+    if tuning is not None:
+        width = OmegaConf.select(config, "tune.width")
+        where = f"in the tuning sweep of tune.lr{f' at tune.width={width}' if width is not None else ''}"
+        try:
+            check_sweep(tuning)
+            checked_jobs(tuning)
+        except ConfigError as error:
+            raise ConfigError(error.field, error.value, f"{error.allowed}; {where}") from None
+
+
+def checked_jobs(config: DictConfig) -> list[Job]:
+    """The sweep's jobs, each run config checked (zoo.lab.planning.jobs: a grid of many combinations of parts on the
+    first run of each value); none under a sweeper that does not say."""
+    launched = sweep_jobs(config) or []
+    selected = checked_selection(config, launched)
+    if len(selected) < len(launched):
+        log.info("checking %d of the %d runs' configs before any run: the first run of each value", len(selected),
+                 len(launched))  # fmt: skip
+    jobs = list(job_configs(config, selected))
+    check_jobs(config, jobs, launched)
+    return jobs
+
+
+def tuning_sweep(config: DictConfig) -> DictConfig | None:
+    """The tuning sweep's config as its own process will compose it (zoo.lab.planning.tuning); None without
+    ``tune.lr``."""
+    rates, seeds = tune_options(OmegaConf.to_container(config.tune, resolve=True) if "tune" in config else None)
+    if rates is None:
+        return None
+    argv = search_argv(config, Path(config.hydra.sweep.dir) / TUNE_DIR, rates, seeds)
+    loader = GlobalHydra.instance().config_loader()
+    return loader.load_configuration(config.hydra.job.config_name, [a for a in argv if a != "-m"], RunMode.MULTIRUN)
+
+
+def earlier_runs(sweep_dir: Path) -> list[RunRecord]:
+    """The records of the runs a sweep folder already holds (a sweep run again into it reports them too)."""
+    records = (read_record(path.parent) for path in sorted(sweep_dir.glob("*/summary.json")))
+    return [record for record in records if record is not None]
+
+
+def check_baseline(config: DictConfig, jobs: Sequence[Job], earlier: Sequence[RunRecord] = ()) -> None:
+    """``report.baseline``: each axis one the report will have (a key whose value differs between the runs, the
+    jobs' and ``earlier`` runs' in the folder) and each value one of its values; a ConfigError names the swept
+    axes and their values."""
+    section = OmegaConf.to_container(config.report, resolve=True) if "report" in config else None
+    baseline = report_options(section)[0]
+    if not baseline or not jobs:
+        return
+    runs = [(parse_overrides(j.overrides), j.choices, j.config) for j in jobs]
+    runs += [(parse_overrides(r.overrides or []), r.choices or {}, r.config or {}) for r in earlier]
+    keys = [*dict.fromkeys(k for overrides, _, _ in runs for k in overrides if k not in NOT_AXES), *baseline]
+    values = {key: list(dict.fromkeys(setting(key, *run) for run in runs)) for key in keys}
+    swept = "; ".join(f"{key}: {', '.join(seen)}" for key, seen in values.items() if len(seen) > 1) or "none"
+    for axis, value in baseline.items():
+        if len(values[axis]) < 2:
+            why = f"{axis} is not a swept axis ({values[axis][0]} in every run); swept: {swept}"
+            raise ConfigError("report.baseline", f"{axis}={value}", why)
+        if value not in values[axis]:
+            why = f"one of {axis}'s values: {', '.join(values[axis])} (swept: {swept})"
+            raise ConfigError("report.baseline", f"{axis}={value}", why)
+
+
 class SweepCheck(Callback):
-    """Hydra callback, first of all: refuse a sweep whose report, tuning or ladder could not work, before any
-    run (:func:`check_sweep`), in one line on stderr."""
+    """Hydra callback, first of all: refuse a sweep whose report, tuning, ladder or any run's config could not
+    work, before any run (:func:`check_before_any_run`), in one line on stderr."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
-            check_sweep(config)
+            check_before_any_run(config)
         except ConfigError as error:
             sys.exit(f"zoo-sweep: refused before any run: {error}")

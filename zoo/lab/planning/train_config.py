@@ -135,8 +135,9 @@ def data_seed(raw: dict[str, Any]) -> int:
     return int(raw.get("seed", 0) if data is None else data)
 
 
-def check_run_config(raw: dict[str, Any]) -> tuple[TrainConfig, torch.device]:
-    """Validate the run-level keys (``seed``, ``device``, ``threads``, ``train``); no tensor work."""
+def check_run_config(raw: dict[str, Any], *, here: bool = True) -> tuple[TrainConfig, torch.device]:
+    """Validate the run-level keys (``seed``, ``device``, ``threads``, ``train``); no tensor work. ``here``: the
+    run trains on this machine, whose CUDA a ``cuda`` device needs."""
     for key in raw:
         if key not in RUN_KEYS:
             raise ConfigError(key, raw[key], f"unknown top-level key; allowed: {', '.join(sorted(RUN_KEYS))}")
@@ -156,6 +157,6 @@ def check_run_config(raw: dict[str, Any]) -> tuple[TrainConfig, torch.device]:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
         raise ConfigError("device", device, "cpu, cuda or cuda:<index>")
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    if here and dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", device, "CUDA is not available on this machine; use device=cpu")
     return TrainConfig.from_config(raw.get("train")), dev

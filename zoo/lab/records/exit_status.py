@@ -1,5 +1,6 @@
-"""A sweep's exit status: 1 when a run in its folder failed. A diverged run is a result; a failed
-one (a bad config, a crash) is not, so CI and scripts see it, while the report is still written."""
+"""A sweep's exit status: 1 when a run in its folder failed, or when its report could not be written. A diverged
+run is a result; a failed one (a bad config, a crash) is not, so CI and scripts see it, while the report is still
+written; a sweep without its report has no answer, whatever its runs did."""
 
 from __future__ import annotations
 
@@ -57,18 +58,27 @@ def take_refused(sweep_dir: Path) -> list[tuple[Path, str]]:
 
 class SweepStatus(Callback):
     """Hydra callback: when a sweep ends, note the runs in its folder that failed or that it refused to
-    write, for :func:`exit_if_a_run_failed` (called after Hydra returns, so every other callback has run)."""
+    write, for :func:`exit_if_a_run_failed` (called after Hydra returns, so every other callback has run); the
+    report's callback notes its own failure (:func:`report_failed`)."""
 
     failed: ClassVar[list[tuple[Path, str]]] = []
+    report_error: ClassVar[str | None] = None
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)
         SweepStatus.failed = runs_not_done(root) + take_refused(root)
 
 
+def report_failed(root: Path, error: str) -> None:
+    """Note that the report of the sweep in ``root`` could not be written, and why."""
+    SweepStatus.report_error = f"the report of {from_cwd(root)} was not written: {error}"
+
+
 def exit_if_a_run_failed() -> None:
-    """Exit 1, listing them, when the sweep that just ended left failed runs."""
+    """Exit 1 when the sweep that just ended left failed runs (listing them) or wrote no report (saying why)."""
     failed, SweepStatus.failed = SweepStatus.failed, []
-    if failed:
-        lines = "\n".join(f"  {from_cwd(path)}: {error}" for path, error in failed)
-        sys.exit(f"{len(failed)} run(s) failed (a diverged run is a result; a failed one is not):\n{lines}")
+    report, SweepStatus.report_error = SweepStatus.report_error, None
+    lines = "".join(f"\n  {from_cwd(path)}: {error}" for path, error in failed)
+    said = [f"{len(failed)} run(s) failed (a diverged run is a result; a failed one is not):{lines}"] if failed else []
+    if report is not None or said:
+        sys.exit("\n".join([*said, *([report] if report is not None else [])]))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.lab.files import write_json_atomic
+from zoo.lab.records.settings import config_value
 
 SUMMARY = "summary.json"
 
@@ -109,10 +110,7 @@ class RunRecord:
 
     def config_value(self, key: str) -> Any:
         """The config's value at the dotted ``key`` (``train.steps``); None when it has none."""
-        node: Any = self.config or {}
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        return node
+        return config_value(self.config, key)
 
 
 class RecordError(ValueError):

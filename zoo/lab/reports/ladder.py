@@ -17,7 +17,7 @@ from zoo.lab.reports.plots import palette
 from zoo.lab.studies.ladder import LAW_REACH, SEED_SPREAD, Answer, Cell, LadderRow, LadderStudy, envelope
 from zoo.lab.studies.ladder_iso import cost_at
 from zoo.lab.studies.stats import CONFIDENCE
-from zoo.lab.studies.variants import Report
+from zoo.lab.studies.variants import Report, steps_of
 
 
 def label(study: LadderStudy, key: tuple[str, ...]) -> str:
@@ -72,6 +72,7 @@ def ladder_lines(report: Report) -> list[str]:
     lines = [
         "",
         intro(study, report),
+        *budget_lines(report),
         "",
         f"| variant | envelope cells | seeds | verdict | multiplier at the lowest loss both reach "
         f"[{CONFIDENCE:.0%} CI] | at mid-range | loss range both reach | in wall time | bound or crossing | "
@@ -100,6 +101,15 @@ def ladder_lines(report: Report) -> list[str]:
     if study.errors:
         lines += ["", "Not fitted (no number is given for these):"] + [f"- {e}" for e in study.errors]
     return lines
+
+
+def budget_lines(report: Report) -> list[str]:
+    """Which budgets the fit read, when the folder holds others (an earlier sweep's, not asked for again)."""
+    if not report.ladder_left_out:
+        return []
+    shown = ", ".join(map(str, sorted({steps_of(r) for r in report.runs} - set(report.ladder_left_out))))
+    return ["", f"Budgets read: {shown} (ladder.steps and train.steps); left out: "
+                f"{', '.join(map(str, report.ladder_left_out))} (in the folder, not asked for)."]  # fmt: skip
 
 
 def envelope_of(row: LadderRow) -> list[Cell]:

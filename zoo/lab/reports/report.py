@@ -13,7 +13,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.lab.planning.options import report_interaction, report_options
+from zoo.lab.planning.options import ladder_options, report_interaction, report_options
+from zoo.lab.records.exit_status import report_failed
 from zoo.lab.records.lock import report_lock
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.records.report_files import OPTIONAL, PLOTS, TABLES
@@ -121,8 +122,17 @@ def written(root: Path, plots: bool) -> list[Path]:
     return [root / n for n in names if (root / n).exists()]
 
 
+def asked_budgets(config: DictConfig) -> list[int] | None:
+    """The shorter budgets a ladder sweep asked for (its ``ladder.steps``), None for any other sweep."""
+    section = OmegaConf.to_container(config.ladder, resolve=True) if "ladder" in config else None
+    if not isinstance(section, dict) or not section.get("steps"):
+        return None
+    return ladder_options(section, int(config.train.steps))[0]
+
+
 class ReportCallback(Callback):
-    """Hydra callback: when a sweep ends, write its report and print the table."""
+    """Hydra callback: when a sweep ends, write its report (a ladder's on the budgets it asked for) and print the
+    table."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)
@@ -131,10 +141,12 @@ class ReportCallback(Callback):
             baseline, correction, test = report_options(section)
             named = report_interaction((section or {}).get("interaction"))  # the sweep's, its runs skipped or not
             with report_lock(root):  # a second sweep into this folder writes its report after this one
-                report = build_report(root, baseline=baseline, correction=correction, test=test, interaction=named)
+                report = build_report(root, baseline=baseline, correction=correction, test=test, interaction=named,
+                                      ladder=asked_budgets(config))  # fmt: skip
                 text = write_built(report)
-        except Exception as error:  # a report problem must not hide the runs' own results
+        except Exception as error:  # a report problem must not hide the runs' own results: the sweep exits 1
             log.error("report for %s failed: %s: %s", root, type(error).__name__, error)
+            report_failed(root, f"{type(error).__name__}: {error}")
             return
         others = ", ".join(p.name for p in written(root, True) if p.name != "report.md")
         print("\n" + text + f"\nreport: {root / 'report.md'} (and {others})")

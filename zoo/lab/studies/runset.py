@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zoo.lab.records.settings import UNSET, setting
 from zoo.lab.records.summary import RunRecord
+
+__all__ = ["UNSET", "UNUSED", "Run", "Variant", "grid_edge"]
 
 #: A run's value for an axis that its parts do not use.
 UNUSED = "unused"
-#: A run's value for an axis it leaves unset (null or absent in its config: a run that is not a branch has no
-#: ``train.branch.step``), so that it reads as a value of its own rather than an empty cell.
-UNSET = "unset"
 
 
 def grid_edge(rate: float | None, grid: Any) -> str | None:
@@ -36,6 +36,7 @@ class Run:
     path: Path
     record: RunRecord
     overrides: dict[str, str]
+    folded: dict[str, list[str]] = field(default_factory=dict)  # an axis -> the options of its part read with it
 
     @property
     def status(self) -> str:
@@ -52,16 +53,13 @@ class Run:
     def value(self, key: str) -> str:
         """The run's setting for a swept key: its override, its group choice, or its config value;
         ``unused`` for an axis its parts do not use (a norm-free placement's ``norm``); ``unset`` for one its
-        config leaves null or does not have."""
+        config leaves null or does not have. An axis with options folded into it (:attr:`folded`) reads them
+        beside its value where the run has them: ``hyper sinkhorn_iters=20``."""
         if key in (self.record.unused_axes or ()):
             return UNUSED
-        if key in self.overrides:
-            return self.overrides[key]
-        choices = self.record.choices or {}
-        if key in choices:
-            return str(choices[key])
-        node = self.record.config_value(key)
-        return UNSET if node is None else str(node)
+        value = setting(key, self.overrides, self.record.choices or {}, self.record.config or {})
+        options = ((o, setting(o, self.overrides, {}, self.record.config or {})) for o in self.folded.get(key, ()))
+        return " ".join([value, *(f"{o.rpartition('.')[2]}={v}" for o, v in options if v != UNSET)])
 
 
 @dataclass

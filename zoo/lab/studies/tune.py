@@ -26,14 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
 from zoo.lab.planning.options import TUNE_DIR, tune_options
+from zoo.lab.planning.tuning import search_argv
 from zoo.lab.records.config import config_hash
 from zoo.lab.studies.runset import grid_edge
 from zoo.lab.studies.variants import collect
 
 log = logging.getLogger("zoo.lab.studies.tune")
-
-#: The tuning runs' folder inside the sweep folder (the report leaves it out of the sweep's table).
-
 
 def variant_hash(config: dict[str, Any], any_width: bool = False) -> str:
     """What a run computes, less its seeds (``seed``, ``data_seed``) and learning rate (and its width,
@@ -85,27 +83,6 @@ def choose_lr(config: dict[str, Any], tune_dir: Path) -> dict[str, Any]:
         log.warning("tune.lr chose %g, the %s rate of its grid %s: the best may lie beyond it; widen tune.lr",
                     best, edge, sorted(searched))  # fmt: skip
     return {"lr": best, "metric": metric, "mode": mode, "searched": searched, "seeds": seeds}
-
-
-def search_argv(config: DictConfig, tune_dir: Path, rates: list[float], seeds: list[int]) -> list[str]:
-    """The command line of the tuning sweep: the sweep's own, each rate on the tune seeds, into ``tune_dir``."""
-    width = (config.get("tune") or {}).get("width")
-    drop = ("tune.", "tune=", "seed=", "data_seed=", "train.lr=", "ladder.", "ladder=",
-            *(("block.d_model=",) if width else ()))  # fmt: skip
-    task = [o for o in config.hydra.overrides.task if not o.lstrip("+~").startswith(drop)]
-    hydra = [o for o in config.hydra.overrides.hydra if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
-    return [
-        "-m",
-        *task,
-        *((f"block.d_model={width}",) if width else ()),  # tune.width: every width takes this width's rate
-        "tune.lr=null",
-        "ladder.steps=null",  # a ladder's budgets are its runs', not its tuning runs'
-
-        f"seed={','.join(str(s) for s in seeds)}",
-        f"train.lr={','.join(repr(r) for r in rates)}",
-        *hydra,
-        f"hydra.sweep.dir={tune_dir}",
-    ]
 
 
 class TuneCallback(Callback):

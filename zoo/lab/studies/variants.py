@@ -21,6 +21,7 @@ from zoo.core.registry import AXES
 from zoo.lab.keys import NOT_AXES
 from zoo.lab.planning.options import TUNE_DIR, check_interaction, report_interaction, report_options
 from zoo.lab.records.metrics import METRICS
+from zoo.lab.records.settings import UNSET, parse_overrides
 from zoo.lab.records.summary import SUMMARY, read_record_checked
 from zoo.lab.studies.interactions import Interaction, axis_interactions
 from zoo.lab.studies.peaks import Peak, variant_peaks
@@ -68,6 +69,8 @@ class Report:
     lr: LrStudy | None = None  # the tuning runs (tune.lr, <root>/tune) across the rate grid, with the sensitivity
     peaks: dict[tuple[str, ...], dict[str, Peak]] = field(default_factory=dict)  # variant key -> probe key -> peak
     ladder: Any = None  # a ladder sweep's fit (ladder.steps; zoo.lab.studies.ladder.LadderStudy), None otherwise
+    ladder_left_out: list[int] = field(default_factory=list)  # budgets in the folder the ladder was not asked for
+    folded: dict[str, str] = field(default_factory=dict)  # an option some parts do not have -> the axis it joins
 
     @property
     def runs(self) -> list[Run]:
@@ -101,16 +104,6 @@ class Effect:
     value: str
     baseline: str
     comparison: Comparison
-
-
-def parse_overrides(overrides: Sequence[str]) -> dict[str, str]:
-    """``["+sweeps=quick", "norm=rmsnorm"]`` -> ``{"sweeps": "quick", "norm": "rmsnorm"}``."""
-    out = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if sep:
-            out[key.lstrip("+~")] = value
-    return out
 
 
 def scan(root: Path) -> tuple[list[Run], list[Dropped]]:
@@ -169,7 +162,8 @@ def choose_baseline(runs: Sequence[Run], axes: Sequence[str], given: dict[str, s
     given = given or {}
     for axis, value in given.items():
         if axis not in axes:
-            raise ConfigError("report.baseline", f"{axis}={value}", f"a swept axis; axes: {', '.join(axes) or 'none'}")
+            swept = "; ".join(f"{a}: {', '.join(sorted({r.value(a) for r in runs}))}" for a in axes) or "none"
+            raise ConfigError("report.baseline", f"{axis}={value}", f"{axis} is not a swept axis; swept: {swept}")
         seen = sorted({r.value(axis) for r in runs})
         if value not in seen:
             raise ConfigError("report.baseline", f"{axis}={value}", f"one of {axis}'s values: {', '.join(seen)}")
@@ -225,24 +219,21 @@ def build_report(
     correction: str | None = None,
     test: str | None = None,
     interaction: list[tuple[str, str]] | None = None,
+    ladder: list[int] | None = None,
 ) -> Report:
     """The runs under ``root`` grouped into variants and compared with the baseline.
 
     ``baseline``, ``correction``, ``test`` and ``interaction`` default to the runs' own ``report`` section, and
-    that to the first value of each swept axis, no correction, ``auto`` and a two-axis sweep's own pair. Run
-    folders whose summary cannot be read are listed in ``Report.dropped``.
+    that to the first value of each swept axis, no correction, ``auto`` and a two-axis sweep's own pair;
+    ``ladder`` (a ladder's shorter budgets, ``ladder.steps``) to the runs' own. Run folders whose summary
+    cannot be read are listed in ``Report.dropped``.
     """
     runs, dropped = scan(root)
     if not runs:
         why = "".join(f"; {d.path}: {d.reason}" for d in dropped)
         raise FileNotFoundError(f"no {'readable ' if dropped else ''}{SUMMARY} under {root}: is this a sweep or run "
                                 f"folder?{why}")  # fmt: skip
-    first = [*AXES, "preset", "task"]  # block axes first, in the block's order; then the rest by name
-    keys = sorted(
-        {k for r in runs for k in r.overrides} - NOT_AXES,
-        key=lambda k: (k not in first, first.index(k) if k in first else 0, k),
-    )
-    axes = [k for k in keys if len({r.value(k) for r in runs}) > 1]
+    axes, folds = report_axes(runs)
     groups: dict[tuple[str, ...], Variant] = {}
     for run in runs:
         key = tuple(run.value(a) for a in axes)
@@ -276,8 +267,42 @@ def build_report(
         apply_holm(list(comparisons.values()), mode)
         apply_holm([e.comparison for e in effects], mode)
         apply_holm([i.comparison for i in interactions], "min")
-    return with_studies(Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option,
-                          dropped, comparisons, effects, interactions))  # fmt: skip
+    report = Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option, dropped,
+                    comparisons, effects, interactions, folded=folds)  # fmt: skip
+    return with_studies(report, ladder)
+
+
+def report_axes(runs: Sequence[Run]) -> tuple[list[str], dict[str, str]]:
+    """The keys the runs' overrides give more than one value (but the seeds and the sweep file): block axes first,
+    in the block's order, then the rest by name; less the options folded into their part's axis, which are
+    returned beside them (:func:`part_options`, each run told by :func:`fold`)."""
+    first = [*AXES, "preset", "task"]
+    keys = sorted(
+        {k for r in runs for k in r.overrides} - NOT_AXES,
+        key=lambda k: (k not in first, first.index(k) if k in first else 0, k),
+    )
+    axes = [k for k in keys if len({r.value(k) for r in runs}) > 1]
+    folds = part_options(runs, axes)
+    fold(runs, folds)
+    return [a for a in axes if a not in folds], folds
+
+
+def part_options(runs: Sequence[Run], axes: Sequence[str]) -> dict[str, str]:
+    """``{option: axis}`` for each swept option of an axis's part (``block.residual.sinkhorn_iters`` of
+    ``residual``) that some runs do not have (``unset``: their part has no such option): read as part of the
+    axis's value (:func:`fold`), not as an axis of its own whose pooled rows would compare runs it does not tell
+    apart."""
+    parts = {option: axis for option in axes for axis in axes if option.startswith((f"block.{axis}.", f"{axis}."))}
+    return {option: axis for option, axis in parts.items() if any(r.value(option) == UNSET for r in runs)}
+
+
+def fold(runs: Sequence[Run], folds: dict[str, str]) -> None:
+    """Each run reads the options of ``folds`` (:func:`part_options`) beside its value of their axis."""
+    by_axis: dict[str, list[str]] = {}
+    for option, axis in folds.items():
+        by_axis.setdefault(axis, []).append(option)
+    for run in runs:
+        run.folded = by_axis
 
 
 def headline(runs: Sequence[Run]) -> tuple[str, str]:
@@ -313,21 +338,25 @@ def launched_interaction(runs: Sequence[Run]) -> list[tuple[str, str]] | None:
     return None
 
 
-def with_studies(report: Report) -> Report:
+def with_studies(report: Report, ladder: list[int] | None = None) -> Report:
     """``report`` with its ``lr``, the sweep's tuning runs (``<root>/tune``, zoo/lab/studies/tune.py) per variant across
-    the rate grid with the learning-rate sensitivity (zoo/lab/studies/sensitivity.py), None without any; and its
-    ``peaks``, the probes' largest values over training (zoo/lab/studies/peaks.py), empty without probes."""
+    the rate grid with the learning-rate sensitivity (zoo/lab/studies/sensitivity.py), None without any; its
+    ``peaks``, the probes' largest values over training (zoo/lab/studies/peaks.py), empty without probes; and a
+    ladder sweep's fit on the budgets ``ladder`` (:func:`ladder_of`)."""
     tune = report.root / TUNE_DIR
     runs = scan(tune)[0] if tune.is_dir() else []
+    fold(runs, report.folded)
     compared = (report.variants, report.baseline, report.test)
     report.lr = lr_study(*compared, report.axes, report.metric, report.mode, runs) if runs else None
     report.peaks = variant_peaks(*compared)
-    report.ladder = ladder_of(report)
+    report.ladder = ladder_of(report, ladder)
     return report
 
 
-def ladder_of(report: Report) -> Any:
-    """A ladder sweep's fit (its runs recorded ``ladder.steps``), None for any other sweep."""
+def ladder_of(report: Report, budgets: list[int] | None = None) -> Any:
+    """A ladder sweep's fit (its runs recorded ``ladder.steps``), None for any other sweep: on the runs of the
+    shorter ``budgets`` (default: the runs' recorded ``ladder.steps``) and of the longest (the runs that are no
+    branch), the others' budgets named in ``report.ladder_left_out``."""
     section = next((s for r in report.runs if (s := (r.record.config or {}).get("ladder")) and s.get("steps")), None)
     if section is None:
         return None
@@ -335,6 +364,16 @@ def ladder_of(report: Report) -> Any:
 
     baseline = dict(zip(report.axes, report.baseline, strict=True))
     far = float(section.get("extrapolate") or 10)
+    longest = {steps_of(r) for r in report.runs if not r.record.branch}
+    asked = {*(section["steps"] if budgets is None else budgets), *longest}
+    report.ladder_left_out = sorted({steps_of(r) for r in report.runs} - asked)
     tune = collect(report.root / "tune") if (report.root / "tune").is_dir() else []  # tune.lr's runs and decays
-    return ladder_study(report.runs, report.axes, baseline, report.metric, report.mode, report.test, far,
-                        tune_runs=tune)  # fmt: skip
+    tune = [r for r in tune if steps_of(r) in asked]
+    fold(tune, report.folded)
+    return ladder_study([r for r in report.runs if steps_of(r) in asked], report.axes, baseline, report.metric,
+                        report.mode, report.test, far, tune_runs=tune)  # fmt: skip
+
+
+def steps_of(run: Run) -> int:
+    """A run's budget: its ``train.steps`` (0 when it records none)."""
+    return int(run.record.config_value("train.steps") or 0)

@@ -152,9 +152,11 @@ def run_record(
     Never raises for a bad config or a failing run: the record says ``failed`` with the error; with
     ``raise_config_errors`` (one ``zoo-train`` run), a config refused before the model is built raises its
     ConfigError instead, nothing written to ``out_dir`` by the run.
-    With ``resume``, a folder whose summary already says ``ok`` for the same config is left as it is; a
-    folder that holds a finished run (or the weights or checkpoints of one) of another config is refused,
-    nothing written (status ``refused``). ``on_write``: called once before the first write to ``out_dir``.
+    With ``resume``, a folder whose summary already says ``ok`` for the same config is left as it is (a tuned
+    run's is known by its recorded rate, before its tuning is read); a folder that holds a finished run (or
+    the weights or checkpoints of one) of another config is refused, nothing written (status ``refused``). A
+    run that fails before it writes its own record never writes a folder holding a finished run, of any
+    config (:func:`kept_as_it_was`). ``on_write``: called once before the first write to ``out_dir``.
     Returns the run's record (a skipped run's: the one its folder holds).
     """
     rank, world, _ = dist_env()
@@ -163,17 +165,17 @@ def run_record(
     # job: Hydra's job number in a sweep (job 0 holds the first value of every swept key)
     record = RunRecord(run_dir=str(out_dir) if out_dir else None, choices=dict(choices or {}),
                        overrides=list(overrides), started=now(), versions=versions(), job=job)  # fmt: skip
+    claim = Claim(on_write)
     try:
-        raw = resolved(cfg, record, tune_dir)
+        prior = read_record(out_dir) if writes and resume and world == 1 else None  # type: ignore[arg-type]
+        raw = resolved(cfg, record, tune_dir, prior)
         if writes:
             answer = done_or_refused(out_dir, raw, record, resume=resume, world=world)  # type: ignore[arg-type]
             if answer is not None:
                 return answer
         plan = planned(raw, record, multirun=multirun)  # a bad config fails here, before the run writes anything
-        if writes and on_write is not None:
-            on_write()
         train(raw, plan, record, out_dir if writes else None, parallel_jobs=parallel_jobs, multirun=multirun,
-              resume=resume)  # fmt: skip
+              resume=resume, claim=claim)  # fmt: skip
     except Refused as why:
         return refuse(out_dir, str(why), world)  # type: ignore[arg-type]
     except ConfigError as error:
@@ -187,18 +189,51 @@ def run_record(
         record.traceback = traceback.format_exc()
     record.wall_time_s = time.perf_counter() - started
     record.finished = now()
-    if writes:
-        write_record(out_dir, record)  # type: ignore[arg-type]
-    if rank == 0:
-        log_end(record, out_dir, writes)
+    return ended(record, out_dir if writes else None, claimed=claim.made, world=world)
+
+
+class Claim:
+    """Called by a run just before it first writes its folder (``on_write`` then called): from then on the
+    folder is the run's own, and its failure is recorded there (:func:`ended`)."""
+
+    def __init__(self, on_write: Callable[[], None] | None) -> None:
+        self.made, self.on_write = False, on_write
+
+    def __call__(self) -> None:
+        self.made = True
+        if self.on_write is not None:
+            self.on_write()
+
+
+def ended(record: RunRecord, out_dir: Path | None, *, claimed: bool, world: int) -> RunRecord:
+    """The ended run's record, written to ``out_dir`` (None: this rank writes nothing) and logged; unless the
+    run failed before it claimed a folder that holds a finished run (:func:`kept_as_it_was`): refused then."""
+    if out_dir is not None and not claimed and (held := kept_as_it_was(out_dir, record)) is not None:
+        return refuse(out_dir, held, world, advice="")
+    if out_dir is not None:
+        write_record(out_dir, record)
+    if dist_env()[0] == 0:
+        log_end(record, out_dir, out_dir is not None)
     return record
 
 
-def resolved(cfg: DictConfig | dict[str, Any], record: RunRecord, tune_dir: Path | None) -> dict[str, Any]:
-    """The run's config as it computes (tuned, its branch resolved), recorded in ``record`` with its hash."""
+def kept_as_it_was(out_dir: Path, record: RunRecord) -> str | None:
+    """Why a run that failed before writing its own record (``record``) leaves ``out_dir`` as it is: the folder
+    holds a finished run, or the weights or checkpoints of one, of whatever config (None: it may write)."""
+    held = held_work(out_dir, read_record(out_dir))
+    if held is None:
+        return None
+    return f"holds {held}, left as it was: this run failed before it trained ({record.error})"
+
+
+def resolved(
+    cfg: DictConfig | dict[str, Any], record: RunRecord, tune_dir: Path | None, prior: RunRecord | None = None
+) -> dict[str, Any]:
+    """The run's config as it computes (tuned, its branch resolved), recorded in ``record`` with its hash;
+    ``prior``: the record its folder holds (a finished tuned run's rate is taken from it, :func:`tuned`)."""
     raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     assert isinstance(raw, dict)
-    raw = tuned(with_task_vocab(raw), record, tune_dir)  # model.vocab_size null: the task's, recorded
+    raw = tuned(with_task_vocab(raw), record, tune_dir, prior)  # model.vocab_size null: the task's, recorded
     raw = resolve_branch(raw)  # train.branch from a sweep folder, or at its decay: one run, one step
     record.config, record.config_hash, record.unused_axes = raw, config_hash(raw), unused_axes(raw)
     record.choices = {k: v for k, v in (record.choices or {}).items() if k not in record.unused_axes}
@@ -227,34 +262,59 @@ def refusal(out_dir: Path, prior: RunRecord | None, raw: dict[str, Any], start: 
     (None: it may): it holds a finished run, or the weights or checkpoints of one."""
     if prior is None or prior.config is None:
         return None
-    finished = prior.status in ("ok", "diverged")
-    if not (finished or (out_dir / ckpt.WEIGHTS).exists() or ckpt.checkpoints(out_dir)):
+    what = held_work(out_dir, prior)
+    if what is None:
         return None  # a failed or killed run with nothing to resume: trained anew
-    what = f"a finished run (status {prior.status})" if finished else "a resumable run"
     differ = config_differences(prior.config, raw)
     if differ or same_start(prior.branch, start):  # the same start: what differs is the config
         return f"holds {what} of another config ({differences_text(differ, 8) or 'its config hash differs'})"
     return f"holds {what} branched from another start ({prior.branch}, not {start})"
 
 
-def refuse(out_dir: Path, why: str, world: int) -> RunRecord:
+def held_work(out_dir: Path, prior: RunRecord | None) -> str | None:
+    """What ``out_dir`` holds that only the run that trained it may write: ``a finished run (status ok)`` (or
+    diverged), ``a resumable run`` (the weights or checkpoints of one); None for nothing of the kind."""
+    if prior is not None and prior.status in ("ok", "diverged"):
+        return f"a finished run (status {prior.status})"
+    return "a resumable run" if (out_dir / ckpt.WEIGHTS).exists() or ckpt.checkpoints(out_dir) else None
+
+
+#: What a refused run's message advises after "Nothing in it was changed".
+CHOOSE_ANOTHER = ": choose another run folder, or remove it to train anew"
+
+
+def refuse(out_dir: Path, why: str, world: int, advice: str = CHOOSE_ANOTHER) -> RunRecord:
     """Refuse to write ``out_dir``: say why on stderr (the folder's log file is the run's, left as it is)."""
-    error = f"{shown(out_dir)} {why}. Nothing in it was changed: choose another run folder, or remove it to train anew"
+    error = f"{shown(out_dir)} {why}. Nothing in it was changed{advice}"
     print(f"zoo-train: refused: {error}", file=sys.stderr, flush=True)
     if world > 1:
         raise SystemExit(1)  # every process of this run stops
     return RunRecord(status="refused", error=error, run_dir=str(out_dir))
 
 
-def tuned(raw: dict[str, Any], record: RunRecord, tune_dir: Path | None) -> dict[str, Any]:
+def tuned(
+    raw: dict[str, Any], record: RunRecord, tune_dir: Path | None, prior: RunRecord | None = None
+) -> dict[str, Any]:
     """``raw`` with ``tune.lr``'s choice (this variant's best rate from the tuning runs, recorded in
-    ``record.tune``) as ``train.lr``; ``raw`` itself without ``tune.lr``. The one check of ``tune``."""
-    if tune_options(raw.get("tune"))[0] is None:
+    ``record.tune``) as ``train.lr``; ``raw`` itself without ``tune.lr``. The one check of ``tune``. A finished
+    run in the folder (``prior``) tuned over the same rates and seeds gives its rate without the tuning runs
+    being read: the run is then known as done (or as another config) whatever the tuning runs now hold."""
+    rates, seeds = tune_options(raw.get("tune"))
+    if rates is None:
         return raw
     if tune_dir is None:
         raise ConfigError("tune.lr", raw["tune"]["lr"], "tunes a sweep: zoo-sweep NAME or zoo-train -m")
-    record.tune = choose_lr(raw, tune_dir)
+    record.tune = finished_tuning(prior, rates, seeds) or choose_lr(raw, tune_dir)
     return {**raw, "train": {**(raw.get("train") or {}), "lr": record.tune["lr"]}}
+
+
+def finished_tuning(prior: RunRecord | None, rates: list[float], seeds: list[int]) -> dict[str, Any] | None:
+    """``prior``'s tuning record when it is a finished run tuned over ``rates`` on ``seeds``, else None."""
+    tune = prior.tune if prior is not None and prior.status == "ok" else None
+    if not tune or tune.get("lr") is None or list(tune.get("seeds") or ()) != list(seeds):
+        return None
+    searched = {float(rate) for rate in tune.get("searched") or {}}
+    return dict(tune) if searched == set(rates) else None
 
 
 def log_end(record: RunRecord, out_dir: Path | None, writes: bool) -> None:
@@ -293,10 +353,11 @@ def train(
     parallel_jobs: int,
     multirun: bool,
     resume: bool = True,
+    claim: Callable[[], None] | None = None,
 ) -> None:
     """Build and train from the checked config (:func:`planned`), filling ``record`` in; ``out_dir`` None
     writes nothing (other ranks). With ``resume``, a checkpoint in ``out_dir`` (of this config) is continued;
-    without, it is deleted.
+    without, it is deleted. ``claim``: called just before the run first writes ``out_dir``.
     """
     rank, world, local_rank = dist_env()
     plan, named_callbacks = checked
@@ -313,7 +374,8 @@ def train(
     train_cfg = describe(record, plan, task, model, world)
     record.device, record.threads, record.world_size = str(device), threads, world
     record.metric = {"name": task.metric, "mode": task.mode(), "value": None}
-    resume_from, metrics, tracker = open_records(out_dir, record, task, plan, resume=resume, multirun=multirun)
+    resume_from, metrics, tracker = open_records(out_dir, record, task, plan, resume=resume, multirun=multirun,
+                                                 claim=claim)  # fmt: skip
     writer: Any = None
     if out_dir is not None and train_cfg.checkpoint_every > 0:
         writer = writers.CheckpointWriter(
@@ -369,11 +431,21 @@ def describe(record: RunRecord, plan: RunPlan, task: Task, model: Any, world: in
 
 
 def open_records(
-    out_dir: Path | None, record: RunRecord, task: Task, plan: RunPlan, *, resume: bool, multirun: bool
+    out_dir: Path | None,
+    record: RunRecord,
+    task: Task,
+    plan: RunPlan,
+    *,
+    resume: bool,
+    multirun: bool,
+    claim: Callable[[], None] | None = None,
 ) -> tuple[Path | None, MetricsLog, Tracker]:
-    """Rank 0 (``out_dir`` set): the checkpoint to resume from, the record written (``running``), the
-    metrics log (cut back to that checkpoint) and the tracker run; other ranks: None and no-op writers."""
+    """Rank 0 (``out_dir`` set): ``claim`` called before anything is written, the checkpoint to resume from,
+    the record written (``running``), the metrics log (cut back to that checkpoint) and the tracker run; other
+    ranks: None and no-op writers."""
     world, data = record.world_size or 1, record.data or {}
+    if out_dir is not None and claim is not None:
+        claim()  # the folder is this run's from here on (a stale checkpoint file is its first write)
     resume_from = find_checkpoint(out_dir, record, world, resume) if out_dir is not None else None
     if resume_from is not None:
         check_same_data(out_dir, record)  # type: ignore[arg-type]
