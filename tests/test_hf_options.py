@@ -66,23 +66,38 @@ def candidates(annotation: Any, default: Any) -> list[Any]:
     return list(dict.fromkeys(values))
 
 
+def valid(axis: str, node: dict[str, Any]) -> bool:
+    """Whether the part's own checks accept ``node`` (no tensor work)."""
+    try:
+        objective_entry(node) if axis == "objective" else resolve_block({**BASES["llama"], axis: node})
+    except ConfigError:
+        return False
+    return True
+
+
 def part_cases() -> list[tuple[str, dict[str, Any]]]:
     """(id, change) for each registered part on each axis, alone, with each option value, and with each contract
-    variant of its axis that it takes; the objective's entries and options alike."""
+    variant of its axis that it takes; the objective's entries and options alike. An option value the part refuses
+    alone (``bias_rate`` without ``balance=bias``) is tried on top of the first variant that lets it build."""
     cases = []
     for axis, registry in {**AXES, "objective": OBJECTIVES}.items():
+        variants = {name: v for other in registry.parts() for name, v in other.variants.items()}
         for part in registry.parts():
             node = {"name": part.name}
             cases.append((f"{axis}={part.name}", {axis: node}))
             defaults, types = option_defaults(part), option_types(part.cls)
+            taken = {name: v for name, v in variants.items() if set(v) <= set(types)}  # every part taking its options
             for option, annotation in types.items():
                 for value in candidates(annotation, defaults[option]):
-                    if value != defaults[option]:
-                        cases.append((f"{axis}={part.name} {option}={value!r}", {axis: {**node, option: value}}))
-            variants = {name: v for other in registry.parts() for name, v in other.variants.items()}
-            for variant, options in variants.items():  # a variant applies to every part that takes its options
-                if set(options) <= set(types):
-                    cases.append((f"{axis}={part.name}+{variant}", {axis: {**node, **options}}))
+                    if value == defaults[option]:
+                        continue
+                    within = [(f"+{name}", v) for name, v in taken.items() if option not in v]
+                    label, context = next(((name, v) for name, v in [("", {}), *within]
+                                           if valid(axis, {**node, **v, option: value})), ("", {}))  # fmt: skip
+                    cases.append((f"{axis}={part.name}{label} {option}={value!r}",
+                                  {axis: {**node, **context, option: value}}))  # fmt: skip
+            for variant, options in taken.items():
+                cases.append((f"{axis}={part.name}+{variant}", {axis: {**node, **options}}))
     return cases
 
 

@@ -62,3 +62,8 @@ def from_cwd(path: Path) -> Path:
         return Path(path).resolve().relative_to(Path.cwd())
     except ValueError:
         return Path(path)
+
+
+def shown(path: Path | None) -> str:
+    """``path`` relative to the working directory when inside it (shorter log lines), ``run`` for no folder."""
+    return "run" if path is None else str(from_cwd(path))

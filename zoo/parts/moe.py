@@ -114,7 +114,7 @@ class Router(nn.Linear):
     ),
     variants={
         "deepseek": {"routing": "sigmoid", "n_shared": 1, "n_experts": 4, "n_groups": 2, "top_groups": 1,
-                     "routed_scaling_factor": 2.5},
+                     "routed_scaling_factor": 2.5, "balance": "bias"},
         "gated": {"n_shared": 1, "shared_gate": True, "router_bias": True, "normalize": False},
     },  # fmt: skip
 )

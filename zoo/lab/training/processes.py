@@ -1,15 +1,21 @@
 """The processes of a run: rank and world from torchrun or submitit, threads per process, the device each
-rank takes, joining the process group, and checking that ranks hold the same weights."""
+rank takes, joining the process group, checking that ranks hold the same weights, and what they ran on
+(summary.json's ``versions``: the packages, the platform and the CPU with its kernels)."""
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import os
+import platform
 from pathlib import Path
 from typing import Any
 
+import hydra
 import torch
 import torch.distributed as dist
 
+from zoo.core.registry import installed_plugins
 from zoo.lab.cores import usable_cores
 from zoo.lab.planning.plan import RunPlan
 from zoo.lab.planning.train_config import TrainConfig
@@ -67,3 +73,39 @@ def ranks_in_sync(model: torch.nn.Module) -> bool:
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     return all(torch.equal(every[0], other) for other in every[1:])
+
+
+def versions() -> dict[str, Any]:
+    """What the run ran on: python, torch, zoo, hydra, the platform, the installed part plugins, and the CPU with the
+    instruction set torch's kernels use on it (a run's last digits can move with either: docs/results.md)."""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "zoo": package_version(),
+        "hydra": hydra.__version__,
+        "platform": platform.platform(),
+        "plugins": installed_plugins(),
+        "cpu": {"model": cpu_model(), "kernels": torch.backends.cpu.get_cpu_capability()},
+    }
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``'s, else ``platform.processor()``), or ``unknown``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("zoo")
+    except importlib.metadata.PackageNotFoundError:  # imported from a checkout that is not installed
+        return "unknown"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

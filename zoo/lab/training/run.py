@@ -5,12 +5,9 @@ never raised: a sweep carries on (one ``zoo-train`` run's config error is raised
 
 from __future__ import annotations
 
-import datetime
 import functools
-import importlib.metadata
 import json
 import logging
-import platform
 import sys
 import time
 import traceback
@@ -18,16 +15,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError, IncompatibleParts
-from zoo.core.registry import installed_plugins
 from zoo.lab.cores import dist_env, submitit_tasks
 from zoo.lab.data.tokenizer import copy_to_run
-from zoo.lab.files import from_cwd, write_atomic
+from zoo.lab.files import shown, write_atomic
 from zoo.lab.planning.branch import identity, load_branch, resolve_branch, same_start, source_metrics
 from zoo.lab.planning.options import tune_options
 from zoo.lab.planning.plan import RunPlan, plan_run
@@ -38,6 +33,7 @@ from zoo.lab.records import checkpoint_writers as writers
 from zoo.lab.records.config import config_differences, config_hash, differences_text
 from zoo.lab.records.lock import RunLock, holder
 from zoo.lab.records.metrics import METRICS, MetricsLog, keep_metrics_until
+from zoo.lab.records.resume import Refused, check_same_data, find_checkpoint, resumed_text
 from zoo.lab.records.summary import RunRecord, read_record, write_record
 from zoo.lab.records.trackers import Tracker, open_tracker
 from zoo.lab.studies.tune import choose_lr
@@ -49,48 +45,14 @@ from zoo.lab.training.loop_callbacks import check_callbacks, run_callbacks
 from zoo.lab.training.processes import (
     default_threads,
     join_processes,
+    now,
     ranks_in_sync,
     take_device,
+    versions,
 )
 from zoo.lab.training.trainer import FitResult, Trainer
 
 log = logging.getLogger("zoo.lab.training.run")
-
-
-def versions() -> dict[str, Any]:
-    """What the run ran on: python, torch, zoo, hydra, the platform, the installed part plugins, and the CPU with the
-    instruction set torch's kernels use on it (a run's last digits can move with either: docs/results.md)."""
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "zoo": package_version(),
-        "hydra": hydra.__version__,
-        "platform": platform.platform(),
-        "plugins": installed_plugins(),
-        "cpu": {"model": cpu_model(), "kernels": torch.backends.cpu.get_cpu_capability()},
-    }
-
-
-def cpu_model() -> str:
-    """The processor's model name (``/proc/cpuinfo``'s, else ``platform.processor()``), or ``unknown``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def package_version() -> str:
-    try:
-        return importlib.metadata.version("zoo")
-    except importlib.metadata.PackageNotFoundError:  # imported from a checkout that is not installed
-        return "unknown"
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def locked(function: Callable[..., RunRecord]) -> Callable[..., RunRecord]:
@@ -472,25 +434,6 @@ def open_records(
     return resume_from, metrics, tracker
 
 
-class Refused(Exception):
-    """The run may not write its folder (:func:`refuse`): raised where that is found out after planning."""
-
-
-def check_same_data(out_dir: Path, record: RunRecord) -> None:
-    """Refuse to resume a run on other data than its checkpoints trained on (its relative ``task.path`` read
-    from another working folder, say), naming both hashes."""
-    prior = read_record(out_dir)
-    before = (prior.data or {}).get("sha256") if prior is not None else None
-    data = record.data or {}
-    now = data.get("sha256")
-    if before is not None and now != before:
-        where = (data.get("paths") or {}).get("path") or "the data read"
-        raise Refused(
-            f"holds a resumable run that trained on other data (sha256 {before}; {where} has {now}): resume it "
-            "where its task.path names that data"
-        )
-
-
 def fit(
     trainer: Trainer,
     plan: RunPlan,
@@ -531,35 +474,6 @@ def fit(
     mesh = plan.mesh
     record.parallel = {"dp_replicate": mesh.dp_replicate, "dp_shard": mesh.dp_shard, "tp": mesh.tp}
     return result
-
-
-def find_checkpoint(out_dir: Path, record: RunRecord, world: int, resume: bool) -> Path | None:
-    """The checkpoint to continue from: the newest intact one in ``out_dir`` (checked against this config
-    and world size: another's is refused), or None. Those that fail their check are logged, recorded in
-    ``record.resume_skipped`` and deleted. Without ``resume`` the folder's checkpoints are deleted."""
-    ckpt.remove_stale(out_dir)
-    if not resume:
-        ckpt.clear_checkpoints(out_dir)
-        return None
-    chosen, failed = ckpt.choose_checkpoint(out_dir, config_hash=record.config_hash, world_size=world)
-    for name, problem in failed.items():
-        log.warning("%s: not resuming from %s: %s", shown(out_dir), name, problem)
-    if failed:
-        record.resume_skipped = failed
-        if chosen is None:
-            log.warning("%s: no intact checkpoint: training from step 0", shown(out_dir))
-    return chosen
-
-
-def resumed_text(folder: Path, record: RunRecord) -> str:
-    """``step_000120`` (and which newer checkpoints failed their check: find_checkpoint logged why)."""
-    failed = record.resume_skipped or {}
-    return folder.name + (f" (newer ones failed their check: {', '.join(failed)})" if failed else "")
-
-
-def shown(path: Path | None) -> str:
-    """``path`` relative to the working directory when inside it (shorter log lines)."""
-    return "run" if path is None else str(from_cwd(path))
 
 
 def metric_text(record: RunRecord) -> str:
