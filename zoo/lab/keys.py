@@ -43,6 +43,9 @@ STACKS = ("model", "encoder")
 #: ``block`` keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (canon layers: zoo.parts.canon; the residual axis at ``add``: zoo.parts.residuals).
 NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none", "residual": {"name": "add"}}
+#: ``block.norm`` options added after runs were recorded, left out of the hash at the value that changes nothing
+#: (RMSNorm's zero-centred gain: zoo.parts.norms).
+NEUTRAL_NORM: dict[str, Any] = {"zero_centred": False}
 #: ``block.mlp`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (a mixture of experts' balancing: zoo.parts.moe).
 NEUTRAL_MLP: dict[str, Any] = {"balance": "loss", "bias_rate": 0.001}

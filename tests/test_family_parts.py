@@ -1,0 +1,91 @@
+"""The parts 2026's open model families need (Gemma 3, Qwen3-Next, OLMo 2/3 and OLMo-Hybrid, gpt-oss, nanochat),
+each against its transformers module at a tiny config (float64 where the module keeps the input's precision; where
+it computes in float32 whatever the input, at float32's tolerance) and against its formula written out by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zoo import build_block
+from zoo.core.dims import BlockDims
+from zoo.parts.norms import RMSNorm
+from zoo.testing.combos import TINY
+
+D = TINY["d_model"]
+#: transformers' Gemma 3 and Qwen3-Next norms cast to float32 whatever the input: the tolerance of a comparison
+#: through them (the rest of each module runs in float64).
+THROUGH_FLOAT32 = 1e-6
+
+
+def hf(module: str):
+    """A transformers modeling module by family (``gemma3``), or skip without transformers."""
+    pytest.importorskip("transformers")
+    import importlib
+
+    return importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+
+
+def randomized(module: torch.nn.Module, scale: float = 0.3) -> torch.nn.Module:
+    """``module`` with every parameter drawn anew (so a gain of 1 or a zero bias cannot hide a swap)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * scale)
+    return module
+
+
+# --- Zero-centred RMSNorm ------------------------------------------------------------------------------------------
+
+
+def test_zero_centred_rmsnorm_applies_one_plus_its_stored_weight():
+    x = torch.randn(2, 5, D, dtype=torch.float64) * 3
+    norm = randomized(RMSNorm(BlockDims(d_model=D), eps=1e-6, zero_centred=True).double())
+    by_hand = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + norm.weight)
+    torch.testing.assert_close(norm(x), by_hand, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen3_next"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zero_centred_rmsnorm_is_gemma3s_and_qwen3_nexts(family, dtype):
+    """Same initial weight (zeros), same output in float32 and, with the product before the cast back, in
+    bfloat16."""
+    module = hf(family)
+    theirs = getattr(module, f"{'Gemma3' if family == 'gemma3' else 'Qwen3Next'}RMSNorm")(D, eps=1e-6)
+    mine = RMSNorm(BlockDims(d_model=D), eps=1e-6, zero_centred=True)
+    torch.testing.assert_close(mine.weight, theirs.weight, rtol=0, atol=0)
+    randomized(mine)
+    theirs.load_state_dict(mine.state_dict())
+    mine, theirs = mine.to(dtype), theirs.to(dtype)
+    x = (torch.randn(2, 5, D) * 3).to(dtype)
+    torch.testing.assert_close(mine(x), theirs(x), rtol=1e-6, atol=1e-6)
+
+
+def test_the_qk_norm_and_the_final_norm_beside_a_zero_centred_block_norm_are_zero_centred():
+    cfg = {**TINY, "placement": "pre", "norm": {"name": "rmsnorm", "zero_centred": True},
+           "attn": {"name": "mha", "qk_norm": "rmsnorm"}, "pos": "rotary", "mlp": "gelu"}  # fmt: skip
+    block = build_block(cfg)
+    norms = [m for m in block.modules() if isinstance(m, RMSNorm)]
+    assert len(norms) == 4 and all(m.zero_centred and not m.weight.any() for m in norms)
+
+
+# --- Config hashes -------------------------------------------------------------------------------------------------
+
+#: Hashes computed before any of these options existed (zoo at 78acf65).
+RECORDED = {(): "0a7575235f9168ae", ("norm=rmsnorm",): "51b702509f18b97f", ("mlp=geglu",): "09586291d75941c2",
+            ("attn=gqa",): "0a03979dc78d43b5", ("attn=mqa",): "c9bed9822794ddd5",
+            ("placement=post", "norm=rmsnorm", "mlp=geglu"): "793a3845dbacb796"}  # fmt: skip
+#: Each new option at its default, spelt out, and away from it.
+NEW_OPTIONS = {"block.norm.zero_centred": ("false", "true")}
+
+
+def test_the_new_options_at_their_defaults_leave_existing_config_hashes_as_they_were():
+    from helpers import tiny
+
+    from zoo.lab.records.config import config_hash
+
+    for overrides, digest in RECORDED.items():
+        assert config_hash(tiny(*overrides)) == digest, overrides
+    base = ("norm=rmsnorm", "mlp=geglu", "attn=gqa")
+    for key, (default, other) in NEW_OPTIONS.items():
+        assert config_hash(tiny(*base, f"{key}={default}")) == config_hash(tiny(*base)), key
+        assert config_hash(tiny(*base, f"{key}={other}")) != config_hash(tiny(*base)), key
