@@ -4,11 +4,15 @@ it computes in float32 whatever the input, at float32's tolerance) and against i
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from zoo import build_block
 from zoo.core.dims import BlockDims
+from zoo.parts.mlps import fuse_gate_up, split_gate_up
 from zoo.parts.norms import RMSNorm
 from zoo.testing.combos import TINY
 
@@ -68,6 +72,48 @@ def test_the_qk_norm_and_the_final_norm_beside_a_zero_centred_block_norm_are_zer
     assert len(norms) == 4 and all(m.zero_centred and not m.weight.any() for m in norms)
 
 
+
+# --- GELU's tanh approximation -------------------------------------------------------------------------------------
+
+
+def mlp(name: str, **options) -> torch.nn.Module:
+    cfg = {**TINY, "placement": "pre", "norm": "rmsnorm", "attn": "mha", "pos": "none"}
+    cfg["mlp"] = {"name": name, **options}
+    return randomized(build_block(cfg).mlp.double())
+
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's gelu_new, written out (transformers' NewGELUActivation)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def test_the_gelu_mlps_tanh_approximation_follows_its_formula():
+    x = torch.randn(2, 5, D, dtype=torch.float64) * 2
+    plain = mlp("gelu", approximate="tanh")
+    expected = gelu_new(x @ plain.up.weight.T + plain.up.bias) @ plain.down.weight.T + plain.down.bias
+    torch.testing.assert_close(plain(x), expected, rtol=1e-12, atol=1e-12)
+    gated = mlp("geglu", approximate="tanh")
+    gate, up = split_gate_up(gated.gate_up.weight)
+    gate_b, up_b = split_gate_up(gated.gate_up.bias)
+    hidden = gelu_new(x @ gate.T + gate_b) * (x @ up.T + up_b)
+    torch.testing.assert_close(gated(x), hidden @ gated.down.weight.T + gated.down.bias, rtol=1e-12, atol=1e-12)
+    exact = mlp("geglu")  # the default: erf GELU, as before the option
+    assert exact.activation is F.gelu and exact.approximate == "none"
+
+
+def test_geglu_with_the_tanh_approximation_is_gemma3s_mlp():
+    module = hf("gemma3")
+    config = module.Gemma3TextConfig(hidden_size=D, intermediate_size=24, hidden_activation="gelu_pytorch_tanh")
+    theirs = randomized(module.Gemma3MLP(config).double())
+    mine = mlp("geglu", approximate="tanh")
+    mine.gate_up.bias = mine.down.bias = None  # Gemma's projections have no bias
+    with torch.no_grad():
+        mine.gate_up.weight.copy_(fuse_gate_up(theirs.gate_proj.weight, theirs.up_proj.weight))
+        mine.down.weight.copy_(theirs.down_proj.weight)
+    x = torch.randn(2, 5, D, dtype=torch.float64) * 2
+    torch.testing.assert_close(mine(x), theirs(x), rtol=1e-12, atol=1e-12)
+
+
 # --- Config hashes -------------------------------------------------------------------------------------------------
 
 #: Hashes computed before any of these options existed (zoo at 78acf65).
@@ -75,7 +121,7 @@ RECORDED = {(): "0a7575235f9168ae", ("norm=rmsnorm",): "51b702509f18b97f", ("mlp
             ("attn=gqa",): "0a03979dc78d43b5", ("attn=mqa",): "c9bed9822794ddd5",
             ("placement=post", "norm=rmsnorm", "mlp=geglu"): "793a3845dbacb796"}  # fmt: skip
 #: Each new option at its default, spelt out, and away from it.
-NEW_OPTIONS = {"block.norm.zero_centred": ("false", "true")}
+NEW_OPTIONS = {"block.norm.zero_centred": ("false", "true"), "block.mlp.approximate": ("none", "tanh")}
 
 
 def test_the_new_options_at_their_defaults_leave_existing_config_hashes_as_they_were():

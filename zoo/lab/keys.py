@@ -47,8 +47,8 @@ NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none", "residual": {"name": "add"}}
 #: (RMSNorm's zero-centred gain: zoo.parts.norms).
 NEUTRAL_NORM: dict[str, Any] = {"zero_centred": False}
 #: ``block.mlp`` options added after runs were recorded, left out of the hash at the value that changes nothing
-#: (a mixture of experts' balancing: zoo.parts.moe).
-NEUTRAL_MLP: dict[str, Any] = {"balance": "loss", "bias_rate": 0.001}
+#: (a mixture of experts' balancing: zoo.parts.moe; GELU's tanh approximation: zoo.parts.mlps).
+NEUTRAL_MLP: dict[str, Any] = {"balance": "loss", "bias_rate": 0.001, "approximate": "none"}
 
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
 #: order's), the sweep
