@@ -10,10 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo import build_block
+from zoo import build_block, build_model
 from zoo.core.dims import BlockDims
+from zoo.parts.attention import fuse_qkv
 from zoo.parts.mlps import fuse_gate_up, split_gate_up
 from zoo.parts.norms import RMSNorm
+from zoo.parts.placements import ReorderedNorm
 from zoo.testing.combos import TINY
 
 D = TINY["d_model"]
@@ -114,6 +116,101 @@ def test_geglu_with_the_tanh_approximation_is_gemma3s_mlp():
     torch.testing.assert_close(mine(x), theirs(x), rtol=1e-12, atol=1e-12)
 
 
+
+# --- placement=reordered -------------------------------------------------------------------------------------------
+
+
+def test_reordered_normalizes_each_branch_output_never_its_input_and_ends_with_a_final_norm():
+    dims = BlockDims(d_model=D)
+    norms = iter([randomized(RMSNorm(dims)).double() for _ in range(2)])
+    placement = ReorderedNorm(dims, lambda: next(norms), 2)
+    f, g = (randomized(torch.nn.Linear(D, D)).double() for _ in range(2))
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    h = x + placement.norms[0](f(x))
+    torch.testing.assert_close(placement(x, [f, g]), h + placement.norms[1](g(h)), rtol=1e-12, atol=1e-12)
+    cfg = {"block": {**TINY, "placement": "reordered", "norm": "rmsnorm", "attn": "mha", "pos": "rotary",
+                     "mlp": "swiglu"}, "model": {"n_layers": 2}}  # fmt: skip
+    assert isinstance(build_model(cfg).final_norm, RMSNorm)
+
+
+
+# --- Attention against transformers' modules ----------------------------------------------------------------------
+
+
+def causal_mask(t: int) -> torch.Tensor:
+    """transformers' additive causal mask, (1, 1, t, t): -inf above the diagonal."""
+    return torch.full((t, t), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+
+
+def rotary_tables(t: int, rotated: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (1, t, rotated) of transformers' default RoPE at positions 0..t-1, in float64: angle
+    i base^(-2j / rotated) for j < rotated / 2, the halves repeated (``rotate_half``'s pairing)."""
+    inverse = base ** -(torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
+    angles = torch.arange(t, dtype=torch.float64)[:, None] * inverse
+    doubled = torch.cat([angles, angles], dim=-1)[None]
+    return doubled.cos(), doubled.sin()
+
+
+def load_attention(mine: torch.nn.Module, theirs: torch.nn.Module, q_weight: torch.Tensor | None = None) -> None:
+    """Copy a transformers attention's q/k/v/o projections (and biases, if any) into zoo's fused ``qkv`` and ``out``."""
+    with torch.no_grad():
+        q = theirs.q_proj.weight if q_weight is None else q_weight
+        mine.qkv.weight.copy_(fuse_qkv(q, theirs.k_proj.weight, theirs.v_proj.weight, mine.n_kv_heads))
+        mine.out.weight.copy_(theirs.o_proj.weight)
+        if mine.qkv.bias is not None:
+            biases = (theirs.q_proj.bias, theirs.k_proj.bias, theirs.v_proj.bias)
+            mine.qkv.bias.copy_(fuse_qkv(*biases, mine.n_kv_heads))
+            mine.out.bias.copy_(theirs.o_proj.bias)
+
+
+def olmo_hybrid_layer():
+    """transformers' OLMo-Hybrid attention layer (OLMo 3's attention: q_norm and k_norm over all heads jointly;
+    norms after each branch), at a tiny config, float64, weights drawn anew."""
+    module = hf("olmo_hybrid")
+    from transformers.models.olmo_hybrid.configuration_olmo_hybrid import OlmoHybridConfig
+
+    config = OlmoHybridConfig(
+        hidden_size=D, num_attention_heads=4, num_key_value_heads=2, intermediate_size=24, num_hidden_layers=2,
+        vocab_size=32, layer_types=["linear_attention", "full_attention"],
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    return config, randomized(module.OlmoHybridAttentionDecoderLayer(config, 1).double())
+
+
+def test_reordered_placement_and_joint_qk_norm_are_olmo_hybrids_attention_layer():
+    config, theirs = olmo_hybrid_layer()
+    cfg = {**TINY, "bias": False, "placement": "reordered", "norm": "rmsnorm", "pos": {"name": "rotary",
+           "base": config.rope_parameters["rope_theta"]}, "mlp": "swiglu", "attn": {"name": "gqa", "qk_norm": "rmsnorm",
+           "qk_norm_scope": "all_heads"}}  # fmt: skip
+    mine = build_block(cfg).double().eval()
+    assert mine.attn.q_norm.weight.shape == (4 * 4,) and mine.attn.k_norm.weight.shape == (2 * 4,)
+    load_attention(mine.attn, theirs.self_attn)
+    with torch.no_grad():
+        mine.attn.q_norm.weight.copy_(theirs.self_attn.q_norm.weight)
+        mine.attn.k_norm.weight.copy_(theirs.self_attn.k_norm.weight)
+        mine.mlp.gate_up.weight.copy_(fuse_gate_up(theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight))
+        mine.mlp.down.weight.copy_(theirs.mlp.down_proj.weight)
+        mine.placement.norms[0].weight.copy_(theirs.post_attention_layernorm.weight)
+        mine.placement.norms[1].weight.copy_(theirs.post_feedforward_layernorm.weight)
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    tables = rotary_tables(7, D // 4, config.rope_parameters["rope_theta"])
+    with torch.no_grad():
+        expected = theirs(x, attention_mask=causal_mask(7), position_embeddings=tables)
+        torch.testing.assert_close(mine(x), expected, rtol=THROUGH_FLOAT32, atol=THROUGH_FLOAT32)
+
+
+def test_a_joint_qk_norm_needs_a_norm_and_is_refused_under_tensor_parallelism():
+    from zoo import ConfigError, resolve_block
+    from zoo.parts.attention import Attention
+
+    base = {**TINY, "placement": "pre", "norm": "rmsnorm", "pos": "rotary", "mlp": "swiglu"}
+    with pytest.raises(ConfigError, match="block.attn.qk_norm_scope='all_heads': head unless block.attn.qk_norm"):
+        resolve_block({**base, "attn": {"name": "gqa", "qk_norm_scope": "all_heads"}})
+    spec = resolve_block({**base, "attn": {"name": "gqa", "qk_norm": "rmsnorm", "qk_norm_scope": "all_heads"}})
+    with pytest.raises(ConfigError, match="block.attn.qk_norm_scope='all_heads': head under parallel.tp=2"):
+        Attention.check_tp(spec.dims, 2, **spec["attn"].options)
+
+
 # --- Config hashes -------------------------------------------------------------------------------------------------
 
 #: Hashes computed before any of these options existed (zoo at 78acf65).
@@ -121,7 +218,8 @@ RECORDED = {(): "0a7575235f9168ae", ("norm=rmsnorm",): "51b702509f18b97f", ("mlp
             ("attn=gqa",): "0a03979dc78d43b5", ("attn=mqa",): "c9bed9822794ddd5",
             ("placement=post", "norm=rmsnorm", "mlp=geglu"): "793a3845dbacb796"}  # fmt: skip
 #: Each new option at its default, spelt out, and away from it.
-NEW_OPTIONS = {"block.norm.zero_centred": ("false", "true"), "block.mlp.approximate": ("none", "tanh")}
+NEW_OPTIONS = {"block.norm.zero_centred": ("false", "true"), "block.mlp.approximate": ("none", "tanh"),
+               "block.attn.qk_norm_scope": ("head", "all_heads")}  # fmt: skip
 
 
 def test_the_new_options_at_their_defaults_leave_existing_config_hashes_as_they_were():
@@ -131,7 +229,7 @@ def test_the_new_options_at_their_defaults_leave_existing_config_hashes_as_they_
 
     for overrides, digest in RECORDED.items():
         assert config_hash(tiny(*overrides)) == digest, overrides
-    base = ("norm=rmsnorm", "mlp=geglu", "attn=gqa")
+    base = ("norm=rmsnorm", "mlp=geglu", "attn=gqa", "block.attn.qk_norm=rmsnorm")
     for key, (default, other) in NEW_OPTIONS.items():
         assert config_hash(tiny(*base, f"{key}={default}")) == config_hash(tiny(*base)), key
         assert config_hash(tiny(*base, f"{key}={other}")) != config_hash(tiny(*base)), key

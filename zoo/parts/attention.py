@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from einops import rearrange
@@ -91,6 +91,11 @@ def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.T
     return q, k, v
 
 
+#: What a qk-norm normalizes over: each head's d_head features, or all heads' features jointly (OLMo 2/3's q_norm over
+#: n_heads d_head, k_norm over n_kv_heads d_head).
+QKNormScope = Literal["head", "all_heads"]
+
+
 #: The output options' contract variants, on every softmax attention (zoo.parts.head_outputs).
 OUTPUT_VARIANTS: dict[str, dict[str, Any]] = {
     "headgate": {"gate": "headwise"},
@@ -110,6 +115,7 @@ OUTPUT_VARIANTS: dict[str, dict[str, Any]] = {
         "window": {"window": 3},
         "softcap": {"softcap": 2.0, "backend": "math"},
         "qknorm": {"qk_norm": "rmsnorm"},
+        "qknorm_all": {"qk_norm": "rmsnorm", "qk_norm_scope": "all_heads"},
         **OUTPUT_VARIANTS,
         "vres": {"value_residual": "learned"},  # in a model: layer 1 mixes layer 0's values
     },
@@ -130,7 +136,9 @@ class Attention(nn.Module):
 
     Options: ``qk_norm`` (a registered norm applied to each head's queries and keys before the
     position part; parameters ``q_norm``, ``k_norm``; built with the options of ``block.norm`` it
-    shares, such as ``eps``, passed by the builder as ``norm_options``), ``window`` (sliding-window
+    shares, such as ``eps``, passed by the builder as ``norm_options``), ``qk_norm_scope`` (``head``: over
+    each head's d_head features; ``all_heads``: over all the queries' n_heads d_head features jointly, and the
+    keys' n_kv_heads d_head, as OLMo 2 and 3), ``window`` (sliding-window
     attention: each query sees at most ``window`` keys, itself included; a float mask keeps SDPA on its
     fused kernels), ``softcap`` (scores become softcap * tanh(scores / softcap); math backend only), and
     the output options of :mod:`zoo.parts.head_outputs`: ``gate`` (``headwise`` or ``elementwise``: heads'
@@ -157,6 +165,7 @@ class Attention(nn.Module):
     @classmethod
     def check(cls, dims: BlockDims, **options: Any) -> None:
         n_kv_heads, backend, qk_norm = options["n_kv_heads"], options["backend"], options["qk_norm"]
+        scope = options["qk_norm_scope"]
         window, softcap = options["window"], options["softcap"]
         kv = dims.n_heads if n_kv_heads is None else n_kv_heads
         if kv < 1 or dims.n_heads % kv:
@@ -168,6 +177,8 @@ class Attention(nn.Module):
             )
         if qk_norm != "none" and qk_norm not in NORMS:
             raise ConfigError("block.attn.qk_norm", qk_norm, f"none or a registered norm: {', '.join(NORMS.names())}")
+        if scope != "head" and qk_norm == "none":
+            raise ConfigError("block.attn.qk_norm_scope", scope, "head unless block.attn.qk_norm names a norm")
         if window is not None and window < 1:
             raise ConfigError("block.attn.window", window, "must be a positive integer, or null for no window")
         if window is not None and dims.max_len is not None and window >= dims.max_len:
@@ -200,6 +211,12 @@ class Attention(nn.Module):
                 f"none under parallel.tp={tp}: its weights mix every key/value head, which no rank holds whole",
             )
         qk_norm = options["qk_norm"]
+        if qk_norm != "none" and options["qk_norm_scope"] != "head":
+            raise ConfigError(
+                "block.attn.qk_norm_scope",
+                options["qk_norm_scope"],
+                f"head under parallel.tp={tp}: a norm over all heads' features needs every head, which no rank holds",
+            )
         if qk_norm != "none" and not has_plan(NORMS.get(qk_norm).cls):
             raise ConfigError(
                 "block.attn.qk_norm", qk_norm, f"has no tensor-parallel plan, so it cannot run under parallel.tp={tp}"
@@ -228,6 +245,7 @@ class Attention(nn.Module):
         n_kv_heads: int | None = None,
         backend: Backend = "sdpa",
         qk_norm: str = "none",
+        qk_norm_scope: QKNormScope = "head",
         window: int | None = None,
         softcap: float | None = None,
         gate: Gate = "none",
@@ -252,9 +270,12 @@ class Attention(nn.Module):
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
         self.window, self.softcap = window, softcap
         self.q_norm = self.k_norm = None
-        if qk_norm != "none":  # per head: a norm over d_head features, sharing the block norm's options (eps)
-            self.q_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
-            self.k_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
+        self.qk_norm_scope = qk_norm_scope
+        if qk_norm != "none":  # over d_head features (or all heads'), sharing the block norm's options (eps)
+            joint = qk_norm_scope == "all_heads"
+            for name, heads in (("q_norm", self.n_heads), ("k_norm", self.n_kv_heads)):
+                features = heads * self.d_head if joint else self.d_head
+                setattr(self, name, build_norm(qk_norm, dims, width=features, shared=norm_options))
         self.gate, self.sink, self.xsa = build_gate(gate, dims), build_sink(sink, self.n_heads), xsa
         self.output_options = {"gate": gate, "sink": sink, "xsa": xsa}
         self.canon = Canon(width, "b") if "b" in dims.canon_sites else None
@@ -336,11 +357,19 @@ class Attention(nn.Module):
         q = rearrange(heads[:, :, :-2], "b g r t d -> b (g r) t d")  # query head g * r + i
         k, v = heads[:, :, -2], heads[:, :, -1]  # (b, g, t, d) each
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # per head, over d_head
+            q, k = self.qk_normed(q, k)
         if self.canon is not None:
             q, k, v = self.canon_qkv(q, k, v, real, cache)
         q, k = self.position.rotate(q, k, positions)
         return q, k, v
+
+    def qk_normed(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The qk-norm of queries (b, h, t, d) and keys (b, g, t, d): per head over d, or over all heads jointly."""
+        if self.qk_norm_scope == "head":
+            return self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
+        joint = [norm(rearrange(x, "b h t d -> b t (h d)")) for norm, x in ((self.q_norm, q), (self.k_norm, k))]
+        q, k = (rearrange(x, "b t (h d) -> b h t d", d=self.d_head) for x in joint)
+        return q, k
 
     def canon_qkv(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor | None, cache: LayerState | None
@@ -439,6 +468,15 @@ ATTENTIONS.document(
     cost="6 min(window, seq_len) n_heads d_head in place of softmax attention's 6 seq_len d_model",
     reference="Child et al. 2019, Generating Long Sequences with Sparse Transformers, arXiv:1904.10509; "
     "Beltagy et al. 2020, Longformer, arXiv:2004.05150",
+)
+ATTENTIONS.document(
+    "qk_norm_scope",
+    values="head, all_heads (with a qk_norm)",
+    formula="head: q_h <- norm(q_h), k_g <- norm(k_g) over each head's d_head features; all_heads: [q_1 .. q_h] <- "
+    "norm([q_1 .. q_h]) over n_heads d_head features, the keys over n_kv_heads d_head, before the position part",
+    cost="no FLOPs counted (as every norm); gains of n_heads d_head and n_kv_heads d_head in place of 2 d_head; "
+    "refused under tensor parallelism",
+    reference="OLMo et al. 2024, 2 OLMo 2 Furious, arXiv:2501.00656 (OLMo 2 and 3, OLMo-Hybrid)",
 )
 ATTENTIONS.document(
     "gate",
