@@ -9,7 +9,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 
+import zoo
 from zoo import build_block, build_model
 from zoo.core.dims import BlockDims
 from zoo.parts.attention import fuse_qkv
@@ -211,6 +213,175 @@ def test_a_joint_qk_norm_needs_a_norm_and_is_refused_under_tensor_parallelism():
         Attention.check_tp(spec.dims, 2, **spec["attn"].options)
 
 
+
+def attention_block(attn: dict, *, norm: dict | str = "rmsnorm", pos: dict | str = "rotary", **sizes):
+    """A float64 block (eval) with this attention node; its attention is what the tests call."""
+    cfg = {**TINY, "bias": False, "placement": "pre", "norm": norm, "pos": pos, "mlp": "swiglu", "attn": attn, **sizes}
+    return randomized(build_block(cfg).double()).eval()
+
+
+def test_gemma3s_attention_is_head_dim_scale_dim_and_a_zero_centred_qk_norm():
+    """Heads wider than d_model / n_heads, scores scaled by query_pre_attn_scalar^-0.5, the qk-norm Gemma's (1 + w)."""
+    module = hf("gemma3")
+    config = module.Gemma3TextConfig(
+        hidden_size=D, num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=6,
+        num_hidden_layers=1, layer_types=["full_attention"], intermediate_size=24, vocab_size=32, rms_norm_eps=1e-6,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    theirs = randomized(module.Gemma3Attention(config, 0).double())
+    mine = attention_block({"name": "gqa", "head_dim": 8, "scale_dim": 6, "qk_norm": "rmsnorm"},
+                           norm={"name": "rmsnorm", "zero_centred": True}).attn  # fmt: skip
+    assert mine.qkv.weight.shape == ((4 + 2 * 2) * 8, D) and mine.out.weight.shape == (D, 4 * 8)
+    load_attention(mine, theirs)
+    with torch.no_grad():
+        mine.q_norm.weight.copy_(theirs.q_norm.weight)
+        mine.k_norm.weight.copy_(theirs.k_norm.weight)
+        x = torch.randn(2, 7, D, dtype=torch.float64)
+        tables = rotary_tables(7, 8, 10000.0)
+        expected, _ = theirs(x, position_embeddings=tables, attention_mask=causal_mask(7))
+        torch.testing.assert_close(mine(x), expected, rtol=THROUGH_FLOAT32, atol=THROUGH_FLOAT32)
+
+
+def test_gpt_osss_attention_is_head_dim_with_biases_and_a_learned_sink():
+    """gpt-oss: heads narrower than d_model / n_heads would give (6 here, against 4), q/k/v/o biases, a sink per
+    head; transformers' module keeps float64, so to 1e-12."""
+    module = hf("gpt_oss")
+    config = module.GptOssConfig(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, head_dim=6,
+                                 num_hidden_layers=1, layer_types=["full_attention"], num_local_experts=2)  # fmt: skip
+    config._attn_implementation = "eager"
+    theirs = randomized(module.GptOssAttention(config, 0).double())
+    mine = attention_block({"name": "gqa", "head_dim": 6, "sink": "learned"}, pos={"name": "rotary", "base": 150000.0},
+                           bias=True).attn  # fmt: skip
+    load_attention(mine, theirs)
+    with torch.no_grad():
+        mine.sink.copy_(theirs.sinks)
+        x = torch.randn(2, 7, D, dtype=torch.float64)
+        cos, sin = (table[..., :3] for table in rotary_tables(7, 6, 150000.0))  # gpt-oss takes one half
+        expected, _ = theirs(x, position_embeddings=(cos, sin), attention_mask=causal_mask(7))
+        torch.testing.assert_close(mine(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_qwen3_nexts_attention_is_head_dim_the_elementwise_gate_and_partial_rotary():
+    """Qwen3-Next's q_proj holds, per head, its d_head query rows then its d_head gate rows; the gate multiplies
+    the heads' outputs by sigmoid elementwise before o_proj: zoo's gate=elementwise, its rows those gate rows in
+    head order. Its partial rotary turns the first int(head_dim x partial_rotary_factor) features of each head,
+    paired (j, j + r/2) as rotary_fraction does."""
+    module = hf("qwen3_next")
+    config = module.Qwen3NextConfig(
+        hidden_size=D, num_attention_heads=4, num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.25,
+        num_hidden_layers=1, layer_types=["full_attention"], intermediate_size=24, vocab_size=32, rms_norm_eps=1e-6,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    theirs = randomized(module.Qwen3NextAttention(config, 0).double())
+    mine = attention_block({"name": "gqa", "head_dim": 16, "gate": "elementwise", "qk_norm": "rmsnorm"},
+                           norm={"name": "rmsnorm", "zero_centred": True},
+                           pos={"name": "rotary", "rotary_fraction": 0.25}).attn  # fmt: skip
+    query, gate = rearrange(theirs.q_proj.weight, "(h two d) i -> two (h d) i", two=2, d=16)
+    load_attention(mine, theirs, q_weight=query)
+    with torch.no_grad():
+        mine.gate.weight.copy_(gate)
+        mine.q_norm.weight.copy_(theirs.q_norm.weight)
+        mine.k_norm.weight.copy_(theirs.k_norm.weight)
+        x = torch.randn(2, 7, D, dtype=torch.float64)
+        tables = rotary_tables(7, 4, 10000.0)
+        their_cos, their_sin = module.Qwen3NextRotaryEmbedding(config)(x.float(), torch.arange(7)[None])
+        torch.testing.assert_close(their_cos.double(), tables[0], rtol=0, atol=1e-6)  # 4 features rotated, as ours
+        torch.testing.assert_close(their_sin.double(), tables[1], rtol=0, atol=1e-6)
+        expected, _ = theirs(x, position_embeddings=tables, attention_mask=causal_mask(7))
+        torch.testing.assert_close(mine(x), expected, rtol=THROUGH_FLOAT32, atol=THROUGH_FLOAT32)
+
+
+
+# --- head_dim and scale_dim around the attention -------------------------------------------------------------------
+
+HEAD_DIM = {"d_model": D, "n_heads": 4, "d_ff": 24, "bias": True, "placement": "pre", "norm": "layernorm",
+            "pos": "rotary", "mlp": "gelu"}  # fmt: skip
+
+
+def test_heads_of_head_dim_features_size_every_projection_the_cache_and_the_value_tables():
+    """d 16, 4 heads of 8 (not 4), 2 key/value heads: qkv (4 + 2 x 2) x 8 rows, out from 32 features, the cache 2 x 2
+    x 8 numbers a token, a value embedding 2 x 8 wide, the elementwise gate 32 wide; rotary turns all 8 features."""
+    cfg = {"block": {**HEAD_DIM, "attn": {"name": "gqa", "head_dim": 8, "gate": "elementwise"}},
+           "model": {"n_layers": 2, "vocab_size": 32, "value_embeddings": True}}  # fmt: skip
+    model = build_model(cfg).eval()
+    attn = model.blocks[0].attn
+    assert attn.qkv.weight.shape == (64, D) and attn.out.weight.shape == (D, 32) and attn.gate.weight.shape == (32, D)
+    assert model.value_embeds[0].weight.shape == (32, 16) and attn.state_size(5) == 2 * 2 * 8 * 5
+    assert attn.position.rotated == 8
+    ids = torch.randint(0, 32, (2, 6))
+    caches = model.new_caches()
+    with torch.no_grad():
+        full = model(ids)
+        steps = [model(ids[:, :4], caches=caches)] + [model(ids[:, i : i + 1], caches=caches) for i in (4, 5)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_flops_per_token_count_n_heads_x_head_dim_in_place_of_d_model():
+    """By hand: d 16, 4 heads of 8, seq 64: 6 x 64 x 32 = 12288 per layer for scores and weighted values, not
+    6 x 64 x 16; a decoder's cross-attention alike; at head_dim = d_model / n_heads, the count as before."""
+    layers, seq = 2, 64
+    model = build_model({"block": {**HEAD_DIM, "attn": {"name": "gqa", "head_dim": 8}}, "model": {"n_layers": layers}})
+    assert model.flops_per_token(seq) == 6 * model.num_parameters() + layers * 6 * seq * 4 * 8
+    same = build_model({"block": {**HEAD_DIM, "attn": {"name": "gqa", "head_dim": 4}}, "model": {"n_layers": layers}})
+    plain = build_model({"block": {**HEAD_DIM, "attn": "gqa"}, "model": {"n_layers": layers}})
+    assert same.flops_per_token(seq) == plain.flops_per_token(seq) == 6 * plain.num_parameters() + layers * 6 * seq * D
+    s2s = zoo.build_seq2seq({"block": {**HEAD_DIM, "attn": {"name": "gqa", "head_dim": 8}}, "model": {"n_layers": 1}})
+    assert s2s.decoder.blocks[0].cross_attn.q.weight.shape == (32, D)
+    assert s2s.flops_per_token(seq) == 6 * s2s.num_parameters() + 3 * 6 * seq * 32  # encoder, self and cross
+
+
+def test_mup_keeps_set_heads_fixed_and_scale_dim_beside_its_score_scale():
+    """With head_dim set, a head's width does not grow: the scores keep their scale at every width. With scale_dim
+    and heads that grow, the kernel multiplies μP's sqrt(D_base) / D by sqrt(D / scale_dim): scale_dim^-0.5 at the
+    base width, sqrt(D_base / D) / sqrt(scale_dim) beyond it."""
+    from zoo import LanguageModel, resolve_block
+    from zoo.assembly import mup
+
+    def builder(**attn):
+        return lambda width: LanguageModel(resolve_block({**HEAD_DIM, "d_model": width, "d_ff": None,
+                                                          "attn": {"name": "gqa", **attn}}), 32, 2)  # fmt: skip
+
+    fixed = mup.infer(builder(head_dim=8), 64, 16)
+    assert set(fixed.score_scales.values()) == {None}
+    assert fixed.scalings["blocks.0.attn.qkv.weight"].role == "output"
+    assert fixed.scalings["blocks.0.attn.out.weight"].role == "input"
+    for width, d_head in ((16, 4), (64, 16)):
+        found = mup.infer(builder(scale_dim=6), width, 16)
+        with torch.device("meta"):
+            model = builder(scale_dim=6)(width)
+        mup.apply(model, found)
+        attn = model.blocks[0].attn
+        assert attn.d_head == d_head
+        assert attn.kernel_scale() == pytest.approx(math.sqrt(4 / d_head) / math.sqrt(6), rel=1e-12)
+
+
+def test_matching_builds_a_reference_attention_at_its_own_head_width():
+    """block.mlp.match against mla: the reference counts mla at d_model / n_heads, not at this block's head_dim;
+    against gqa of the same class, with this block's head_dim (inherited as every other option)."""
+    from zoo import resolve_block
+    from zoo.assembly.match import attn_params
+
+    block = {**HEAD_DIM, "attn": {"name": "mha", "head_dim": 8}, "mlp": {"name": "gelu", "match": "params"}}
+    spec = resolve_block(block)
+    plain = resolve_block({**HEAD_DIM, "attn": "mla"})
+    assert attn_params(spec, "mla") == attn_params(plain)
+    assert attn_params(spec, "gqa") == attn_params(resolve_block({**block, "attn": {"name": "gqa", "head_dim": 8}}))
+
+
+def test_n_heads_need_not_divide_d_model_once_head_dim_is_set():
+    from zoo import ConfigError, resolve_block
+
+    with pytest.raises(ConfigError, match="block.n_heads=3: must divide d_model=16 .* or set block.attn.head_dim"):
+        resolve_block({**HEAD_DIM, "n_heads": 3, "attn": "mha"})
+    block = build_block({**HEAD_DIM, "n_heads": 3, "attn": {"name": "mha", "head_dim": 6}})
+    assert block(torch.randn(1, 4, D)).shape == (1, 4, D)
+    for key in ("head_dim", "scale_dim"):
+        with pytest.raises(ConfigError, match=f"block.attn.{key}=0: must be a positive integer"):
+            resolve_block({**HEAD_DIM, "attn": {"name": "mha", key: 0}})
+    with pytest.raises(ConfigError, match="block.attn.head_dim=8: not an option of attn 'mla'"):
+        resolve_block({**HEAD_DIM, "attn": {"name": "mla", "head_dim": 8}})
+
+
 # --- Config hashes -------------------------------------------------------------------------------------------------
 
 #: Hashes computed before any of these options existed (zoo at 78acf65).
@@ -219,7 +390,8 @@ RECORDED = {(): "0a7575235f9168ae", ("norm=rmsnorm",): "51b702509f18b97f", ("mlp
             ("placement=post", "norm=rmsnorm", "mlp=geglu"): "793a3845dbacb796"}  # fmt: skip
 #: Each new option at its default, spelt out, and away from it.
 NEW_OPTIONS = {"block.norm.zero_centred": ("false", "true"), "block.mlp.approximate": ("none", "tanh"),
-               "block.attn.qk_norm_scope": ("head", "all_heads")}  # fmt: skip
+               "block.attn.qk_norm_scope": ("head", "all_heads"), "block.attn.head_dim": ("null", "8"),
+               "block.attn.scale_dim": ("null", "6")}  # fmt: skip
 
 
 def test_the_new_options_at_their_defaults_leave_existing_config_hashes_as_they_were():

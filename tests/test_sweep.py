@@ -34,7 +34,8 @@ def test_zoo_sweep_trains_reports_and_survives_a_failing_run(tmp_path):
     last = done.stderr.rstrip().splitlines()[-2:]
     assert last[0] == "1 run(s) failed (a diverged run is a result; a failed one is not):", done.stderr[-2000:]
     assert last[1].startswith("  sweep/") and "block.n_heads=5" in last[1], last
-    assert last[1].endswith(": ConfigError: block.n_heads=5: must divide d_model=32 (head size = d_model / n_heads)")
+    divide = "must divide d_model=32 (head size = d_model / n_heads), or set block.attn.head_dim"
+    assert last[1].endswith(f": ConfigError: block.n_heads=5: {divide}")
     runs = summaries(folder)
     status = {r["config"]["block"]["n_heads"]: r["status"] for r in runs.values()}
     assert status == {2: "ok", 4: "ok", 5: "failed"}

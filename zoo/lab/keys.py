@@ -34,9 +34,10 @@ NEUTRAL_TRAIN: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step":
 NEUTRAL_TOP: dict[str, Any] = {"data_seed": None}
 #: ``block.attn`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (softmax attention's output gate, sink and XSA: zoo.parts.head_outputs; value residual: zoo.parts.values; the
-#: qk-norm's scope: zoo.parts.attention).
+#: qk-norm's scope, the head width and the scores' scale: zoo.parts.attention).
 NEUTRAL_ATTN: dict[str, Any] = {
-    "gate": "none", "sink": "none", "xsa": False, "value_residual": "none", "qk_norm_scope": "head"
+    "gate": "none", "sink": "none", "xsa": False, "value_residual": "none", "qk_norm_scope": "head",
+    "head_dim": None, "scale_dim": None,
 }  # fmt: skip
 #: ``model`` (and ``encoder``) keys added after runs were recorded, left out of the hash at the value that
 #: changes nothing (no layer pattern: every layer the block, as before the key; no value embeddings).

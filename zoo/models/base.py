@@ -162,7 +162,8 @@ class TokenModel(nn.Module):
         extra heads too), plus attention scores and weighted values:
         6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask),
         or the mixer's own count where it gives one (its ``mixing_flops`` hook: Gated DeltaNet's chunked form,
-        a sliding window's min(window, seq_len) keys per query), each layer by its own mixer,
+        a sliding window's min(window, seq_len) keys per query, heads of block.attn.head_dim features: n_heads x
+        head_dim in place of d_model), each layer by its own mixer,
         plus what each part counts beyond those (its ``extra_flops`` hook: an output gate, a sink).
         """
         counts = self.parameter_counts()

@@ -6,7 +6,9 @@ The kernels it computes with (masks, SDPA or explicit math) are in :mod:`zoo.par
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar, Literal
 
@@ -112,6 +114,7 @@ OUTPUT_VARIANTS: dict[str, dict[str, Any]] = {
     reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
     # Tiny values, so the contract suite's 6-token sequences exercise them.
     variants={
+        "headdim": {"head_dim": 8, "scale_dim": 6},  # heads wider than d_model / n_heads, scores at 6^-0.5
         "window": {"window": 3},
         "softcap": {"softcap": 2.0, "backend": "math"},
         "qknorm": {"qk_norm": "rmsnorm"},
@@ -134,7 +137,10 @@ class Attention(nn.Module):
     Backends: ``sdpa`` (torch's fused scaled_dot_product_attention) and ``math`` (explicit scores,
     mask, float32 softmax, weights @ v).
 
-    Options: ``qk_norm`` (a registered norm applied to each head's queries and keys before the
+    Options: ``head_dim`` (each head's width, d_model / n_heads by default: Gemma's, Qwen3-Next's and gpt-oss's
+    heads are wider or narrower; the assembly builds the position part at that width too), ``scale_dim`` (the
+    scores are scaled by scale_dim^-0.5 instead of d_head^-0.5: Gemma 3's ``query_pre_attn_scalar``),
+    ``qk_norm`` (a registered norm applied to each head's queries and keys before the
     position part; parameters ``q_norm``, ``k_norm``; built with the options of ``block.norm`` it
     shares, such as ``eps``, passed by the builder as ``norm_options``), ``qk_norm_scope`` (``head``: over
     each head's d_head features; ``all_heads``: over all the queries' n_heads d_head features jointly, and the
@@ -167,6 +173,9 @@ class Attention(nn.Module):
         n_kv_heads, backend, qk_norm = options["n_kv_heads"], options["backend"], options["qk_norm"]
         scope = options["qk_norm_scope"]
         window, softcap = options["window"], options["softcap"]
+        for key in ("head_dim", "scale_dim"):
+            if options[key] is not None and options[key] < 1:
+                raise ConfigError(f"block.attn.{key}", options[key], "must be a positive integer, or null")
         kv = dims.n_heads if n_kv_heads is None else n_kv_heads
         if kv < 1 or dims.n_heads % kv:
             divisors = [d for d in range(1, dims.n_heads + 1) if dims.n_heads % d == 0]
@@ -243,6 +252,8 @@ class Attention(nn.Module):
         norm_options: Mapping[str, Any] | None = None,
         *,
         n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        scale_dim: int | None = None,
         backend: Backend = "sdpa",
         qk_norm: str = "none",
         qk_norm_scope: QKNormScope = "head",
@@ -254,13 +265,16 @@ class Attention(nn.Module):
         value_residual: ValueResidual = "none",
     ) -> None:
         super().__init__()
+        if head_dim is not None:  # the assembly has set it already; a direct build gets it here
+            dims = replace(dims, head_dim=head_dim)
         self.n_heads = dims.n_heads
         self.n_kv_heads = dims.n_heads if n_kv_heads is None else n_kv_heads
         self.d_head = dims.d_head
-        #: The softmax's score multiplier, read by forward and attention_logits alike; None: 1 / sqrt(d_head)
-        #: (μP sets sqrt(d_head_base) / d_head).
+        #: μP's score multiplier (sqrt(d_head_base) / d_head), None: the standard 1 / sqrt(d_head); the kernel's is
+        #: :meth:`kernel_scale`, which ``scale_dim`` changes too.
         self.score_scale: float | None = None
         self.score_features = self.d_head  # what q . k sums over (μP scales by it)
+        self.scale_dim = scale_dim
         self.causal = dims.causal
         self.dropout = dims.dropout
         self.backend = backend
@@ -326,13 +340,23 @@ class Attention(nn.Module):
         return 2 * self.n_kv_heads * self.d_head * length
 
     def mixing_flops(self, seq_len: int) -> int | None:
-        """With a ``window``, each query's scores and weighted values over the keys it sees, min(window,
-        seq_len) (2 window - 1 both sides in an encoder block): 6 x that x n_heads x d_head training FLOPs
-        per token (causal products not halved, as in softmax attention's count); None without one (softmax
-        attention's 6 x seq_len x d_model)."""
-        if self.window is None:
+        """Each query's scores and weighted values over the keys it sees: 6 x keys x n_heads x d_head training
+        FLOPs per token (causal products not halved, as in softmax attention's count), keys = min(window,
+        seq_len) with a ``window`` (2 window - 1 both sides in an encoder block), else seq_len; None where that
+        is softmax attention's 6 x seq_len x d_model (no window, n_heads d_head = d_model)."""
+        if self.window is None and self.n_heads * self.d_head == self.dims.d_model:
             return None
-        return 6 * min(self.window if self.causal else 2 * self.window - 1, seq_len) * self.n_heads * self.d_head
+        keys = seq_len if self.window is None else min(self.window if self.causal else 2 * self.window - 1, seq_len)
+        return 6 * keys * self.n_heads * self.d_head
+
+    def kernel_scale(self) -> float | None:
+        """The scores' multiplier the kernel applies (None: its 1 / sqrt(d_head)): μP's ``score_scale``, and under
+        ``scale_dim`` scale_dim^-0.5 instead of d_head^-0.5 (times μP's sqrt(d_head_base / d_head) when set)."""
+        if self.scale_dim is None:
+            return self.score_scale
+        if self.score_scale is None:
+            return self.scale_dim**-0.5
+        return self.score_scale * math.sqrt(self.d_head / self.scale_dim)
 
     def extra_flops(self, seq_len: int) -> int:
         """The output options' FLOPs per token (:func:`zoo.parts.head_outputs.output_flops`), and the value
@@ -389,7 +413,7 @@ class Attention(nn.Module):
         slots = torch.arange(x.shape[1], device=x.device)
         q, k, _ = self.project(x, slots)
         bias = self.position.score_bias(slots, slots)
-        return masked_logits(q, k, scale=self.score_scale, causal=self.causal, bias=bias, window=self.window,
+        return masked_logits(q, k, scale=self.kernel_scale(), causal=self.causal, bias=bias, window=self.window,
                              softcap=self.softcap)  # fmt: skip
 
     def forward(
@@ -438,7 +462,7 @@ class Attention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             window=self.window,
             softcap=self.softcap,
-            scale=self.score_scale,
+            scale=self.kernel_scale(),
             sink=None if self.sink is None else local(self.sink),
         )
         if self.xsa:
@@ -468,6 +492,24 @@ ATTENTIONS.document(
     cost="6 min(window, seq_len) n_heads d_head in place of softmax attention's 6 seq_len d_model",
     reference="Child et al. 2019, Generating Long Sequences with Sparse Transformers, arXiv:1904.10509; "
     "Beltagy et al. 2020, Longformer, arXiv:2004.05150",
+)
+ATTENTIONS.document(
+    "head_dim",
+    values="null (d_model / n_heads), a positive integer",
+    formula="q, k, v: n_heads (n_kv_heads) heads of head_dim features each, out: n_heads head_dim -> d_model; the "
+    "position part, the gate, the cache and value embeddings at that width; n_heads need not divide d_model",
+    cost="6 seq_len n_heads head_dim for scores and weighted values in place of 6 seq_len d_model; under param=mup a "
+    "set head_dim stays fixed (qkv an output matrix, out an input one, the scores at their standard scale)",
+    reference="Gemma Team 2025, Gemma 3 Technical Report, arXiv:2503.19786 (head_dim 256); Qwen3-Next; "
+    "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925",
+)
+ATTENTIONS.document(
+    "scale_dim",
+    values="null (head_dim), a positive integer",
+    formula="softmax(q k^T scale_dim^-0.5 + mask) in place of d_head^-0.5 (Gemma 3's query_pre_attn_scalar); under "
+    "param=mup, μP's sqrt(d_head_base) / d_head times sqrt(d_head / scale_dim)",
+    cost="none",
+    reference="Gemma Team 2025, Gemma 3 Technical Report, arXiv:2503.19786",
 )
 ATTENTIONS.document(
     "qk_norm_scope",

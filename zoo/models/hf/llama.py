@@ -66,8 +66,9 @@ def zoo_config(config: Any) -> dict[str, Any]:
     if config.attention_bias != config.mlp_bias:
         raise ConfigError("mlp_bias", config.mlp_bias, f"equal to attention_bias ({config.attention_bias})")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head_dim * config.num_attention_heads != config.hidden_size:
-        raise ConfigError("head_dim", head_dim, "hidden_size / num_attention_heads (zoo's head size)")
+    attn = {"name": "gqa", "n_kv_heads": config.num_key_value_heads or config.num_attention_heads}
+    if head_dim * config.num_attention_heads != config.hidden_size:  # heads wider or narrower (Qwen3's)
+        attn["head_dim"] = head_dim
     block = {
         "d_model": config.hidden_size,
         "n_heads": config.num_attention_heads,
@@ -75,7 +76,7 @@ def zoo_config(config: Any) -> dict[str, Any]:
         "bias": bool(config.attention_bias),
         "placement": "pre",
         "norm": {"name": "rmsnorm", "eps": float(config.rms_norm_eps)},
-        "attn": {"name": "gqa", "n_kv_heads": config.num_key_value_heads or config.num_attention_heads},
+        "attn": attn,
         "pos": {"name": "rotary", "base": rope_theta(config)},
         "mlp": mlp,
     }
@@ -95,6 +96,7 @@ LLAMA = Family(
         "block.norm.eps": ANY,
         "block.attn": Holds("softmax attention (attn=mha, gqa or mqa)", ("mha", "gqa", "mqa")),
         "block.attn.n_kv_heads": ANY,
+        "block.attn.head_dim": ANY,
         "block.pos": Holds("rotary positions (pos=rotary)", ("rotary",)),
         "block.pos.base": ANY,
         "block.pos.rotary_fraction": Holds("rotary over the whole head (block.pos.rotary_fraction=1)", (1.0,)),
