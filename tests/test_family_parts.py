@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 import zoo
+import zoo.models.stack
 from zoo import build_block, build_model
 from zoo.core.dims import BlockDims
 from zoo.parts.attention import fuse_qkv
@@ -382,6 +383,95 @@ def test_n_heads_need_not_divide_d_model_once_head_dim_is_set():
         resolve_block({**HEAD_DIM, "attn": {"name": "mla", "head_dim": 8}})
 
 
+
+# --- Model options: the embedding's scale and norm, the logits' cap --------------------------------------------------
+
+#: d_model 24: sqrt(24) is no bfloat16 number, so a scale left unrounded shows.
+W = 24
+MODEL_BLOCK = {**TINY, "d_model": W, "placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rotary",
+               "mlp": "swiglu"}  # fmt: skip
+
+
+def language_model(**options) -> torch.nn.Module:
+    """A 2-layer float64 model over 32 tokens with these ``model`` options, weights seeded by name (so two models
+    built with different options share every weight they have in common)."""
+    torch.manual_seed(0)
+    model = build_model({"block": MODEL_BLOCK, "model": {"n_layers": 2, "vocab_size": 32, **options}}).double()
+    return model.eval()
+
+
+def stack_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's logits from token embeddings ``x`` given by hand, past its own embedding step."""
+    return model.logits(zoo.models.stack.Stack.forward(model, x))
+
+
+IDS = torch.randint(0, 32, (2, 7), generator=torch.Generator().manual_seed(2))
+
+
+def test_scale_embedding_multiplies_the_rows_by_sqrt_d_model_as_gemma3s_scaled_embedding():
+    scaled, plain = language_model(scale_embedding=True), language_model()
+    with torch.no_grad():
+        expected = stack_logits(plain, plain.embed(IDS) * math.sqrt(W))
+        torch.testing.assert_close(scaled(IDS), expected, rtol=1e-12, atol=1e-12)
+        module = hf("gemma3")
+        theirs = module.Gemma3TextScaledWordEmbedding(32, W, padding_idx=0, embed_scale=W**0.5)
+        for dtype in (torch.float32, torch.bfloat16):  # the factor rounded to the rows' dtype, as theirs
+            theirs.weight.copy_(scaled.embed.weight)
+            mine = scaled.to(dtype)
+            theirs.to(dtype)
+            torch.testing.assert_close(mine.embed_tokens(IDS), theirs(IDS), rtol=0, atol=0)
+
+
+def test_embedding_norm_normalizes_the_token_embeddings_with_the_block_norm():
+    normed, plain = language_model(embedding_norm=True), language_model()
+    assert isinstance(normed.embedding_norm, RMSNorm)
+    assert normed.parameter_counts()["norms"] == plain.parameter_counts()["norms"] + W
+    assert normed.flops_per_token(8) - plain.flops_per_token(8) == 6 * W  # its gain, as every norm's
+    with torch.no_grad():
+        randomized(normed.embedding_norm)
+        x = normed.embed(IDS)
+        by_hand = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * normed.embedding_norm.weight
+        torch.testing.assert_close(normed(IDS), stack_logits(plain, by_hand), rtol=1e-12, atol=1e-12)
+
+
+def test_logit_softcap_bounds_the_logits_after_the_mup_multiplier():
+    capped, plain = language_model(logit_softcap=2.0), language_model()
+    with torch.no_grad():
+        raw = plain(IDS)
+        torch.testing.assert_close(capped(IDS), 2.0 * torch.tanh(raw / 2.0), rtol=1e-12, atol=1e-12)
+        assert capped(IDS).abs().max() < 2.0 < raw.abs().max() * 10
+        capped.logit_scale = plain.logit_scale = 0.5
+        torch.testing.assert_close(capped(IDS), 2.0 * torch.tanh(plain(IDS) / 2.0), rtol=1e-12, atol=1e-12)
+
+
+def test_the_model_options_are_checked_recorded_and_refused_where_they_mean_nothing():
+    from zoo import ConfigError
+
+    bad = [("logit_softcap", 0, "a number > 0"), ("logit_softcap", "30", "a number > 0"),
+           ("embedding_norm", 1, "true or false"), ("scale_embedding", "yes", "true or false")]  # fmt: skip
+    for key, value, allowed in bad:
+        with pytest.raises(ConfigError, match=f"model.{key}=.*{allowed}"):
+            language_model(**{key: value})
+    model = language_model(logit_softcap=30, embedding_norm=True, scale_embedding=True)
+    assert {"model.logit_softcap": 30.0, "model.embedding_norm": True, "model.scale_embedding": True}.items() <= (
+        model.settings.items()
+    )
+    for key, value in (("logit_softcap", 30), ("embedding_norm", True), ("scale_embedding", True)):
+        with pytest.raises(ConfigError, match=f"model.{key}=.*in an encoder-decoder: a decoder-only model's option"):
+            zoo.build_seq2seq({"block": MODEL_BLOCK, "model": {"n_layers": 1, key: value}})
+
+
+def test_multi_token_predictions_extra_heads_embed_their_tokens_as_the_trunk_does():
+    torch.manual_seed(0)
+    cfg = {"block": MODEL_BLOCK, "model": {"n_layers": 2, "vocab_size": 32, "scale_embedding": True,
+           "embedding_norm": True}, "objective": {"name": "mtp", "k": 1}}  # fmt: skip
+    model = build_model(cfg).train()
+    seen = []
+    model.embedding_norm.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
+    model(IDS)
+    assert seen == [7, 6] and len(model.take_future_logits()) == 1  # the trunk's 7 tokens, then the head's 6
+
+
 # --- Config hashes -------------------------------------------------------------------------------------------------
 
 #: Hashes computed before any of these options existed (zoo at 78acf65).
@@ -391,7 +481,8 @@ RECORDED = {(): "0a7575235f9168ae", ("norm=rmsnorm",): "51b702509f18b97f", ("mlp
 #: Each new option at its default, spelt out, and away from it.
 NEW_OPTIONS = {"block.norm.zero_centred": ("false", "true"), "block.mlp.approximate": ("none", "tanh"),
                "block.attn.qk_norm_scope": ("head", "all_heads"), "block.attn.head_dim": ("null", "8"),
-               "block.attn.scale_dim": ("null", "6")}  # fmt: skip
+               "block.attn.scale_dim": ("null", "6"), "model.logit_softcap": ("null", "30"),
+               "model.embedding_norm": ("false", "true"), "model.scale_embedding": ("false", "true")}  # fmt: skip
 
 
 def test_the_new_options_at_their_defaults_leave_existing_config_hashes_as_they_were():

@@ -40,8 +40,11 @@ NEUTRAL_ATTN: dict[str, Any] = {
     "head_dim": None, "scale_dim": None,
 }  # fmt: skip
 #: ``model`` (and ``encoder``) keys added after runs were recorded, left out of the hash at the value that
-#: changes nothing (no layer pattern: every layer the block, as before the key; no value embeddings).
-NEUTRAL_STACK: dict[str, Any] = {"pattern": [], "value_embeddings": False}
+#: changes nothing (no layer pattern: every layer the block, as before the key; no value embeddings; no logit cap,
+#: embedding norm or embedding scale).
+NEUTRAL_STACK: dict[str, Any] = {
+    "pattern": [], "value_embeddings": False, "logit_softcap": None, "embedding_norm": False, "scale_embedding": False
+}  # fmt: skip
 #: The sections :data:`NEUTRAL_STACK` applies to.
 STACKS = ("model", "encoder")
 #: ``block`` keys added after runs were recorded, left out of the hash at the value that changes nothing
