@@ -120,11 +120,11 @@ OUTPUT_VARIANTS: dict[str, dict[str, Any]] = {
     reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
     # Tiny values, so the contract suite's 6-token sequences exercise them.
     variants={
-        "headdim": {"head_dim": 8, "scale_dim": 6},  # heads wider than d_model / n_heads, scores at 6^-0.5
         "window": {"window": 3},
         "softcap": {"softcap": 2.0, "backend": "math"},
         "qknorm": {"qk_norm": "rmsnorm"},
         "qknorm_all": {"qk_norm": "rmsnorm", "qk_norm_scope": "all_heads"},
+        "headdim": {"head_dim": 8, "scale_dim": 6},  # heads wider than d_model / n_heads, scores at 6^-0.5
         **OUTPUT_VARIANTS,
         "vres": {"value_residual": "learned"},  # in a model: layer 1 mixes layer 0's values
     },
