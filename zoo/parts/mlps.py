@@ -187,6 +187,8 @@ class Gelu:
 class GeluMLP(Gelu, PlainMLP):
     """Two-layer MLP with exact (erf) GELU, as in BERT, or its tanh approximation (``approximate``), as in GPT-2."""
 
+    tp_plan = PlainMLP.tp_plan  # the option adds no parameter: the plain MLP's plan
+
 
 @MLPS.register(
     "relu",
@@ -233,6 +235,8 @@ class SwiGLU(GatedMLP):
 class GeGLU(Gelu, GatedMLP):
     """Gated MLP with a GELU gate, exact or its tanh approximation (``approximate``, Gemma's
     ``gelu_pytorch_tanh``); hidden width d_ff (default 8/3 * d_model, rounded up to 8)."""
+
+    tp_plan = GatedMLP.tp_plan  # the option adds no parameter: the gated MLP's plan
 
 
 @MLPS.register(
