@@ -61,9 +61,12 @@ def _worker(rank: int, world: int, port: int, checks: list[tuple[str, Any]], out
         dist.destroy_process_group()
 
 
-def tiny_model(combo: dict[str, str], n_layers: int = 2, **overrides: Any) -> LanguageModel:
+def tiny_model(
+    combo: dict[str, str], n_layers: int = 2, model: dict[str, Any] | None = None, **overrides: Any
+) -> LanguageModel:
+    """A float64 model of ``combo``'s block (``overrides`` on it), with ``model``: LanguageModel's own options."""
     torch.manual_seed(0)
-    model = LanguageModel(resolve_block(block_config(combo, **overrides)), VOCAB, n_layers).double()
+    model = LanguageModel(resolve_block(block_config(combo, **overrides)), VOCAB, n_layers, **(model or {})).double()
     scramble(model)
     return model
 
@@ -90,8 +93,8 @@ def check_tp_matches_one_process(tp: int, dp_shard: int = 1) -> None:
         refusal = tp_refusal(spec, tp)
         if refusal is not None:
             # By design, without a plan: canon layers (a convolution over the sequence), the value residual (its
-            # weights mix every key/value head, which no rank holds whole)
-            by_design = refusal.field in ("block.canon", "block.attn.value_residual")
+            # weights mix every key/value head, which no rank holds whole), a qk-norm over all heads (the same)
+            by_design = refusal.field in ("block.canon", "block.attn.value_residual", "block.attn.qk_norm_scope")
             assert by_design or (refusal.field == "parallel.tp" and "n_kv_heads" in str(refusal)), (
                 combo_id(combo),
                 refusal,
@@ -148,13 +151,21 @@ TRAIN_COMBO = {"placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rot
 
 
 def check_training_matches_one_process(
-    dp_replicate: int = 1, dp_shard: int = 1, tp: int = 1, compile: bool = False, ac: bool = False, **combo: str
+    dp_replicate: int = 1,
+    dp_shard: int = 1,
+    tp: int = 1,
+    compile: bool = False,
+    ac: bool = False,
+    model: dict[str, Any] | None = None,
+    **combo: str,
 ) -> None:
     """N steps of FSDP2 / HSDP / TP (compiled, checkpointed) training end with the parameters of the
-    same N steps in one process over the whole batch (float64); the losses agree at every step."""
+    same N steps in one process over the whole batch (float64); the losses agree at every step. ``model``: the
+    model's own options (an embedding norm, a logit cap)."""
     parallel = ProcessMesh(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)
     mesh = parallel.mesh("cpu")
-    model = tiny_model({**TRAIN_COMBO, **combo}, dropout=0.0)
+    options = model
+    model = tiny_model({**TRAIN_COMBO, **combo}, model=options, dropout=0.0)
     one = copy.deepcopy(model)
     ids = torch.randint(0, VOCAB, (2 * parallel.dp, 9), generator=torch.Generator().manual_seed(2))
     expected = train_steps(one, ids)

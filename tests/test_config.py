@@ -126,7 +126,7 @@ def test_typo_on_the_command_line_fails_at_composition():
     ("overrides", "message"),
     [
         (["block.norm.epss=1e-5"], "block.norm.epss=1e-05: not an option of norm 'layernorm'; options: eps"),
-        (["attn=gqa", "block.attn.n_kv_head=1"], "not an option of attn 'gqa'; options: n_kv_heads, backend, "),
+        (["attn=gqa", "block.attn.n_kv_head=1"], "of attn 'gqa'; options: n_kv_heads, head_dim, scale_dim, backend, "),
         (["placement=post", "block.placement.alpha=2"], "not an option of placement 'post'; options: none"),
         (["mlp=swiglu", "block.mlp.macth=params"], "options: match, match_mlp, match_attn"),
     ],

@@ -34,7 +34,18 @@ def test_block_contract(combo, record_property):
 import torch  # noqa: E402
 
 from zoo import LayerState, StaticDecoder, build_block, check_combination  # noqa: E402
-from zoo.testing.combos import PATTERN_CASES, PATTERNS, VOCAB, block_config, make_model, pattern_id, randomize  # noqa: E402
+from zoo.testing.combos import (  # noqa: E402
+    MODEL_OPTION_CASES,
+    MODEL_OPTIONS,
+    PATTERN_CASES,
+    PATTERNS,
+    VOCAB,
+    block_config,
+    combo_id,
+    make_model,
+    pattern_id,
+    randomize,
+)
 from zoo.testing.contract import close  # noqa: E402
 
 B, T, D = 2, 6, 16
@@ -47,8 +58,8 @@ class Built:
     """One combination's 2-layer model (with a ``pattern``: one layer per entry, zoo.testing.combos.PATTERNS),
     cross-attention block and encoder block, each built on first use."""
 
-    def __init__(self, combo: dict[str, str], pattern: list[dict] | None = None) -> None:
-        self.combo, self.pattern = combo, pattern
+    def __init__(self, combo: dict[str, str], pattern: list[dict] | None = None, options: dict | None = None) -> None:
+        self.combo, self.pattern, self.options = combo, pattern, options
         self._made: dict[str, torch.nn.Module] = {}
 
     def _get(self, key: str, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
@@ -59,7 +70,8 @@ class Built:
     @property
     def model(self) -> torch.nn.Module:
         layers = len(self.pattern) if self.pattern else 2
-        return self._get("model", lambda: make_model(self.combo, n_layers=layers, pattern=self.pattern))
+        return self._get("model", lambda: make_model(self.combo, n_layers=layers, pattern=self.pattern,
+                                                     options=self.options))  # fmt: skip
 
     @property
     def cross(self) -> torch.nn.Module:
@@ -132,15 +144,27 @@ def test_pattern_model_contract(case, record_property):
     """A model whose layers differ by a pattern (mixers, windows, positions): decoding with caches across
     its mixed layers, left padding, causality and gradients, as every combination's model."""
     name, combo = case
-    built, failures = Built(combo, PATTERNS[name]), {}
+    run_model_checks(Built(combo, PATTERNS[name]), PATTERN_CHECKS, record_property, {"pattern": name, **combo})
+
+
+@pytest.mark.parametrize("combo", MODEL_OPTION_CASES, ids=[combo_id(c) for c in MODEL_OPTION_CASES])
+def test_model_options_contract(combo, record_property):
+    """A model with its own options outside the blocks (zoo.testing.combos.MODEL_OPTIONS: the embedding's scale and
+    norm, the logits' cap): every model check, and left padding."""
+    run_model_checks(Built(combo, options=MODEL_OPTIONS), {}, record_property, combo)
+
+
+def run_model_checks(built: Built, more: dict[str, Callable[[Built], None]], record_property, shown: dict) -> None:
+    """Every model check, left padding and ``more`` on ``built``'s model; a failure names ``shown``."""
     checks = {**MODEL_CHECKS, "left padded batch equals each prompt alone": left_padded_batch_equals_each_prompt_alone}
-    checks |= PATTERN_CHECKS
+    checks |= more
+    failures = {}
     for check_name, check in checks.items():
         try:
             check(built)
         except AssertionError as error:
             failures[check_name] = str(error)
-    conclude(failures, declared_exceptions(combo), checks, record_property, {"pattern": name, **combo})
+    conclude(failures, declared_exceptions(built.combo), checks, record_property, shown)
 
 
 def inputs(batch: int = B, time: int = T) -> torch.Tensor:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from zoo.assembly.compose import CONF_DIR
-from zoo.core.dims import BlockDims
+from zoo.core.dims import block_fields
 from zoo.lab.planning.train_config import TrainConfig
 from zoo.models.config import MODEL_DEFAULTS, model_options
 
@@ -27,7 +27,7 @@ def python_defaults(cls: type) -> dict:
 @pytest.mark.parametrize(
     ("section", "defaults"),
     [
-        ("block", python_defaults(BlockDims)),
+        ("block", {f.name: f.default for f in block_fields()}),  # head_dim: block.attn.head_dim's, no block key
         ("model", MODEL_DEFAULTS),
         ("train", {**python_defaults(TrainConfig), "budget": {"tokens": None, "flops": None}, **BRANCH}),
     ],

@@ -40,6 +40,9 @@ def test_two_and_four_processes_match_one_and_a_checkpoint_reshards(tmp_path):
             ("train", {"tp": 2, "ac": True, "norm": "layernorm", "placement": "sandwich", "pos": "alibi"}),
             ("train", {"tp": 2, "residual": "scaled"}),  # x0 cut as the stream; replicated scalars' gradients summed
             ("train", {"tp": 2, "residual": "hyper"}),  # 4 streams sharded on the sequence
+            # reordered norms, heads of a set width, the model's embedding scale and norm (replicated) and logit cap
+            ("train", {"tp": 2, "placement": "reordered", "attn": "gqa+headdim",
+                       "model": {"scale_embedding": True, "embedding_norm": True, "logit_softcap": 5.0}}),  # fmt: skip
             ("mup_ddp", ()),  # param=mup under DDP = one process over the whole batch
             ("generate", (2,)),  # cached generation, each rank its heads' cache
             ("dcp_save", (str(folder),)),  # written by FSDP2 over 2 processes

@@ -100,13 +100,26 @@ def test_a_combination_no_class_expresses_names_its_part(overrides, field, part,
     assert not any(tmp_path.iterdir())  # nothing written
 
 
-def test_mixed_layers_and_tanh_gelu_are_refused(tmp_path):
+def test_mixed_layers_are_refused(tmp_path):
     mixed = build_model(compose(["preset=llama", *SMALL, "+model.layers.1.attn=mha"]))
     with pytest.raises(ConfigError, match=r"model.layers.1.attn='mha': .* needs every layer alike in block.attn"):
         zoo.to_hf(mixed, tmp_path)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64))
-    with pytest.raises(ConfigError, match="activation_function='gelu_new': .*tanh approximation"):
-        zoo.from_hf(gpt2)
+
+
+def test_gpt2s_gelu_new_imports_as_the_tanh_approximation_and_exports_as_pytorchs():
+    """GPT-2's default activation (gelu_new, GELU's tanh approximation written out) comes in as mlp=gelu with
+    approximate=tanh, with GPT-2's logits; it goes out as gelu_pytorch_tanh, the kernel zoo computes with."""
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64)).eval()
+    assert gpt2.config.activation_function == "gelu_new"
+    model = zoo.from_hf(gpt2)
+    assert model.blocks[0].mlp.approximate == "tanh"
+    ids = IDS[:, :16] % 64
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), gpt2(ids).logits, rtol=1e-5, atol=1e-5)
+        back = to_hf_model(model)
+        assert back.config.activation_function == "gelu_pytorch_tanh"
+        torch.testing.assert_close(back(ids).logits, model(ids), rtol=1e-5, atol=1e-5)
 
 
 def test_a_run_folder_exports(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import typing
-from dataclasses import fields
 from typing import Any, Literal
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 
 from zoo import build_model
 from zoo.assembly.spec import resolve_block
-from zoo.core.dims import BlockDims
+from zoo.core.dims import BlockDims, block_fields
 from zoo.core.errors import ConfigError
 from zoo.core.options import option_defaults, option_types
 from zoo.core.registry import AXES
@@ -105,7 +104,7 @@ def setting_cases(family: str) -> list[tuple[str, dict[str, Any]]]:
     """(id, change) for each block size and switch (BlockDims) and each model option, at each value the family's
     base does not hold."""
     cases = []
-    for f in fields(BlockDims):
+    for f in block_fields():
         key, base = f"block.{f.name}", BASES[family].get(f.name, f.default)
         values = SAMPLES.get(key) or candidates(typing.get_type_hints(BlockDims)[f.name], f.default)
         cases += [(f"{key}={value!r}", {f.name: value}) for value in values if value != base]
@@ -151,7 +150,7 @@ CASES = [(family, name, change) for family in FAMILIES for name, change in [*par
 def test_every_option_is_walked():
     """The walk reaches every option of every part and every model option: none is left to chance."""
     walked = {(family, key) for family, _, change in CASES for key in change}
-    assert {key for _, key in walked} >= {*AXES, "objective", "model"} | {f.name for f in fields(BlockDims)}
+    assert {key for _, key in walked} >= {*AXES, "objective", "model"} | {f.name for f in block_fields()}
     options = {(axis, o) for axis, r in AXES.items() for p in r.parts() for o in option_types(p.cls)}
     named = {(axis, o) for _, _, change in CASES for axis, node in change.items() if isinstance(node, dict)
              for o in node}  # fmt: skip

@@ -41,6 +41,8 @@ DOCUMENTED = [
     (None, "attn.value_mix.lambdas", "fixed"),  # value residual's two scalars, on layers after the first
     *((f"{attn}+headgate", suffix, role) for attn in ("mha", "gqa", "mqa", "mla")
       for suffix, role in (("attn.gate.weight", "output"), ("attn.gate.bias", "fixed"))),  # one gate per head
+    *((f"{attn}+headdim", suffix, role) for attn in ("mha", "gqa", "mqa")  # block.attn.head_dim: heads of set width
+      for suffix, role in (("attn.qkv.weight", "output"), ("attn.qkv.bias", "fixed"), ("attn.out.weight", "input"))),
     ("gated_deltanet", "attn.beta.weight", "output"),  # one rate per head: (n_heads, d_model)
     ("gated_deltanet", "attn.beta.bias", "fixed"),
     ("gated_deltanet", "attn.decay.weight", "output"),  # one decay per head: (n_heads, d_model)

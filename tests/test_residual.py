@@ -140,7 +140,7 @@ def test_hyper_starts_at_the_papers_values_and_the_model_init_keeps_them():
 
 
 @pytest.mark.parametrize("residual", ["scaled", "hyper", {"name": "hyper", "dynamic": True}])
-@pytest.mark.parametrize("placement", ["pre", "sandwich", "parallel"])
+@pytest.mark.parametrize("placement", ["pre", "sandwich", "reordered", "parallel"])
 def test_at_init_a_model_equals_add(residual, placement):
     """scaled: the logits to the bit. hyper: every stream equals add's stream, so the final norm reads n times
     add's stream (the logits then differ only by the norm's eps, large beside init's small stream)."""
@@ -271,7 +271,7 @@ def test_every_layer_of_a_stack_keeps_as_many_streams():
 
 def test_post_norm_beside_hyper_is_refused_by_name_before_any_tensor_work():
     reason = check_combination({**BLOCK, "placement": "post", "residual": "hyper"})
-    assert "block.residual.name='hyper'" in reason and "use placement=pre|sandwich|parallel" in reason
+    assert "block.residual.name='hyper'" in reason and "use placement=pre|sandwich|reordered|parallel" in reason
     assert "residual=add|scaled with placement=post" in reason
     assert check_combination({**BLOCK, "placement": "post", "residual": "scaled"}) is None
 

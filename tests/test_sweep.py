@@ -358,7 +358,8 @@ def test_every_swept_value_is_checked_before_any_run_and_a_combination_the_grid_
         "(the 12 runs with block.attn.gate=head)"
     )
     assert refusal("+sweeps=quick", "block.n_heads=4,5", "mlp=gelu", where).startswith(
-        "block.n_heads=5: must divide d_model=64 (head size = d_model / n_heads) (the 6 runs with block.n_heads=5)"
+        "block.n_heads=5: must divide d_model=64 (head size = d_model / n_heads), or set block.attn.head_dim "
+        "(the 6 runs with block.n_heads=5)"
     )
     assert refusal("+sweeps=quick", "block.d_model=30", where).startswith("block.n_heads=4: must divide d_model=30")
     assert refusal("+sweeps=quick", "attn=linear", "pos=none,alibi", where) == ""  # alibi with linear: incompatible
@@ -389,7 +390,8 @@ def test_the_tuning_sweep_is_checked_with_the_sweep_and_reports_only_the_axes_it
 
     tuned = ("+sweeps=quick", "tune.lr=[1e-3,1e-2]", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert refusal(*tuned, "tune.width=30").startswith(
-        "block.n_heads=4: must divide d_model=30 (head size = d_model / n_heads) (first refused: the run pos=none "
+        "block.n_heads=4: must divide d_model=30 (head size = d_model / n_heads), or set block.attn.head_dim "
+        "(first refused: the run pos=none "
     )
     assert refusal(*tuned, "tune.width=30").endswith("; in the tuning sweep of tune.lr at tune.width=30")
     widths = (*tuned, "block.d_model=32,64", "tune.width=32", "report.interaction=[[block.d_model,pos],[pos,mlp]]",

@@ -7,18 +7,17 @@ paired with every other axis' choices, and a small pairwise covering set. The co
 from __future__ import annotations
 
 import itertools
-from dataclasses import fields
 from typing import Any
 
 import zoo.parts  # noqa: F401  (registers the built-in parts: AXES is read by name)
-from zoo.core.dims import BlockDims
+from zoo.core.dims import block_fields
 from zoo.core.options import option_types
 from zoo.core.registry import AXES
 from zoo.parts.canon import applied_sites
 
 #: Variant options that are block settings (``block.canon``), not options of a part: a variant holding one
 #: is the declaring part's alone (``pre+canon``), and puts its settings on the block (:func:`block_settings`).
-BLOCK_KEYS = frozenset(f.name for f in fields(BlockDims))
+BLOCK_KEYS = frozenset(f.name for f in block_fields())
 
 
 def variants(axis: str) -> dict[str, dict[str, Any]]:

@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from zoo.assembly.spec import BlockSpec, resolve_part
+from zoo.assembly.spec import BlockSpec, attention_dims, resolve_part
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
@@ -63,6 +63,7 @@ def attn_params(spec: BlockSpec, name: str | None = None) -> int:
         inherited = {k: v for k, v in attn.options.items() if k not in ATTENTIONS.get(name).defaults}
         try:
             attn = resolve_part("attn", {"name": name, **(inherited if same_class else {})}, dims)
+            dims = attention_dims(dims, attn.options)  # its own head width (head_dim), as a block with it has
         except ConfigError as error:
             raise ConfigError("block.mlp.match_attn", name, f"the reference does not build: {error}") from None
     with torch.device("meta"):

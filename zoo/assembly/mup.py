@@ -5,7 +5,7 @@ meta device at the base width and at another, and each parameter's shapes are co
 ``mup`` package's ``infshapes``), so a part is covered the day it is registered. Width is
 ``block.d_model``; every size a part derives from it grows with it (``d_ff: null``'s 4 x d_model,
 the head size d_model / n_heads with ``n_heads`` as configured, MLA's default ``kv_rank`` of 4 d_head),
-and every size set in the config stays fixed (an explicit ``d_ff``, ``n_kv_heads``, ``kv_rank``,
+and every size set in the config stays fixed (an explicit ``d_ff``, ``n_kv_heads``, ``head_dim``, ``kv_rank``,
 ``q_rank``, ``n_experts``). Each parameter gets a :data:`Role`:
 
 - ``vector``: one dimension, which grows (biases, norm gains);

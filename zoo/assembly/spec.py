@@ -5,14 +5,14 @@ options of each, checked against the parts' own declarations before anything is 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 import zoo.parts  # noqa: F401  (registers the built-in parts)
-from zoo.core.dims import BlockDims
+from zoo.core.dims import BlockDims, block_fields
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.options import check_type, option_defaults, resolve_options, type_hints
@@ -86,7 +86,7 @@ class BlockSpec:
         """Every setting of the block under the config key that sets it, defaults filled in: the sizes
         (``block.d_model``), each axis's part (``block.attn``: its name) and that part's options
         (``block.attn.window``), and the MLP's matching options (``block.mlp.match``)."""
-        found: dict[str, Any] = {f"block.{f.name}": getattr(self.dims, f.name) for f in fields(BlockDims)}
+        found: dict[str, Any] = {f"block.{f.name}": getattr(self.dims, f.name) for f in block_fields()}
         for axis, choice in self.choices.items():
             found[f"block.{axis}"] = choice.part.name
             found.update({f"block.{axis}.{key}": value for key, value in choice.options.items()})
@@ -96,7 +96,7 @@ class BlockSpec:
     def default_settings(self) -> dict[str, Any]:
         """What each key of :meth:`settings` holds when a config leaves it out: the sizes' defaults, an axis's
         default part (None where the axis must be named), the chosen part's option defaults."""
-        found: dict[str, Any] = {f"block.{f.name}": f.default for f in fields(BlockDims)}
+        found: dict[str, Any] = {f"block.{f.name}": f.default for f in block_fields()}
         for axis, choice in self.choices.items():
             found[f"block.{axis}"] = AXES[axis].default
             found.update({f"block.{axis}.{key}": value for key, value in option_defaults(choice.part).items()})
@@ -125,7 +125,7 @@ def resolve_block(cfg: Mapping[str, Any] | DictConfig) -> BlockSpec:
     (``residual``: ``add``) may be left out.
     """
     raw = to_dict(cfg)
-    known = {f.name for f in fields(BlockDims)} | set(AXES)
+    known = {f.name for f in block_fields()} | set(AXES)
     for key in raw:
         if key not in known:
             raise ConfigError(f"block.{key}", raw[key], f"unknown key; allowed: {', '.join(sorted(known))}")
@@ -133,9 +133,24 @@ def resolve_block(cfg: Mapping[str, Any] | DictConfig) -> BlockSpec:
     nodes = {axis: _node(axis, raw.get(axis)) for axis in AXES}
     match = MatchOptions(**_axis_options("mlp", nodes["mlp"]))
     match.check()
-    choices = {axis: resolve_part(axis, node, dims) for axis, node in nodes.items()}
+    attn = resolve_part("attn", nodes["attn"], dims)
+    dims = attention_dims(dims, attn.options)
+    choices = {axis: attn if axis == "attn" else resolve_part(axis, node, dims) for axis, node in nodes.items()}
     check_canon(dims, choices)
     return BlockSpec(dims, choices, match)
+
+
+def attention_dims(dims: BlockDims, options: Mapping[str, Any]) -> BlockDims:
+    """``dims`` with the head width an attention's options set (``head_dim``: every part of the block then reads
+    it as ``dims.d_head``); without one, d_model / n_heads, which n_heads must divide (a ConfigError otherwise)."""
+    head_dim = options.get("head_dim")
+    if head_dim is None and dims.d_model % dims.n_heads:
+        raise ConfigError(
+            "block.n_heads",
+            dims.n_heads,
+            f"must divide d_model={dims.d_model} (head size = d_model / n_heads), or set block.attn.head_dim",
+        )
+    return replace(dims, head_dim=head_dim)
 
 
 def check_canon(dims: BlockDims, choices: Mapping[str, PartChoice]) -> None:
@@ -198,7 +213,7 @@ def _axis_options(axis: str, node: Mapping[str, Any]) -> dict[str, Any]:
 def _resolve_dims(raw: dict[str, Any]) -> BlockDims:
     hints = type_hints(BlockDims)
     values = {
-        f.name: check_type(f"block.{f.name}", raw[f.name], hints[f.name]) for f in fields(BlockDims) if f.name in raw
+        f.name: check_type(f"block.{f.name}", raw[f.name], hints[f.name]) for f in block_fields() if f.name in raw
     }
     dims = BlockDims(**values)
     canon_sites(dims.canon)
@@ -208,8 +223,4 @@ def _resolve_dims(raw: dict[str, Any]) -> BlockDims:
             raise ConfigError(f"block.{name}", value, "must be a positive integer")
     if not 0 <= dims.dropout < 1:
         raise ConfigError("block.dropout", dims.dropout, "must be in [0, 1)")
-    if dims.d_model % dims.n_heads:
-        raise ConfigError(
-            "block.n_heads", dims.n_heads, f"must divide d_model={dims.d_model} (head size = d_model / n_heads)"
-        )
     return dims

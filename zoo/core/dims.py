@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, field, fields
 
 from torch import nn
 
@@ -16,7 +16,9 @@ class BlockDims:
     (decoder blocks of an encoder-decoder model). ``max_len`` is the longest sequence the block will see
     (positions ``0..max_len-1``): it sizes learned positions and bounds an attention window;
     ``None`` means unbounded. ``canon``: the canon layers' sites (``none``, or letters of ``abcd``;
-    zoo.parts.canon), checked by the assembly; parts read :attr:`canon_sites`.
+    zoo.parts.canon), checked by the assembly; parts read :attr:`canon_sites`. ``head_dim``: the attention's
+    head width when its ``block.attn.head_dim`` sets one (the assembly copies it here, so the position part and
+    the attention's own modules read the same :attr:`d_head`); no config key of its own.
     """
 
     d_model: int = 256
@@ -28,6 +30,7 @@ class BlockDims:
     cross_attention: bool = False
     max_len: int | None = None
     canon: str = "none"
+    head_dim: int | None = field(default=None, metadata={"set_by": "block.attn.head_dim"})
 
     @property
     def canon_sites(self) -> str:
@@ -36,7 +39,13 @@ class BlockDims:
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.n_heads
+        """A head's width: ``head_dim``, else d_model / n_heads."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+
+def block_fields() -> tuple[Field, ...]:
+    """The fields of :class:`BlockDims` a block config sets (``block.d_model``...): all but those an option sets."""
+    return tuple(f for f in fields(BlockDims) if "set_by" not in f.metadata)
 
 
 def dropout(p: float) -> nn.Module:

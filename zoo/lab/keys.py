@@ -33,25 +33,33 @@ NEUTRAL_TRAIN: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step":
 #: (``data_seed`` null: the data order follows ``seed``, as it did before the key existed).
 NEUTRAL_TOP: dict[str, Any] = {"data_seed": None}
 #: ``block.attn`` options added after runs were recorded, left out of the hash at the value that changes nothing
-#: (softmax attention's output gate, sink and XSA: zoo.parts.head_outputs; value residual: zoo.parts.values; Gated
-#: DeltaNet's key heads, negative eigenvalues and output norm epsilon: zoo.parts.gated_deltanet).
+#: (softmax attention's output gate, sink and XSA: zoo.parts.head_outputs; value residual: zoo.parts.values; the
+#: qk-norm's scope, the head width and the scores' scale: zoo.parts.attention; Gated DeltaNet's key heads, negative
+#: eigenvalues and output norm epsilon: zoo.parts.gated_deltanet).
 NEUTRAL_ATTN: dict[str, Any] = {
-    "gate": "none", "sink": "none", "xsa": False, "value_residual": "none",
-    "n_key_heads": None, "allow_neg_eigval": False, "norm_eps": 1e-5,
+    "gate": "none", "sink": "none", "xsa": False, "value_residual": "none", "qk_norm_scope": "head",
+    "head_dim": None, "scale_dim": None, "n_key_heads": None, "allow_neg_eigval": False, "norm_eps": 1e-5,
 }  # fmt: skip
 #: ``model`` (and ``encoder``) keys added after runs were recorded, left out of the hash at the value that
-#: changes nothing (no layer pattern: every layer the block, as before the key; no value embeddings).
-NEUTRAL_STACK: dict[str, Any] = {"pattern": [], "value_embeddings": False}
+#: changes nothing (no layer pattern: every layer the block, as before the key; no value embeddings; no logit cap,
+#: embedding norm or embedding scale).
+NEUTRAL_STACK: dict[str, Any] = {
+    "pattern": [], "value_embeddings": False, "logit_softcap": None, "embedding_norm": False, "scale_embedding": False
+}  # fmt: skip
 #: The sections :data:`NEUTRAL_STACK` applies to.
 STACKS = ("model", "encoder")
 #: ``block`` keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (canon layers: zoo.parts.canon; the residual axis at ``add``: zoo.parts.residuals).
 NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none", "residual": {"name": "add"}}
+#: ``block.norm`` options added after runs were recorded, left out of the hash at the value that changes nothing
+#: (RMSNorm's zero-centred gain: zoo.parts.norms).
+NEUTRAL_NORM: dict[str, Any] = {"zero_centred": False}
 #: ``block.mlp`` options added after runs were recorded, left out of the hash at the value that changes nothing
-#: (a mixture of experts' balancing, its routing's options and its gates: zoo.parts.moe).
+#: (a mixture of experts' balancing, its routing's options and its gates: zoo.parts.moe; GELU's tanh
+#: approximation: zoo.parts.mlps).
 NEUTRAL_MLP: dict[str, Any] = {
     "balance": "loss", "bias_rate": 0.001, "normalize": True, "routed_scaling_factor": 1.0, "n_groups": 1,
-    "top_groups": 1, "router_bias": False, "shared_gate": False,
+    "top_groups": 1, "router_bias": False, "shared_gate": False, "approximate": "none",
 }  # fmt: skip
 
 #: ``objective`` options added after runs were recorded, left out of the hash at the value that changes nothing

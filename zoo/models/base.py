@@ -89,6 +89,8 @@ def component_of(name: str) -> str:
     heads, -> mtp; ``*.residual.*``, ``block.residual``'s -> residual)."""
     if name.startswith("mtp."):
         return "mtp"
+    if name.startswith("embedding_norm."):  # model.embedding_norm: a norm, not a table
+        return "norms"
     if ".residual." in name:
         return "residual"
     if name.startswith(("embed", "pos_embed", "head", "value_embeds.")) or ".pos_embed." in name:
@@ -108,6 +110,8 @@ class TokenModel(nn.Module):
     head: nn.Linear | None
     #: The logits' multiplier (μP: base width / width, zoo.assembly.mup); None: none.
     logit_scale: float | None = None
+    #: ``model.logit_softcap`` c: logits -> c tanh(logits / c) after the multiplier; None: no cap.
+    logit_softcap: float | None = None
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -151,7 +155,11 @@ class TokenModel(nn.Module):
             logits = F.linear(h, weight).full_tensor()
         else:
             logits = F.linear(h, weight)
-        return logits if self.logit_scale is None else logits * self.logit_scale
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
+        if self.logit_softcap is not None:
+            logits = self.logit_softcap * torch.tanh(logits / self.logit_softcap)
+        return logits
 
     def training_flops(self, seq_len: int, attention_layers: int, heads: int = 1) -> int:
         """Training FLOPs (forward + backward) per token at context ``seq_len``.
@@ -162,7 +170,8 @@ class TokenModel(nn.Module):
         extra heads too), plus attention scores and weighted values:
         6 x seq_len x d_model per attention layer (Kaplan et al. 2020, without halving for the causal mask),
         or the mixer's own count where it gives one (its ``mixing_flops`` hook: Gated DeltaNet's chunked form,
-        a sliding window's min(window, seq_len) keys per query), each layer by its own mixer,
+        a sliding window's min(window, seq_len) keys per query, heads of block.attn.head_dim features: n_heads x
+        head_dim in place of d_model), each layer by its own mixer,
         plus what each part counts beyond those (its ``extra_flops`` hook: an output gate, a sink).
         """
         counts = self.parameter_counts()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,7 +12,8 @@ from torch import nn
 
 from zoo.assembly.spec import BlockSpec, to_dict
 from zoo.core.errors import ConfigError
-from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel
+from zoo.core.registry import OptionDoc
+from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel, prefixed
 from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
 from zoo.models.config import MODEL_DEFAULTS, block_section, layer_field, model_options, stack_specs
 from zoo.models.generate import check_generate_args, continued_positions, generate_tokens, padded_prompt
@@ -20,18 +22,54 @@ from zoo.models.objectives import Objective, objective_entry
 from zoo.models.stack import Stack
 from zoo.parts.state import LayerState
 
+#: The options of the ``model`` section that change a decoder-only model's computation outside its blocks, for the
+#: catalogue (docs/parts.md, "Model options").
+MODEL_OPTION_DOCS = (
+    OptionDoc(
+        "scale_embedding",
+        values="false, true",
+        formula="x = sqrt(d_model) E[ids], the factor rounded to the table's dtype first (Gemma's embed_scale)",
+        cost="none counted (elementwise)",
+        reference="Gemma Team 2024, Gemma: Open Models Based on Gemini Research and Technology, arXiv:2403.08295; "
+        "Gemma 3 (Gemma3TextScaledWordEmbedding)",
+    ),
+    OptionDoc(
+        "embedding_norm",
+        values="false, true",
+        formula="x = norm(x) after the scale, before absolute positions and the blocks: layer 0's block.norm with its "
+        "options (parameter embedding_norm)",
+        cost="none counted (as every norm); the norm's parameters count in 6 x parameters",
+        reference="Karpathy 2025, nanochat (norm(wte(idx)))",
+    ),
+    OptionDoc(
+        "logit_softcap",
+        values="null, a number c > 0",
+        formula="logits -> c tanh(logits / c), after μP's logit multiplier",
+        cost="none counted (elementwise, as the attention's softcap)",
+        reference="Gemma Team 2024, Gemma 2: Improving Open Language Models at a Practical Size, arXiv:2408.00118; "
+        "nanochat",
+    ),
+)
+
 
 class LanguageModel(TokenModel, Stack):
     """Token ids (batch, time) -> next-token logits (batch, time, vocab): the token embedding, the
     :class:`zoo.models.stack.Stack` of blocks (positions, blocks, final norm), the LM head.
 
-    Parameter names: ``embed``, ``pos_embed`` (``pos=learned`` only), ``blocks.{i}.*``, ``final_norm``
+    Parameter names: ``embed``, ``embedding_norm`` (``model.embedding_norm``), ``pos_embed`` (``pos=learned`` only),
+    ``blocks.{i}.*``, ``final_norm``
     (when the last block's placement needs one), ``value_embeds.{i}`` (``model.value_embeddings``: a table
     per layer), ``head`` (absent when tied to the embedding), ``mtp.*``
     (``objective=mtp``'s extra heads, zoo.models.mtp: run in a training forward only, their logits taken by
     :meth:`take_future_logits`; the forward returns the next-token logits alone).
     Initialization: :func:`init_stack`; under ``pos=sinusoidal`` the token embedding is drawn with std
     d_model^-0.5 and scaled by sqrt(d_model) in the forward (:class:`zoo.parts.positions.SinusoidalEmbedding`).
+
+    The token embedding, in order: the table's rows, times sqrt(d_model) under ``scale_embedding`` (Gemma's,
+    the factor rounded to the rows' dtype as Gemma's is), then the norm of the first layer's ``block.norm`` under
+    ``embedding_norm`` (nanochat's), then the stack (absolute positions, the blocks). Multi-token prediction's
+    extra heads embed their tokens the same way. ``logit_softcap`` c: logits -> c tanh(logits / c) (Gemma 2's,
+    nanochat's), after μP's logit multiplier.
     """
 
     def __init__(
@@ -42,10 +80,14 @@ class LanguageModel(TokenModel, Stack):
         tie_embeddings: bool = True,
         objective: Objective | None = None,
         value_embeddings: bool = False,
+        logit_softcap: float | None = None,
+        embedding_norm: bool = False,
+        scale_embedding: bool = False,
     ) -> None:
         """spec: one BlockSpec repeated ``n_layers`` times, or one BlockSpec per layer; ``objective``: the
         training objective, whose extra heads (if any) the model owns (default: next-token prediction);
-        ``value_embeddings``: a value embedding table per layer (``model.value_embeddings``, zoo.parts.values)."""
+        ``value_embeddings``: a value embedding table per layer (``model.value_embeddings``, zoo.parts.values);
+        ``logit_softcap``, ``embedding_norm``, ``scale_embedding``: as the class says."""
         specs = [spec] * (n_layers or 1) if isinstance(spec, BlockSpec) else list(spec)
         if n_layers is not None and len(specs) != n_layers:
             raise ConfigError("model.n_layers", n_layers, f"must match the {len(specs)} block specs given")
@@ -54,6 +96,9 @@ class LanguageModel(TokenModel, Stack):
         d_model = specs[0].dims.d_model
         embed = nn.Embedding(vocab_size, d_model)
         super().__init__(specs, "model.layers", embed=embed, value_embeddings=value_embeddings)
+        self.embedding_norm = specs[0].make_norm() if embedding_norm else None
+        self.embedding_scale = math.sqrt(d_model) if scale_embedding else None
+        self.logit_softcap = logit_softcap
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
         objective = objective or objective_entry(None)
         self.mtp = objective.heads(specs[-1])  # None under next-token prediction
@@ -61,6 +106,9 @@ class LanguageModel(TokenModel, Stack):
         self.settings: dict[str, Any] = {
             "model.tie_embeddings": tie_embeddings,
             "model.value_embeddings": value_embeddings,
+            "model.logit_softcap": logit_softcap,
+            "model.embedding_norm": embedding_norm,
+            "model.scale_embedding": scale_embedding,
             "objective": objective.name,
         }
         self.reset_parameters()
@@ -94,8 +142,17 @@ class LanguageModel(TokenModel, Stack):
         """
         h = self.hidden_states(ids, key_mask=key_mask, caches=caches, positions=positions)
         if self.mtp is not None and caches is None and self.training and torch.is_grad_enabled():
-            self.__dict__["_future_logits"] = [self.logits(state) for state in self.mtp(h, ids, self.embed)]
+            future = self.mtp(h, ids, self.embed_tokens)  # type: ignore[arg-type]
+            self.__dict__["_future_logits"] = [self.logits(state) for state in future]
         return self.logits(h)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (b, t) -> the token embeddings (b, t, d_model) the stack reads: the table's rows, scaled by
+        sqrt(d_model) (``scale_embedding``; the factor in the rows' dtype) and normed (``embedding_norm``)."""
+        x = self.embed(ids)
+        if self.embedding_scale is not None:
+            x = x * x.new_tensor(self.embedding_scale)  # in the rows' dtype, as Gemma's embed_scale
+        return x if self.embedding_norm is None else self.embedding_norm(x)
 
     def hidden_states(
         self,
@@ -106,13 +163,16 @@ class LanguageModel(TokenModel, Stack):
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids: (b, t) -> the final-normed residual stream (b, t, d_model); arguments as in forward."""
-        return Stack.forward(self, self.embed(ids), key_mask=key_mask, caches=caches, positions=positions, ids=ids)
+        x = self.embed_tokens(ids)
+        return Stack.forward(self, x, key_mask=key_mask, caches=caches, positions=positions, ids=ids)
 
     def tp_plan(self, sequence_parallel: bool = True) -> Plan:
         """The model's tensor-parallel plan (``parallelize_module`` over the ``tp`` mesh dimension): the
         embedding (and an untied head) split by vocabulary rows, the stack as :meth:`Stack.tp_plan` says
         (with ``sequence_parallel``, the stream is gathered whole after the final norm for the head)."""
         plan: Plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
+        if self.embedding_norm is not None:  # on the whole (replicated) embedding output, before the stack cuts it
+            plan.update(prefixed("embedding_norm", self.embedding_norm.tp_plan(False)))
         plan.update(super().tp_plan(sequence_parallel))
         if self.head is not None:
             plan["head"] = ColwiseParallel()  # its weight only: logits() reads it directly
@@ -193,7 +253,8 @@ class LanguageModel(TokenModel, Stack):
 
 def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpec] | None = None) -> LanguageModel:
     """A model from a config with a ``block`` section and a ``model`` section: ``vocab_size``,
-    ``n_layers``, ``tie_embeddings``, ``value_embeddings``, ``pattern`` (block overrides repeated over the depth,
+    ``n_layers``, ``tie_embeddings``, ``value_embeddings``, ``logit_softcap``, ``embedding_norm``,
+    ``scale_embedding``, ``pattern`` (block overrides repeated over the depth,
     ``[{attn: gated_deltanet}, {}]``) and ``layers`` (per-layer block overrides on top, ``{3: {attn: mqa}}``);
     an ``objective`` section (``objective=mtp``) adds its extra heads.
     ``specs``: the layers' specs already resolved from this config (:func:`zoo.models.config.layer_specs`)."""
@@ -214,7 +275,10 @@ def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpe
         tie_embeddings=options["tie_embeddings"],
         objective=objective,
         value_embeddings=options["value_embeddings"],
+        logit_softcap=options["logit_softcap"],
+        embedding_norm=options["embedding_norm"],
+        scale_embedding=options["scale_embedding"],
     )
 
 
-__all__ = ["LanguageModel", "build_model"]
+__all__ = ["MODEL_OPTION_DOCS", "LanguageModel", "build_model"]

@@ -18,7 +18,9 @@ from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
 from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
 from zoo.models.config import (
+    DECODER_ONLY,
     ENCODER_DEFAULTS,
+    MODEL_DEFAULTS,
     block_section,
     merge_block,
     model_options,
@@ -170,8 +172,12 @@ def build_seq2seq(cfg: Mapping[str, Any] | DictConfig) -> Seq2SeqModel:
     """
     raw = to_dict(cfg)
     options = model_options(raw)
-    if options["value_embeddings"]:
-        raise ConfigError("model.value_embeddings", True, "false in an encoder-decoder: a decoder-only model's option")
+    for key in DECODER_ONLY:
+        default = MODEL_DEFAULTS[key]
+        if options[key] != default:
+            spelt = "null" if default is None else str(default).lower()
+            why = f"{spelt} in an encoder-decoder: a decoder-only model's option"
+            raise ConfigError(f"model.{key}", options[key], why)
     encoder = section(raw, "encoder", ENCODER_DEFAULTS)
     block = block_section(raw)
     d_model = resolve_block(block).dims.d_model  # errors in the shared block name block.*

@@ -6,9 +6,11 @@ The kernels it computes with (masks, SDPA or explicit math) are in :mod:`zoo.par
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from einops import rearrange
@@ -19,11 +21,8 @@ from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
 from zoo.core.tp import (
-    Chain,
     ColwiseParallel,
-    HeadParameters,
     Plan,
-    gather_sequence,
     has_plan,
     heads_norm,
     local,
@@ -32,7 +31,16 @@ from zoo.core.tp import (
 )
 from zoo.parts.canon import Canon
 from zoo.parts.cross_attention import CrossAttention
-from zoo.parts.head_outputs import Gate, Sink, build_gate, build_sink, exclude_own_value, gated, output_flops
+from zoo.parts.head_outputs import (
+    Gate,
+    Sink,
+    build_gate,
+    build_sink,
+    exclude_own_value,
+    gated,
+    output_flops,
+    output_plan,
+)
 from zoo.parts.kernels import Backend, attend_at
 from zoo.parts.logits import masked_logits
 from zoo.parts.norms import build_norm
@@ -91,6 +99,11 @@ def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.T
     return q, k, v
 
 
+#: What a qk-norm normalizes over: each head's d_head features, or all heads' features jointly (OLMo 2/3's q_norm over
+#: n_heads d_head, k_norm over n_kv_heads d_head).
+QKNormScope = Literal["head", "all_heads"]
+
+
 #: The output options' contract variants, on every softmax attention (zoo.parts.head_outputs).
 OUTPUT_VARIANTS: dict[str, dict[str, Any]] = {
     "headgate": {"gate": "headwise"},
@@ -110,6 +123,8 @@ OUTPUT_VARIANTS: dict[str, dict[str, Any]] = {
         "window": {"window": 3},
         "softcap": {"softcap": 2.0, "backend": "math"},
         "qknorm": {"qk_norm": "rmsnorm"},
+        "qknorm_all": {"qk_norm": "rmsnorm", "qk_norm_scope": "all_heads"},
+        "headdim": {"head_dim": 8, "scale_dim": 6},  # heads wider than d_model / n_heads, scores at 6^-0.5
         **OUTPUT_VARIANTS,
         "vres": {"value_residual": "learned"},  # in a model: layer 1 mixes layer 0's values
     },
@@ -128,9 +143,14 @@ class Attention(nn.Module):
     Backends: ``sdpa`` (torch's fused scaled_dot_product_attention) and ``math`` (explicit scores,
     mask, float32 softmax, weights @ v).
 
-    Options: ``qk_norm`` (a registered norm applied to each head's queries and keys before the
+    Options: ``head_dim`` (each head's width, d_model / n_heads by default: Gemma's, Qwen3-Next's and gpt-oss's
+    heads are wider or narrower; the assembly builds the position part at that width too), ``scale_dim`` (the
+    scores are scaled by scale_dim^-0.5 instead of d_head^-0.5: Gemma 3's ``query_pre_attn_scalar``),
+    ``qk_norm`` (a registered norm applied to each head's queries and keys before the
     position part; parameters ``q_norm``, ``k_norm``; built with the options of ``block.norm`` it
-    shares, such as ``eps``, passed by the builder as ``norm_options``), ``window`` (sliding-window
+    shares, such as ``eps``, passed by the builder as ``norm_options``), ``qk_norm_scope`` (``head``: over
+    each head's d_head features; ``all_heads``: over all the queries' n_heads d_head features jointly, and the
+    keys' n_kv_heads d_head, as OLMo 2 and 3), ``window`` (sliding-window
     attention: each query sees at most ``window`` keys, itself included; a float mask keeps SDPA on its
     fused kernels), ``softcap`` (scores become softcap * tanh(scores / softcap); math backend only), and
     the output options of :mod:`zoo.parts.head_outputs`: ``gate`` (``headwise`` or ``elementwise``: heads'
@@ -157,7 +177,11 @@ class Attention(nn.Module):
     @classmethod
     def check(cls, dims: BlockDims, **options: Any) -> None:
         n_kv_heads, backend, qk_norm = options["n_kv_heads"], options["backend"], options["qk_norm"]
+        scope = options["qk_norm_scope"]
         window, softcap = options["window"], options["softcap"]
+        for key in ("head_dim", "scale_dim"):
+            if options[key] is not None and options[key] < 1:
+                raise ConfigError(f"block.attn.{key}", options[key], "must be a positive integer, or null")
         kv = dims.n_heads if n_kv_heads is None else n_kv_heads
         if kv < 1 or dims.n_heads % kv:
             divisors = [d for d in range(1, dims.n_heads + 1) if dims.n_heads % d == 0]
@@ -168,6 +192,8 @@ class Attention(nn.Module):
             )
         if qk_norm != "none" and qk_norm not in NORMS:
             raise ConfigError("block.attn.qk_norm", qk_norm, f"none or a registered norm: {', '.join(NORMS.names())}")
+        if scope != "head" and qk_norm == "none":
+            raise ConfigError("block.attn.qk_norm_scope", scope, "head unless block.attn.qk_norm names a norm")
         if window is not None and window < 1:
             raise ConfigError("block.attn.window", window, "must be a positive integer, or null for no window")
         if window is not None and dims.max_len is not None and window >= dims.max_len:
@@ -200,6 +226,12 @@ class Attention(nn.Module):
                 f"none under parallel.tp={tp}: its weights mix every key/value head, which no rank holds whole",
             )
         qk_norm = options["qk_norm"]
+        if qk_norm != "none" and options["qk_norm_scope"] != "head":
+            raise ConfigError(
+                "block.attn.qk_norm_scope",
+                options["qk_norm_scope"],
+                f"head under parallel.tp={tp}: a norm over all heads' features needs every head, which no rank holds",
+            )
         if qk_norm != "none" and not has_plan(NORMS.get(qk_norm).cls):
             raise ConfigError(
                 "block.attn.qk_norm", qk_norm, f"has no tensor-parallel plan, so it cannot run under parallel.tp={tp}"
@@ -226,8 +258,11 @@ class Attention(nn.Module):
         norm_options: Mapping[str, Any] | None = None,
         *,
         n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        scale_dim: int | None = None,
         backend: Backend = "sdpa",
         qk_norm: str = "none",
+        qk_norm_scope: QKNormScope = "head",
         window: int | None = None,
         softcap: float | None = None,
         gate: Gate = "none",
@@ -236,13 +271,16 @@ class Attention(nn.Module):
         value_residual: ValueResidual = "none",
     ) -> None:
         super().__init__()
+        if head_dim is not None:  # the assembly has set it already; a direct build gets it here
+            dims = replace(dims, head_dim=head_dim)
         self.n_heads = dims.n_heads
         self.n_kv_heads = dims.n_heads if n_kv_heads is None else n_kv_heads
         self.d_head = dims.d_head
-        #: The softmax's score multiplier, read by forward and attention_logits alike; None: 1 / sqrt(d_head)
-        #: (μP sets sqrt(d_head_base) / d_head).
+        #: μP's score multiplier (sqrt(d_head_base) / d_head), None: the standard 1 / sqrt(d_head); the kernel's is
+        #: :meth:`kernel_scale`, which ``scale_dim`` changes too.
         self.score_scale: float | None = None
         self.score_features = self.d_head  # what q . k sums over (μP scales by it)
+        self.scale_dim = scale_dim
         self.causal = dims.causal
         self.dropout = dims.dropout
         self.backend = backend
@@ -252,9 +290,12 @@ class Attention(nn.Module):
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
         self.window, self.softcap = window, softcap
         self.q_norm = self.k_norm = None
-        if qk_norm != "none":  # per head: a norm over d_head features, sharing the block norm's options (eps)
-            self.q_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
-            self.k_norm = build_norm(qk_norm, dims, width=self.d_head, shared=norm_options)
+        self.qk_norm_scope = qk_norm_scope
+        if qk_norm != "none":  # over d_head features (or all heads'), sharing the block norm's options (eps)
+            joint = qk_norm_scope == "all_heads"
+            for name, heads in (("q_norm", self.n_heads), ("k_norm", self.n_kv_heads)):
+                features = heads * self.d_head if joint else self.d_head
+                setattr(self, name, build_norm(qk_norm, dims, width=features, shared=norm_options))
         self.gate, self.sink, self.xsa = build_gate(gate, dims), build_sink(sink, self.n_heads), xsa
         self.output_options = {"gate": gate, "sink": sink, "xsa": xsa}
         self.canon = Canon(width, "b") if "b" in dims.canon_sites else None
@@ -305,13 +346,23 @@ class Attention(nn.Module):
         return 2 * self.n_kv_heads * self.d_head * length
 
     def mixing_flops(self, seq_len: int) -> int | None:
-        """With a ``window``, each query's scores and weighted values over the keys it sees, min(window,
-        seq_len) (2 window - 1 both sides in an encoder block): 6 x that x n_heads x d_head training FLOPs
-        per token (causal products not halved, as in softmax attention's count); None without one (softmax
-        attention's 6 x seq_len x d_model)."""
-        if self.window is None:
+        """Each query's scores and weighted values over the keys it sees: 6 x keys x n_heads x d_head training
+        FLOPs per token (causal products not halved, as in softmax attention's count), keys = min(window,
+        seq_len) with a ``window`` (2 window - 1 both sides in an encoder block), else seq_len; None where that
+        is softmax attention's 6 x seq_len x d_model (no window, n_heads d_head = d_model)."""
+        if self.window is None and self.n_heads * self.d_head == self.dims.d_model:
             return None
-        return 6 * min(self.window if self.causal else 2 * self.window - 1, seq_len) * self.n_heads * self.d_head
+        keys = seq_len if self.window is None else min(self.window if self.causal else 2 * self.window - 1, seq_len)
+        return 6 * keys * self.n_heads * self.d_head
+
+    def kernel_scale(self) -> float | None:
+        """The scores' multiplier the kernel applies (None: its 1 / sqrt(d_head)): μP's ``score_scale``, and under
+        ``scale_dim`` scale_dim^-0.5 instead of d_head^-0.5 (times μP's sqrt(d_head_base / d_head) when set)."""
+        if self.scale_dim is None:
+            return self.score_scale
+        if self.score_scale is None:
+            return self.scale_dim**-0.5
+        return self.score_scale * math.sqrt(self.d_head / self.scale_dim)
 
     def extra_flops(self, seq_len: int) -> int:
         """The output options' FLOPs per token (:func:`zoo.parts.head_outputs.output_flops`), and the value
@@ -336,11 +387,19 @@ class Attention(nn.Module):
         q = rearrange(heads[:, :, :-2], "b g r t d -> b (g r) t d")  # query head g * r + i
         k, v = heads[:, :, -2], heads[:, :, -1]  # (b, g, t, d) each
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # per head, over d_head
+            q, k = self.qk_normed(q, k)
         if self.canon is not None:
             q, k, v = self.canon_qkv(q, k, v, real, cache)
         q, k = self.position.rotate(q, k, positions)
         return q, k, v
+
+    def qk_normed(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The qk-norm of queries (b, h, t, d) and keys (b, g, t, d): per head over d, or over all heads jointly."""
+        if self.qk_norm_scope == "head":
+            return self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
+        joint = [norm(rearrange(x, "b h t d -> b t (h d)")) for norm, x in ((self.q_norm, q), (self.k_norm, k))]
+        q, k = (rearrange(x, "b t (h d) -> b h t d", d=self.d_head) for x in joint)
+        return q, k
 
     def canon_qkv(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor | None, cache: LayerState | None
@@ -360,7 +419,7 @@ class Attention(nn.Module):
         slots = torch.arange(x.shape[1], device=x.device)
         q, k, _ = self.project(x, slots)
         bias = self.position.score_bias(slots, slots)
-        return masked_logits(q, k, scale=self.score_scale, causal=self.causal, bias=bias, window=self.window,
+        return masked_logits(q, k, scale=self.kernel_scale(), causal=self.causal, bias=bias, window=self.window,
                              softcap=self.softcap)  # fmt: skip
 
     def forward(
@@ -409,74 +468,13 @@ class Attention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             window=self.window,
             softcap=self.softcap,
-            scale=self.score_scale,
+            scale=self.kernel_scale(),
             sink=None if self.sink is None else local(self.sink),
         )
         if self.xsa:
             y = exclude_own_value(y, own)
         y = gated(y, self.gate, x)
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
-
-
-def output_plan(attention: nn.Module, sequence_parallel: bool) -> Plan:
-    """The output options' share of a softmax attention's tensor-parallel plan: the gate column-wise (its
-    rows in head order, as each rank's query heads), the sinks cut to each rank's heads, and, under sequence
-    parallelism, the input gathered from the sequence shards."""
-    plan: Plan = {}
-    if attention.gate is not None:
-        plan["gate"] = ColwiseParallel()
-    whole = [gather_sequence()] if sequence_parallel else []
-    parameters = [HeadParameters("sink")] if attention.sink is not None else []
-    if whole or parameters:
-        plan[""] = Chain(*whole, *parameters)
-    return plan
-
-
-ATTENTIONS.document(
-    "window",
-    values="null, a positive integer below block.max_len",
-    formula="query i sees keys j with i - window < j <= i, itself included (abs(i - j) < window in an encoder block)",
-    cost="6 min(window, seq_len) n_heads d_head in place of softmax attention's 6 seq_len d_model",
-    reference="Child et al. 2019, Generating Long Sequences with Sparse Transformers, arXiv:1904.10509; "
-    "Beltagy et al. 2020, Longformer, arXiv:2004.05150",
-)
-ATTENTIONS.document(
-    "gate",
-    values="none, headwise, elementwise",
-    formula="y_h -> y_h * sigmoid(x W_g + b_g)_h before out: one gate per head (headwise) or per feature "
-    "(elementwise), x the attention's input",
-    cost="6 g (d_model + 1) + 3 (n_heads d_head + g), g = n_heads (headwise) or n_heads d_head (elementwise) "
-    "gates; no + 1 without block.bias",
-    reference="Qiu et al. 2025, Gated Attention for Large Language Models, arXiv:2505.06708",
-)
-ATTENTIONS.document(
-    "sink",
-    values="none, learned",
-    formula="weights_h = exp(s_j) / (exp(sink_h) + sum_j' exp(s_j')) = softmax(s) sigmoid(lse(s) - sink_h): "
-    "a query may attend to nothing; on sdpa a zero key and value whose mask column is sink_h",
-    cost="6 n_heads + 3 n_heads d_head",
-    reference="OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925; Xiao et al. 2023, "
-    "Efficient Streaming Language Models with Attention Sinks, arXiv:2309.17453",
-)
-ATTENTIONS.document(
-    "xsa",
-    values="false, true",
-    formula="z_h,i = y_h,i - (y_h,i . v̂_h,i) v̂_h,i, v̂ = v / norm(v), v_h,i the head's own value at position i "
-    "(its key/value head's under GQA); after the sink, before the gate",
-    cost="3 (3 n_kv_heads + 4 n_heads) d_head; no parameter",
-    reference="Exclusive self-attention (XSA), arXiv:2603.09078",
-)
-ATTENTIONS.document(
-    "value_residual",
-    values="none, learned, per_token",
-    formula="in a stack, layer n > 0: v_n <- λ1 v_n + λ2 v_1 (learned: scalars per layer, init 0.5, 0.5), or "
-    "(1 - w) v_n + w v_1, w = sigmoid(x W_r + b_r) per token and key/value head (per_token); v_1 layer 0's values "
-    "(zoo.core.channel), before caching; layer 0 and a block alone unchanged",
-    cost="9 n_kv_heads d_head (learned), 3 (3 n_kv_heads d_head + n_kv_heads) beyond W_r's (per_token); "
-    "2 (learned) or (d_model + 1) n_kv_heads (per_token) parameters per layer after the first",
-    reference="Zhou et al. 2024, Value Residual Learning For Alleviating Attention Concentration In "
-    "Transformers (ResFormer), arXiv:2410.17897",
-)
 
 
 ATTENTIONS.register(

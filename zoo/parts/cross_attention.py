@@ -36,9 +36,16 @@ class CrossAttention(nn.Module):
         self.score_features = self.d_head  # what q . k sums over (μP scales by it)
         self.dropout = dims.dropout
         self.backend = backend
+        self.d_model = dims.d_model
         self.q = nn.Linear(dims.d_model, self.n_heads * self.d_head, bias=dims.bias)
         self.kv = nn.Linear(dims.d_model, 2 * self.n_kv_heads * self.d_head, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
+
+    def mixing_flops(self, seq_len: int) -> int | None:
+        """Scores and weighted values over ``seq_len`` memory positions: 6 x seq_len x n_heads x d_head training FLOPs
+        per token; None where that is softmax attention's 6 x seq_len x d_model (n_heads d_head = d_model)."""
+        width = self.n_heads * self.d_head
+        return None if width == self.d_model else 6 * seq_len * width
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """``kv``'s rows as the key and the value matrices; ``q`` and ``out`` are one matrix each."""

@@ -4,7 +4,7 @@
 The learned sink (``block.attn.sink``) acts inside the softmax, so it is the kernel's
 (:func:`zoo.parts.kernels.attend`). Order, per head: y = attend(q, k, v) (with the sink), then XSA,
 then the gate, then ``out``. Every default leaves the attention as it was, bit for bit, with no new
-parameter.
+parameter. Under tensor parallelism the options' share of the attention's plan is :func:`output_plan`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from einops import rearrange
 from torch import nn
 
 from zoo.core.dims import BlockDims
+from zoo.core.tp import Chain, ColwiseParallel, HeadParameters, Plan, gather_sequence
 
 #: The output gate: none, one sigmoid per head, or one per output feature (Qiu et al. 2025).
 Gate = Literal["none", "headwise", "elementwise"]
@@ -77,3 +78,17 @@ def output_flops(n_heads: int, n_kv_heads: int, d_head: int, gate: Gate, sink: S
     if xsa:
         forward += 3 * n_kv_heads * d_head + 4 * n_heads * d_head
     return 3 * forward
+
+
+def output_plan(attention: nn.Module, sequence_parallel: bool) -> Plan:
+    """The output options' share of a softmax attention's tensor-parallel plan: the gate column-wise (its
+    rows in head order, as each rank's query heads), the sinks cut to each rank's heads, and, under sequence
+    parallelism, the input gathered from the sequence shards."""
+    plan: Plan = {}
+    if attention.gate is not None:
+        plan["gate"] = ColwiseParallel()
+    whole = [gather_sequence()] if sequence_parallel else []
+    parameters = [HeadParameters("sink")] if attention.sink is not None else []
+    if whole or parameters:
+        plan[""] = Chain(*whole, *parameters)
+    return plan

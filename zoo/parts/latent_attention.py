@@ -25,8 +25,17 @@ from zoo.core.tp import (
     require_whole_heads,
     row_output,
 )
-from zoo.parts.attention import OUTPUT_VARIANTS, output_plan
-from zoo.parts.head_outputs import Gate, Sink, build_gate, build_sink, exclude_own_value, gated, output_flops
+from zoo.parts.attention import OUTPUT_VARIANTS
+from zoo.parts.head_outputs import (
+    Gate,
+    Sink,
+    build_gate,
+    build_sink,
+    exclude_own_value,
+    gated,
+    output_flops,
+    output_plan,
+)
 from zoo.parts.kernels import Backend, attend_at
 from zoo.parts.logits import masked_logits
 from zoo.parts.norms import build_norm

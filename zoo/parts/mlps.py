@@ -8,7 +8,7 @@ the assembly picks that width so the block has as many parameters as a reference
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -157,15 +157,41 @@ class GatedMLP(MLP):
         return column_branch(sequence_parallel, ("gate_up",), "down")
 
 
+#: GELU's form: exact (erf), or the tanh approximation (GPT-2's ``gelu_new``, Gemma's ``gelu_pytorch_tanh``).
+Approximate = Literal["none", "tanh"]
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))): GELU's tanh approximation."""
+    return F.gelu(x, approximate="tanh")
+
+
+class Gelu:
+    """The ``approximate`` option of a GELU MLP: exact GELU (the class's ``activation``), or its tanh approximation."""
+
+    activation: Callable[[torch.Tensor], torch.Tensor] = staticmethod(F.gelu)
+
+    def __init__(self, dims: BlockDims, *, approximate: Approximate = "none") -> None:
+        super().__init__(dims)  # type: ignore[call-arg]
+        self.approximate = approximate
+        if approximate == "tanh":
+            self.activation = gelu_tanh
+
+    def extra_repr(self) -> str:
+        more = ", approximate=tanh" if self.approximate == "tanh" else ""
+        return super().extra_repr() + more  # type: ignore[misc]
+
+
 @MLPS.register(
     "gelu",
-    formula="down(gelu(up(x)))",
+    formula="down(gelu(up(x))); approximate=tanh: gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
     reference="Hendrycks & Gimpel 2016, GELUs, arXiv:1606.08415",
+    variants={"tanh": {"approximate": "tanh"}},  # geglu takes it too
 )
-class GeluMLP(PlainMLP):
-    """Two-layer MLP with exact (erf) GELU, as in GPT-2 and BERT."""
+class GeluMLP(Gelu, PlainMLP):
+    """Two-layer MLP with exact (erf) GELU, as in BERT, or its tanh approximation (``approximate``), as in GPT-2."""
 
-    activation = staticmethod(F.gelu)
+    tp_plan = PlainMLP.tp_plan  # the option adds no parameter: the plain MLP's plan
 
 
 @MLPS.register(
@@ -207,13 +233,14 @@ class SwiGLU(GatedMLP):
 
 @MLPS.register(
     "geglu",
-    formula="down(gelu(gate(x)) * up(x)), gate and up in one matmul",
+    formula="down(gelu(gate(x)) * up(x)), gate and up in one matmul; approximate=tanh: gelu as in mlp=gelu",
     reference="Shazeer 2020, GLU Variants Improve Transformer, arXiv:2002.05202",
 )
-class GeGLU(GatedMLP):
-    """Gated MLP with exact GELU gate; hidden width d_ff (default 8/3 * d_model, rounded up to 8)."""
+class GeGLU(Gelu, GatedMLP):
+    """Gated MLP with a GELU gate, exact or its tanh approximation (``approximate``, Gemma's
+    ``gelu_pytorch_tanh``); hidden width d_ff (default 8/3 * d_model, rounded up to 8)."""
 
-    activation = staticmethod(F.gelu)
+    tp_plan = GatedMLP.tp_plan  # the option adds no parameter: the gated MLP's plan
 
 
 @MLPS.register(

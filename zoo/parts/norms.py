@@ -68,25 +68,33 @@ class LayerNorm(HasEps, nn.LayerNorm):
 
 @NORMS.register(
     "rmsnorm",
-    formula="x / sqrt(mean(x^2) + eps) * g",
-    reference="Zhang & Sennrich 2019, Root Mean Square Layer Normalization, arXiv:1910.07467",
+    formula="x / sqrt(mean(x^2) + eps) * g; zero_centred: * (1 + w), w stored (init 0)",
+    reference="Zhang & Sennrich 2019, Root Mean Square Layer Normalization, arXiv:1910.07467; zero-centred: "
+    "Gemma (Gemma Team 2024, arXiv:2403.08295), Qwen3-Next",
+    variants={"zc": {"zero_centred": True}},
 )
 class RMSNorm(HasEps, nn.Module):
-    """RMSNorm: scale each vector by its root mean square, learned gain, no centring."""
+    """RMSNorm: scale each vector by its root mean square, learned gain, no centring.
+
+    ``zero_centred``: the gain is stored as w and applied as 1 + w (``weight`` starts at zeros), as Gemma's and
+    Qwen3-Next's norms; the product runs in the statistics' precision before the cast back, as theirs does. A
+    qk-norm and the final norm built beside a zero-centred block norm are zero-centred too (they share its options).
+    """
 
     tp_plan = norm_plan  # sequence parallel under parallel.tp > 1
     matrix_blocks = unfused
 
-    def __init__(self, dims: BlockDims, *, eps: float = 1e-6) -> None:
+    def __init__(self, dims: BlockDims, *, eps: float = 1e-6, zero_centred: bool = False) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dims.d_model))
+        self.eps, self.zero_centred = eps, zero_centred
+        self.weight = nn.Parameter(torch.zeros(dims.d_model) if zero_centred else torch.ones(dims.d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Statistics in at least float32, so bfloat16 inputs do not lose the mean of squares.
         # F.rms_norm is x * rsqrt(mean(x^2) + eps) * weight in one call (fewer kernels when decoding).
         dtype = torch.promote_types(x.dtype, torch.float32)
-        return F.rms_norm(x.to(dtype), self.weight.shape, self.weight.to(dtype), self.eps).to(x.dtype)
+        gain = 1 + self.weight.to(dtype) if self.zero_centred else self.weight.to(dtype)
+        return F.rms_norm(x.to(dtype), self.weight.shape, gain, self.eps).to(x.dtype)
 
 
 @NORMS.register(

@@ -153,6 +153,15 @@ PATTERN_CASES: list[tuple[str, dict[str, str]]] = [
 ]
 
 
+#: The model's own options outside its blocks, all at once (Gemma's embedding scale, nanochat's embedding norm and
+#: logit cap): the model contract runs them on a handful of combinations, not the product.
+MODEL_OPTIONS: dict[str, Any] = {"scale_embedding": True, "embedding_norm": True, "logit_softcap": 5.0}
+MODEL_OPTION_CASES: list[dict[str, str]] = [
+    {"placement": "pre", "norm": "rmsnorm+zc", "attn": "gqa", "pos": "rotary", "mlp": "geglu+tanh"},
+    {"placement": "reordered", "norm": "layernorm", "attn": "mha+headdim", "pos": "learned", "mlp": "gelu"},
+]
+
+
 def pattern_id(case: tuple[str, dict[str, str]]) -> str:
     """``hybrid-pre-rmsnorm-mha-rotary-swiglu``: the pattern, then the combination's labels."""
     return f"{case[0]}-{combo_id(case[1])}"
@@ -164,17 +173,18 @@ def make_model(
     n_layers: int = 2,
     pattern: list[dict[str, Any]] | None = None,
     value_embeddings: bool = False,
+    options: dict[str, Any] | None = None,
     **overrides: Any,
 ):
     """A tiny LanguageModel of ``combo`` with weights large enough that greedy tokens vary; with a
     ``pattern`` (:data:`PATTERNS`), its layers take it over the depth (zoo.models.config.layer_specs);
-    ``value_embeddings``: ``model.value_embeddings``."""
+    ``value_embeddings``: ``model.value_embeddings``; ``options``: more of the model's own (:data:`MODEL_OPTIONS`)."""
     from zoo.models.config import layer_specs
     from zoo.models.language import LanguageModel
 
     block = block_config(combo, **overrides)
     specs = layer_specs(block, n_layers, None, "model.layers", pattern)
-    model = LanguageModel(specs, VOCAB, value_embeddings=value_embeddings).to(dtype)
+    model = LanguageModel(specs, VOCAB, value_embeddings=value_embeddings, **(options or {})).to(dtype)
     scramble(model)
     return model.eval()
 

@@ -33,6 +33,7 @@ from zoo.lab.recipe import OBJECTIVES, OPTIMIZERS, SCHEDULES
 from zoo.lab.records.trackers import TRACKERS
 from zoo.lab.tasks import TASKS
 from zoo.lab.training.loop_callbacks import CALLBACKS
+from zoo.models.language import MODEL_OPTION_DOCS
 from zoo.parts import canon
 
 #: What ``zoo-parts`` lists: the block's axes, then the lab's registries by their config key; a new
@@ -197,6 +198,22 @@ def block_options(listed: Callable[[Registry], list[Part]]) -> list[str]:
     ]
 
 
+def model_options() -> list[str]:
+    """The decoder-only model's own options (``model.<option>``: zoo.models.language.MODEL_OPTION_DOCS) as a table."""
+    lines = [
+        "",
+        "## Model options",
+        "",
+        "Options of a decoder-only model outside its blocks, `model.<option>` (refused in an encoder-decoder):",
+        "",
+        "| option | values | formula | cost | reference |",
+        "|---|---|---|---|---|",
+    ]
+    for doc in MODEL_OPTION_DOCS:
+        lines.append(f"| `{doc.option}` | {doc.values} | `{doc.formula}` | {doc.cost} | {doc.reference} |")
+    return lines
+
+
 def parts_markdown(plugins: bool = True) -> str:
     """The parts catalogue as Markdown (``zoo-parts --markdown > docs/parts.md``); a plugin's part
     names its package, and ``plugins=False`` leaves them out (zoo's own catalogue)."""
@@ -224,6 +241,7 @@ def parts_markdown(plugins: bool = True) -> str:
             lines.append(f"| {name} | {part.summary} | `{part.formula}` | {options} | {part.reference} |")
         lines += option_docs(registry, listed(registry))
     lines += block_options(listed)
+    lines += model_options()
     lines += [
         "",
         "## `objective`",

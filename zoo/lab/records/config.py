@@ -13,6 +13,7 @@ from zoo.lab.keys import (
     NEUTRAL_ATTN,
     NEUTRAL_BLOCK,
     NEUTRAL_MLP,
+    NEUTRAL_NORM,
     NEUTRAL_OBJECTIVE,
     NEUTRAL_STACK,
     NEUTRAL_TOP,
@@ -28,8 +29,8 @@ from zoo.lab.keys import (
 def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
     at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, ``NEUTRAL_TOP``, ``NEUTRAL_BLOCK``,
-    ``NEUTRAL_ATTN``, ``NEUTRAL_MLP``, ``NEUTRAL_OBJECTIVE`` and ``NEUTRAL_STACK``, the default recipe,
-    ``param=standard``).
+    ``NEUTRAL_NORM``, ``NEUTRAL_ATTN``, ``NEUTRAL_MLP``, ``NEUTRAL_OBJECTIVE`` and ``NEUTRAL_STACK``, the default
+    recipe, ``param=standard``).
 
     A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
     source's config hash, step and checkpoint checksum instead (zoo.lab.planning.branch), so a source and its branches
@@ -50,7 +51,7 @@ def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dic
     block = semantic.get("block")
     if isinstance(block, dict):
         block = without_neutral(block, NEUTRAL_BLOCK)
-        for axis, neutral in (("attn", NEUTRAL_ATTN), ("mlp", NEUTRAL_MLP)):
+        for axis, neutral in (("norm", NEUTRAL_NORM), ("attn", NEUTRAL_ATTN), ("mlp", NEUTRAL_MLP)):
             if isinstance(block.get(axis), dict):
                 block = {**block, axis: without_neutral(block[axis], neutral)}
         semantic["block"] = block

@@ -61,6 +61,25 @@ COMMON = {
 }
 
 
+#: GELU's tanh approximation by transformers' names: PyTorch's kernel (what zoo computes, so an export names it),
+#: then GPT-2's ``gelu_new``, the same formula written out (an import takes either).
+TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new")
+
+
+def hf_activation(name: str, layer: Mapping[str, Any]) -> str:
+    """transformers' name of a layer's activation ``name`` (``gelu``, ``silu``): GELU's tanh approximation under
+    ``block.mlp.approximate=tanh``."""
+    return TANH_GELUS[0] if layer.get("block.mlp.approximate") == "tanh" else name
+
+
+def zoo_mlp(activation: str, names: Mapping[str, str]) -> str | dict[str, Any]:
+    """The zoo MLP of a transformers ``activation``: its name in ``names`` (transformers' name -> zoo's MLP), a GELU
+    MLP with ``approximate: tanh`` for a tanh GELU; a KeyError for any other."""
+    if activation in TANH_GELUS:
+        return {"name": names["gelu"], "approximate": "tanh"}
+    return names[activation]
+
+
 @dataclass(frozen=True)
 class Refusal:
     """A setting a family cannot hold: where it is set, its value, and what the family needs instead."""

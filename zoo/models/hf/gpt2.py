@@ -1,7 +1,7 @@
 """``GPT2LMHeadModel``: pre-norm LayerNorm blocks with biases everywhere, learned absolute positions, multi-head
 attention, a plain MLP. GPT-2's ``Conv1D`` stores weights transposed. Its default activation, ``gelu_new``, is
-the tanh approximation: zoo's ``gelu`` is exact, so exports say ``gelu`` and an import of ``gelu_new`` is refused
-rather than silently changed."""
+GELU's tanh approximation: it imports as ``mlp=gelu`` with ``approximate: tanh``, which exports as
+``gelu_pytorch_tanh`` (PyTorch's kernel, as zoo computes it); zoo's exact ``gelu`` exports as ``gelu``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zoo.core.errors import ConfigError
-from zoo.models.hf.family import ANY, COMMON, Family, Holds, transformers_module
+from zoo.models.hf.family import ANY, COMMON, Family, Holds, hf_activation, transformers_module, zoo_mlp
 from zoo.models.hf.weights import CAT_QKV, CONV1D, Entry, per_layer
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def hf_config(model: LanguageModel, layers: Sequence[Mapping[str, Any]], tied: b
         n_head=model.blocks[0].attn.n_heads,
         n_inner=model.blocks[0].mlp.hidden,
         n_positions=model.pos_embed.weight.shape[0],
-        activation_function=PLAIN_ACTS[first["block.mlp"]],
+        activation_function=hf_activation(PLAIN_ACTS[first["block.mlp"]], first),
         layer_norm_epsilon=first["block.norm.eps"],
         resid_pdrop=0.0,
         embd_pdrop=0.0,
@@ -46,12 +46,11 @@ def hf_config(model: LanguageModel, layers: Sequence[Mapping[str, Any]], tied: b
 def zoo_config(config: Any) -> dict[str, Any]:
     """The zoo config (``block`` and ``model``) of a ``GPT2Config``."""
     acts = {v: k for k, v in PLAIN_ACTS.items()}
-    if config.activation_function not in acts:
-        raise ConfigError(
-            "activation_function",
-            config.activation_function,
-            f"one of {', '.join(acts)} (zoo's gelu is exact erf GELU; GPT-2's gelu_new is the tanh approximation)",
-        )
+    try:
+        mlp = zoo_mlp(config.activation_function, acts)
+    except KeyError:
+        allowed = f"one of {', '.join(acts)}, gelu_new or gelu_pytorch_tanh"
+        raise ConfigError("activation_function", config.activation_function, allowed) from None
     for key, ok in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                     ("add_cross_attention", False)):  # fmt: skip
         if getattr(config, key, ok) != ok:
@@ -66,7 +65,7 @@ def zoo_config(config: Any) -> dict[str, Any]:
         "norm": {"name": "layernorm", "eps": float(config.layer_norm_epsilon)},
         "attn": "mha",
         "pos": "learned",
-        "mlp": acts[config.activation_function],
+        "mlp": mlp,
     }
     model = {"vocab_size": config.vocab_size, "n_layers": config.n_layer,
              "tie_embeddings": bool(config.tie_word_embeddings)}  # fmt: skip
@@ -89,6 +88,7 @@ GPT2 = Family(
         ),
         "block.pos": Holds("learned absolute positions (pos=learned)", ("learned",)),
         "block.mlp": Holds("a plain MLP (mlp=gelu, relu or relu2)", tuple(PLAIN_ACTS)),
+        "block.mlp.approximate": ANY,
     },
     weights=(
         Entry(("embed.weight",), ("transformer.wte.weight",)),

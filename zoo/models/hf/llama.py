@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zoo.core.errors import ConfigError
-from zoo.models.hf.family import ANY, COMMON, Family, Holds, transformers_module
+from zoo.models.hf.family import ANY, COMMON, Family, Holds, hf_activation, transformers_module, zoo_mlp
 from zoo.models.hf.weights import SPLIT_GATE_UP, SPLIT_QKV, Entry, per_layer
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def hf_config(model: LanguageModel, layers: Sequence[Mapping[str, Any]], tied: b
         num_attention_heads=attn.n_heads,
         num_key_value_heads=attn.n_kv_heads,
         head_dim=attn.d_head,
-        hidden_act=GLU_ACTS[first["block.mlp"]],
+        hidden_act=hf_activation(GLU_ACTS[first["block.mlp"]], first),
         rms_norm_eps=first["block.norm.eps"],
         rope_theta=first["block.pos.base"],
         attention_bias=first["block.bias"],
@@ -57,13 +57,18 @@ def rope_theta(config: Any) -> float:
 def zoo_config(config: Any) -> dict[str, Any]:
     """The zoo config (``block`` and ``model``) of a ``LlamaConfig``."""
     acts = {v: k for k, v in GLU_ACTS.items()}
-    if config.hidden_act not in acts:
-        raise ConfigError("hidden_act", config.hidden_act, f"one of {', '.join(acts)} (zoo's gated MLPs)")
+    try:
+        mlp = zoo_mlp(config.hidden_act, acts)
+    except KeyError:
+        raise ConfigError(
+            "hidden_act", config.hidden_act, f"one of {', '.join(acts)} or gelu_pytorch_tanh (zoo's gated MLPs)"
+        ) from None
     if config.attention_bias != config.mlp_bias:
         raise ConfigError("mlp_bias", config.mlp_bias, f"equal to attention_bias ({config.attention_bias})")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head_dim * config.num_attention_heads != config.hidden_size:
-        raise ConfigError("head_dim", head_dim, "hidden_size / num_attention_heads (zoo's head size)")
+    attn = {"name": "gqa", "n_kv_heads": config.num_key_value_heads or config.num_attention_heads}
+    if head_dim * config.num_attention_heads != config.hidden_size:  # heads wider or narrower (Qwen3's)
+        attn["head_dim"] = head_dim
     block = {
         "d_model": config.hidden_size,
         "n_heads": config.num_attention_heads,
@@ -71,9 +76,9 @@ def zoo_config(config: Any) -> dict[str, Any]:
         "bias": bool(config.attention_bias),
         "placement": "pre",
         "norm": {"name": "rmsnorm", "eps": float(config.rms_norm_eps)},
-        "attn": {"name": "gqa", "n_kv_heads": config.num_key_value_heads or config.num_attention_heads},
+        "attn": attn,
         "pos": {"name": "rotary", "base": rope_theta(config)},
-        "mlp": acts[config.hidden_act],
+        "mlp": mlp,
     }
     model = {"vocab_size": config.vocab_size, "n_layers": config.num_hidden_layers,
              "tie_embeddings": bool(config.tie_word_embeddings)}  # fmt: skip
@@ -91,10 +96,12 @@ LLAMA = Family(
         "block.norm.eps": ANY,
         "block.attn": Holds("softmax attention (attn=mha, gqa or mqa)", ("mha", "gqa", "mqa")),
         "block.attn.n_kv_heads": ANY,
+        "block.attn.head_dim": ANY,
         "block.pos": Holds("rotary positions (pos=rotary)", ("rotary",)),
         "block.pos.base": ANY,
         "block.pos.rotary_fraction": Holds("rotary over the whole head (block.pos.rotary_fraction=1)", (1.0,)),
         "block.mlp": Holds("a gated MLP (mlp=swiglu, geglu or reglu)", tuple(GLU_ACTS)),
+        "block.mlp.approximate": ANY,
     },
     weights=(
         Entry(("embed.weight",), ("model.embed_tokens.weight",)),
