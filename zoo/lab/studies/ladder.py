@@ -7,19 +7,25 @@ steps), training time (a branch's counts its source's too) and final loss. Each 
 baseline, is answered on its own two curves only: no other variant of the sweep moves it.
 
 The primary answer needs no law (zoo.lab.studies.ladder_iso): the iso-loss multiplier on the two envelopes,
-in FLOPs and in wall time, with a paired two-level bootstrap interval. The verdict (:func:`data_verdict`) is
-decided in this order, the first that holds:
+in FLOPs and in wall time, read near the lowest loss both reach and at mid-range, with a paired two-level
+bootstrap; the two multipliers and the paired loss differences are judged in one simultaneous band
+(zoo.lab.studies.ladder_band). The verdict (:func:`data_verdict`) is decided in this order, the first that
+holds:
 
 1. ``too few seeds``: fewer than :data:`MIN_PAIRS` seeds both ran;
 2. ``unidentified``: the seeds disagree (their own multipliers span more than :data:`SEED_SPREAD` x), or
-   most bootstrap draws' envelopes do not meet;
+   most bootstrap draws' envelopes do not reach the loss read;
 3. ``not reached``: the variant's envelope lies below every loss the baseline's reaches (``data_lower_bound``:
    the baseline's largest compute over the variant's smallest, which already reaches lower; measured, no
    law), or above every loss it reaches, for a worse one (``data_upper_bound``, the reverse); no multiplier;
-4. ``scale-dependent``: the paired loss difference at equal compute is significantly below 0 at one compute
-   trained and above at another (``crossing_compute``: where it changes sign);
-5. ``better`` / ``worse`` / ``within noise``: the multiplier's interval at the lowest loss both reach lies
-   above 1, below, or holds it.
+4. ``scale-dependent``: the paired loss difference's band is below 0 at one compute trained and above at
+   another (``crossing_compute``: where it changes sign), or the two multipliers' intervals lie on opposite
+   sides of 1;
+5. ``better`` / ``worse`` / ``within noise``: both multipliers' intervals lie above 1, below, or hold it; when
+   only one holds 1, the verdict names both readings (:func:`readings_verdict`).
+
+The verdicts other than ``within noise`` are then corrected over the ladder's variants (:func:`correct`:
+Holm, on the band's p-value of each verdict's claim).
 
 The law (zoo.lab.studies.ladder_law), secondary and labelled so, is fitted per pair under the shared floor
 and under each curve's own, read at the variant's largest compute, with a held-out check; its verdict
@@ -282,7 +288,7 @@ def compare(base: LadderRow, row: LadderRow, draws: int = iso.DRAWS) -> Answer:
     spread = [m for m in iso.seed_multipliers(b, v) if math.isfinite(m) and m > 0]
     answer.seed_spread = max(spread) / min(spread) if len(spread) >= 2 else math.nan
     bt, vt = grid_of(base.per_seed, "time"), grid_of(row.per_seed, "time")
-    if np.isfinite(bt.cost).all() and np.isfinite(vt.cost).all():
+    if all(np.isfinite(g.cost[np.isfinite(g.loss)]).all() for g in (bt, vt)):  # every run timed
         timed = iso.compare_grids(bt, vt, draws)
         answer.time, (answer.time_low, answer.time_high) = timed.low, timed.interval(timed.draws_low)
     data_verdict(answer, pair)
