@@ -25,10 +25,12 @@ def main() -> None:
     args = parser.parse_args()
     for name in args.case or CASES:
         case = CASES[name]
-        right = rate(case, args.draws, args.seed)
+        right, also = rate(case, args.draws, args.seed)
         ci = stats.binomtest(right, args.draws).proportion_ci(0.95)
         print(f"{name:<10} {right:>4} of {args.draws} right ({right / args.draws:.1%}, 95% CI {ci.low:.1%}-"
               f"{ci.high:.1%}; held to {case.nominal:.0%}): {case.claim}", flush=True)
+        if case.also:
+            print(f"{'':<10} {also:>4} of {args.draws}: {case.also[0]}", flush=True)
 
 
 if __name__ == "__main__":

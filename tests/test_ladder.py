@@ -188,7 +188,7 @@ def test_the_report_of_a_ladder_has_its_section_csv_and_plot(tmp_path):
     assert "| mlp=shift |" in section and "| mlp=base |" in section and "init and data order (seed)" in section
     assert "Holm-corrected over the ladder's 1 variants" in section
     assert "30 of 150 runs trained while the machine's load average exceeded its cores" in section
-    assert re.search(r"a seed's offset sd 0\.0\d+, a run's own sd 0\.0\d+ in val_bpb", section)
+    assert re.search(r"a seed's offset sd (?:0|0\.0\d+), a run's own sd 0\.0\d+ \(0\.0\d+ at 80 steps, ", section)
     with open(tmp_path / "ladder.csv") as f:
         rows = {r["mlp"]: r for r in csv.DictReader(f)}
     shift, base = rows["shift"], rows["base"]

@@ -26,7 +26,7 @@ from zoo.lab.studies.stats import holm
 
 
 def right(case: str, draws: int, seed: int) -> int:
-    return planted.rate(planted.CASES[case], draws, seed)
+    return planted.rate(planted.CASES[case], draws, seed)[0]
 
 
 def test_a_null_variant_reads_within_noise_in_95_percent_of_draws():
@@ -55,11 +55,13 @@ def test_the_wall_time_interval_holds_its_rate_under_timing_noise(case):
 
 
 def test_a_variant_crossing_just_above_the_range_reads_better_at_mid_range():
-    """Better at small compute, crossing just above the largest compute trained: the verdict says better at
-    mid-range (alone, or with the lowest loss's reading) and the mid-range interval covers the truth in 99% of
-    draws (measured); at 99%, 40 draws fall under 37 with probability 0.8%. Read at the lowest loss alone, it
-    was plain within noise in 82-95%."""
-    assert right("above", 40, 15) >= 37
+    """Better at small compute, crossing just above the largest compute trained: the mid-range interval covers
+    the truth, and whenever it lies above 1 the verdict says better at mid-range (alone, or with the lowest loss's
+    reading): 97% of 200 draws (``python benchmarks/ladder_rates.py --case above --draws 200 --seed 1``); at 96%,
+    60 draws fall under 54 with probability 1.0%. Read at the lowest loss alone, it was plain within noise in
+    82-95%; with the seeds' spread read near the lowest loss (each seed's envelope on its widest runs alone), 14%
+    were called unidentified."""
+    assert right("above", 60, 15) >= 54
 
 
 def test_a_top_rung_that_gains_nothing_keeps_coverage_and_the_estimate_off_its_intervals_edge():
@@ -112,10 +114,12 @@ def test_the_band_widens_for_independent_readings_and_not_for_copies_of_one():
 
 
 def test_the_noise_by_source_recovers_the_planted_seed_and_run_sd():
-    """40 seeds of one planted variant: the seed's offset sd and the run's own within 20% of the planted."""
+    """40 seeds of one planted variant: the seed's offset sd and the run's own per budget within 20% of the
+    planted."""
     cells = planted.draw(planted.base_law, np.random.default_rng(3), seeds=40)
-    found = noise([ladder.grid_of(cells).loss])
-    assert found.seed == pytest.approx(planted.SEED_SD, rel=0.2) and found.run == pytest.approx(planted.RUN_SD, rel=0.2)
+    found = noise([ladder.grid_of(cells)])
+    assert found.seed == pytest.approx(planted.SEED_SD, rel=0.2)
+    assert found.by_budget == pytest.approx(planted.RUN_SD, rel=0.2)
 
 
 def test_runs_whose_machine_was_loaded_past_its_cores_are_counted_as_shared():

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
 
 from zoo.lab.reports.plots import palette
 from zoo.lab.studies.ladder import LAW_REACH, SEED_SPREAD, Answer, Cell, LadderRow, LadderStudy, envelope
@@ -55,10 +56,10 @@ def intro(study: LadderStudy, report: Report) -> str:
         f"multipliers and the paired loss difference at {POINTS} computes: a two-level bootstrap, seeds and runs "
         f"within a seed, paired]; the same on the runs' training time, each run's time drawn with its loss "
         f"[its own {CONFIDENCE:.0%} interval, no verdict]. Verdict, the first that holds: too few seeds; "
-        f"unidentified (the seeds' own multipliers span more than {SEED_SPREAD:g}x); not reached (one envelope "
-        f"lies wholly below or above the other's losses: a measured bound, no multiplier); scale-dependent (the "
-        f"paired loss difference is significantly of both signs within the compute trained, or the two "
-        f"multipliers are); else better / worse / within noise, each multiplier named when they differ; "
+        f"unidentified (the seeds' own mid-range multipliers span more than {SEED_SPREAD:g}x); not reached (one "
+        f"envelope lies wholly below or above the other's losses: a measured bound, no multiplier); "
+        f"scale-dependent (the paired loss difference is significantly of both signs within the compute trained, "
+        f"or the two multipliers are); else better / worse / within noise, each multiplier named when they differ; "
         f"Holm-corrected over the ladder's {max(len(study.rows) - 1, 0)} variants (p: the band's, Holm's). Law "
         f"(secondary): L(C) = E + A (C / C0)^-alpha fitted on the pair's envelopes with a shared floor, read at "
         f"the variant's largest compute; floor-dependent when each curve's own floor moves it past its interval; "
@@ -79,9 +80,10 @@ def noise_line(study: LadderStudy) -> str:
                    f"work shared their timings, and the wall-time multipliers support no cost claim")  # fmt: skip
     else:
         machine = f"no run of {recorded} trained while the machine's load average exceeded its cores"
-    return (f"Noise (pooled over {n.curves} variants): a seed's offset sd {num(n.seed, '.2g')}, a run's own sd "
-            f"{num(n.run, '.2g')} in {study.metric}; in log training time {num(t.seed, '.2g')} and "
-            f"{num(t.run, '.2g')}. Timings: {machine}.")  # fmt: skip
+    budgets = ", ".join(f"{num(sd, '.2g')} at {steps} steps" for steps, sd in n.by_budget.items())
+    return (f"Noise in {study.metric} (pooled over {n.curves} variants): a seed's offset sd {num(n.seed, '.2g')}, "
+            f"a run's own sd {num(n.run, '.2g')} ({budgets}); in log training time, a seed's "
+            f"{num(t.seed, '.2g')} and a run's {num(t.run, '.2g')}. Timings: {machine}.")  # fmt: skip
 
 
 def ladder_lines(report: Report) -> list[str]:
@@ -243,6 +245,9 @@ def plot_ladder(report: Report, path: Path) -> bool:
     mult_ax.axhline(1.0, color="black", lw=0.8)
     mult_ax.set_xscale("log")
     mult_ax.set_yscale("log")
+    mult_ax.xaxis.set_major_locator(MaxNLocator(6))  # a loss range under a decade: plain numbers, not 3 x 10^0
+    mult_ax.xaxis.set_major_formatter(FormatStrFormatter("%.2f"))
+    mult_ax.xaxis.set_minor_formatter(NullFormatter())
     mult_ax.set_xlabel(f"{study.metric} both reach (log scale)")
     mult_ax.set_ylabel("iso-loss multiplier C_baseline(L) / C_variant(L)")
     mult_ax.set_title("multiplier (bars: intervals where it is read; triangle: bound)", fontsize="medium")

@@ -13,7 +13,7 @@ bootstrap; the two multipliers and the paired loss differences are judged in one
 holds:
 
 1. ``too few seeds``: fewer than :data:`MIN_PAIRS` seeds both ran;
-2. ``unidentified``: the seeds disagree (their own multipliers span more than :data:`SEED_SPREAD` x), or
+2. ``unidentified``: the seeds disagree (their own mid-range multipliers span more than :data:`SEED_SPREAD` x), or
    most bootstrap draws' envelopes do not reach the loss read;
 3. ``not reached``: the variant's envelope lies below every loss the baseline's reaches (``data_lower_bound``:
    the baseline's largest compute over the variant's smallest, which already reaches lower; measured, no
@@ -463,10 +463,9 @@ def answer_all(study: LadderStudy, per_variant: dict[tuple[str, ...], dict[Any, 
     for key, per_seed in per_variant.items():
         cells = mean_cells(per_seed)
         study.rows[key] = LadderRow(key, cells, per_seed, max(c.compute for c in cells))
-    grids = [(grid_of(p), grid_of(p, "time")) for p in per_variant.values()]
-    study.noise = noise(g.loss for g, _ in grids)
+    study.noise = noise(grid_of(p) for p in per_variant.values())
     with np.errstate(all="ignore"):
-        study.time_noise = noise(np.log(t.cost) for _, t in grids)
+        study.time_noise = noise((grid_of(p, "time") for p in per_variant.values()), log_cost=True)
     base = study.rows.get(study.baseline)
     if base is None:
         study.errors.append("the baseline variant has no ladder: no multiplier is given")
