@@ -35,11 +35,11 @@ def read_steps(monkeypatch) -> list[set[int]]:
 
     def study(runs, *args, **kwargs):
         seen.append({r.record.config["train"]["steps"] for r in runs})
-        from zoo.lab.studies.ladder import LadderStudy
+        from zoo.lab.studies.ladder.study import LadderStudy
 
         return LadderStudy("val_bpb", [], (), 10.0)
 
-    monkeypatch.setattr("zoo.lab.studies.ladder.ladder_study", study)
+    monkeypatch.setattr("zoo.lab.studies.ladder.study.ladder_study", study)
     return seen
 
 

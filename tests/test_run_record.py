@@ -5,11 +5,13 @@ report and resume."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from helpers import interrupt, tiny
 
+from zoo.lab.cores import usable_cores
 from zoo.lab.records.summary import SCHEMA, SUMMARY, RecordError, RunRecord, read_record, read_record_checked
 from zoo.lab.reports.report import write_report
 from zoo.lab.training.run import run
@@ -19,7 +21,7 @@ from zoo.lab.training.run import run
 OK_KEYS = [
     "schema", "status", "error", "run_dir", "choices", "overrides", "started", "versions", "config", "config_hash",
     "unused_axes", "parameters", "active_parameters", "flops_per_token", "data", "device", "threads", "world_size",
-    "metric", "resumed_from", "steps", "tokens", "train_time_s", "tokens_per_s", "final", "reason", "initial",
+    "metric", "resumed_from", "steps", "tokens", "train_time_s", "tokens_per_s", "load", "final", "reason", "initial",
     "spikes", "flops", "parallel", "peak_memory_mib", "kind", "wall_time_s", "finished",
 ]  # fmt: skip
 
@@ -97,6 +99,15 @@ def test_a_written_summary_has_its_schema_and_the_keys_it_had(tmp_path):
     assert list(written) == OK_KEYS and written["error"] is None and written["reason"] is None
     record = read_record(tmp_path)
     assert record is not None and record.schema == SCHEMA and record.to_json() == written
+
+
+def test_a_run_records_the_machines_load_and_its_cores_beside_its_time(tmp_path):
+    """What shared the machine while the loop ran: its load average at the loop's start and end, the cores
+    the process had and the machine's (the ladder's wall-time reading says when other work shared them)."""
+    load = run(tiny(), tmp_path)["load"]
+    assert set(load) == {"start", "end", "cores", "machine_cores"}
+    assert load["start"] >= 0 and load["end"] >= 0 and load["machine_cores"] == os.cpu_count()
+    assert 1 <= load["cores"] == usable_cores() <= load["machine_cores"]
 
 
 def test_a_schema_1_sweep_reports_the_same_and_a_rerun_skips_its_runs(tmp_path):

@@ -1,5 +1,5 @@
 """This process's share of the machine, read without torch: the cores it may use (its CPU affinity where the
-platform has one) and its rank in a torchrun or submitit job."""
+platform has one), how loaded the machine is, and its rank in a torchrun or submitit job."""
 
 from __future__ import annotations
 
@@ -9,6 +9,17 @@ import os
 def usable_cores() -> int:
     """Cores this process may run on: its affinity set (Linux), else the machine's count."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (runnable processes, every user's), None where the platform has none."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def machine_load(start: float | None) -> dict[str, float | int | None]:
+    """A run's record of what shared its machine: the load average at the loop's ``start`` and now (its end),
+    the cores this process had and the machine's (a load above the machine's cores: processes waited for one)."""
+    return {"start": start, "end": load_average(), "cores": usable_cores(), "machine_cores": os.cpu_count()}
 
 
 def dist_env() -> tuple[int, int, int]:

@@ -422,15 +422,8 @@ class Attention(nn.Module):
         return masked_logits(q, k, scale=self.kernel_scale(), causal=self.causal, bias=bias, window=self.window,
                              softcap=self.softcap)  # fmt: skip
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        key_mask: torch.Tensor | None = None,
-        cache: LayerState | None = None,
-        positions: torch.Tensor | None = None,
-        channel: Channel | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: LayerState | None = None,
+                positions: torch.Tensor | None = None, channel: Channel | None = None) -> torch.Tensor:  # fmt: skip
         """x: (b, t, d_model) -> (b, t, d_model).
 
         key_mask: (b, t_k) bool, True at real keys (t_k counts cached keys too).

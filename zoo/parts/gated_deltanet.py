@@ -350,14 +350,8 @@ class GatedDeltaNet(nn.Module):
         step = F.softplus(logits + rearrange(local(self.dt).to(dtype), "h -> h 1"))
         return -rearrange(torch.exp(local(self.a_log).to(dtype)), "h -> h 1") * step
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        key_mask: torch.Tensor | None = None,
-        cache: LayerState | None = None,
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: LayerState | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """x: (b, t, d_model) -> (b, t, d_model).
 
         key_mask: (b, t_k) bool, True at real tokens (t_k counts earlier tokens too): a padding token

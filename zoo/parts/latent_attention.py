@@ -226,14 +226,8 @@ class LatentAttention(nn.Module):
         bias = self.position.score_bias(slots, slots)
         return masked_logits(q, k, scale=self.score_scale, causal=self.causal, bias=bias)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        key_mask: torch.Tensor | None = None,
-        cache: LayerState | None = None,
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: LayerState | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """x: (b, t, d_model) -> (b, t, d_model); arguments as in :meth:`zoo.parts.attention.Attention.forward`."""
         state = None if cache is None else cache.mixer_state(LatentCache)
         time = x.shape[1]

@@ -285,14 +285,8 @@ class LinearAttention(nn.Module):
         """None: no softmax, so no attention logits (probes skip this mixer by name)."""
         return None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        key_mask: torch.Tensor | None = None,
-        cache: LayerState | None = None,
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: LayerState | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """x: (b, t, d_model) -> (b, t, d_model).
 
         key_mask: (b, t_k) bool, True at real tokens (t_k counts earlier tokens too): a padding token

@@ -40,7 +40,7 @@ from zoo.lab.records.summary import RunRecord, read_record
 
 log = logging.getLogger("zoo.lab.planning.sweep")
 
-#: The fewest widths a ladder fits (zoo.lab.studies.ladder.MIN_RUNGS, without importing numpy here).
+#: The fewest widths a ladder fits (zoo.lab.studies.ladder.study.MIN_RUNGS, without importing numpy here).
 MIN_WIDTHS = 3
 
 

@@ -64,6 +64,7 @@ class RunRecord:
     tokens: int | None = None
     train_time_s: float | None = None
     tokens_per_s: float | None = None
+    load: dict[str, Any] | None = None  # load average at the loop's start and end; the process's and machine's cores
     final: dict[str, Any] | None = None  # train loss and every validation metric (numbers or null)
     reason: str | None = None  # why it diverged
     initial: dict[str, Any] | None = None  # validation of the initial weights

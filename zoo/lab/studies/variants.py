@@ -68,7 +68,7 @@ class Report:
     interactions: list[Interaction] = field(default_factory=list)  # two axes' difference of differences
     lr: LrStudy | None = None  # the tuning runs (tune.lr, <root>/tune) across the rate grid, with the sensitivity
     peaks: dict[tuple[str, ...], dict[str, Peak]] = field(default_factory=dict)  # variant key -> probe key -> peak
-    ladder: Any = None  # a ladder sweep's fit (ladder.steps; zoo.lab.studies.ladder.LadderStudy), None otherwise
+    ladder: Any = None  # a ladder sweep's fit (ladder.steps; zoo.lab.studies.ladder.study.LadderStudy), None otherwise
     ladder_left_out: list[int] = field(default_factory=list)  # budgets in the folder the ladder was not asked for
     folded: dict[str, str] = field(default_factory=dict)  # an option some parts do not have -> the axis it joins
 
@@ -360,7 +360,7 @@ def ladder_of(report: Report, budgets: list[int] | None = None) -> Any:
     section = next((s for r in report.runs if (s := (r.record.config or {}).get("ladder")) and s.get("steps")), None)
     if section is None:
         return None
-    from zoo.lab.studies.ladder import ladder_study  # numpy and scipy.optimize: only a ladder's report needs them
+    from zoo.lab.studies.ladder.study import ladder_study  # numpy and scipy.optimize: only a ladder's report needs them
 
     baseline = dict(zip(report.axes, report.baseline, strict=True))
     far = float(section.get("extrapolate") or 10)

@@ -9,7 +9,7 @@ total, Hägele et al. 2024), into ``<sweep dir>/budgets/``. Each branch is an or
 lock; skipped when done, so a ladder resumes); the branches train as many at a time as the sweep's runs did
 (a process pool). The tuning runs (``tune/``) are branched too, into ``tune/budgets/``: the report checks the
 rate tuned at the longest budget against each shorter budget's best. The report then answers the ladder
-(zoo.lab.studies.ladder).
+(zoo.lab.studies.ladder.study).
 
 Before any run, a ladder that could not be fitted or branched is refused by name
 (zoo.lab.planning.sweep.check_ladder).

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError, IncompatibleParts
-from zoo.lab.cores import dist_env, submitit_tasks
+from zoo.lab.cores import dist_env, load_average, machine_load, submitit_tasks
 from zoo.lab.data.tokenizer import copy_to_run
 from zoo.lab.files import shown, write_atomic
 from zoo.lab.planning.branch import identity, load_branch, resolve_branch, same_start, source_metrics
@@ -458,7 +458,9 @@ def fit(
         record.resumed_from = [*state.resumed_from, state.step]  # a branch's start is record.branch["step"]
         if rank == 0:
             log.info("%s: resumed from %s", shown(out_dir), resumed_text(resume_from, record))
+    load = load_average()
     result = trainer.fit()
+    record.load = machine_load(load)  # the machine's load beside the loop's time
     if writer is not None:
         writer.close()  # the last checkpoint is on disk before the run says it is done
     whole = writers.full_state_dict(model) if sharded and train_cfg.save == "final" else None  # every rank

@@ -162,3 +162,8 @@ def refused(refusal: Refusal, family: Family, named: bool) -> ConfigError:
     else:
         why = f"no transformers class has a counterpart; the nearest, {family.title}, needs {refusal.needs}"
     return ConfigError(refusal.field, refusal.value, why)
+
+
+def stacked(block: dict[str, Any], *, vocab_size: int, n_layers: int, tied: bool) -> dict[str, Any]:
+    """An imported model's zoo config: its block settings under ``block``, its stack's under ``model``."""
+    return {"block": block, "model": {"vocab_size": vocab_size, "n_layers": n_layers, "tie_embeddings": tied}}

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zoo.core.errors import ConfigError
-from zoo.models.hf.family import ANY, COMMON, Family, Holds, hf_activation, transformers_module, zoo_mlp
+from zoo.models.hf.family import ANY, COMMON, Family, Holds, hf_activation, stacked, transformers_module, zoo_mlp
 from zoo.models.hf.weights import CAT_QKV, CONV1D, Entry, per_layer
 
 if TYPE_CHECKING:
@@ -67,9 +67,8 @@ def zoo_config(config: Any) -> dict[str, Any]:
         "pos": "learned",
         "mlp": mlp,
     }
-    model = {"vocab_size": config.vocab_size, "n_layers": config.n_layer,
-             "tie_embeddings": bool(config.tie_word_embeddings)}  # fmt: skip
-    return {"block": block, "model": model}
+    return stacked(block, vocab_size=config.vocab_size, n_layers=config.n_layer,
+                   tied=bool(config.tie_word_embeddings))  # fmt: skip
 
 GPT2 = Family(
     name="gpt2",

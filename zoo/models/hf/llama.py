@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zoo.core.errors import ConfigError
-from zoo.models.hf.family import ANY, COMMON, Family, Holds, hf_activation, transformers_module, zoo_mlp
+from zoo.models.hf.family import ANY, COMMON, Family, Holds, hf_activation, stacked, transformers_module, zoo_mlp
 from zoo.models.hf.weights import SPLIT_GATE_UP, SPLIT_QKV, Entry, per_layer
 
 if TYPE_CHECKING:
@@ -80,9 +80,8 @@ def zoo_config(config: Any) -> dict[str, Any]:
         "pos": {"name": "rotary", "base": rope_theta(config)},
         "mlp": mlp,
     }
-    model = {"vocab_size": config.vocab_size, "n_layers": config.num_hidden_layers,
-             "tie_embeddings": bool(config.tie_word_embeddings)}  # fmt: skip
-    return {"block": block, "model": model}
+    return stacked(block, vocab_size=config.vocab_size, n_layers=config.num_hidden_layers,
+                   tied=bool(config.tie_word_embeddings))  # fmt: skip
 
 LLAMA = Family(
     name="llama",

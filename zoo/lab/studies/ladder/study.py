@@ -6,22 +6,28 @@ docs/sweeps.md#ladders). Each run is a cell: its width, budget, training FLOPs (
 steps), training time (a branch's counts its source's too) and final loss. Each pair, the variant and the
 baseline, is answered on its own two curves only: no other variant of the sweep moves it.
 
-The primary answer needs no law (zoo.lab.studies.ladder_iso): the iso-loss multiplier on the two envelopes,
-in FLOPs and in wall time, with a paired two-level bootstrap interval. The verdict (:func:`data_verdict`) is
-decided in this order, the first that holds:
+The primary answer needs no law (zoo.lab.studies.ladder.iso): the iso-loss multiplier on the two envelopes,
+in FLOPs and in wall time, read near the lowest loss both reach and at mid-range, with a paired two-level
+bootstrap; the two multipliers and the paired loss differences are judged in one simultaneous band
+(zoo.lab.studies.ladder.band). The verdict (:func:`data_verdict`) is decided in this order, the first that
+holds:
 
 1. ``too few seeds``: fewer than :data:`MIN_PAIRS` seeds both ran;
-2. ``unidentified``: the seeds disagree (their own multipliers span more than :data:`SEED_SPREAD` x), or
-   most bootstrap draws' envelopes do not meet;
+2. ``unidentified``: the seeds disagree (their own mid-range multipliers span more than :data:`SEED_SPREAD` x), or
+   most bootstrap draws' envelopes do not reach the loss read;
 3. ``not reached``: the variant's envelope lies below every loss the baseline's reaches (``data_lower_bound``:
    the baseline's largest compute over the variant's smallest, which already reaches lower; measured, no
    law), or above every loss it reaches, for a worse one (``data_upper_bound``, the reverse); no multiplier;
-4. ``scale-dependent``: the paired loss difference at equal compute is significantly below 0 at one compute
-   trained and above at another (``crossing_compute``: where it changes sign);
-5. ``better`` / ``worse`` / ``within noise``: the multiplier's interval at the lowest loss both reach lies
-   above 1, below, or holds it.
+4. ``scale-dependent``: the paired loss difference's band is below 0 at one compute trained and above at
+   another (``crossing_compute``: where it changes sign), or the two multipliers' intervals lie on opposite
+   sides of 1;
+5. ``better`` / ``worse`` / ``within noise``: both multipliers' intervals lie above 1, below, or hold it; when
+   only one holds 1, the verdict names both readings (:func:`readings_verdict`).
 
-The law (zoo.lab.studies.ladder_law), secondary and labelled so, is fitted per pair under the shared floor
+The verdicts other than ``within noise`` are then corrected over the ladder's variants (:func:`correct`:
+Holm, on the band's p-value of each verdict's claim).
+
+The law (zoo.lab.studies.ladder.law), secondary and labelled so, is fitted per pair under the shared floor
 and under each curve's own, read at the variant's largest compute, with a held-out check; its verdict
 (:func:`law_verdict`) says when it is withheld.
 """
@@ -36,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from zoo.lab.studies import ladder_iso as iso
-from zoo.lab.studies.ladder_law import (
+from zoo.lab.studies.ladder import iso
+from zoo.lab.studies.ladder.band import Band, band
+from zoo.lab.studies.ladder.law import (
     Cell,
     HeldOut,
     LadderError,
@@ -49,8 +56,9 @@ from zoo.lab.studies.ladder_law import (
     multiplier,
     parameters,
 )
+from zoo.lab.studies.ladder.noise import Noise, noise, shared_timings
 from zoo.lab.studies.runset import Run
-from zoo.lab.studies.stats import MIN_PAIRS, NOISE, TOO_FEW
+from zoo.lab.studies.stats import BETTER, CONFIDENCE, MIN_PAIRS, NOISE, TOO_FEW, WORSE, holm
 
 __all__ = ["Cell", "LadderError", "PowerLaw", "envelope", "fit_law", "ladder_study"]
 
@@ -65,6 +73,8 @@ LAW_REACH = 2.0
 LAW_DRAWS = 50
 UNIDENTIFIED, NOT_REACHED, SCALE = "unidentified", "not reached", "scale-dependent"
 FLOOR, WITHHELD = "floor-dependent", "withheld"
+#: How a verdict names the two readings when they differ.
+LOW_READ, MID_READ = "near the lowest loss", "at mid-range"
 
 
 def replicate_key(run: Run) -> Any:
@@ -110,18 +120,14 @@ def check_rungs(per_seed: dict[Any, list[Cell]], label: str) -> None:
 
 
 def grid_of(per_seed: dict[Any, list[Cell]], cost: str = "compute") -> iso.Grid:
-    """A variant's cells as an :class:`iso.Grid` on ``cost`` (``compute`` or ``time``, the cell's mean)."""
+    """A variant's cells as an :class:`iso.Grid` on ``cost`` (``compute`` or ``time``: each run's own)."""
     replicates = sorted(per_seed, key=str)
     keys = sorted({(c.width, c.steps) for cs in per_seed.values() for c in cs})
-    loss = np.full((len(replicates), len(keys)), math.nan)
-    costs: dict[tuple[int, int], list[float]] = {}
+    loss, costs = np.full((len(replicates), len(keys)), math.nan), np.full((len(replicates), len(keys)), math.nan)
     for i, r in enumerate(replicates):
         for c in per_seed[r]:
-            loss[i, keys.index((c.width, c.steps))] = c.loss
-            costs.setdefault((c.width, c.steps), []).append(getattr(c, cost))
-    with np.errstate(all="ignore"):
-        mean = np.array([np.nanmean(costs[k]) if np.isfinite(costs[k]).any() else math.nan for k in keys])
-    return iso.Grid(replicates, keys, mean, loss)
+            loss[i, keys.index((c.width, c.steps))], costs[i, keys.index((c.width, c.steps))] = c.loss, getattr(c, cost)
+    return iso.Grid(replicates, keys, costs, loss)
 
 
 def is_rung_key(key: str) -> bool:
@@ -150,25 +156,32 @@ class Law:
 
 @dataclass
 class Answer:
-    """A variant against the baseline: the data's answer (no law) and the law's."""
+    """A variant against the baseline: the data's answer (no law) and the law's. The multipliers' and the
+    paired differences' intervals are one simultaneous band (zoo.lab.studies.ladder.band); ``p_value`` is the
+    band's, ``p_holm`` it corrected over the ladder's variants (Holm)."""
 
-    multiplier: float = math.nan
+    multiplier: float = math.nan  # at ``read[0]``, near the lowest loss both reach
     low: float = math.nan
     high: float = math.nan
-    mid: float = math.nan
+    mid: float = math.nan  # at ``read[1]``, the middle of the range both reach
     mid_low: float = math.nan
     mid_high: float = math.nan
     losses: tuple[float, float] = (math.nan, math.nan)  # the loss range both reach
+    read: tuple[float, float] = (math.nan, math.nan)  # the losses the two multipliers are read at
     verdict: str = ""
+    p_value: float = math.nan
+    p_holm: float = math.nan
     data_lower_bound: float = math.nan
     data_upper_bound: float = math.nan
     crossing_compute: float = math.nan
     seed_spread: float = math.nan  # largest over smallest of the seeds' own multipliers
-    time: float = math.nan  # the iso-loss multiplier in training time
+    time: float = math.nan  # the iso-loss multiplier in training time (its own 95% interval; no verdict)
     time_low: float = math.nan
     time_high: float = math.nan
     seeds: int = 0
     pair: iso.Pair | None = None
+    difference_low: np.ndarray = field(default_factory=lambda: np.array([]))  # the paired differences' band
+    difference_high: np.ndarray = field(default_factory=lambda: np.array([]))
     law: Law = field(default_factory=Law)
 
 
@@ -195,6 +208,9 @@ class LadderStudy:
     errors: list[str] = field(default_factory=list)
     varied: str = ""  # what the replicates varied (noise_source)
     rates: dict[tuple[str, ...], str] = field(default_factory=dict)  # rate_check, per variant
+    noise: Noise = Noise(math.nan, math.nan, 0)  # the loss's, by source, pooled over the variants
+    time_noise: Noise = Noise(math.nan, math.nan, 0)  # the log training time's
+    timings: tuple[int, int, int] = (0, 0, 0)  # shared_timings: runs other work shared, with a load, in all
 
 
 def not_reached(pair: iso.Pair) -> tuple[str, float, float]:
@@ -207,12 +223,9 @@ def not_reached(pair: iso.Pair) -> tuple[str, float, float]:
     return "", math.nan, math.nan
 
 
-def crossing(pair: iso.Pair) -> float:
-    """The compute where the paired difference changes sign, when it is significantly negative at one compute
-    trained and positive at another (nan: no significant change of sign)."""
-    if not pair.draws_difference.size:
-        return math.nan
-    low, high = pair.difference_interval()
+def crossing(pair: iso.Pair, low: np.ndarray, high: np.ndarray) -> float:
+    """The compute where the paired difference changes sign, when its band (``low``, ``high`` per cost point)
+    is below 0 at one compute trained and above at another (nan: no significant change of sign)."""
     below, above = np.flatnonzero(high < 0), np.flatnonzero(low > 0)
     if not len(below) or not len(above):
         return math.nan
@@ -226,8 +239,25 @@ def crossing(pair: iso.Pair) -> float:
     return float(math.sqrt(c[a] * c[b]))
 
 
+def side(low: float, high: float) -> int:
+    """1 when a multiplier's interval lies above 1 (better), -1 below (worse), 0 when it holds 1."""
+    return 1 if low > 1 else -1 if high < 1 else 0
+
+
+def readings_verdict(low: int, mid: int) -> str:
+    """The verdict of the two multipliers' sides (:func:`side`): the same side, or one of them said with the
+    other, or ``scale-dependent`` when they are of opposite sides."""
+    words = {1: BETTER, -1: WORSE, 0: NOISE}
+    if low * mid < 0:
+        return SCALE
+    if low == mid:
+        return words[low]
+    said, other = ((low, LOW_READ), (mid, MID_READ)) if low else ((mid, MID_READ), (low, LOW_READ))
+    return f"{words[said[0]]} {said[1]}, {words[other[0]]} {other[1]}"
+
+
 def data_verdict(answer: Answer, pair: iso.Pair) -> None:
-    """The data's verdict, in the module docstring's order, with its bounds and crossing."""
+    """The data's verdict, in the module docstring's order, with its bounds and crossing (before Holm)."""
     if answer.seeds < MIN_PAIRS:
         answer.verdict = TOO_FEW
     elif answer.seed_spread > SEED_SPREAD:
@@ -235,30 +265,55 @@ def data_verdict(answer: Answer, pair: iso.Pair) -> None:
     elif (reached := not_reached(pair))[0]:
         answer.verdict, answer.data_lower_bound, answer.data_upper_bound = reached
         answer.multiplier = answer.mid = math.nan
-    elif math.isfinite(cross := crossing(pair)):
+    elif math.isfinite(cross := crossing(pair, answer.difference_low, answer.difference_high)):
         answer.verdict, answer.crossing_compute = SCALE, cross
     elif not math.isfinite(answer.low):
         answer.verdict = UNIDENTIFIED
     else:
-        answer.verdict = "better" if answer.low > 1 else "worse" if answer.high < 1 else NOISE
+        answer.verdict = readings_verdict(side(answer.low, answer.high), side(answer.mid_low, answer.mid_high))
 
 
 def compare(base: LadderRow, row: LadderRow, draws: int = iso.DRAWS) -> Answer:
-    """The data's answer for ``row`` against ``base`` (FLOPs and time), with its verdict."""
+    """The data's answer for ``row`` against ``base`` (FLOPs and time), with its verdict (before Holm)."""
     b, v = grid_of(base.per_seed), grid_of(row.per_seed)
     pair = iso.compare_grids(b, v, draws)
-    answer = Answer(pair.low, *pair.interval(pair.draws_low), pair.mid, *pair.interval(pair.draws_mid),
-                    losses=pair.losses, seeds=pair.seeds, pair=pair)  # fmt: skip
+    answer = Answer(pair.low, mid=pair.mid, losses=pair.losses, read=pair.read, seeds=pair.seeds, pair=pair)
+    if pair.draws_low.size:
+        with np.errstate(all="ignore"):
+            readings = np.column_stack([np.log(pair.draws_low), np.log(pair.draws_mid), pair.draws_difference])
+        found = band(readings, np.zeros(readings.shape[1]), pair.seeds)
+        (answer.low, answer.mid_low), (answer.high, answer.mid_high) = np.exp(found.low[:2]), np.exp(found.high[:2])
+        answer.difference_low, answer.difference_high = found.low[2:], found.high[2:]
+        answer.p_value = claims_p(found)
     spread = [m for m in iso.seed_multipliers(b, v) if math.isfinite(m) and m > 0]
     answer.seed_spread = max(spread) / min(spread) if len(spread) >= 2 else math.nan
     bt, vt = grid_of(base.per_seed, "time"), grid_of(row.per_seed, "time")
-    if np.isfinite(bt.cost).all() and np.isfinite(vt.cost).all():
+    if all(np.isfinite(g.cost[np.isfinite(g.loss)]).all() for g in (bt, vt)):  # every run timed
         timed = iso.compare_grids(bt, vt, draws)
         answer.time, (answer.time_low, answer.time_high) = timed.low, timed.interval(timed.draws_low)
     data_verdict(answer, pair)
     if answer.verdict == NOT_REACHED:
-        answer.low = answer.high = answer.mid_low = answer.mid_high = answer.time = math.nan
+        answer.low = answer.high = answer.mid_low = answer.mid_high = answer.time = answer.p_value = math.nan
     return answer
+
+
+def claims_p(found: Band) -> float:
+    """The p-value of a verdict other than ``within noise``: the smaller of a multiplier's (either of the first
+    two readings out of the band) and a crossing's (the paired differences, the rest, out on both sides)."""
+    tails, below = found.null_tail[2:], found.below[2:]
+    with np.errstate(all="ignore"):
+        sides = [np.nanmin(tails[b], initial=math.inf) for b in (below, ~below)]
+    return min(found.p_value(float(np.nanmin(found.null_tail[:2], initial=math.inf))), found.p_value(max(sides)))
+
+
+def correct(answers: Sequence[Answer]) -> None:
+    """Holm over the answers that have a p-value: each gets ``p_holm``, and a verdict other than ``within
+    noise`` whose corrected p-value is not below 1 - CONFIDENCE becomes ``within noise``."""
+    tested = [a for a in answers if math.isfinite(a.p_value)]
+    for a, p in zip(tested, holm([a.p_value for a in tested]), strict=True):
+        a.p_holm = p
+        if p >= 1 - CONFIDENCE and a.verdict not in (TOO_FEW, UNIDENTIFIED, NOT_REACHED):
+            a.verdict = NOISE
 
 
 def law_draws(base: LadderRow, row: LadderRow, fit: tuple[PowerLaw, PowerLaw], c0: float, at: float,
@@ -277,7 +332,7 @@ def law_draws(base: LadderRow, row: LadderRow, fit: tuple[PowerLaw, PowerLaw], c
     b_draws, v_draws = iso.resample(b_loss, seeds, swap), iso.resample(v_loss, seeds, swap)
     out = []
     for bl, vl in zip(b_draws, v_draws, strict=True):
-        cells = {k: [Cell(w, s, float(c), float(y)) for (w, s), c, y in zip(g.cells, g.cost, ys, strict=True)
+        cells = {k: [Cell(w, s, float(c), float(y)) for (w, s), c, y in zip(g.cells, g.mean_cost(), ys, strict=True)
                      if math.isfinite(y)] for k, g, ys in (("b", b, bl), ("v", v, vl))}  # fmt: skip
         try:
             laws = fit_laws(cells, c0, "draw", start=parameters(*fit))
@@ -388,11 +443,12 @@ def ladder_study(
 ) -> LadderStudy:  # fmt: skip
     """Every variant against the ``baseline`` variant (its values of ``axes`` less the rungs' keys) on
     ``metric``: the data's answer and the pair's law (:func:`answer_all`). ``test`` is not used: a ladder's interval
-    is its bootstrap's (zoo.lab.studies.ladder_iso). ``tune_runs``: the tuning sweep's runs and their decays,
+    is its bootstrap's (zoo.lab.studies.ladder.iso). ``tune_runs``: the tuning sweep's runs and their decays,
     for :func:`rate_check`."""
     variant_axes = [a for a in axes if not is_rung_key(a)]
     base_key = tuple(baseline.get(a, "") for a in variant_axes)
-    study = LadderStudy(metric, variant_axes, base_key, extrapolate, varied=noise_source(runs))
+    study = LadderStudy(metric, variant_axes, base_key, extrapolate, varied=noise_source(runs),
+                        timings=shared_timings(runs))  # fmt: skip
     if mode != "min":
         study.errors.append(f"{metric}: a ladder fits a loss (lower is better), not a {mode}-is-better metric")
         return study
@@ -407,6 +463,9 @@ def answer_all(study: LadderStudy, per_variant: dict[tuple[str, ...], dict[Any, 
     for key, per_seed in per_variant.items():
         cells = mean_cells(per_seed)
         study.rows[key] = LadderRow(key, cells, per_seed, max(c.compute for c in cells))
+    study.noise = noise(grid_of(p) for p in per_variant.values())
+    with np.errstate(all="ignore"):
+        study.time_noise = noise((grid_of(p, "time") for p in per_variant.values()), log_cost=True)
     base = study.rows.get(study.baseline)
     if base is None:
         study.errors.append("the baseline variant has no ladder: no multiplier is given")
@@ -417,4 +476,5 @@ def answer_all(study: LadderStudy, per_variant: dict[tuple[str, ...], dict[Any, 
             if law:
                 c0 = math.exp(statistics.fmean(math.log(c.compute) for c in [*base.cells, *row.cells]))
                 row.answer.law = fit_pair_law(base, row, c0, study.extrapolate, law)
+    correct([row.answer for row in study.rows.values() if row.answer is not None])
     return study

@@ -5,7 +5,7 @@ sweep: a pair's answer must not move with its companions), by least squares on l
 (``scipy.optimize.least_squares``) from a grid of starting points, the best converged fit kept (Hoffmann et
 al. 2022's functional form fitted as Besiroglu et al. 2024 do). It is L(C) on the envelope, not approach 3's
 L(N, D) on every run: a ladder's few widths and budgets per seed do not pin five parameters per curve, the
-envelope is what the primary answer (zoo.lab.studies.ladder_iso) reads too, and L(C) is read at a compute,
+envelope is what the primary answer (zoo.lab.studies.ladder.iso) reads too, and L(C) is read at a compute,
 as the multiplier is. C0 is the pair's geometric-mean compute, so A is on the loss's own scale.
 
 Two floors: the pair's shared floor E (the data's loss, whatever the block) and each curve's own. Where the
