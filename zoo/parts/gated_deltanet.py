@@ -79,14 +79,8 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
 
 
-def delta_recurrent(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    log_decay: torch.Tensor,
-    start: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, log_decay: torch.Tensor,
+                    start: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The gated delta rule one token at a time, the state H (b, h, d_key, d_head) (S = H^T):
     H_i = g_i H_{i-1} + k_i u_i^T, u_i = beta_i (v_i - g_i H_{i-1}^T k_i), y_i = H_i^T q_i;
     that is S_i = g_i S_{i-1} (I - beta_i k_i k_i^T) + beta_i v_i k_i^T.
@@ -105,15 +99,8 @@ def delta_recurrent(
     return torch.stack(ys, dim=2), state
 
 
-def delta_chunked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    log_decay: torch.Tensor,
-    start: torch.Tensor | None,
-    chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, log_decay: torch.Tensor,
+                  start: torch.Tensor | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The chunked form, equal to :func:`delta_recurrent` (same arguments; ``chunk`` tokens per chunk).
 
     Inside a chunk entered with state H_0, with G_i the decay's cumulative log up to token i:
