@@ -211,6 +211,18 @@ def test_bad_mhc_options_name_the_field(option, value):
     assert error.value.field == f"block.residual.{option}"
 
 
+
+@pytest.mark.parametrize(("name", "option", "value", "says"), [
+    ("hyper", "n_streams", 0, "must be >= 1"), ("hyper", "sinkhorn_iters", -1, "must be >= 0"),
+    ("mhc", "sinkhorn_iters", 0, "must be >= 1"),
+])  # fmt: skip
+def test_multi_stream_residuals_refuse_too_few_streams_or_iterations_each_at_its_bound(name, option, value, says):
+    """hyper takes 0 Sinkhorn iterations (plain hyper-connections), mhc at least 1 (its softmax is the first)."""
+    with pytest.raises(ConfigError) as error:
+        build_block({**BLOCK, "residual": {"name": name, option: value}})
+    assert error.value.field == f"block.residual.{option}" and says in str(error.value)
+    build_block({**BLOCK, "residual": {"name": name, "sinkhorn_iters": 1 - ("hyper" == name)}})  # the bound builds
+
 # -- the stack, configs, refusals ---------------------------------------------------------------------
 
 

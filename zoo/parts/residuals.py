@@ -177,6 +177,15 @@ class Streams(Residual):
         return x
 
 
+def check_streams(options: dict[str, Any], least_iters: int, why: str) -> None:
+    """The options both multi-stream residuals take: at least one stream, and ``least_iters`` Sinkhorn iterations."""
+    if options["n_streams"] < 1:
+        raise ConfigError("block.residual.n_streams", options["n_streams"], "must be >= 1")
+    if options["sinkhorn_iters"] < least_iters:
+        iters = options["sinkhorn_iters"]
+        raise ConfigError("block.residual.sinkhorn_iters", iters, f"must be >= {least_iters} ({why})")
+
+
 @RESIDUALS.register(
     "hyper",
     formula="H (n streams): h = sum_j read_j H_j; H = mix^T H + write (x) u(h) for each term u of the placement; "
@@ -210,12 +219,7 @@ class Hyper(Streams):
 
     @classmethod
     def check(cls, dims: BlockDims, **options: Any) -> None:
-        if options["n_streams"] < 1:
-            raise ConfigError("block.residual.n_streams", options["n_streams"], "must be >= 1")
-        if options["sinkhorn_iters"] < 0:
-            raise ConfigError(
-                "block.residual.sinkhorn_iters", options["sinkhorn_iters"], "must be >= 0 (0: plain hyper-connections)"
-            )
+        check_streams(options, least_iters=0, why="0: plain hyper-connections")
 
     def __init__(
         self,
@@ -326,12 +330,7 @@ class ManifoldHyper(Streams):
 
     @classmethod
     def check(cls, dims: BlockDims, **options: Any) -> None:
-        if options["n_streams"] < 1:
-            raise ConfigError("block.residual.n_streams", options["n_streams"], "must be >= 1")
-        if options["sinkhorn_iters"] < 1:
-            raise ConfigError(
-                "block.residual.sinkhorn_iters", options["sinkhorn_iters"], "must be >= 1 (the softmax is the first)"
-            )
+        check_streams(options, least_iters=1, why="the softmax is the first")
         for key in ("eps", "norm_eps"):
             if not options[key] > 0:
                 raise ConfigError(f"block.residual.{key}", options[key], "must be > 0")
