@@ -14,7 +14,7 @@ log = logging.getLogger("zoo.lab.training.run")
 
 
 class Refused(Exception):
-    """The run may not write its folder (:func:`refuse`): raised where that is found out after planning."""
+    """The run may not write its folder (zoo.lab.training.run.refuse): raised where that is found out after planning."""
 
 
 def check_same_data(out_dir: Path, record: RunRecord) -> None:
