@@ -196,3 +196,24 @@ def test_sweep_check_benchmark_times_the_check_before_any_run(monkeypatch, capsy
     runpy.run_path(str(BENCHMARKS / "sweep_check.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert out.startswith("load average ") and "| quick | 12 (0) | " in out
+
+
+def test_presets_benchmark_times_each_preset_beside_a_llama_of_matched_parameters(monkeypatch, capsys):
+    tiny = "--presets gpt --steps 1 --repeats 1 --batch 2 --seq-len 8 --threads 1 block.d_model=64 model.n_layers=2"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["presets.py", *tiny.split()])
+    script = runpy.run_path(str(BENCHMARKS / "presets.py"), run_name="__main__")
+    rows = {row[0].strip("| "): row[1:] for line in capsys.readouterr().out.splitlines()
+            if (row := line.split(" | "))[0] in ("| gpt", ) or line.startswith("| llama ")}  # fmt: skip
+    peer = next(name for name in rows if name.startswith("llama "))
+    width, depth = (int(v) for v in peer.removeprefix("llama ").split(" x "))
+    assert depth == 2 and float(rows["gpt"][-1].rstrip(" |")) > 0  # the same depth; a measured ratio
+    total = int(rows["gpt"][0].replace(",", ""))
+
+    def llama(d_model: int) -> int:
+        overrides = ["preset=llama", f"block.d_model={d_model}", "block.n_heads=8", "model.n_layers=2"]
+        return script["counts"](script["run_config"](overrides, script["argparse"].Namespace(
+            seq_len=8, batch=2, device="cpu")))[0]  # fmt: skip
+
+    assert llama(width) == int(rows[peer][0].replace(",", ""))
+    assert abs(llama(width) - total) <= min(abs(llama(width + d) - total) for d in (-16, 16))  # the nearest width
