@@ -6,7 +6,9 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import types  # noqa: E402
 from collections import Counter  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -94,3 +96,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
         write("contract exceptions declared by parts (combinations):")
         for message, n in sorted(declared.items()):
             write(f"  {n} x {message}")
+
+
+class Float64Torch(types.ModuleType):
+    """``torch`` as a transformers module sees it, with ``torch.float32`` and ``torch.float`` read as float64."""
+
+    def __getattr__(self, name: str) -> Any:
+        return torch.float64 if name in ("float32", "float") else getattr(torch, name)
+
+
+@pytest.fixture
+def float64(monkeypatch):
+    """Call with a transformers modeling module: its float32 casts compute in float64 for this test."""
+
+    def lift(module: types.ModuleType) -> None:
+        monkeypatch.setattr(module, "torch", Float64Torch("torch"))
+        monkeypatch.setattr(torch.Tensor, "float", lambda self, *args, **kwargs: self)
+
+    return lift

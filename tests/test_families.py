@@ -3,13 +3,12 @@ a tiny config, its weights drawn and copied into zoo's part (zoo's layouts by ha
 both run in float64 and compared to 1e-12.
 
 transformers computes some steps in float32 on purpose (``.float()``, ``torch.float32``: the recurrence, the
-router, the norms); :func:`float64` lifts those casts in the module under test, so that only a difference in the
-computation can exceed the tolerance.
+router, the norms); the ``float64`` fixture (tests/conftest.py) lifts those casts in the module under test, so
+that only a difference in the computation can exceed the tolerance.
 """
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import pytest
@@ -23,24 +22,6 @@ pytest.importorskip("transformers")
 
 D = TINY["d_model"]  # 16
 TOL = {"rtol": 0, "atol": 1e-12}
-
-
-class Float64Torch(types.ModuleType):
-    """``torch`` as a transformers module sees it, with ``torch.float32`` and ``torch.float`` read as float64."""
-
-    def __getattr__(self, name: str) -> Any:
-        return torch.float64 if name in ("float32", "float") else getattr(torch, name)
-
-
-@pytest.fixture
-def float64(monkeypatch):
-    """Call with a transformers modeling module: its float32 casts compute in float64 for this test."""
-
-    def lift(module: types.ModuleType) -> None:
-        monkeypatch.setattr(module, "torch", Float64Torch("torch"))
-        monkeypatch.setattr(torch.Tensor, "float", lambda self, *args, **kwargs: self)
-
-    return lift
 
 
 def drawn(module: torch.nn.Module, std: float = 0.5) -> torch.nn.Module:

@@ -143,6 +143,8 @@ COVERING = {
         EXPORTABLE["llama mha, bias, untied"],
     ],
     "gpt2": [EXPORTABLE["gpt2 (layernorm, learned, exact gelu)"], EXPORTABLE["gpt2 relu2 untied d_ff"]],
+    "smollm3": [["preset=smollm3", "model.pattern=[{},{pos: none}]"],
+                ["preset=smollm3", "model.pattern=[{},{pos: none}]", "block.bias=true", "model.tie_embeddings=false"]],
 }
 
 

@@ -114,17 +114,20 @@ class Family:
         return f"{self.hf_class} ({self.name})"
 
     def refusals(self, model: LanguageModel) -> list[Refusal]:
-        """Every setting of ``model`` this family cannot hold, in the order the layers' settings list them."""
+        """Every setting of ``model`` this family cannot hold, in the order the layers' settings list them. A
+        setting only some layers have (``block.pos.base`` beside a layer of ``pos=none``) is checked on those."""
         layers, defaults = model_settings(model)
         found: list[Refusal] = []
-        for key, first in layers[0].items():
-            values = [layer[key] for layer in layers]
-            differs = next((i for i, v in enumerate(values) if v != first), None)
+        for key in dict.fromkeys(key for layer in layers for key in layer):
+            present = [i for i, layer in enumerate(layers) if key in layer]
+            first = layers[present[0]][key]
+            differs = next((i for i in present if layers[i][key] != first), None)
             if differs is not None and key not in self.varies:
                 name = layer_key(key, differs)
-                found.append(Refusal(name, values[differs], f"every layer alike in {key} (layer 0 has {first!r})"))
+                alike = f"every layer alike in {key} (layer {present[0]} has {first!r})"
+                found.append(Refusal(name, layers[differs][key], alike))
                 continue
-            wrong = [i for i, layer in enumerate(layers) if not self.accepts(key, layer[key], layer, defaults[i])]
+            wrong = [i for i in present if not self.accepts(key, layers[i][key], layers[i], defaults[i])]
             if wrong:
                 name = key if len(wrong) == len(layers) and differs is None else layer_key(key, wrong[0])
                 found.append(Refusal(name, layers[wrong[0]][key], self.needs(key, defaults[wrong[0]])))
