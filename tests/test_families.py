@@ -9,12 +9,12 @@ computation can exceed the tolerance.
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import pytest
 import torch
 from einops import rearrange
+from helpers import lift_to_float64
 
 from zoo import build_block
 from zoo.testing.combos import TINY
@@ -25,22 +25,10 @@ D = TINY["d_model"]  # 16
 TOL = {"rtol": 0, "atol": 1e-12}
 
 
-class Float64Torch(types.ModuleType):
-    """``torch`` as a transformers module sees it, with ``torch.float32`` and ``torch.float`` read as float64."""
-
-    def __getattr__(self, name: str) -> Any:
-        return torch.float64 if name in ("float32", "float") else getattr(torch, name)
-
-
 @pytest.fixture
 def float64(monkeypatch):
     """Call with a transformers modeling module: its float32 casts compute in float64 for this test."""
-
-    def lift(module: types.ModuleType) -> None:
-        monkeypatch.setattr(module, "torch", Float64Torch("torch"))
-        monkeypatch.setattr(torch.Tensor, "float", lambda self, *args, **kwargs: self)
-
-    return lift
+    return lambda module: lift_to_float64(monkeypatch, module)
 
 
 def drawn(module: torch.nn.Module, std: float = 0.5) -> torch.nn.Module:

@@ -143,6 +143,7 @@ COVERING = {
         EXPORTABLE["llama mha, bias, untied"],
     ],
     "gpt2": [EXPORTABLE["gpt2 (layernorm, learned, exact gelu)"], EXPORTABLE["gpt2 relu2 untied d_ff"]],
+    "gpt_oss": [["preset=gpt_oss"]],  # untied; sinks, biases, router and experts on every layer
 }
 
 

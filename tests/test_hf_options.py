@@ -31,6 +31,9 @@ BASES: dict[str, dict[str, Any]] = {
               "attn": "gqa", "pos": "rotary", "mlp": "swiglu"},
     "gpt2": {"d_model": 32, "n_heads": 4, "bias": True, "max_len": 16, "placement": "pre", "norm": "layernorm",
              "attn": "mha", "pos": "learned", "mlp": "gelu"},
+    "gpt_oss": {"d_model": 32, "n_heads": 4, "bias": True, "max_len": 16, "placement": "pre", "norm": "rmsnorm",
+                "attn": {"name": "gqa", "sink": "learned"}, "pos": "rotary",
+                "mlp": {"name": "moe", "n_experts": 4, "expert": "clamped_swiglu", "router_bias": True}},
 }  # fmt: skip
 MODEL = {"n_layers": 2, "vocab_size": 64}
 #: Values for settings whose type alone does not say what to try (a canon site string, sizes).
@@ -118,6 +121,8 @@ def setting_cases(family: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def config_of(family: str, change: dict[str, Any]) -> dict[str, Any]:
+    """The family's base with ``change``: an axis's part with the same name as the base's keeps the base's
+    options beneath the change's (gpt-oss's sinks beneath an attention option); another part replaces it."""
     block, model, objective = dict(BASES[family]), dict(MODEL), None
     for key, value in change.items():
         if key == "model":
@@ -125,7 +130,9 @@ def config_of(family: str, change: dict[str, Any]) -> dict[str, Any]:
         elif key == "objective":
             objective = value
         else:
-            block[key] = value
+            base = block.get(key)
+            same = isinstance(base, dict) and isinstance(value, dict) and value.get("name") == base["name"]
+            block[key] = {**base, **value} if same else value
     return {"block": block, "model": model, **({"objective": objective} if objective else {})}
 
 
