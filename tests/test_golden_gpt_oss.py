@@ -182,3 +182,10 @@ def test_an_import_of_the_released_yarn_rope_is_refused_by_name(tmp_path):
 def test_an_import_zoo_cannot_build_is_refused_by_name(change, field):
     with pytest.raises(ConfigError, match=f"^{field}="):
         from_hf(transformers.GptOssForCausalLM(tiny_config(**change)))
+
+
+def test_the_preset_takes_its_sizes_from_the_command_line_and_refuses_a_depth_shorter_than_its_pattern():
+    model = zoo.build_model(zoo.compose(["preset=gpt_oss", "block.d_model=48", "model.n_layers=6"]))
+    assert model.embed.embedding_dim == 48 and [block.attn.window for block in model.blocks] == [WINDOW, None] * 3
+    with pytest.raises(ConfigError, match=r"^model.pattern\[1\]=\{\}: past the depth"):
+        zoo.build_model(zoo.compose(["preset=gpt_oss", "model.n_layers=1"]))

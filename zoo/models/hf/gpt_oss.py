@@ -17,8 +17,8 @@ from zoo.core.errors import ConfigError
 from zoo.core.options import option_defaults
 from zoo.core.registry import MLPS
 from zoo.models.hf.family import ANY, COMMON, Family, Holds, Refusal, layer_key, stacked, transformers_module
-from zoo.models.hf.llama import rope_theta
-from zoo.models.hf.weights import SPLIT_QKV, STACKED_EXPERTS_IN_OUT, Entry, per_layer
+from zoo.models.hf.llama import PRE_RMSNORM_ROTARY, PRE_RMSNORM_ROTARY_WEIGHTS, shared_block, shared_sizes
+from zoo.models.hf.weights import STACKED_EXPERTS_IN_OUT, per_layer
 
 if TYPE_CHECKING:
     from zoo.models.language import LanguageModel
@@ -47,31 +47,21 @@ def windows_refused(layers: Sequence[Mapping[str, Any]]) -> list[Refusal]:
 
 def hf_config(model: LanguageModel, layers: Sequence[Mapping[str, Any]], tied: bool) -> Any:
     """The ``GptOssConfig`` of a model the family holds, every size and option explicit."""
-    first, attn, moe = layers[0], model.blocks[0].attn, model.blocks[0].mlp
+    first, moe = layers[0], model.blocks[0].mlp
     windows = [layer["block.attn.window"] for layer in layers]
     sliding = [window for window in windows if window is not None]
     # With no sliding layer the class's own sliding_window (unused, but its masks need one) stands.
-    window = {"sliding_window": sliding[0]} if sliding else {}
+    sliding_window = {"sliding_window": sliding[0]} if sliding else {}
     return transformers_module().GptOssConfig(
-        vocab_size=model.embed.num_embeddings,
-        hidden_size=model.embed.embedding_dim,
-        intermediate_size=moe.hidden,
-        num_hidden_layers=len(model.blocks),
-        num_attention_heads=attn.n_heads,
-        num_key_value_heads=attn.n_kv_heads,
-        head_dim=attn.d_head,
+        **shared_sizes(model, layers, tied),
         num_local_experts=moe.n_experts,
         num_experts_per_tok=moe.top_k,
         swiglu_limit=moe.experts[0].limit,
         swiglu_alpha=moe.experts[0].alpha,
         layer_types=[FULL if window is None else SLIDING for window in windows],
-        **window,
-        rms_norm_eps=first["block.norm.eps"],
+        **sliding_window,
         rope_parameters={"rope_type": "default", "rope_theta": first["block.pos.base"]},
         attention_bias=True,
-        max_position_embeddings=first["block.max_len"] or 4096,
-        tie_word_embeddings=tied,
-        torch_dtype="float32",
     )
 
 
@@ -86,7 +76,7 @@ def pattern_of(layer_types: Sequence[str], window: int | None) -> list[dict[str,
 def zoo_config(config: Any) -> dict[str, Any]:
     """The zoo config (``block``, ``model`` with its pattern) of a ``GptOssConfig``; what zoo cannot build (a scaled
     RoPE, attention without biases, other expert clamps, a layer type other than sliding or full) refused by name."""
-    theta = rope_theta(config)
+    block = shared_block(config)  # a scaled RoPE refused first, by name
     if not config.attention_bias:
         raise ConfigError("attention_bias", config.attention_bias, "true: gpt-oss's experts always have biases, and "
                           "zoo's block.bias puts them on the attention and the experts alike")  # fmt: skip
@@ -100,24 +90,13 @@ def zoo_config(config: Any) -> dict[str, Any]:
             raise ConfigError(f"layer_types[{i}]", kind, f"{SLIDING} or {FULL}")
     if SLIDING in types and not config.sliding_window:
         raise ConfigError("sliding_window", config.sliding_window, f"a positive integer ({SLIDING} layers need one)")
-    attn: dict[str, Any] = {"name": "gqa", "n_kv_heads": config.num_key_value_heads, "sink": "learned"}
-    if config.head_dim * config.num_attention_heads != config.hidden_size:
-        attn["head_dim"] = config.head_dim
     pattern = pattern_of(types, config.sliding_window)
+    block["attn"]["sink"] = "learned"
     if not pattern and types[0] == SLIDING:
-        attn["window"] = config.sliding_window
-    block = {
-        "d_model": config.hidden_size,
-        "n_heads": config.num_attention_heads,
-        "d_ff": config.intermediate_size,
-        "bias": True,
-        "placement": "pre",
-        "norm": {"name": "rmsnorm", "eps": float(config.rms_norm_eps)},
-        "attn": attn,
-        "pos": {"name": "rotary", "base": theta},
-        "mlp": {"name": "moe", "n_experts": config.num_local_experts, "top_k": config.num_experts_per_tok,
-                "expert": "clamped_swiglu", "router_bias": True},
-    }  # fmt: skip
+        block["attn"]["window"] = config.sliding_window
+    block["bias"] = True
+    block["mlp"] = {"name": "moe", "n_experts": config.num_local_experts, "top_k": config.num_experts_per_tok,
+                    "expert": "clamped_swiglu", "router_bias": True}  # fmt: skip
     cfg = stacked(block, vocab_size=config.vocab_size, n_layers=config.num_hidden_layers,
                   tied=bool(config.tie_word_embeddings))  # fmt: skip
     cfg["model"]["pattern"] = pattern
@@ -130,18 +109,10 @@ GPT_OSS = Family(
     model_type="gpt_oss",
     holds={
         **COMMON,
+        **PRE_RMSNORM_ROTARY,
         "block.bias": Holds("biases (block.bias=true): gpt-oss's attention and experts have them", (True,)),
-        "block.placement": Holds("pre-norm blocks (placement=pre)", ("pre",)),
-        "block.norm": Holds("RMSNorm (norm=rmsnorm)", ("rmsnorm",)),
-        "block.norm.eps": ANY,
-        "block.attn": Holds("softmax attention (attn=mha, gqa or mqa)", ("mha", "gqa", "mqa")),
-        "block.attn.n_kv_heads": ANY,
-        "block.attn.head_dim": ANY,
         "block.attn.window": ANY,
         "block.attn.sink": Holds("a learned sink per head (block.attn.sink=learned)", ("learned",)),
-        "block.pos": Holds("rotary positions (pos=rotary)", ("rotary",)),
-        "block.pos.base": ANY,
-        "block.pos.rotary_fraction": Holds("rotary over the whole head (block.pos.rotary_fraction=1)", (1.0,)),
         "block.mlp": Holds("a mixture of experts (mlp=moe)", ("moe",)),
         "block.mlp.n_experts": ANY,
         "block.mlp.top_k": ANY,
@@ -149,19 +120,13 @@ GPT_OSS = Family(
         "block.mlp.router_bias": Holds("a router with a bias (block.mlp.router_bias=true)", (True,)),
     },
     weights=(
-        Entry(("embed.weight",), ("model.embed_tokens.weight",)),
-        _layer("placement.norms.0.weight", "input_layernorm.weight"),
+        *PRE_RMSNORM_ROTARY_WEIGHTS,
         _layer("attn.sink", "self_attn.sinks"),
-        _layer("attn.qkv.{p}", "self_attn.q_proj.{p} self_attn.k_proj.{p} self_attn.v_proj.{p}", SPLIT_QKV),
-        _layer("attn.out.{p}", "self_attn.o_proj.{p}"),
-        _layer("placement.norms.1.weight", "post_attention_layernorm.weight"),
         _layer("mlp.router.{p}", "mlp.router.{p}"),
         _layer("mlp.experts.{e}.gate_up.weight", "mlp.experts.gate_up_proj", STACKED_EXPERTS_IN_OUT),
         _layer("mlp.experts.{e}.gate_up.bias", "mlp.experts.gate_up_proj_bias", STACKED_EXPERTS_IN_OUT),
         _layer("mlp.experts.{e}.down.weight", "mlp.experts.down_proj", STACKED_EXPERTS_IN_OUT),
         _layer("mlp.experts.{e}.down.bias", "mlp.experts.down_proj_bias", STACKED_EXPERTS_IN_OUT),
-        Entry(("final_norm.weight",), ("model.norm.weight",)),
-        Entry(("head.weight",), ("lm_head.weight",)),
     ),
     hf_config=hf_config,
     zoo_config=zoo_config,
