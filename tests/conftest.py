@@ -6,9 +6,7 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import types  # noqa: E402
 from collections import Counter  # noqa: E402
-from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -98,19 +96,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
             write(f"  {n} x {message}")
 
 
-class Float64Torch(types.ModuleType):
-    """``torch`` as a transformers module sees it, with ``torch.float32`` and ``torch.float`` read as float64."""
-
-    def __getattr__(self, name: str) -> Any:
-        return torch.float64 if name in ("float32", "float") else getattr(torch, name)
-
-
 @pytest.fixture
 def float64(monkeypatch):
-    """Call with a transformers modeling module: its float32 casts compute in float64 for this test."""
+    """Call with a transformers modeling module: its float32 casts compute in float64 for this test
+    (helpers.lift_to_float64)."""
+    from helpers import lift_to_float64
 
-    def lift(module: types.ModuleType) -> None:
-        monkeypatch.setattr(module, "torch", Float64Torch("torch"))
-        monkeypatch.setattr(torch.Tensor, "float", lambda self, *args, **kwargs: self)
-
-    return lift
+    return lambda module: lift_to_float64(monkeypatch, module)

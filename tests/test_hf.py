@@ -145,6 +145,7 @@ COVERING = {
     "gpt2": [EXPORTABLE["gpt2 (layernorm, learned, exact gelu)"], EXPORTABLE["gpt2 relu2 untied d_ff"]],
     "smollm3": [["preset=smollm3", "model.pattern=[{},{pos: none}]"],
                 ["preset=smollm3", "model.pattern=[{},{pos: none}]", "block.bias=true", "model.tie_embeddings=false"]],
+    "gpt_oss": [["preset=gpt_oss"]],  # untied; sinks, biases, router and experts on every layer
 }
 
 

@@ -33,6 +33,9 @@ BASES: dict[str, dict[str, Any]] = {
              "attn": "mha", "pos": "learned", "mlp": "gelu"},
     "smollm3": {"d_model": 32, "n_heads": 4, "bias": False, "max_len": 16, "placement": "pre", "norm": "rmsnorm",
                 "attn": "gqa", "pos": "rotary", "mlp": "swiglu"},
+    "gpt_oss": {"d_model": 32, "n_heads": 4, "bias": True, "max_len": 16, "placement": "pre", "norm": "rmsnorm",
+                "attn": {"name": "gqa", "sink": "learned"}, "pos": "rotary",
+                "mlp": {"name": "moe", "n_experts": 4, "expert": "clamped_swiglu", "router_bias": True}},
 }  # fmt: skip
 MODEL = {"n_layers": 2, "vocab_size": 64}
 #: A family's model settings beside MODEL where its base needs some (SmolLM3's NoPE layer).
@@ -122,6 +125,8 @@ def setting_cases(family: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def config_of(family: str, change: dict[str, Any]) -> dict[str, Any]:
+    """The family's base with ``change``: an axis's part with the same name as the base's keeps the base's
+    options beneath the change's (gpt-oss's sinks beneath an attention option); another part replaces it."""
     block, model, objective = dict(BASES[family]), {**MODEL, **BASE_MODELS.get(family, {})}, None
     for key, value in change.items():
         if key == "model":
@@ -129,7 +134,9 @@ def config_of(family: str, change: dict[str, Any]) -> dict[str, Any]:
         elif key == "objective":
             objective = value
         else:
-            block[key] = value
+            base = block.get(key)
+            same = isinstance(base, dict) and isinstance(value, dict) and value.get("name") == base["name"]
+            block[key] = {**base, **value} if same else value
     return {"block": block, "model": model, **({"objective": objective} if objective else {})}
 
 

@@ -15,7 +15,7 @@ from zoo.assembly.config_tree import CONF_DIR
 PRESETS = sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml"))
 #: The classic blocks (no sizes of their own); every other preset is a released model family at a small size.
 CLASSICS = ("gpt", "llama", "vaswani")
-STATED = re.compile(r"(\d+(?:\.\d+)?)M parameters")
+STATED = re.compile(r"(\d+\.\dM|\d{1,3}(?:,\d{3})+) parameters")
 
 
 def model_of(overrides: list[str]) -> zoo.LanguageModel:
@@ -30,8 +30,9 @@ def test_the_family_presets_are_there():
 def test_a_family_preset_states_its_parameter_count_truly(preset):
     text = (CONF_DIR / "preset" / f"{preset}.yaml").read_text()
     stated = STATED.search(text)
-    assert stated, f"conf/preset/{preset}.yaml: say its size in its comment ('... 5.6M parameters ...')"
-    assert f"{model_of([f'preset={preset}']).num_parameters() / 1e6:.1f}" == stated.group(1)
+    assert stated, f"conf/preset/{preset}.yaml: say its size in its comment ('5.6M parameters' or '517,760 parameters')"
+    count = model_of([f"preset={preset}"]).num_parameters()
+    assert stated.group(1) in (f"{count / 1e6:.1f}M", f"{count:,}")
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -18,6 +18,7 @@ from torch import nn
 from zoo.core.errors import ConfigError
 from zoo.models.hf.family import Family, model_settings, refused, transformers_module
 from zoo.models.hf.gpt2 import GPT2
+from zoo.models.hf.gpt_oss import GPT_OSS
 from zoo.models.hf.llama import LLAMA
 from zoo.models.hf.smollm3 import SMOLLM3
 from zoo.models.hf.weights import convert
@@ -25,7 +26,7 @@ from zoo.models.language import LanguageModel, build_model
 from zoo.parts.attention import fuse_qkv, split_qkv
 
 #: Every family zoo exports to and imports from, by name, in the order an export tries them.
-FAMILIES: dict[str, Family] = {family.name: family for family in (LLAMA, GPT2, SMOLLM3)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (LLAMA, GPT2, SMOLLM3, GPT_OSS)}
 
 
 def family_for(model: LanguageModel, family: str | None = None) -> Family:

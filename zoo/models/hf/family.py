@@ -97,7 +97,8 @@ class Family:
     its default. ``varies``: the settings that may differ from layer to layer (every other one is the same
     on every layer). ``weights``: the weight table. ``hf_config``: the transformers config of a model it
     holds (its layers' settings and whether the head is tied); ``zoo_config``: the zoo config (``block`` and
-    ``model``) of a transformers config of this family, refusing what zoo cannot build.
+    ``model``) of a transformers config of this family, refusing what zoo cannot build. ``across``: the refusals
+    that read every layer at once (a setting that may vary, but must agree wherever it is set), after the others.
     """
 
     name: str
@@ -108,6 +109,7 @@ class Family:
     hf_config: Callable[[LanguageModel, Sequence[Mapping[str, Any]], bool], Any]
     zoo_config: Callable[[Any], dict[str, Any]]
     varies: frozenset[str] = field(default_factory=frozenset)
+    across: Callable[[Sequence[Mapping[str, Any]]], list[Refusal]] = lambda layers: []
 
     @property
     def title(self) -> str:
@@ -131,7 +133,7 @@ class Family:
             if wrong:
                 name = key if len(wrong) == len(layers) and differs is None else layer_key(key, wrong[0])
                 found.append(Refusal(name, layers[wrong[0]][key], self.needs(key, defaults[wrong[0]])))
-        return found
+        return found + self.across(layers)
 
     def accepts(self, key: str, value: Any, layer: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
         holds = self.holds.get(key)
@@ -142,8 +144,9 @@ class Family:
         return holds.what if holds is not None else f"{key}={defaults[key]!r} (its default: it has no counterpart)"
 
     def geometries(self, model: LanguageModel) -> list[Geometry]:
-        """Each layer's heads, for the weight layouts."""
-        return [Geometry(block.attn.n_heads, block.attn.n_kv_heads) for block in model.blocks]
+        """Each layer's heads (and experts, for a mixture of experts), for the weight layouts."""
+        return [Geometry(block.attn.n_heads, block.attn.n_kv_heads, getattr(block.mlp, "n_experts", 0))
+                for block in model.blocks]  # fmt: skip
 
 
 def model_settings(model: LanguageModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

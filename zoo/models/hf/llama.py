@@ -20,26 +20,60 @@ GLU_ACTS = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
 
 _layer = per_layer("model.layers.{i}.")
 
+#: What Llama's layout holds, and the families that share it (gpt-oss): pre-norm RMSNorm blocks, softmax attention
+#: with any number of key/value heads of any width, rotary over the whole head.
+PRE_RMSNORM_ROTARY = {
+    "block.placement": Holds("pre-norm blocks (placement=pre)", ("pre",)),
+    "block.norm": Holds("RMSNorm (norm=rmsnorm)", ("rmsnorm",)),
+    "block.norm.eps": ANY,
+    "block.attn": Holds("softmax attention (attn=mha, gqa or mqa)", ("mha", "gqa", "mqa")),
+    "block.attn.n_kv_heads": ANY,
+    "block.attn.head_dim": ANY,
+    "block.pos": Holds("rotary positions (pos=rotary)", ("rotary",)),
+    "block.pos.base": ANY,
+    "block.pos.rotary_fraction": Holds("rotary over the whole head (block.pos.rotary_fraction=1)", (1.0,)),
+}
+
+#: The weights of that layout outside the MLP: the embedding, each layer's norms and attention, the final norm and
+#: the untied head (``model.`` ... and ``lm_head``, as Llama and gpt-oss name them).
+PRE_RMSNORM_ROTARY_WEIGHTS = (
+    Entry(("embed.weight",), ("model.embed_tokens.weight",)),
+    _layer("placement.norms.0.weight", "input_layernorm.weight"),
+    _layer("attn.qkv.{p}", "self_attn.q_proj.{p} self_attn.k_proj.{p} self_attn.v_proj.{p}", SPLIT_QKV),
+    _layer("attn.out.{p}", "self_attn.o_proj.{p}"),
+    _layer("placement.norms.1.weight", "post_attention_layernorm.weight"),
+    Entry(("final_norm.weight",), ("model.norm.weight",)),
+    Entry(("head.weight",), ("lm_head.weight",)),
+)
+
+
+def shared_sizes(model: LanguageModel, layers: Sequence[Mapping[str, Any]], tied: bool) -> dict[str, Any]:
+    """The config keys Llama and gpt-oss name alike: sizes, heads, the norm's eps, the context, the tied head."""
+    first, attn = layers[0], model.blocks[0].attn
+    return {
+        "vocab_size": model.embed.num_embeddings,
+        "hidden_size": model.embed.embedding_dim,
+        "intermediate_size": model.blocks[0].mlp.hidden,
+        "num_hidden_layers": len(model.blocks),
+        "num_attention_heads": attn.n_heads,
+        "num_key_value_heads": attn.n_kv_heads,
+        "head_dim": attn.d_head,
+        "rms_norm_eps": first["block.norm.eps"],
+        "max_position_embeddings": first["block.max_len"] or 4096,
+        "tie_word_embeddings": tied,
+        "torch_dtype": "float32",
+    }
+
 
 def hf_config(model: LanguageModel, layers: Sequence[Mapping[str, Any]], tied: bool) -> Any:
     """The ``LlamaConfig`` of a model the family holds."""
-    first, attn = layers[0], model.blocks[0].attn
+    first = layers[0]
     return transformers_module().LlamaConfig(
-        vocab_size=model.embed.num_embeddings,
-        hidden_size=model.embed.embedding_dim,
-        intermediate_size=model.blocks[0].mlp.hidden,
-        num_hidden_layers=len(model.blocks),
-        num_attention_heads=attn.n_heads,
-        num_key_value_heads=attn.n_kv_heads,
-        head_dim=attn.d_head,
+        **shared_sizes(model, layers, tied),
         hidden_act=hf_activation(GLU_ACTS[first["block.mlp"]], first),
-        rms_norm_eps=first["block.norm.eps"],
         rope_theta=first["block.pos.base"],
         attention_bias=first["block.bias"],
         mlp_bias=first["block.bias"],
-        max_position_embeddings=first["block.max_len"] or 4096,
-        tie_word_embeddings=tied,
-        torch_dtype="float32",
     )
 
 
@@ -65,23 +99,28 @@ def zoo_config(config: Any) -> dict[str, Any]:
         ) from None
     if config.attention_bias != config.mlp_bias:
         raise ConfigError("mlp_bias", config.mlp_bias, f"equal to attention_bias ({config.attention_bias})")
+    block = {**shared_block(config), "bias": bool(config.attention_bias), "mlp": mlp}
+    return stacked(block, vocab_size=config.vocab_size, n_layers=config.num_hidden_layers,
+                   tied=bool(config.tie_word_embeddings))  # fmt: skip
+
+
+def shared_block(config: Any) -> dict[str, Any]:
+    """The zoo block settings of a Llama-like config (Llama's, gpt-oss's) outside its biases and MLP: sizes,
+    pre-norm RMSNorm, grouped-query attention (its head width where it is not d_model / n_heads), rotary (a scaled
+    RoPE refused by name)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     attn = {"name": "gqa", "n_kv_heads": config.num_key_value_heads or config.num_attention_heads}
     if head_dim * config.num_attention_heads != config.hidden_size:  # heads wider or narrower (Qwen3's)
         attn["head_dim"] = head_dim
-    block = {
+    return {
         "d_model": config.hidden_size,
         "n_heads": config.num_attention_heads,
         "d_ff": config.intermediate_size,
-        "bias": bool(config.attention_bias),
         "placement": "pre",
         "norm": {"name": "rmsnorm", "eps": float(config.rms_norm_eps)},
         "attn": attn,
         "pos": {"name": "rotary", "base": rope_theta(config)},
-        "mlp": mlp,
     }
-    return stacked(block, vocab_size=config.vocab_size, n_layers=config.num_hidden_layers,
-                   tied=bool(config.tie_word_embeddings))  # fmt: skip
 
 LLAMA = Family(
     name="llama",
@@ -90,28 +129,14 @@ LLAMA = Family(
     holds={
         **COMMON,
         "block.bias": ANY,
-        "block.placement": Holds("pre-norm blocks (placement=pre)", ("pre",)),
-        "block.norm": Holds("RMSNorm (norm=rmsnorm)", ("rmsnorm",)),
-        "block.norm.eps": ANY,
-        "block.attn": Holds("softmax attention (attn=mha, gqa or mqa)", ("mha", "gqa", "mqa")),
-        "block.attn.n_kv_heads": ANY,
-        "block.attn.head_dim": ANY,
-        "block.pos": Holds("rotary positions (pos=rotary)", ("rotary",)),
-        "block.pos.base": ANY,
-        "block.pos.rotary_fraction": Holds("rotary over the whole head (block.pos.rotary_fraction=1)", (1.0,)),
+        **PRE_RMSNORM_ROTARY,
         "block.mlp": Holds("a gated MLP (mlp=swiglu, geglu or reglu)", tuple(GLU_ACTS)),
         "block.mlp.approximate": ANY,
     },
     weights=(
-        Entry(("embed.weight",), ("model.embed_tokens.weight",)),
-        _layer("placement.norms.0.weight", "input_layernorm.weight"),
-        _layer("attn.qkv.{p}", "self_attn.q_proj.{p} self_attn.k_proj.{p} self_attn.v_proj.{p}", SPLIT_QKV),
-        _layer("attn.out.{p}", "self_attn.o_proj.{p}"),
-        _layer("placement.norms.1.weight", "post_attention_layernorm.weight"),
+        *PRE_RMSNORM_ROTARY_WEIGHTS,
         _layer("mlp.gate_up.{p}", "mlp.gate_proj.{p} mlp.up_proj.{p}", SPLIT_GATE_UP),
         _layer("mlp.down.{p}", "mlp.down_proj.{p}"),
-        Entry(("final_norm.weight",), ("model.norm.weight",)),
-        Entry(("head.weight",), ("lm_head.weight",)),
     ),
     hf_config=hf_config,
     zoo_config=zoo_config,

@@ -17,10 +17,11 @@ from zoo.parts.mlps import fuse_gate_up, split_gate_up
 
 @dataclass(frozen=True)
 class Geometry:
-    """What a layout needs of one layer: its query and key/value heads."""
+    """What a layout needs of one layer: its query and key/value heads, and its experts (0: a dense MLP)."""
 
     n_heads: int
     n_kv_heads: int
+    n_experts: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,15 +74,24 @@ CAT_QKV = SPLIT_QKV.then(Layout("concatenated", lambda ts, g: [torch.cat(ts)], l
 SPLIT_GATE_UP = Layout("split gate_up", lambda ts, g: list(split_gate_up(ts[0])), lambda ts, g: [fuse_gate_up(*ts)])
 
 
-PLACEHOLDERS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)"}
+#: zoo's one tensor per expert (``experts.{e}.``) <-> one tensor of every expert's, stacked on a first dimension.
+STACKED_EXPERTS = Layout("experts stacked", lambda ts, g: [torch.stack(ts)], lambda ts, g: list(ts[0].unbind(0)))
+
+
+#: zoo's per-expert nn.Linear weights (out, in) <-> transformers' stacked (experts, in, out) parameters, which
+#: multiply ``x @ W`` (gpt-oss's experts); a bias (1-D) stacked as it is.
+STACKED_EXPERTS_IN_OUT = CONV1D.then(STACKED_EXPERTS)
+
+
+PLACEHOLDERS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)", "{e}": r"(?P<e>\d+)"}
 
 
 @dataclass(frozen=True)
 class Entry:
     """Keys on each side that hold the same weights, as patterns (``{i}``: a layer index; ``{p}``:
-    ``weight`` or ``bias``), and the layout between them. An entry applies where a state dict holds
-    one of its keys (a bias-free model has no ``.bias`` keys, a tied one no ``head.weight``), and
-    then needs all of that side's keys."""
+    ``weight`` or ``bias``; ``{e}``: every expert of the layer in turn, one key each), and the layout between
+    them. An entry applies where a state dict holds one of its keys (a bias-free model has no ``.bias`` keys,
+    a tied one no ``head.weight``), and then needs all of that side's keys."""
 
     zoo: tuple[str, ...]
     hf: tuple[str, ...]
@@ -111,6 +121,12 @@ def per_layer(prefix: str) -> Callable[..., Entry]:
     return entry
 
 
+def filled(patterns: Sequence[str], values: Mapping[str, str], geometry: Geometry) -> list[str]:
+    """``patterns`` with their placeholders' ``values``; a pattern with ``{e}`` once per expert of ``geometry``."""
+    experts = range(geometry.n_experts)
+    return [p.format(**values, e=e) for p in patterns for e in (experts if "{e}" in p else [None])]
+
+
 def convert(
     weights: Mapping[str, torch.Tensor],
     table: Sequence[Entry],
@@ -133,12 +149,14 @@ def convert(
         entry, values = next(((e, v) for e in table if (v := e.match(source, key)) is not None), (None, None))
         if entry is None:
             raise ValueError(f"{key}: no entry of {name}'s weight table maps it (zoo.models.hf)")
-        keys = [pattern.format(**values) for pattern in entry.keys(source)]
+        values.pop("e", None)  # an expert's key stands for every expert's: all of them are read together
+        geometry = geometries[int(values.get("i", 0))]
+        keys = filled(entry.keys(source), values, geometry)
         missing = [k for k in keys if k not in weights]
         if missing:
             raise ValueError(f"{missing[0]}: missing, and {name}'s weight table needs it with {key}")
         layout = entry.layout.out if to == "hf" else entry.layout.back
-        converted = layout([weights[k] for k in keys], geometries[int(values.get("i", 0))])
-        out.update(zip((pattern.format(**values) for pattern in entry.keys(target)), converted, strict=True))
+        converted = layout([weights[k] for k in keys], geometry)
+        out.update(zip(filled(entry.keys(target), values, geometry), converted, strict=True))
         used.update(keys)
     return out
