@@ -143,6 +143,7 @@ COVERING = {
         EXPORTABLE["llama mha, bias, untied"],
     ],
     "gpt2": [EXPORTABLE["gpt2 (layernorm, learned, exact gelu)"], EXPORTABLE["gpt2 relu2 untied d_ff"]],
+    "deepseek_v3": [["preset=deepseek_v3"], ["preset=deepseek_v3", "block.attn.q_rank=null"]],
 }
 
 
@@ -152,7 +153,9 @@ def test_each_table_maps_every_key_of_both_sides_and_every_entry_is_used(name):
     for overrides in COVERING[name]:
         model = perturbed(overrides)
         theirs = to_hf_model(model)
-        for side, keys in (("zoo", list(model.state_dict())), ("hf", [k for k, _ in theirs.named_parameters()])):
+        state = theirs.state_dict()  # parameters, and persistent buffers (a router's bias)
+        hf_keys = [k for k, _ in [*theirs.named_parameters(), *theirs.named_buffers()] if k in state]
+        for side, keys in (("zoo", list(model.state_dict())), ("hf", hf_keys)):
             for key in keys:
                 entries = [i for i, entry in enumerate(table) if entry.match(side, key) is not None]
                 assert len(entries) == 1, f"{side} key {key} is mapped by {len(entries)} entries of {name}'s table"

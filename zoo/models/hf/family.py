@@ -114,19 +114,22 @@ class Family:
         return f"{self.hf_class} ({self.name})"
 
     def refusals(self, model: LanguageModel) -> list[Refusal]:
-        """Every setting of ``model`` this family cannot hold, in the order the layers' settings list them."""
+        """Every setting of ``model`` this family cannot hold, in the order the layers' settings list them. A setting
+        some layers lack (a mixture of experts' options on a dense layer) is checked on the layers that have it."""
         layers, defaults = model_settings(model)
         found: list[Refusal] = []
-        for key, first in layers[0].items():
-            values = [layer[key] for layer in layers]
-            differs = next((i for i, v in enumerate(values) if v != first), None)
+        for key in dict.fromkeys(key for layer in layers for key in layer):
+            having = [i for i, layer in enumerate(layers) if key in layer]
+            first = layers[having[0]][key]
+            differs = next((i for i in having if layers[i][key] != first), None)
             if differs is not None and key not in self.varies:
                 name = layer_key(key, differs)
-                found.append(Refusal(name, values[differs], f"every layer alike in {key} (layer 0 has {first!r})"))
+                where = f"layer {having[0]}"
+                found.append(Refusal(name, layers[differs][key], f"every layer alike in {key} ({where} has {first!r})"))
                 continue
-            wrong = [i for i, layer in enumerate(layers) if not self.accepts(key, layer[key], layer, defaults[i])]
+            wrong = [i for i in having if not self.accepts(key, layers[i][key], layers[i], defaults[i])]
             if wrong:
-                name = key if len(wrong) == len(layers) and differs is None else layer_key(key, wrong[0])
+                name = key if len(wrong) == len(having) and differs is None else layer_key(key, wrong[0])
                 found.append(Refusal(name, layers[wrong[0]][key], self.needs(key, defaults[wrong[0]])))
         return found
 

@@ -73,15 +73,28 @@ CAT_QKV = SPLIT_QKV.then(Layout("concatenated", lambda ts, g: [torch.cat(ts)], l
 SPLIT_GATE_UP = Layout("split gate_up", lambda ts, g: list(split_gate_up(ts[0])), lambda ts, g: [fuse_gate_up(*ts)])
 
 
-PLACEHOLDERS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)"}
+#: zoo's interleaved gate_up of every expert, stacked (experts, 2 f, d) <-> each expert's f gate rows, then its f up
+#: rows, stacked the same way (transformers' ``experts.gate_up_proj`` of DeepSeek-V3, Qwen3-Next and the like).
+STACKED_GATE_UP = Layout(
+    "stacked experts' gate_up, gate rows then up rows",
+    lambda ts, g: [rearrange(ts[0], "e (f two) d -> e (two f) d", two=2)],
+    lambda ts, g: [rearrange(ts[0], "e (two f) d -> e (f two) d", two=2)],
+)
+
+
+#: ``{e}``: an expert's index. A key pattern holding it stands for every expert's key (0, 1, ... as the state dict
+#: holds them), whose tensors a layout receives stacked on a new first axis; an output pattern holding it unstacks
+#: its tensor's first axis into one key per expert.
+PLACEHOLDERS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)", "{e}": r"(?P<e>\d+)"}
+EXPERT = "{e}"
 
 
 @dataclass(frozen=True)
 class Entry:
     """Keys on each side that hold the same weights, as patterns (``{i}``: a layer index; ``{p}``:
-    ``weight`` or ``bias``), and the layout between them. An entry applies where a state dict holds
-    one of its keys (a bias-free model has no ``.bias`` keys, a tied one no ``head.weight``), and
-    then needs all of that side's keys."""
+    ``weight`` or ``bias``; ``{e}``: every expert's, stacked), and the layout between them. An entry applies
+    where a state dict holds one of its keys (a bias-free model has no ``.bias`` keys, a tied one no
+    ``head.weight``), and then needs all of that side's keys."""
 
     zoo: tuple[str, ...]
     hf: tuple[str, ...]
@@ -133,12 +146,30 @@ def convert(
         entry, values = next(((e, v) for e in table if (v := e.match(source, key)) is not None), (None, None))
         if entry is None:
             raise ValueError(f"{key}: no entry of {name}'s weight table maps it (zoo.models.hf)")
-        keys = [pattern.format(**values) for pattern in entry.keys(source)]
-        missing = [k for k in keys if k not in weights]
+        groups = [source_keys(pattern, values, weights) for pattern in entry.keys(source)]
+        missing = [k for group in groups for k in group if k not in weights]
         if missing:
             raise ValueError(f"{missing[0]}: missing, and {name}'s weight table needs it with {key}")
+        tensors = [torch.stack([weights[k] for k in group]) if EXPERT in pattern else weights[group[0]]
+                   for pattern, group in zip(entry.keys(source), groups, strict=True)]  # fmt: skip
         layout = entry.layout.out if to == "hf" else entry.layout.back
-        converted = layout([weights[k] for k in keys], geometries[int(values.get("i", 0))])
-        out.update(zip((pattern.format(**values) for pattern in entry.keys(target)), converted, strict=True))
-        used.update(keys)
+        converted = layout(tensors, geometries[int(values.get("i", 0))])
+        for pattern, tensor in zip(entry.keys(target), converted, strict=True):
+            if EXPERT in pattern:
+                out.update({pattern.format(**values, e=e): expert for e, expert in enumerate(tensor.unbind(0))})
+            else:
+                out[pattern.format(**values)] = tensor
+        used.update(k for group in groups for k in group)
     return out
+
+
+def source_keys(pattern: str, values: Mapping[str, str], weights: Mapping[str, torch.Tensor]) -> list[str]:
+    """The keys ``pattern`` stands for at ``values``: one, or (with ``{e}``) every expert's that ``weights`` holds,
+    0, 1, ... in order (expert 0's key, missing, when it holds none)."""
+    if EXPERT not in pattern:
+        return [pattern.format(**values)]
+    values = {k: v for k, v in values.items() if k != "e"}
+    keys = [pattern.format(**values, e=0)]
+    while (following := pattern.format(**values, e=len(keys))) in weights:
+        keys.append(following)
+    return keys
