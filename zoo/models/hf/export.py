@@ -118,8 +118,8 @@ def from_hf(source: str | Path | nn.Module) -> LanguageModel:
                           "(the transformers families zoo converts)")  # fmt: skip
     model = build_model(family.zoo_config(hf_model.config))
     weights = {k: v.detach().float() for k, v in hf_model.named_parameters()}  # a tied head once, as the embedding
-    persistent = hf_model.state_dict()
-    weights.update({k: v.detach().float() for k, v in hf_model.named_buffers()  # a buffer the table maps (a router's
-                    if k in persistent and any(e.match("hf", k) for e in family.weights)})  # bias)  # fmt: skip
+    persistent = hf_model.state_dict()  # and each saved buffer the table maps (a router's bias)
+    buffers = {k: v for k, v in hf_model.named_buffers() if k in persistent}
+    weights.update({k: v.detach().float() for k, v in buffers.items() if any(e.match("hf", k) for e in family.weights)})
     model.load_state_dict(convert(weights, family.weights, family.geometries(model), to="zoo", name=family.title))
     return model.eval()  # parameters float32 as built (.float() would also cast rotary's float64 buffer)
