@@ -227,6 +227,59 @@ def test_moe_equals_gpt_oss_with_a_router_bias_and_clamped_swiglu_experts(float6
         torch.testing.assert_close(ours(x), theirs(x)[0], **TOL)
 
 
+# --- Multi-head latent attention: DeepSeek-V3 -----------------------------------------------------------------------
+
+NOPE, ROPE, KV_RANK, Q_RANK = D // 4, 2, 6, 5  # a head's content (and value) features, its rotary ones, the latents
+
+
+def deinterleaved(rows: torch.Tensor, width: int) -> torch.Tensor:
+    """Each ``width``-row group (one head's rotary rows, stored in interleaved pairs (0, 1), (2, 3), ...) with its
+    even rows first, then its odd ones: zoo's rotate-half pairs (j, j + width / 2)."""
+    return rearrange(rows, "(g half two) ... -> (g two half) ...", half=width // 2, two=2)
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_latent_attention_equals_deepseek_v3s_attention(interleave, float64):
+    """DeepseekV3Attention: queries through a q_lora_rank latent, keys and values through a kv_lora_rank latent
+    (both RMSNorms at 1e-6), qk_nope_head_dim content and qk_rope_head_dim rotary features (fewer than the content's:
+    zoo's rope_dim), scores at qk_head_dim^-0.5, default RoPE; rope_interleave's pairs (2i, 2i + 1) are zoo's
+    (i, i + r/2) on the rotary rows taken even first, then odd."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
+
+    float64(deepseek)
+    torch.manual_seed(0)
+    config = DeepseekV3Config(hidden_size=D, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=Q_RANK,
+                              kv_lora_rank=KV_RANK, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=NOPE,
+                              rope_interleave=interleave, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                              attn_implementation="eager")  # fmt: skip
+    theirs = drawn(deepseek.DeepseekV3Attention(config, 0))
+    rotary = deepseek.DeepseekV3RotaryEmbedding(config).double()
+    ours = block_part("attn", {"name": "mla", "kv_rank": KV_RANK, "q_rank": Q_RANK, "rope_dim": ROPE},
+                      pos={"name": "rotary", "base": 500.0})  # fmt: skip
+    w = dict(theirs.named_parameters())
+    per_head = NOPE + ROPE
+    with torch.no_grad():
+        q_up = rearrange(w["q_b_proj.weight"], "(h f) r -> h f r", f=per_head)
+        q_rope = q_up[:, NOPE:]
+        if interleave:
+            q_rope = rearrange(deinterleaved(rearrange(q_rope, "h f r -> (h f) r"), ROPE), "(h f) r -> h f r", f=ROPE)
+        ours.q_up.weight.copy_(rearrange(torch.cat([q_up[:, :NOPE], q_rope], 1), "h f r -> (h f) r"))
+        ours.q_down.weight.copy_(w["q_a_proj.weight"])
+        ours.q_norm.weight.copy_(w["q_a_layernorm.weight"])
+        kv_down = w["kv_a_proj_with_mqa.weight"]
+        rope_key = deinterleaved(kv_down[KV_RANK:], ROPE) if interleave else kv_down[KV_RANK:]
+        ours.kv_down.weight.copy_(torch.cat([kv_down[:KV_RANK], rope_key]))
+        ours.kv_norm.weight.copy_(w["kv_a_layernorm.weight"])
+        ours.kv_up.weight.copy_(w["kv_b_proj.weight"])  # per head: its key's content rows, then its value's
+        ours.out.weight.copy_(w["o_proj.weight"])
+        x = torch.randn(2, 7, D, dtype=torch.float64)
+        positions = torch.arange(7)[None]
+        mask = torch.full((7, 7), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+        expected, _ = theirs(x, rotary(x, positions), mask)
+        torch.testing.assert_close(ours(x), expected, **TOL)
+
+
 # --- mHC: DeepSeek-V4's hyper-connection -----------------------------------------------------------------------------
 
 

@@ -146,6 +146,7 @@ COVERING = {
     "smollm3": [["preset=smollm3", "model.pattern=[{},{pos: none}]"],
                 ["preset=smollm3", "model.pattern=[{},{pos: none}]", "block.bias=true", "model.tie_embeddings=false"]],
     "gpt_oss": [["preset=gpt_oss"]],  # untied; sinks, biases, router and experts on every layer
+    "deepseek_v3": [["preset=deepseek_v3"], ["preset=deepseek_v3", "block.attn.q_rank=null"]],
 }
 
 
@@ -155,7 +156,9 @@ def test_each_table_maps_every_key_of_both_sides_and_every_entry_is_used(name):
     for overrides in COVERING[name]:
         model = perturbed(overrides)
         theirs = to_hf_model(model)
-        for side, keys in (("zoo", list(model.state_dict())), ("hf", [k for k, _ in theirs.named_parameters()])):
+        state = theirs.state_dict()  # parameters, and persistent buffers (a router's bias)
+        hf_keys = [k for k, _ in [*theirs.named_parameters(), *theirs.named_buffers()] if k in state]
+        for side, keys in (("zoo", list(model.state_dict())), ("hf", hf_keys)):
             for key in keys:
                 entries = [i for i, entry in enumerate(table) if entry.match(side, key) is not None]
                 assert len(entries) == 1, f"{side} key {key} is mapped by {len(entries)} entries of {name}'s table"

@@ -36,6 +36,10 @@ BASES: dict[str, dict[str, Any]] = {
     "gpt_oss": {"d_model": 32, "n_heads": 4, "bias": True, "max_len": 16, "placement": "pre", "norm": "rmsnorm",
                 "attn": {"name": "gqa", "sink": "learned"}, "pos": "rotary",
                 "mlp": {"name": "moe", "n_experts": 4, "expert": "clamped_swiglu", "router_bias": True}},
+    "deepseek_v3": {"d_model": 32, "n_heads": 4, "d_ff": 16, "bias": False, "max_len": 16, "placement": "pre",
+                    "norm": "rmsnorm", "attn": {"name": "mla", "kv_rank": 16, "q_rank": 12, "rope_dim": 4},
+                    "pos": "rotary", "mlp": {"name": "moe", "n_experts": 4, "n_shared": 1, "routing": "sigmoid",
+                                             "balance": "bias", "n_groups": 2, "routed_scaling_factor": 2.5}},
 }  # fmt: skip
 MODEL = {"n_layers": 2, "vocab_size": 64}
 #: A family's model settings beside MODEL where its base needs some (SmolLM3's NoPE layer).

@@ -15,7 +15,7 @@ from zoo.assembly.config_tree import CONF_DIR
 PRESETS = sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml"))
 #: The classic blocks (no sizes of their own); every other preset is a released model family at a small size.
 CLASSICS = ("gpt", "llama", "vaswani")
-STATED = re.compile(r"(\d+\.\dM|\d{1,3}(?:,\d{3})+) parameters")
+STATED = re.compile(r"(\d+\.(\d+)M|\d{1,3}(?:,\d{3})+) parameters")
 
 
 def model_of(overrides: list[str]) -> zoo.LanguageModel:
@@ -32,7 +32,8 @@ def test_a_family_preset_states_its_parameter_count_truly(preset):
     stated = STATED.search(text)
     assert stated, f"conf/preset/{preset}.yaml: say its size in its comment ('5.6M parameters' or '517,760 parameters')"
     count = model_of([f"preset={preset}"]).num_parameters()
-    assert stated.group(1) in (f"{count / 1e6:.1f}M", f"{count:,}")
+    decimals = len(stated.group(2) or "")
+    assert stated.group(1) in (f"{count / 1e6:.{decimals}f}M", f"{count:,}")
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -285,14 +285,16 @@ def test_gqa_output_options_equal_their_formulas_head_by_hand(options, backend):
 
 
 @pytest.mark.parametrize("options", [{}, *OUTPUT_OPTIONS], ids=options_id)
-@pytest.mark.parametrize("q_rank", [None, 6])
-def test_latent_attention_equals_its_definition_per_head(q_rank, options):
-    """DeepSeek-V2's equations, head by head, with an explicit -inf triangle and the rotary key shared by heads;
-    with the output options, each head as :func:`head_by_hand` writes it."""
-    attn = mixer({"name": "mla", "kv_rank": 5, "q_rank": q_rank, **options}, pos="rotary")
+@pytest.mark.parametrize(("q_rank", "rope_dim"), [(None, None), (6, None), (6, 2)])
+def test_latent_attention_equals_its_definition_per_head(q_rank, rope_dim, options):
+    """DeepSeek-V2's equations, head by head, with an explicit -inf triangle and the rotary key shared by heads
+    (DeepSeek-V3's: rope_dim rotary features, fewer than d_head, the scores at (d_head + rope_dim)^-0.5); with the
+    output options, each head as :func:`head_by_hand` writes it."""
+    attn = mixer({"name": "mla", "kv_rank": 5, "q_rank": q_rank, "rope_dim": rope_dim, **options}, pos="rotary")
     w = dict(attn.named_parameters())
     x = torch.randn(2, 7, D, dtype=torch.float64)
     d, t = D // H, x.shape[1]
+    r = d if rope_dim is None else rope_dim
     down = x @ w["kv_down.weight"].T + w["kv_down.bias"]
     latent = rms(down[..., :5], w["kv_norm.weight"], eps=attn.kv_norm.eps)
     rope_key = rotate_half_pairs(down[..., 5:], torch.arange(t))  # (b, t, d): one key for every head
@@ -304,11 +306,11 @@ def test_latent_attention_equals_its_definition_per_head(q_rank, options):
         queries = c_q @ w["q_up.weight"].T + w["q_up.bias"]
     heads = []
     for h in range(H):
-        q_h = queries[..., h * 2 * d : (h + 1) * 2 * d]
+        q_h = queries[..., h * (d + r) : (h + 1) * (d + r)]
         q_h = torch.cat([q_h[..., :d], rotate_half_pairs(q_h[..., d:], torch.arange(t))], -1)
         k_h = torch.cat([up[..., h * 2 * d : h * 2 * d + d], rope_key], -1)
         v_h = up[..., h * 2 * d + d : (h + 1) * 2 * d]
-        heads.append(head_by_hand(q_h @ k_h.transpose(-1, -2) / math.sqrt(2 * d), v_h, x, w, h, options))
+        heads.append(head_by_hand(q_h @ k_h.transpose(-1, -2) / math.sqrt(d + r), v_h, x, w, h, options))
     expected = torch.cat(heads, -1) @ w["out.weight"].T + w["out.bias"]
     torch.testing.assert_close(attn(x), expected, rtol=0, atol=1e-10)
 

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from zoo.assembly.block import Block
 from zoo.assembly.compat import Context, unmet_need
 from zoo.assembly.match import active_count, attention_difference, count, counter, mlp_dims, reference_mlp_params
-from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
+from zoo.assembly.spec import BlockSpec, position_dims, resolve_block, to_dict
 from zoo.core.interface import hook
 
 
@@ -32,7 +32,7 @@ def build_block(
     if error is not None:
         raise error
     dims, attn = spec.dims, spec["attn"]
-    position = spec["pos"].build(dims)
+    position = spec["pos"].build(position_dims(dims, attn.options))
     shared = (spec["norm"].options,) if hook(attn.part.cls, "shares_block_norm") else ()  # its qk-norm's eps
     self_attn = attn.build(dims, position, *shared)
     mlp = spec["mlp"].build(mlp_dims(spec))  # the matched width under block.mlp.match=params

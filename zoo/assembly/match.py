@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from zoo.assembly.spec import BlockSpec, attention_dims, resolve_part
+from zoo.assembly.spec import BlockSpec, attention_dims, position_dims, resolve_part
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
@@ -67,7 +67,7 @@ def attn_params(spec: BlockSpec, name: str | None = None) -> int:
         except ConfigError as error:
             raise ConfigError("block.mlp.match_attn", name, f"the reference does not build: {error}") from None
     with torch.device("meta"):
-        return count(attn.build(dims, spec["pos"].build(dims)))
+        return count(attn.build(dims, spec["pos"].build(position_dims(dims, attn.options))))
 
 
 def reference_mlp_params(spec: BlockSpec) -> int:

@@ -135,7 +135,10 @@ def resolve_block(cfg: Mapping[str, Any] | DictConfig) -> BlockSpec:
     match.check()
     attn = resolve_part("attn", nodes["attn"], dims)
     dims = attention_dims(dims, attn.options)
-    choices = {axis: attn if axis == "attn" else resolve_part(axis, node, dims) for axis, node in nodes.items()}
+    choices = {axis: attn if axis == "attn" else resolve_part(axis, node, dims) for axis, node in nodes.items()
+               if axis != "pos"}  # fmt: skip
+    choices["pos"] = resolve_part("pos", nodes["pos"], position_dims(dims, attn.options))
+    choices = {axis: choices[axis] for axis in nodes}
     check_canon(dims, choices)
     return BlockSpec(dims, choices, match)
 
@@ -151,6 +154,13 @@ def attention_dims(dims: BlockDims, options: Mapping[str, Any]) -> BlockDims:
             f"must divide d_model={dims.d_model} (head size = d_model / n_heads), or set block.attn.head_dim",
         )
     return replace(dims, head_dim=head_dim)
+
+
+def position_dims(dims: BlockDims, options: Mapping[str, Any]) -> BlockDims:
+    """``dims`` for the block's position part: at the width of an attention's own position features where its options
+    set one (latent attention's ``rope_dim``), else at d_head."""
+    rope_dim = options.get("rope_dim")
+    return dims if rope_dim is None else replace(dims, head_dim=rope_dim)
 
 
 def check_canon(dims: BlockDims, choices: Mapping[str, PartChoice]) -> None:

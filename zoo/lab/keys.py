@@ -39,6 +39,7 @@ NEUTRAL_TOP: dict[str, Any] = {"data_seed": None}
 NEUTRAL_ATTN: dict[str, Any] = {
     "gate": "none", "sink": "none", "xsa": False, "value_residual": "none", "qk_norm_scope": "head",
     "head_dim": None, "scale_dim": None, "n_key_heads": None, "allow_neg_eigval": False, "norm_eps": 1e-5,
+    "rope_dim": None,
 }  # fmt: skip
 #: ``model`` (and ``encoder``) keys added after runs were recorded, left out of the hash at the value that
 #: changes nothing (no layer pattern: every layer the block, as before the key; no value embeddings; no logit cap,

@@ -45,7 +45,7 @@ from zoo.parts.state import GrowingState, LayerState, query_slots
 
 class LatentCache(GrowingState):
     """Latent attention's decoding state: per token, the normalized latent (batch, capacity, kv_rank)
-    and the rotated shared key (batch, 1, capacity, d_head), in preallocated buffers written in place.
+    and the rotated shared key (batch, 1, capacity, rope_dim), in preallocated buffers written in place.
     Every head's keys and values are recomputed from the latent at each step."""
 
     @property
@@ -59,7 +59,7 @@ class LatentCache(GrowingState):
     def append(
         self, latent: torch.Tensor, rope_key: torch.Tensor, positions: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write (b, t_new, kv_rank) latents and (b, 1, t_new, d_head) rotary keys; return views of all held."""
+        """Write (b, t_new, kv_rank) latents and (b, 1, t_new, rope_dim) rotary keys; return views of all held."""
         latents, keys = self.write(latent, rope_key, positions=positions)
         return latents, keys
 
@@ -69,18 +69,21 @@ class LatentCache(GrowingState):
     summary="Multi-head latent attention: keys and values from a kv_rank latent; the cache keeps the latent "
     "and one rotary key.",
     formula="c = norm(W_dkv x); k_h = [W_uk,h c ; rotate(W_kr x)], v_h = W_uv,h c; "
-    "q_h = [W_uq,h c_q ; rotate(W_qr,h c_q)], c_q = norm(W_dq x) or x; softmax(q k^T / sqrt(2 d_head)) v",
+    "q_h = [W_uq,h c_q ; rotate(W_qr,h c_q)], c_q = norm(W_dq x) or x; softmax(q k^T / sqrt(d_head + r)) v, "
+    "r = rope_dim (default d_head) the rotary features of W_kr x and W_qr,h c_q",
     reference="DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434",
-    variants={"qrank": {"q_rank": 8}, **OUTPUT_VARIANTS},
+    variants={"qrank": {"q_rank": 8}, "ropedim": {"rope_dim": 2}, **OUTPUT_VARIANTS},
 )
 class LatentAttention(nn.Module):
     """Multi-head latent attention: every head's key and value are up-projected from one shared latent
-        of ``kv_rank`` features; the position part acts on a separate shared key of d_head features
-        (decoupled rotary key), so the latent itself carries no position.
+        of ``kv_rank`` features; the position part acts on a separate shared key of ``rope_dim`` features
+        (decoupled rotary key; default d_head), so the latent itself carries no position.
 
-        Each head scores with a query of 2 x d_head features, a "content" half matching the key up-projected
-        from the latent and a "position" half matching the shared rotary key (rotated by the ``pos`` axis;
-        with a position part that does not rotate it is an unrotated shared key). Scale 1/sqrt(2 d_head).
+        Each head scores with a query of d_head + rope_dim features, a "content" part of d_head matching the key
+        up-projected from the latent and a "position" part of rope_dim matching the shared rotary key (rotated by
+        the ``pos`` axis, built at rope_dim features; with a position part that does not rotate it is an
+        unrotated shared key). Scale 1/sqrt(d_head + rope_dim) (DeepSeek-V3's qk_head_dim^-0.5: its
+        qk_nope_head_dim is d_head, its qk_rope_head_dim rope_dim).
         Score biases (``pos=alibi``) apply as for multi-head attention.
 
         ``kv_rank``: latent width (default 4 d_head, DeepSeek-V2's 512 for heads of 128). ``q_rank``: queries
@@ -88,12 +91,12 @@ class LatentAttention(nn.Module):
         latents (DeepSeek-V2: RMSNorm), ``none`` or a registered norm, built with its own defaults
     (:func:`zoo.parts.norms.build_norm`; unlike the qk-norm of :class:`~zoo.parts.attention.Attention`,
     it shares no option with ``block.norm``: the latent is not the residual stream). The decoding state
-        (:class:`LatentCache`) holds kv_rank + d_head numbers per token, against 2 x n_heads x d_head
+        (:class:`LatentCache`) holds kv_rank + rope_dim numbers per token, against 2 x n_heads x d_head
         for multi-head attention.
 
-        Parameters: ``kv_down`` (d_model -> kv_rank latent, then the d_head rotary key), ``kv_norm``,
+        Parameters: ``kv_down`` (d_model -> kv_rank latent, then the rope_dim rotary key), ``kv_norm``,
         ``kv_up`` (kv_rank -> per head: d_head key, d_head value), ``q`` (or ``q_down``, ``q_norm``,
-        ``q_up``; per head: d_head content, d_head position features) and ``out``.
+        ``q_up``; per head: d_head content, rope_dim position features) and ``out``.
 
         The output options ``gate``, ``sink`` and ``xsa`` act as in :class:`~zoo.parts.attention.Attention`
         (:mod:`zoo.parts.head_outputs`); XSA removes each head's own up-projected value.
@@ -104,6 +107,9 @@ class LatentAttention(nn.Module):
         for name in ("kv_rank", "q_rank"):
             if options[name] is not None and options[name] < 1:
                 raise ConfigError(f"block.attn.{name}", options[name], "must be a positive integer, or null")
+        rope_dim = options["rope_dim"]
+        if rope_dim is not None and (rope_dim < 2 or rope_dim % 2):
+            raise ConfigError("block.attn.rope_dim", rope_dim, "must be a positive even integer, or null (d_head)")
         if options["latent_norm"] != "none" and options["latent_norm"] not in NORMS:
             raise ConfigError(
                 "block.attn.latent_norm",
@@ -122,7 +128,7 @@ class LatentAttention(nn.Module):
         Under sequence parallelism the input is gathered from the sequence shards and the output
         reduce-scattered back to them."""
         plan: Plan = {
-            "kv_down": Chain(Replicated(), PartialGradient(self.d_head)),
+            "kv_down": Chain(Replicated(), PartialGradient(self.rope_dim)),
             "kv_up": ColwiseParallel(),
             "out": row_output(sequence_parallel),
             **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
@@ -143,6 +149,7 @@ class LatentAttention(nn.Module):
         *,
         kv_rank: int | None = None,
         q_rank: int | None = None,
+        rope_dim: int | None = None,
         latent_norm: str = "rmsnorm",
         backend: Backend = "sdpa",
         gate: Gate = "none",
@@ -153,21 +160,23 @@ class LatentAttention(nn.Module):
         self.n_heads, self.d_head = dims.n_heads, dims.d_head
         #: The softmax's score multiplier; None: 1 / sqrt(2 d_head) (μP sets sqrt(2 d_head_base) / (2 d_head)).
         self.score_scale: float | None = None
-        self.score_features = 2 * self.d_head  # q . k sums over a content and a position half (μP scales by it)
+        self.rope_dim = self.d_head if rope_dim is None else rope_dim
+        self.score_features = self.d_head + self.rope_dim  # q . k sums over content and position (μP scales by it)
         self.kv_rank = 4 * self.d_head if kv_rank is None else kv_rank
         self.causal, self.dropout, self.backend = dims.causal, dims.dropout, backend
         self.position = position
-        heads = self.n_heads * 2 * self.d_head  # per head: two d_head halves (content, position / key, value)
-        self.kv_down = nn.Linear(dims.d_model, self.kv_rank + self.d_head, bias=dims.bias)
+        heads = self.n_heads * 2 * self.d_head  # per head: a d_head key and a d_head value
+        queries = self.n_heads * self.score_features  # per head: d_head content, rope_dim position features
+        self.kv_down = nn.Linear(dims.d_model, self.kv_rank + self.rope_dim, bias=dims.bias)
         self.kv_norm = build_norm(latent_norm, dims, width=self.kv_rank)
         self.kv_up = nn.Linear(self.kv_rank, heads, bias=dims.bias)
         self.q_rank = q_rank
         if q_rank is None:
-            self.q = nn.Linear(dims.d_model, heads, bias=dims.bias)
+            self.q = nn.Linear(dims.d_model, queries, bias=dims.bias)
         else:
             self.q_down = nn.Linear(dims.d_model, q_rank, bias=dims.bias)
             self.q_norm = build_norm(latent_norm, dims, width=q_rank)
-            self.q_up = nn.Linear(q_rank, heads, bias=dims.bias)
+            self.q_up = nn.Linear(q_rank, queries, bias=dims.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
         self.gate, self.sink, self.xsa = build_gate(gate, dims), build_sink(sink, self.n_heads), xsa
         self.output_options = {"gate": gate, "sink": sink, "xsa": xsa}
@@ -176,18 +185,20 @@ class LatentAttention(nn.Module):
         """``kv_down``'s rows as the latent's and the shared rotary key's down-projections; ``kv_up``'s
         as every head's key and value up-projections; the query projection's (``q`` or ``q_up``) as
         every head's content and position features. ``q_down`` and ``out`` are one matrix each."""
-        rows = torch.arange(self.kv_rank + self.d_head)
+        rows = torch.arange(self.kv_rank + self.rope_dim)
         blocks = {"kv_down.weight": {"latent": rows[: self.kv_rank], "rope_key": rows[self.kv_rank :]}}
         halves = rearrange(torch.arange(self.kv_up.out_features), "(h two d) -> two (h d)", two=2, d=self.d_head)
         blocks["kv_up.weight"] = {"key": halves[0], "value": halves[1]}
         query = "q.weight" if self.q_rank is None else "q_up.weight"
-        blocks[query] = {"content": halves[0], "position": halves[1]}
+        per_head = rearrange(torch.arange(self.n_heads * self.score_features), "(h f) -> h f", h=self.n_heads)
+        content, position = per_head.split([self.d_head, self.rope_dim], dim=-1)
+        blocks[query] = {"content": content.flatten(), "position": position.flatten()}
         return blocks
 
     def state_size(self, length: int) -> int:
         """Numbers one sample's decoding state holds after ``length`` tokens: the latent and the shared
         rotary key."""
-        return (self.kv_rank + self.d_head) * length
+        return (self.kv_rank + self.rope_dim) * length
 
     def extra_flops(self, seq_len: int) -> int:
         """The output options' FLOPs per token (:func:`zoo.parts.head_outputs.output_flops`); every head has
@@ -201,19 +212,19 @@ class LatentAttention(nn.Module):
         return self.q_up(self.q_norm(self.q_down(x)))
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: (b, t, d_model) -> queries (b, h, t, 2 d_head: content, then rotated position features), the
-        normalized latents (b, t, kv_rank) and the rotated shared key (b, 1, t, d_head), at ``positions``."""
-        latent, rope_key = self.kv_down(x).split([self.kv_rank, self.d_head], dim=-1)
+        """x: (b, t, d_model) -> queries (b, h, t, d_head + rope_dim: content, then rotated position features),
+        the normalized latents (b, t, kv_rank) and the rotated shared key (b, 1, t, rope_dim), at ``positions``."""
+        latent, rope_key = self.kv_down(x).split([self.kv_rank, self.rope_dim], dim=-1)
         latent = self.kv_norm(latent)  # (b, t, kv_rank)
-        q = rearrange(self.queries(x), "b t (h two d) -> two b h t d", d=self.d_head, two=2)  # h: this rank's heads
-        q_content, q_position = q[0], q[1]  # (b, h, t, d) each
+        q = rearrange(self.queries(x), "b t (h f) -> b h t f", f=self.score_features)  # h: this rank's heads
+        q_content, q_position = q.split([self.d_head, self.rope_dim], dim=-1)  # (b, h, t, d_head), (b, h, t, r)
         rope_key = rearrange(rope_key, "b t d -> b 1 t d")  # one key shared by every head
         q_position, rope_key = self.position.rotate(q_position, rope_key, positions)
         return torch.cat([q_content, q_position], dim=-1), latent, rope_key
 
     def keys_values(self, latent: torch.Tensor, rope_key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latents (b, s, kv_rank) and shared keys (b, 1, s, d_head) -> every head's keys (b, h, s, 2 d_head)
-        and values (b, h, s, d_head)."""
+        """Latents (b, s, kv_rank) and shared keys (b, 1, s, rope_dim) -> every head's keys (b, h, s, d_head +
+        rope_dim) and values (b, h, s, d_head)."""
         k_content, v = rearrange(self.kv_up(latent), "b s (h two d) -> two b h s d", d=self.d_head, two=2)
         return torch.cat([k_content, rope_key.expand(-1, k_content.shape[1], -1, -1)], dim=-1), v
 
@@ -237,10 +248,10 @@ class LatentAttention(nn.Module):
         if state is not None:
             latent, rope_key = state.append(latent, rope_key, positions)
             k_positions = state.key_positions()
-        k, v = self.keys_values(latent, rope_key)  # (b, h, s, 2d), (b, h, s, d)
+        k, v = self.keys_values(latent, rope_key)  # (b, h, s, d + r), (b, h, s, d)
         own = v[:, :, slots]  # each query's own value (XSA): the cache holds it at the query's slot
         if self.backend == "sdpa":  # fused kernels want values as wide as keys: zeros, sliced off below
-            v = F.pad(v, (0, self.d_head))
+            v = F.pad(v, (0, self.rope_dim))
         y = attend_at(
             q,
             k,

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from zoo.core.errors import ConfigError
+from zoo.models.hf.deepseek_v3 import DEEPSEEK_V3
 from zoo.models.hf.family import Family, model_settings, refused, transformers_module
 from zoo.models.hf.gpt2 import GPT2
 from zoo.models.hf.gpt_oss import GPT_OSS
@@ -26,7 +27,7 @@ from zoo.models.language import LanguageModel, build_model
 from zoo.parts.attention import fuse_qkv, split_qkv
 
 #: Every family zoo exports to and imports from, by name, in the order an export tries them.
-FAMILIES: dict[str, Family] = {family.name: family for family in (LLAMA, GPT2, SMOLLM3, GPT_OSS)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (LLAMA, GPT2, SMOLLM3, GPT_OSS, DEEPSEEK_V3)}
 
 
 def family_for(model: LanguageModel, family: str | None = None) -> Family:
@@ -119,5 +120,8 @@ def from_hf(source: str | Path | nn.Module) -> LanguageModel:
                           "(the transformers families zoo converts)")  # fmt: skip
     model = build_model(family.zoo_config(hf_model.config))
     weights = {k: v.detach().float() for k, v in hf_model.named_parameters()}  # a tied head once, as the embedding
+    persistent = hf_model.state_dict()  # and each saved buffer the table maps (a router's bias)
+    buffers = {k: v for k, v in hf_model.named_buffers() if k in persistent}
+    weights.update({k: v.detach().float() for k, v in buffers.items() if any(e.match("hf", k) for e in family.weights)})
     model.load_state_dict(convert(weights, family.weights, family.geometries(model), to="zoo", name=family.title))
     return model.eval()  # parameters float32 as built (.float() would also cast rotary's float64 buffer)

@@ -117,7 +117,8 @@ class Family:
 
     def refusals(self, model: LanguageModel) -> list[Refusal]:
         """Every setting of ``model`` this family cannot hold, in the order the layers' settings list them. A
-        setting only some layers have (``block.pos.base`` beside a layer of ``pos=none``) is checked on those."""
+        setting only some layers have (``block.pos.base`` beside a layer of ``pos=none``, a mixture of experts'
+        options beside a dense layer) is checked on those."""
         layers, defaults = model_settings(model)
         found: list[Refusal] = []
         for key in dict.fromkeys(key for layer in layers for key in layer):
@@ -131,7 +132,7 @@ class Family:
                 continue
             wrong = [i for i in present if not self.accepts(key, layers[i][key], layers[i], defaults[i])]
             if wrong:
-                name = key if len(wrong) == len(layers) and differs is None else layer_key(key, wrong[0])
+                name = key if len(wrong) == len(present) and differs is None else layer_key(key, wrong[0])
                 found.append(Refusal(name, layers[wrong[0]][key], self.needs(key, defaults[wrong[0]])))
         return found + self.across(layers)
 
@@ -144,9 +145,8 @@ class Family:
         return holds.what if holds is not None else f"{key}={defaults[key]!r} (its default: it has no counterpart)"
 
     def geometries(self, model: LanguageModel) -> list[Geometry]:
-        """Each layer's heads (and experts, for a mixture of experts), for the weight layouts."""
-        return [Geometry(block.attn.n_heads, block.attn.n_kv_heads, getattr(block.mlp, "n_experts", 0))
-                for block in model.blocks]  # fmt: skip
+        """Each layer's heads, for the weight layouts."""
+        return [Geometry(block.attn.n_heads, block.attn.n_kv_heads) for block in model.blocks]
 
 
 def model_settings(model: LanguageModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

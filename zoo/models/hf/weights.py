@@ -17,11 +17,10 @@ from zoo.parts.mlps import fuse_gate_up, split_gate_up
 
 @dataclass(frozen=True)
 class Geometry:
-    """What a layout needs of one layer: its query and key/value heads, and its experts (0: a dense MLP)."""
+    """What a layout needs of one layer: its query and key/value heads."""
 
     n_heads: int
     n_kv_heads: int
-    n_experts: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,24 +73,38 @@ CAT_QKV = SPLIT_QKV.then(Layout("concatenated", lambda ts, g: [torch.cat(ts)], l
 SPLIT_GATE_UP = Layout("split gate_up", lambda ts, g: list(split_gate_up(ts[0])), lambda ts, g: [fuse_gate_up(*ts)])
 
 
-#: zoo's one tensor per expert (``experts.{e}.``) <-> one tensor of every expert's, stacked on a first dimension.
-STACKED_EXPERTS = Layout("experts stacked", lambda ts, g: [torch.stack(ts)], lambda ts, g: list(ts[0].unbind(0)))
+#: zoo's interleaved gate_up of every expert, stacked (experts, 2 f, d) <-> each expert's f gate rows, then its f up
+#: rows, stacked the same way (transformers' ``experts.gate_up_proj`` of DeepSeek-V3, Qwen3-Next and the like).
+STACKED_GATE_UP = Layout(
+    "stacked experts' gate_up, gate rows then up rows",
+    lambda ts, g: [rearrange(ts[0], "e (f two) d -> e (two f) d", two=2)],
+    lambda ts, g: [rearrange(ts[0], "e (two f) d -> e (f two) d", two=2)],
+)
 
 
-#: zoo's per-expert nn.Linear weights (out, in) <-> transformers' stacked (experts, in, out) parameters, which
-#: multiply ``x @ W`` (gpt-oss's experts); a bias (1-D) stacked as it is.
-STACKED_EXPERTS_IN_OUT = CONV1D.then(STACKED_EXPERTS)
+def _experts_in_out(ts: list[torch.Tensor], geometry: Geometry) -> list[torch.Tensor]:
+    """Stacked experts' weights (experts, out, in) <-> (experts, in, out), its own inverse; a bias as it is."""
+    return [rearrange(t, "e o i -> e i o") if t.ndim == 3 else t for t in ts]
 
 
+#: zoo's per-expert nn.Linear weights, stacked (experts, out, in) <-> transformers' stacked (experts, in, out)
+#: parameters, which multiply ``x @ W`` (gpt-oss's experts); a bias (experts, out) as it is.
+STACKED_EXPERTS_IN_OUT = Layout("experts stacked (in, out)", _experts_in_out, _experts_in_out)
+
+
+#: ``{e}``: an expert's index. A key pattern holding it stands for every expert's key (0, 1, ... as the state dict
+#: holds them), whose tensors a layout receives stacked on a new first axis; an output pattern holding it unstacks
+#: its tensor's first axis into one key per expert.
 PLACEHOLDERS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)", "{e}": r"(?P<e>\d+)"}
+EXPERT = "{e}"
 
 
 @dataclass(frozen=True)
 class Entry:
     """Keys on each side that hold the same weights, as patterns (``{i}``: a layer index; ``{p}``:
-    ``weight`` or ``bias``; ``{e}``: every expert of the layer in turn, one key each), and the layout between
-    them. An entry applies where a state dict holds one of its keys (a bias-free model has no ``.bias`` keys,
-    a tied one no ``head.weight``), and then needs all of that side's keys."""
+    ``weight`` or ``bias``; ``{e}``: every expert's, stacked), and the layout between them. An entry applies
+    where a state dict holds one of its keys (a bias-free model has no ``.bias`` keys, a tied one no
+    ``head.weight``), and then needs all of that side's keys."""
 
     zoo: tuple[str, ...]
     hf: tuple[str, ...]
@@ -121,12 +134,6 @@ def per_layer(prefix: str) -> Callable[..., Entry]:
     return entry
 
 
-def filled(patterns: Sequence[str], values: Mapping[str, str], geometry: Geometry) -> list[str]:
-    """``patterns`` with their placeholders' ``values``; a pattern with ``{e}`` once per expert of ``geometry``."""
-    experts = range(geometry.n_experts)
-    return [p.format(**values, e=e) for p in patterns for e in (experts if "{e}" in p else [None])]
-
-
 def convert(
     weights: Mapping[str, torch.Tensor],
     table: Sequence[Entry],
@@ -149,14 +156,30 @@ def convert(
         entry, values = next(((e, v) for e in table if (v := e.match(source, key)) is not None), (None, None))
         if entry is None:
             raise ValueError(f"{key}: no entry of {name}'s weight table maps it (zoo.models.hf)")
-        values.pop("e", None)  # an expert's key stands for every expert's: all of them are read together
-        geometry = geometries[int(values.get("i", 0))]
-        keys = filled(entry.keys(source), values, geometry)
-        missing = [k for k in keys if k not in weights]
+        groups = [source_keys(pattern, values, weights) for pattern in entry.keys(source)]
+        missing = [k for group in groups for k in group if k not in weights]
         if missing:
             raise ValueError(f"{missing[0]}: missing, and {name}'s weight table needs it with {key}")
+        tensors = [torch.stack([weights[k] for k in group]) if EXPERT in pattern else weights[group[0]]
+                   for pattern, group in zip(entry.keys(source), groups, strict=True)]  # fmt: skip
         layout = entry.layout.out if to == "hf" else entry.layout.back
-        converted = layout([weights[k] for k in keys], geometry)
-        out.update(zip(filled(entry.keys(target), values, geometry), converted, strict=True))
-        used.update(keys)
+        converted = layout(tensors, geometries[int(values.get("i", 0))])
+        for pattern, tensor in zip(entry.keys(target), converted, strict=True):
+            if EXPERT in pattern:
+                out.update({pattern.format(**values, e=e): expert for e, expert in enumerate(tensor.unbind(0))})
+            else:
+                out[pattern.format(**values)] = tensor
+        used.update(k for group in groups for k in group)
     return out
+
+
+def source_keys(pattern: str, values: Mapping[str, str], weights: Mapping[str, torch.Tensor]) -> list[str]:
+    """The keys ``pattern`` stands for at ``values``: one, or (with ``{e}``) every expert's that ``weights`` holds,
+    0, 1, ... in order (expert 0's key, missing, when it holds none)."""
+    if EXPERT not in pattern:
+        return [pattern.format(**values)]
+    values = {k: v for k, v in values.items() if k != "e"}
+    keys = [pattern.format(**values, e=0)]
+    while (following := pattern.format(**values, e=len(keys))) in weights:
+        keys.append(following)
+    return keys
