@@ -119,7 +119,7 @@ def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str])
     tiny = [f"{k}={v}" for k, v in TINY.items() if not k.startswith("task.") or k.removeprefix("task.") in task_keys]
     layers = [int(m) + 1 for a in kept for m in re.findall(r"^\+?model\.layers\.(\d+)\.", a)]  # a layer's override
     layers += [len(yaml.safe_load(a.split("=", 1)[1])) for a in kept if a.startswith("model.pattern=")]  # its entries
-    layers += [len(zoo.compose([a]).model.pattern) for a in kept if a.startswith("preset=")]  # a preset's pattern
+    layers += [len(zoo.compose([a]).model.pattern) or 1 for a in kept if a.startswith("preset=")]  # a preset's pattern
     if layers:  # as many layers as the highest overridden index or the pattern needs
         tiny = [f"model.n_layers={max(layers)}" if t.startswith("model.n_layers=") else t for t in tiny]
     dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
