@@ -143,6 +143,8 @@ COVERING = {
         EXPORTABLE["llama mha, bias, untied"],
     ],
     "gpt2": [EXPORTABLE["gpt2 (layernorm, learned, exact gelu)"], EXPORTABLE["gpt2 relu2 untied d_ff"]],
+    "gemma3": [["preset=gemma3", "model.pattern=[{attn: {window: 3}, pos: {base: 100.0}},{}]"],
+               ["preset=gemma3", "model.pattern=[]", "model.tie_embeddings=false"]],
 }
 
 

@@ -31,8 +31,13 @@ BASES: dict[str, dict[str, Any]] = {
               "attn": "gqa", "pos": "rotary", "mlp": "swiglu"},
     "gpt2": {"d_model": 32, "n_heads": 4, "bias": True, "max_len": 16, "placement": "pre", "norm": "layernorm",
              "attn": "mha", "pos": "learned", "mlp": "gelu"},
+    "gemma3": {"d_model": 32, "n_heads": 4, "bias": False, "max_len": 16, "placement": "sandwich",
+               "norm": {"name": "rmsnorm", "zero_centred": True}, "attn": {"name": "gqa", "qk_norm": "rmsnorm"},
+               "pos": "rotary", "mlp": {"name": "geglu", "approximate": "tanh"}},
 }  # fmt: skip
 MODEL = {"n_layers": 2, "vocab_size": 64}
+#: A family's model options its base needs beside MODEL's (Gemma 3's embedding is always scaled).
+BASE_MODELS: dict[str, dict[str, Any]] = {"gemma3": {"scale_embedding": True}}
 #: Values for settings whose type alone does not say what to try (a canon site string, sizes).
 SAMPLES: dict[str, list[Any]] = {
     "block.canon": ["ac", "abcd"], "block.max_len": [None, 64], "block.dropout": [0.1], "block.d_ff": [40],
@@ -118,7 +123,7 @@ def setting_cases(family: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def config_of(family: str, change: dict[str, Any]) -> dict[str, Any]:
-    block, model, objective = dict(BASES[family]), dict(MODEL), None
+    block, model, objective = dict(BASES[family]), {**MODEL, **BASE_MODELS.get(family, {})}, None
     for key, value in change.items():
         if key == "model":
             model.update(value)

@@ -17,6 +17,7 @@ from torch import nn
 
 from zoo.core.errors import ConfigError
 from zoo.models.hf.family import Family, model_settings, refused, transformers_module
+from zoo.models.hf.gemma3 import GEMMA3
 from zoo.models.hf.gpt2 import GPT2
 from zoo.models.hf.llama import LLAMA
 from zoo.models.hf.weights import convert
@@ -24,7 +25,7 @@ from zoo.models.language import LanguageModel, build_model
 from zoo.parts.attention import fuse_qkv, split_qkv
 
 #: Every family zoo exports to and imports from, by name, in the order an export tries them.
-FAMILIES: dict[str, Family] = {family.name: family for family in (LLAMA, GPT2)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (LLAMA, GPT2, GEMMA3)}
 
 
 def family_for(model: LanguageModel, family: str | None = None) -> Family:

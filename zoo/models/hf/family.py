@@ -95,8 +95,10 @@ class Family:
 
     ``holds``: the settings it maps (config keys) and the values it can hold; every other setting must hold
     its default. ``varies``: the settings that may differ from layer to layer (every other one is the same
-    on every layer). ``weights``: the weight table. ``hf_config``: the transformers config of a model it
-    holds (its layers' settings and whether the head is tied); ``zoo_config``: the zoo config (``block`` and
+    on every layer); ``agree``: a check over every layer's settings together, the refusals it finds (the
+    layers of a kind alike, as Gemma 3's sliding-window layers in their window). ``weights``: the weight
+    table. ``hf_config``: the transformers config of a model it holds (its layers' settings and whether the
+    head is tied); ``zoo_config``: the zoo config (``block`` and
     ``model``) of a transformers config of this family, refusing what zoo cannot build.
     """
 
@@ -108,6 +110,7 @@ class Family:
     hf_config: Callable[[LanguageModel, Sequence[Mapping[str, Any]], bool], Any]
     zoo_config: Callable[[Any], dict[str, Any]]
     varies: frozenset[str] = field(default_factory=frozenset)
+    agree: Callable[[Sequence[Mapping[str, Any]]], list[Refusal]] | None = None
 
     @property
     def title(self) -> str:
@@ -128,7 +131,7 @@ class Family:
             if wrong:
                 name = key if len(wrong) == len(layers) and differs is None else layer_key(key, wrong[0])
                 found.append(Refusal(name, layers[wrong[0]][key], self.needs(key, defaults[wrong[0]])))
-        return found
+        return found + (self.agree(layers) if self.agree is not None else [])
 
     def accepts(self, key: str, value: Any, layer: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
         holds = self.holds.get(key)
