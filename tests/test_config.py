@@ -62,6 +62,20 @@ def test_presets_set_every_axis(preset, expected):
     assert block.bias is (preset != "llama")
 
 
+def test_the_gemma3_preset_is_five_local_layers_to_one_global_at_the_size_it_states():
+    """The preset's pattern and the parameter count its comment states; its sizes override; a depth below the
+    pattern's 6 layers is refused naming the first entry no layer would take."""
+    model = zoo.build_model(compose(["preset=gemma3"]))
+    assert sum(p.numel() for p in model.parameters()) == 2_297_728
+    assert [block.attn.window for block in model.blocks] == [32] * 5 + [None]
+    assert [block.attn.position.base for block in model.blocks] == [1e4] * 5 + [1e6]
+    wider = zoo.build_model(compose(["preset=gemma3", "block.d_model=64", "block.n_heads=2", "model.n_layers=8"]))
+    assert [block.attn.window for block in wider.blocks] == [32] * 5 + [None] + [32] * 2
+    assert wider.embed.embedding_dim == 64 and wider.blocks[0].attn.n_heads == 2
+    with pytest.raises(ConfigError, match=r"^model\.pattern\[4\]=.*past the depth: model\.n_layers=4"):
+        zoo.build_model(compose(["preset=gemma3", "model.n_layers=4"]))
+
+
 def test_command_line_choice_beats_preset():
     assert compose(["preset=llama", "norm=layernorm"]).block.norm.name == "layernorm"
 

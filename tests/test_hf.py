@@ -147,6 +147,8 @@ COVERING = {
                 ["preset=smollm3", "model.pattern=[{},{pos: none}]", "block.bias=true", "model.tie_embeddings=false"]],
     "gpt_oss": [["preset=gpt_oss"]],  # untied; sinks, biases, router and experts on every layer
     "deepseek_v3": [["preset=deepseek_v3"], ["preset=deepseek_v3", "block.attn.q_rank=null"]],
+    "gemma3": [["preset=gemma3", "model.pattern=[{attn: {window: 3}, pos: {base: 100.0}},{}]"],
+               ["preset=gemma3", "model.pattern=[]", "model.tie_embeddings=false"]],
 }
 
 

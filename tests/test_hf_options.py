@@ -40,10 +40,16 @@ BASES: dict[str, dict[str, Any]] = {
                     "norm": "rmsnorm", "attn": {"name": "mla", "kv_rank": 16, "q_rank": 12, "rope_dim": 4},
                     "pos": "rotary", "mlp": {"name": "moe", "n_experts": 4, "n_shared": 1, "routing": "sigmoid",
                                              "balance": "bias", "n_groups": 2, "routed_scaling_factor": 2.5}},
+    "gemma3": {"d_model": 32, "n_heads": 4, "bias": False, "max_len": 16, "placement": "sandwich",
+               "norm": {"name": "rmsnorm", "zero_centred": True}, "attn": {"name": "gqa", "qk_norm": "rmsnorm"},
+               "pos": "rotary", "mlp": {"name": "geglu", "approximate": "tanh"}},
 }  # fmt: skip
 MODEL = {"n_layers": 2, "vocab_size": 64}
-#: A family's model settings beside MODEL where its base needs some (SmolLM3's NoPE layer).
-BASE_MODELS: dict[str, dict[str, Any]] = {"smollm3": {"pattern": [{}, {"pos": "none"}]}}
+#: A family's model settings its base needs beside MODEL's (SmolLM3's NoPE layer, Gemma 3's scaled embedding).
+BASE_MODELS: dict[str, dict[str, Any]] = {
+    "smollm3": {"pattern": [{}, {"pos": "none"}]},
+    "gemma3": {"scale_embedding": True},
+}
 #: Values for settings whose type alone does not say what to try (a canon site string, sizes).
 SAMPLES: dict[str, list[Any]] = {
     "block.canon": ["ac", "abcd"], "block.max_len": [None, 64], "block.dropout": [0.1], "block.d_ff": [40],

@@ -18,6 +18,7 @@ from torch import nn
 from zoo.core.errors import ConfigError
 from zoo.models.hf.deepseek_v3 import DEEPSEEK_V3
 from zoo.models.hf.family import Family, model_settings, refused, transformers_module
+from zoo.models.hf.gemma3 import GEMMA3
 from zoo.models.hf.gpt2 import GPT2
 from zoo.models.hf.gpt_oss import GPT_OSS
 from zoo.models.hf.llama import LLAMA
@@ -27,7 +28,9 @@ from zoo.models.language import LanguageModel, build_model
 from zoo.parts.attention import fuse_qkv, split_qkv
 
 #: Every family zoo exports to and imports from, by name, in the order an export tries them.
-FAMILIES: dict[str, Family] = {family.name: family for family in (LLAMA, GPT2, SMOLLM3, GPT_OSS, DEEPSEEK_V3)}
+FAMILIES: dict[str, Family] = {
+    family.name: family for family in (LLAMA, GPT2, SMOLLM3, GPT_OSS, DEEPSEEK_V3, GEMMA3)
+}
 
 
 def family_for(model: LanguageModel, family: str | None = None) -> Family:
