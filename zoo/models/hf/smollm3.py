@@ -18,30 +18,20 @@ if TYPE_CHECKING:
 
 def hf_config(model: LanguageModel, layers: Sequence[Mapping[str, Any]], tied: bool) -> Any:
     """The ``SmolLM3Config`` of a model the family holds: Llama's settings, each layer's rotary or none explicit."""
-    first, attn = layers[0], model.blocks[0].attn
+    first = layers[0]
     rotary = next((layer for layer in layers if layer["block.pos"] == "rotary"), {"block.pos.base": 10000.0})
     return transformers_module().SmolLM3Config(
-        vocab_size=model.embed.num_embeddings,
-        hidden_size=model.embed.embedding_dim,
-        intermediate_size=model.blocks[0].mlp.hidden,
-        num_hidden_layers=len(model.blocks),
-        num_attention_heads=attn.n_heads,
-        num_key_value_heads=attn.n_kv_heads,
-        head_dim=attn.d_head,  # read by SmolLM3's attention when set (its default: hidden_size / heads)
+        **llama.shared_sizes(model, layers, tied),  # head_dim read by SmolLM3's attention when set
         hidden_act=hf_activation(llama.GLU_ACTS[first["block.mlp"]], first),
-        rms_norm_eps=first["block.norm.eps"],
         rope_parameters={"rope_type": "default", "rope_theta": rotary["block.pos.base"]},
         no_rope_layers=[int(layer["block.pos"] == "rotary") for layer in layers],
         layer_types=["full_attention"] * len(layers),
         use_sliding_window=False,
         attention_bias=first["block.bias"],
         mlp_bias=first["block.bias"],
-        max_position_embeddings=first["block.max_len"] or 4096,
-        tie_word_embeddings=tied,
         pad_token_id=None,
         bos_token_id=None,
         eos_token_id=None,
-        torch_dtype="float32",
     )
 
 
