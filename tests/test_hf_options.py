@@ -31,6 +31,14 @@ BASES: dict[str, dict[str, Any]] = {
               "attn": "gqa", "pos": "rotary", "mlp": "swiglu"},
     "gpt2": {"d_model": 32, "n_heads": 4, "bias": True, "max_len": 16, "placement": "pre", "norm": "layernorm",
              "attn": "mha", "pos": "learned", "mlp": "gelu"},
+    "olmo_hybrid": {"d_model": 32, "n_heads": 4, "bias": False, "max_len": 16, "placement": "reordered",
+                    "norm": "rmsnorm", "attn": {"name": "mha", "qk_norm": "rmsnorm", "qk_norm_scope": "all_heads"},
+                    "pos": "none", "mlp": "swiglu"},
+}  # fmt: skip
+#: A family's base layer pattern (a hybrid's), the block above on its layers unless an entry overrides it.
+PATTERNS: dict[str, list[dict[str, Any]]] = {
+    "olmo_hybrid": [{"placement": "pre", "pos": "none", "attn": {"name": "gated_deltanet", "d_key": 6, "head_dim": 12,
+                                                                 "allow_neg_eigval": True}}, {}],
 }  # fmt: skip
 MODEL = {"n_layers": 2, "vocab_size": 64}
 #: Values for settings whose type alone does not say what to try (a canon site string, sizes).
@@ -118,7 +126,7 @@ def setting_cases(family: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def config_of(family: str, change: dict[str, Any]) -> dict[str, Any]:
-    block, model, objective = dict(BASES[family]), dict(MODEL), None
+    block, model, objective = dict(BASES[family]), {**MODEL, "pattern": PATTERNS.get(family, [])}, None
     for key, value in change.items():
         if key == "model":
             model.update(value)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zoo.core.errors import ConfigError
-from zoo.models.hf.weights import Entry, Geometry
+from zoo.models.hf.weights import Entry, Geometry, geometry
 
 if TYPE_CHECKING:
     from zoo.models.language import LanguageModel
@@ -98,6 +98,11 @@ class Family:
     on every layer). ``weights``: the weight table. ``hf_config``: the transformers config of a model it
     holds (its layers' settings and whether the head is tied); ``zoo_config``: the zoo config (``block`` and
     ``model``) of a transformers config of this family, refusing what zoo cannot build.
+
+    A hybrid family sorts its layers into kinds (``kind``: a layer's settings -> its kind, as transformers'
+    ``layer_types``): then a setting in ``varies`` may differ between kinds but not within one. A setting only some
+    layers hold (an option of one kind's mixer) is checked on those. ``stack``: refusals of the layers taken
+    together (a kind the family needs and the model lacks).
     """
 
     name: str
@@ -108,6 +113,8 @@ class Family:
     hf_config: Callable[[LanguageModel, Sequence[Mapping[str, Any]], bool], Any]
     zoo_config: Callable[[Any], dict[str, Any]]
     varies: frozenset[str] = field(default_factory=frozenset)
+    kind: Callable[[Mapping[str, Any]], str] | None = None
+    stack: Callable[[Sequence[Mapping[str, Any]]], list[Refusal]] | None = None
 
     @property
     def title(self) -> str:
@@ -116,19 +123,26 @@ class Family:
     def refusals(self, model: LanguageModel) -> list[Refusal]:
         """Every setting of ``model`` this family cannot hold, in the order the layers' settings list them."""
         layers, defaults = model_settings(model)
+        kinds = [self.kind(layer) if self.kind is not None else "" for layer in layers]
         found: list[Refusal] = []
-        for key, first in layers[0].items():
-            values = [layer[key] for layer in layers]
-            differs = next((i for i, v in enumerate(values) if v != first), None)
-            if differs is not None and key not in self.varies:
-                name = layer_key(key, differs)
-                found.append(Refusal(name, values[differs], f"every layer alike in {key} (layer 0 has {first!r})"))
+        for key in dict.fromkeys(k for layer in layers for k in layer):
+            holders = [i for i, layer in enumerate(layers) if key in layer]
+            within = key in self.varies and self.kind is not None  # alike within each kind only
+            group = {i: kinds[i] if within else "" for i in holders}
+            first: dict[str, int] = {}
+            for i in holders:
+                first.setdefault(group[i], i)
+            differs = next((i for i in holders if layers[i][key] != layers[first[group[i]]][key]), None)
+            if differs is not None and (key not in self.varies or within):
+                j, which = first[group[differs]], f"{group[differs]} " if within else ""
+                needs = f"every {which}layer alike in {key} (layer {j} has {layers[j][key]!r})"
+                found.append(Refusal(layer_key(key, differs), layers[differs][key], needs))
                 continue
-            wrong = [i for i, layer in enumerate(layers) if not self.accepts(key, layer[key], layer, defaults[i])]
+            wrong = [i for i in holders if not self.accepts(key, layers[i][key], layers[i], defaults[i])]
             if wrong:
-                name = key if len(wrong) == len(layers) and differs is None else layer_key(key, wrong[0])
+                name = key if len(wrong) == len(holders) and differs is None else layer_key(key, wrong[0])
                 found.append(Refusal(name, layers[wrong[0]][key], self.needs(key, defaults[wrong[0]])))
-        return found
+        return (self.stack(layers) if self.stack is not None else []) + found
 
     def accepts(self, key: str, value: Any, layer: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
         holds = self.holds.get(key)
@@ -140,7 +154,8 @@ class Family:
 
     def geometries(self, model: LanguageModel) -> list[Geometry]:
         """Each layer's heads, for the weight layouts."""
-        return [Geometry(block.attn.n_heads, block.attn.n_kv_heads) for block in model.blocks]
+        return [geometry(block.attn, spec["attn"].part.name) for block, spec in zip(model.blocks, model.specs,
+                                                                                      strict=True)]  # fmt: skip
 
 
 def model_settings(model: LanguageModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
