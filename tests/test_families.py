@@ -58,16 +58,19 @@ def gated_deltanet(backend: str, **options: Any) -> torch.nn.Module:
 
 def linear_config(cls: type, **extra: Any) -> Any:
     """A transformers config of one linear-attention layer (and the full-attention layer some families require)."""
-    return cls(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-               layer_types=["linear_attention", "full_attention"], linear_num_key_heads=KEY_HEADS,
-               linear_num_value_heads=VALUE_HEADS, linear_key_head_dim=D_KEY, linear_value_head_dim=D_VALUE,
-               linear_conv_kernel_dim=4, **extra)  # fmt: skip
+    sizes = dict(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                 layer_types=["linear_attention", "full_attention"], linear_num_key_heads=KEY_HEADS,
+                 linear_num_value_heads=VALUE_HEADS, linear_key_head_dim=D_KEY, linear_value_head_dim=D_VALUE,
+                 linear_conv_kernel_dim=4)  # fmt: skip
+    return cls(**{**sizes, **extra})
 
 
-def copy_rates_and_output(ours: torch.nn.Module, conv: torch.Tensor, w: dict[str, torch.Tensor], out: str) -> None:
+def copy_rates_and_output(
+    ours: torch.nn.Module, conv: torch.Tensor, w: dict[str, torch.Tensor], out: str, d_value: int = D_VALUE
+) -> None:
     """The convolution (transformers' channels: every query, every key, every value; zoo's: by key head, stored
     less the identity kernel), A_log, dt_bias and the output projection."""
-    cq, ck, cv = conv.split([KEY_HEADS * D_KEY, KEY_HEADS * D_KEY, VALUE_HEADS * D_VALUE])
+    cq, ck, cv = conv.split([KEY_HEADS * D_KEY, KEY_HEADS * D_KEY, VALUE_HEADS * d_value])
     ours.conv.copy_(by_key_head(cq, ck, cv, groups=KEY_HEADS) - ours.present)
     ours.a_log.copy_(w["A_log"])
     ours.dt.copy_(w["dt_bias"])
@@ -102,19 +105,24 @@ def test_gated_deltanet_equals_qwen3_next_with_more_value_heads_than_key_heads(b
         torch.testing.assert_close(ours(x), theirs(x), **TOL)
 
 
-@pytest.mark.parametrize("allow_neg_eigval", [False, True])
+@pytest.mark.parametrize(("allow_neg_eigval", "d_value"), [(False, D_VALUE), (True, D_VALUE), (True, 2 * D_KEY)])
 @pytest.mark.parametrize("backend", ["sdpa", "math"])
-def test_gated_deltanet_equals_olmo_hybrid_with_and_without_negative_eigenvalues(backend, allow_neg_eigval, float64):
+def test_gated_deltanet_equals_olmo_hybrid_with_and_without_negative_eigenvalues(
+    backend, allow_neg_eigval, d_value, float64
+):
     """OlmoHybridGatedDeltaNet: separate q, k, v, a, b and gate projections, beta x 2 under allow_neg_eigval, its
-    output norm at fla's 1e-5 (zoo's default)."""
+    output norm at fla's 1e-5 (zoo's default); value heads as wide as d_model / n_heads, or wider (head_dim: the
+    released model's linear_value_head_dim = 2 linear_key_head_dim)."""
     from transformers import OlmoHybridConfig
     from transformers.models.olmo_hybrid import modeling_olmo_hybrid as olmo
 
     float64(olmo)
     torch.manual_seed(0)
-    config = linear_config(OlmoHybridConfig, linear_allow_neg_eigval=allow_neg_eigval)
+    config = linear_config(OlmoHybridConfig, linear_allow_neg_eigval=allow_neg_eigval, linear_value_head_dim=d_value)
     theirs = drawn(olmo.OlmoHybridGatedDeltaNet(config, 0))
-    ours = gated_deltanet(backend, allow_neg_eigval=allow_neg_eigval)
+    width = {} if d_value == D_VALUE else {"head_dim": d_value}
+    ours = gated_deltanet(backend, allow_neg_eigval=allow_neg_eigval, **width)
+    assert ours.out.weight.shape == (D, VALUE_HEADS * d_value)
     w = dict(theirs.named_parameters())
     with torch.no_grad():
         ours.qkv.weight.copy_(by_key_head(w["q_proj.weight"], w["k_proj.weight"], w["v_proj.weight"], groups=KEY_HEADS))
@@ -122,7 +130,7 @@ def test_gated_deltanet_equals_olmo_hybrid_with_and_without_negative_eigenvalues
         ours.beta.weight.copy_(w["b_proj.weight"])
         ours.decay.weight.copy_(w["a_proj.weight"])
         ours.norm.weight.copy_(w["o_norm.weight"])
-        copy_rates_and_output(ours, w["conv1d.weight"], w, "o_proj.weight")
+        copy_rates_and_output(ours, w["conv1d.weight"], w, "o_proj.weight", d_value)
         x = torch.randn(2, 11, D, dtype=torch.float64)
         torch.testing.assert_close(ours(x), theirs(x), **TOL)
 

@@ -149,6 +149,11 @@ COVERING = {
     "deepseek_v3": [["preset=deepseek_v3"], ["preset=deepseek_v3", "block.attn.q_rank=null"]],
     "gemma3": [["preset=gemma3", "model.pattern=[{attn: {window: 3}, pos: {base: 100.0}},{}]"],
                ["preset=gemma3", "model.pattern=[]", "model.tie_embeddings=false"]],
+    "olmo_hybrid": [
+        ["preset=olmo_hybrid", "model.pattern=[{placement: pre, pos: none, attn: {name: gated_deltanet}},{}]"],
+        ["preset=olmo_hybrid", "model.tie_embeddings=true", "model.pattern=[{placement: pre, pos: none, "
+         "attn: {name: gated_deltanet}},{}]"],
+    ],
 }
 
 
@@ -157,12 +162,13 @@ def test_each_table_maps_every_key_of_both_sides_and_every_entry_is_used(name):
     table, used = FAMILIES[name].weights, set()
     for overrides in COVERING[name]:
         model = perturbed(overrides)
-        theirs = to_hf_model(model)
+        theirs, geometries = to_hf_model(model), FAMILIES[name].geometries(model)
         state = theirs.state_dict()  # parameters, and persistent buffers (a router's bias)
         hf_keys = [k for k, _ in [*theirs.named_parameters(), *theirs.named_buffers()] if k in state]
         for side, keys in (("zoo", list(model.state_dict())), ("hf", hf_keys)):
             for key in keys:
-                entries = [i for i, entry in enumerate(table) if entry.match(side, key) is not None]
+                entries = [i for i, entry in enumerate(table) if (found := entry.match(side, key)) is not None
+                           and entry.applies(geometries[int(found.get("i", 0))])]  # fmt: skip
                 assert len(entries) == 1, f"{side} key {key} is mapped by {len(entries)} entries of {name}'s table"
                 used.add((side, entries[0]))
     assert used == {(side, i) for i in range(len(table)) for side in ("zoo", "hf")}

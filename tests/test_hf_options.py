@@ -43,13 +43,19 @@ BASES: dict[str, dict[str, Any]] = {
     "gemma3": {"d_model": 32, "n_heads": 4, "bias": False, "max_len": 16, "placement": "sandwich",
                "norm": {"name": "rmsnorm", "zero_centred": True}, "attn": {"name": "gqa", "qk_norm": "rmsnorm"},
                "pos": "rotary", "mlp": {"name": "geglu", "approximate": "tanh"}},
+    "olmo_hybrid": {"d_model": 32, "n_heads": 4, "bias": False, "max_len": 16, "placement": "reordered",
+                    "norm": "rmsnorm", "attn": {"name": "mha", "qk_norm": "rmsnorm", "qk_norm_scope": "all_heads"},
+                    "pos": "none", "mlp": "swiglu"},
 }  # fmt: skip
 MODEL = {"n_layers": 2, "vocab_size": 64}
 #: A family's model settings its base needs beside MODEL's (SmolLM3's NoPE layer, Gemma 3's scaled embedding).
+#: (A hybrid's pattern: the block above on its layers unless an entry overrides it.)
 BASE_MODELS: dict[str, dict[str, Any]] = {
     "smollm3": {"pattern": [{}, {"pos": "none"}]},
     "gemma3": {"scale_embedding": True},
-}
+    "olmo_hybrid": {"pattern": [{"placement": "pre", "pos": "none", "attn": {
+        "name": "gated_deltanet", "d_key": 6, "head_dim": 12, "allow_neg_eigval": True}}, {}]},
+}  # fmt: skip
 #: Values for settings whose type alone does not say what to try (a canon site string, sizes).
 SAMPLES: dict[str, list[Any]] = {
     "block.canon": ["ac", "abcd"], "block.max_len": [None, 64], "block.dropout": [0.1], "block.d_ff": [40],

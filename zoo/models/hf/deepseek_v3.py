@@ -13,7 +13,6 @@ extra heads (zoo.models.hf.export.folded_weights)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,14 +29,6 @@ if TYPE_CHECKING:
 DENSE, MOE = "swiglu", "moe"
 
 
-@dataclass(frozen=True)
-class LatentGeometry(Geometry):
-    """A latent-attention layer's heads: each head's content (``d_head``) and rotary (``rope_dim``) query rows."""
-
-    d_head: int
-    rope_dim: int
-
-
 def _interleaved(rows: torch.Tensor, width: int) -> torch.Tensor:
     """Each ``width``-row group from halves (i, i + width/2) to interleaved pairs (2i, 2i + 1)."""
     return rearrange(rows, "(g two half) ... -> (g half two) ...", two=2, half=width // 2)
@@ -48,7 +39,7 @@ def _halves(rows: torch.Tensor, width: int) -> torch.Tensor:
     return rearrange(rows, "(g half two) ... -> (g two half) ...", two=2, half=width // 2)
 
 
-def _query_rope(ts: list[torch.Tensor], g: LatentGeometry, permute: Any) -> list[torch.Tensor]:
+def _query_rope(ts: list[torch.Tensor], g: Geometry, permute: Any) -> list[torch.Tensor]:
     """Each head's rotary rows of a query projection (per head: d_head content, then rope_dim rotary rows) permuted."""
     heads = rearrange(ts[0], "(h f) ... -> h f ...", h=g.n_heads)
     rope = rearrange(permute(rearrange(heads[:, g.d_head :], "h f ... -> (h f) ..."), g.rope_dim),
@@ -56,7 +47,7 @@ def _query_rope(ts: list[torch.Tensor], g: LatentGeometry, permute: Any) -> list
     return [rearrange(torch.cat([heads[:, : g.d_head], rope], 1), "h f ... -> (h f) ...")]
 
 
-def _key_rope(ts: list[torch.Tensor], g: LatentGeometry, permute: Any) -> list[torch.Tensor]:
+def _key_rope(ts: list[torch.Tensor], g: Geometry, permute: Any) -> list[torch.Tensor]:
     """The shared rotary key's rows (the last rope_dim of the down-projection, after the latent's) permuted."""
     latent, rope = ts[0][: -g.rope_dim], ts[0][-g.rope_dim :]
     return [torch.cat([latent, permute(rope, g.rope_dim)])]
@@ -103,7 +94,8 @@ class LatentFamily(Family):
     stack's arrangement (dense layers, then experts) is checked beside each setting."""
 
     def geometries(self, model: LanguageModel) -> list[Geometry]:
-        return [LatentGeometry(b.attn.n_heads, b.attn.n_heads, b.attn.d_head, b.attn.rope_dim) for b in model.blocks]
+        return [Geometry(b.attn.n_heads, b.attn.n_heads, d_head=b.attn.d_head, rope_dim=b.attn.rope_dim)
+                for b in model.blocks]  # fmt: skip
 
     def refusals(self, model: LanguageModel) -> list[Refusal]:
         return super().refusals(model) or arrangement(model)

@@ -22,6 +22,7 @@ from zoo.models.hf.gemma3 import GEMMA3
 from zoo.models.hf.gpt2 import GPT2
 from zoo.models.hf.gpt_oss import GPT_OSS
 from zoo.models.hf.llama import LLAMA
+from zoo.models.hf.olmo_hybrid import OLMO_HYBRID
 from zoo.models.hf.smollm3 import SMOLLM3
 from zoo.models.hf.weights import convert
 from zoo.models.language import LanguageModel, build_model
@@ -29,7 +30,7 @@ from zoo.parts.attention import fuse_qkv, split_qkv
 
 #: Every family zoo exports to and imports from, by name, in the order an export tries them.
 FAMILIES: dict[str, Family] = {
-    family.name: family for family in (LLAMA, GPT2, SMOLLM3, GPT_OSS, DEEPSEEK_V3, GEMMA3)
+    family.name: family for family in (LLAMA, GPT2, SMOLLM3, GPT_OSS, DEEPSEEK_V3, GEMMA3, OLMO_HYBRID)
 }
 
 
@@ -63,7 +64,7 @@ def folded_weights(model: LanguageModel) -> dict[str, torch.Tensor]:
     predict nothing at inference: left out. ``model`` itself is not changed."""
     weights = {k: v.detach().float().clone() for k, v in model.state_dict().items() if not k.startswith("mtp.")}
     for i, block in enumerate(model.blocks):
-        scale = block.attn.score_scale
+        scale = getattr(block.attn, "score_scale", None)  # a mixer without scores (Gated DeltaNet) has none
         if scale is None:
             continue
         factor = scale * math.sqrt(block.attn.d_head)

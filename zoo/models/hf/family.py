@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zoo.core.errors import ConfigError
-from zoo.models.hf.weights import Entry, Geometry
+from zoo.models.hf.weights import Entry, Geometry, geometry
 
 if TYPE_CHECKING:
     from zoo.models.language import LanguageModel
@@ -97,8 +97,12 @@ class Family:
     its default. ``varies``: the settings that may differ from layer to layer (every other one is the same
     on every layer). ``weights``: the weight table. ``hf_config``: the transformers config of a model it
     holds (its layers' settings and whether the head is tied); ``zoo_config``: the zoo config (``block`` and
-    ``model``) of a transformers config of this family, refusing what zoo cannot build. ``across``: the refusals
-    that read every layer at once (a setting that may vary, but must agree wherever it is set), after the others.
+    ``model``) of a transformers config of this family, refusing what zoo cannot build.
+
+    A hybrid family sorts its layers into kinds (``kind``: a layer's settings -> its kind, as transformers'
+    ``layer_types``): then a setting in ``varies`` may differ between kinds but not within one. A setting only some
+    layers hold (an option of one kind's mixer) is checked on those. ``across``: refusals of the layers taken
+    together (a kind the family needs and the model lacks; one window for every sliding layer), reported first.
     """
 
     name: str
@@ -109,6 +113,7 @@ class Family:
     hf_config: Callable[[LanguageModel, Sequence[Mapping[str, Any]], bool], Any]
     zoo_config: Callable[[Any], dict[str, Any]]
     varies: frozenset[str] = field(default_factory=frozenset)
+    kind: Callable[[Mapping[str, Any]], str] | None = None
     across: Callable[[Sequence[Mapping[str, Any]]], list[Refusal]] = lambda layers: []
 
     @property
@@ -120,21 +125,26 @@ class Family:
         setting only some layers have (``block.pos.base`` beside a layer of ``pos=none``, a mixture of experts'
         options beside a dense layer) is checked on those."""
         layers, defaults = model_settings(model)
+        kinds = [self.kind(layer) if self.kind is not None else "" for layer in layers]
         found: list[Refusal] = []
-        for key in dict.fromkeys(key for layer in layers for key in layer):
-            present = [i for i, layer in enumerate(layers) if key in layer]
-            first = layers[present[0]][key]
-            differs = next((i for i in present if layers[i][key] != first), None)
-            if differs is not None and key not in self.varies:
-                name = layer_key(key, differs)
-                alike = f"every layer alike in {key} (layer {present[0]} has {first!r})"
-                found.append(Refusal(name, layers[differs][key], alike))
+        for key in dict.fromkeys(k for layer in layers for k in layer):
+            holders = [i for i, layer in enumerate(layers) if key in layer]
+            within = key in self.varies and self.kind is not None  # alike within each kind only
+            group = {i: kinds[i] if within else "" for i in holders}
+            first: dict[str, int] = {}
+            for i in holders:
+                first.setdefault(group[i], i)
+            differs = next((i for i in holders if layers[i][key] != layers[first[group[i]]][key]), None)
+            if differs is not None and (key not in self.varies or within):
+                j, which = first[group[differs]], f"{group[differs]} " if within else ""
+                needs = f"every {which}layer alike in {key} (layer {j} has {layers[j][key]!r})"
+                found.append(Refusal(layer_key(key, differs), layers[differs][key], needs))
                 continue
-            wrong = [i for i in present if not self.accepts(key, layers[i][key], layers[i], defaults[i])]
+            wrong = [i for i in holders if not self.accepts(key, layers[i][key], layers[i], defaults[i])]
             if wrong:
-                name = key if len(wrong) == len(present) and differs is None else layer_key(key, wrong[0])
+                name = key if len(wrong) == len(holders) and differs is None else layer_key(key, wrong[0])
                 found.append(Refusal(name, layers[wrong[0]][key], self.needs(key, defaults[wrong[0]])))
-        return found + self.across(layers)
+        return self.across(layers) + found
 
     def accepts(self, key: str, value: Any, layer: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
         holds = self.holds.get(key)
@@ -146,7 +156,8 @@ class Family:
 
     def geometries(self, model: LanguageModel) -> list[Geometry]:
         """Each layer's heads, for the weight layouts."""
-        return [Geometry(block.attn.n_heads, block.attn.n_kv_heads) for block in model.blocks]
+        return [geometry(block.attn, spec["attn"].part.name) for block, spec in zip(model.blocks, model.specs,
+                                                                                      strict=True)]  # fmt: skip
 
 
 def model_settings(model: LanguageModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

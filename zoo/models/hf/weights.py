@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from einops import rearrange
@@ -17,10 +18,26 @@ from zoo.parts.mlps import fuse_gate_up, split_gate_up
 
 @dataclass(frozen=True)
 class Geometry:
-    """What a layout needs of one layer: its query and key/value heads."""
+    """What a layout needs of one layer: its query and key/value heads; ``mixer``, its attention part's name
+    (an entry may apply to some mixers only); a Gated DeltaNet's key heads and their width (``n_key_heads``,
+    ``d_key``) and its value heads' width (``d_head``); a latent attention's content (``d_head``) and rotary
+    (``rope_dim``) query rows per head."""
 
     n_heads: int
     n_kv_heads: int
+    mixer: str = ""
+    n_key_heads: int = 0
+    d_key: int = 0
+    d_head: int = 0
+    rope_dim: int = 0
+
+
+def geometry(attn: Any, mixer: str = "") -> Geometry:
+    """The :class:`Geometry` of a layer whose attention part is ``attn`` (named ``mixer``)."""
+    return Geometry(
+        attn.n_heads, getattr(attn, "n_kv_heads", attn.n_heads), mixer, getattr(attn, "n_key_heads", 0),
+        getattr(attn, "d_key", 0), getattr(attn, "d_head", 0),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,47 @@ CAT_QKV = SPLIT_QKV.then(Layout("concatenated", lambda ts, g: [torch.cat(ts)], l
 SPLIT_GATE_UP = Layout("split gate_up", lambda ts, g: list(split_gate_up(ts[0])), lambda ts, g: [fuse_gate_up(*ts)])
 
 
+def _by_key_head(t: torch.Tensor, g: Geometry) -> list[torch.Tensor]:
+    """A Gated DeltaNet's rows grouped by key head (each key head's query, key, then its value heads' values:
+    zoo's ``qkv`` and convolution) -> [all queries, all keys, all values]."""
+    sizes = [g.d_key, g.d_key, g.n_heads // g.n_key_heads * g.d_head]
+    grouped = rearrange(t, "(h n) ... -> h n ...", h=g.n_key_heads).split(sizes, 1)
+    return [rearrange(part, "h n ... -> (h n) ...") for part in grouped]
+
+
+def _to_key_heads(ts: list[torch.Tensor], g: Geometry) -> torch.Tensor:
+    """The inverse of :func:`_by_key_head`: [all queries, all keys, all values] -> rows grouped by key head."""
+    parts = [rearrange(t, "(h n) ... -> h n ...", h=g.n_key_heads) for t in ts]
+    return rearrange(torch.cat(parts, 1), "h n ... -> (h n) ...")
+
+
+#: A Gated DeltaNet's ``qkv`` (rows by key head) <-> separate q, k and v projections (OLMo-Hybrid's).
+SPLIT_DELTA_QKV = Layout("split Gated DeltaNet qkv", lambda ts, g: _by_key_head(ts[0], g),
+                         lambda ts, g: [_to_key_heads(ts, g)])  # fmt: skip
+
+
+def _identity_tap(kernel: torch.Tensor) -> torch.Tensor:
+    """A depthwise kernel (channels, 1, taps) that is one at the present token (the last tap)."""
+    present = torch.zeros_like(kernel)
+    present[..., -1] = 1.0
+    return present
+
+
+def _conv_out(ts: list[torch.Tensor], g: Geometry) -> list[torch.Tensor]:
+    kernel = ts[0] + _identity_tap(ts[0])
+    return [torch.cat(_by_key_head(kernel, g))]
+
+
+def _conv_back(ts: list[torch.Tensor], g: Geometry) -> list[torch.Tensor]:
+    kernel = _to_key_heads(list(ts[0].split([g.n_key_heads * g.d_key] * 2 + [g.n_heads * g.d_head])), g)
+    return [kernel - _identity_tap(kernel)]
+
+
+#: A Gated DeltaNet's short convolution: zoo's kernel (channels by key head, stored less the identity tap) <->
+#: one depthwise kernel over every query channel, then every key, then every value (``conv1d.weight``).
+DELTA_CONV = Layout("Gated DeltaNet convolution", _conv_out, _conv_back)
+
+
 #: zoo's interleaved gate_up of every expert, stacked (experts, 2 f, d) <-> each expert's f gate rows, then its f up
 #: rows, stacked the same way (transformers' ``experts.gate_up_proj`` of DeepSeek-V3, Qwen3-Next and the like).
 STACKED_GATE_UP = Layout(
@@ -109,6 +167,13 @@ class Entry:
     zoo: tuple[str, ...]
     hf: tuple[str, ...]
     layout: Layout = SAME
+    #: The layer mixers (zoo's attention part names) it applies to; empty: every layer (a hybrid's layers of
+    #: different mixers hold different keys, or the same zoo key under another transformers name).
+    mixers: tuple[str, ...] = ()
+
+    def applies(self, geometry: Geometry) -> bool:
+        """Whether the entry maps a layer of this geometry."""
+        return not self.mixers or geometry.mixer in self.mixers
 
     def keys(self, side: str) -> tuple[str, ...]:
         return self.zoo if side == "zoo" else self.hf
@@ -125,11 +190,12 @@ class Entry:
         return None
 
 
-def per_layer(prefix: str) -> Callable[..., Entry]:
-    """Entries for every layer: ``blocks.{i}.`` + a zoo key <-> ``prefix`` + each of the space-separated hf keys."""
+def per_layer(prefix: str, mixers: tuple[str, ...] = ()) -> Callable[..., Entry]:
+    """Entries for every layer (``mixers``: those layers only): ``blocks.{i}.`` + a zoo key <-> ``prefix`` + each
+    of the space-separated hf keys."""
 
     def entry(zoo: str, hf: str, layout: Layout = SAME) -> Entry:
-        return Entry((f"blocks.{{i}}.{zoo}",), tuple(prefix + key for key in hf.split()), layout)
+        return Entry((f"blocks.{{i}}.{zoo}",), tuple(prefix + key for key in hf.split()), layout, mixers)
 
     return entry
 
@@ -153,7 +219,8 @@ def convert(
     for key in weights:
         if key in used:
             continue
-        entry, values = next(((e, v) for e in table if (v := e.match(source, key)) is not None), (None, None))
+        entry, values = next(((e, v) for e in table if (v := e.match(source, key)) is not None
+                              and e.applies(geometries[int(v.get("i", 0))])), (None, None))  # fmt: skip
         if entry is None:
             raise ValueError(f"{key}: no entry of {name}'s weight table maps it (zoo.models.hf)")
         groups = [source_keys(pattern, values, weights) for pattern in entry.keys(source)]
