@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -229,3 +230,17 @@ def registered(*entries: tuple[Registry, str, type]) -> Iterator[None]:
         for registry, name, _ in entries:
             if name in registry:
                 registry.unregister(name)
+
+
+class Float64Torch(types.ModuleType):
+    """``torch`` as a transformers module sees it, with ``torch.float32`` and ``torch.float`` read as float64."""
+
+    def __getattr__(self, name: str) -> Any:
+        return torch.float64 if name in ("float32", "float") else getattr(torch, name)
+
+
+def lift_float32(monkeypatch: Any, module: types.ModuleType) -> None:
+    """The float32 casts of a transformers modeling ``module`` (``torch.float32``, ``.float()``) compute in float64
+    while ``monkeypatch`` lasts, so that only a difference in the computation exceeds a float64 tolerance."""
+    monkeypatch.setattr(module, "torch", Float64Torch("torch"))
+    monkeypatch.setattr(torch.Tensor, "float", lambda self, *args, **kwargs: self)

@@ -31,8 +31,19 @@ BASES: dict[str, dict[str, Any]] = {
               "attn": "gqa", "pos": "rotary", "mlp": "swiglu"},
     "gpt2": {"d_model": 32, "n_heads": 4, "bias": True, "max_len": 16, "placement": "pre", "norm": "layernorm",
              "attn": "mha", "pos": "learned", "mlp": "gelu"},
+    "qwen3_next": {"d_model": 32, "n_heads": 4, "d_ff": 16, "bias": False, "max_len": 16, "placement": "pre",
+                   "norm": {"name": "rmsnorm", "zero_centred": True},
+                   "attn": {"name": "gqa", "head_dim": 16, "qk_norm": "rmsnorm", "gate": "elementwise"},
+                   "pos": {"name": "rotary", "rotary_fraction": 0.5},
+                   "mlp": {"name": "moe", "n_experts": 4, "n_shared": 1, "shared_gate": True}},
 }  # fmt: skip
 MODEL = {"n_layers": 2, "vocab_size": 64}
+#: A family's own model settings over MODEL (a hybrid's pattern: its Gated DeltaNet layer, values 2 d_model wide and
+#: two value heads per key head, then the block).
+MODELS: dict[str, dict[str, Any]] = {
+    "qwen3_next": {"pattern": [{"pos": "none", "attn": {"name": "gated_deltanet", "n_key_heads": 2, "head_dim": 16,
+                                                        "norm_eps": 1e-6}}, {}]},
+}  # fmt: skip
 #: Values for settings whose type alone does not say what to try (a canon site string, sizes).
 SAMPLES: dict[str, list[Any]] = {
     "block.canon": ["ac", "abcd"], "block.max_len": [None, 64], "block.dropout": [0.1], "block.d_ff": [40],
@@ -118,7 +129,7 @@ def setting_cases(family: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def config_of(family: str, change: dict[str, Any]) -> dict[str, Any]:
-    block, model, objective = dict(BASES[family]), dict(MODEL), None
+    block, model, objective = dict(BASES[family]), {**MODEL, **MODELS.get(family, {})}, None
     for key, value in change.items():
         if key == "model":
             model.update(value)
@@ -188,7 +199,8 @@ def test_an_option_exports_with_the_same_logits_or_is_refused_by_name(family, na
     except ConfigError:
         pytest.skip("not a model zoo builds (the part's own checks refuse it)")
     layers, base_layers = model_settings(model)[0], base_settings(family)
-    changed = {key for a, b in zip(layers, base_layers, strict=False) for key in a if a[key] != b.get(key)}
+    # a key the base's layer lacks is changed too (a part's option that came with the part: a None shows no change)
+    changed = {key for a, b in zip(layers, base_layers, strict=False) for key in a if key not in b or a[key] != b[key]}
     try:
         theirs = to_hf_model(model, family)
     except ConfigError as error:

@@ -15,10 +15,13 @@ ATTENTIONS.document(
     "head_dim",
     values="null (d_model / n_heads), a positive integer",
     formula="q, k, v: n_heads (n_kv_heads) heads of head_dim features each, out: n_heads head_dim -> d_model; the "
-    "position part, the gate, the cache and value embeddings at that width; n_heads need not divide d_model",
+    "position part, the gate, the cache and value embeddings at that width; n_heads need not divide d_model. "
+    "gated_deltanet: its n_heads value heads of head_dim features (values, output gate and norm n_heads head_dim "
+    "wide, out: n_heads head_dim -> d_model; the keys d_key wide as set)",
     cost="6 seq_len n_heads head_dim for scores and weighted values in place of 6 seq_len d_model; under param=mup a "
     "set head_dim stays fixed (qkv an output matrix, out an input one, the scores at their standard scale)",
-    reference="Gemma Team 2025, Gemma 3 Technical Report, arXiv:2503.19786 (head_dim 256); Qwen3-Next; "
+    reference="Gemma Team 2025, Gemma 3 Technical Report, arXiv:2503.19786 (head_dim 256); Qwen3-Next (its "
+    "attention's 256, its Gated DeltaNet's linear_value_head_dim); "
     "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925",
 )
 ATTENTIONS.document(

@@ -10,6 +10,7 @@ the reference, and every decoding step of one token).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -174,6 +175,9 @@ class GatedDeltaNet(nn.Module):
     gate g_i and overwrites the value stored under the key k_i (the delta rule: a step of size beta_i
     toward v_i), rather than adding to it.
 
+    Each value head is ``head_dim`` features wide (d_model / n_heads by default; OLMo-Hybrid's and Qwen3-Next's
+    value heads are wider), each key head ``d_key`` (default: the value heads' width).
+
     Per token: q, k, v from one projection ``qkv``, its rows grouped by key head: for each of the ``n_key_heads``
     (default n_heads), its query and key (d_key rows each), then the values of the n_heads / n_key_heads value heads
     that read it (d_head rows each; Qwen3-Next's layout, 16 key heads for 32 value heads); value head h reads key
@@ -207,6 +211,10 @@ class GatedDeltaNet(nn.Module):
     def check(cls, dims: BlockDims, **options: Any) -> None:
         if options["d_key"] is not None and options["d_key"] < 1:
             raise ConfigError("block.attn.d_key", options["d_key"], "must be a positive integer, or null for d_head")
+        if options["head_dim"] is not None and options["head_dim"] < 1:
+            raise ConfigError(
+                "block.attn.head_dim", options["head_dim"], "must be a positive integer, or null for d_model / n_heads"
+            )
         if options["conv"] < 1:
             raise ConfigError(
                 "block.attn.conv", options["conv"], "must be a positive integer (taps of the short convolution)"
@@ -259,6 +267,7 @@ class GatedDeltaNet(nn.Module):
         *,
         d_key: int | None = None,
         n_key_heads: int | None = None,
+        head_dim: int | None = None,
         conv: int = 4,
         chunk: int = 64,
         allow_neg_eigval: bool = False,
@@ -266,6 +275,8 @@ class GatedDeltaNet(nn.Module):
         backend: Literal["sdpa", "math"] = "sdpa",
     ) -> None:
         super().__init__()
+        if head_dim is not None:  # the assembly has set it already; a direct build gets it here
+            dims = replace(dims, head_dim=head_dim)
         self.n_heads, self.d_head = dims.n_heads, dims.d_head
         self.d_key = self.d_head if d_key is None else d_key
         self.n_key_heads = self.n_heads if n_key_heads is None else n_key_heads

@@ -95,7 +95,10 @@ class Family:
 
     ``holds``: the settings it maps (config keys) and the values it can hold; every other setting must hold
     its default. ``varies``: the settings that may differ from layer to layer (every other one is the same
-    on every layer). ``weights``: the weight table. ``hf_config``: the transformers config of a model it
+    on every layer that has it: a hybrid's two mixers have options of their own); ``alike_within``: of those,
+    the ones that must still be alike among the layers alike in another setting (Qwen3-Next's
+    ``block.attn.head_dim`` among the layers of one ``block.attn``). ``weights``: the weight table.
+    ``hf_config``: the transformers config of a model it
     holds (its layers' settings and whether the head is tied); ``zoo_config``: the zoo config (``block`` and
     ``model``) of a transformers config of this family, refusing what zoo cannot build.
     """
@@ -108,6 +111,7 @@ class Family:
     hf_config: Callable[[LanguageModel, Sequence[Mapping[str, Any]], bool], Any]
     zoo_config: Callable[[Any], dict[str, Any]]
     varies: frozenset[str] = field(default_factory=frozenset)
+    alike_within: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def title(self) -> str:
@@ -117,18 +121,35 @@ class Family:
         """Every setting of ``model`` this family cannot hold, in the order the layers' settings list them."""
         layers, defaults = model_settings(model)
         found: list[Refusal] = []
-        for key, first in layers[0].items():
-            values = [layer[key] for layer in layers]
-            differs = next((i for i, v in enumerate(values) if v != first), None)
-            if differs is not None and key not in self.varies:
-                name = layer_key(key, differs)
-                found.append(Refusal(name, values[differs], f"every layer alike in {key} (layer 0 has {first!r})"))
+        for key in dict.fromkeys(key for layer in layers for key in layer):  # layer 0's keys, then others' own
+            holders = [i for i, layer in enumerate(layers) if key in layer]
+            first = holders[0]
+            differs = self.differs(key, layers, holders)
+            if differs is not None:
+                group = self.alike_within.get(key)
+                alike = f"every layer alike in {key}" + (f" among those of one {group}" if group else "")
+                found.append(Refusal(layer_key(key, differs), layers[differs][key],
+                                     f"{alike} (layer {first} has {layers[first][key]!r})"))  # fmt: skip
                 continue
-            wrong = [i for i, layer in enumerate(layers) if not self.accepts(key, layer[key], layer, defaults[i])]
+            wrong = [i for i in holders if not self.accepts(key, layers[i][key], layers[i], defaults[i])]
             if wrong:
-                name = key if len(wrong) == len(layers) and differs is None else layer_key(key, wrong[0])
+                everywhere = wrong == holders and all(layers[i][key] == layers[first][key] for i in holders)
+                name = key if everywhere else layer_key(key, wrong[0])
                 found.append(Refusal(name, layers[wrong[0]][key], self.needs(key, defaults[wrong[0]])))
         return found
+
+    def differs(self, key: str, layers: Sequence[Mapping[str, Any]], holders: Sequence[int]) -> int | None:
+        """The first layer whose ``key`` differs where this family needs it alike (among every layer holding it,
+        or among those alike in the setting ``alike_within`` names), else None."""
+        if key in self.varies and key not in self.alike_within:
+            return None
+        group = self.alike_within.get(key)
+        seen: dict[Any, Any] = {}
+        for i in holders:
+            kind = repr(layers[i].get(group)) if group else None
+            if seen.setdefault(kind, layers[i][key]) != layers[i][key]:
+                return i
+        return None
 
     def accepts(self, key: str, value: Any, layer: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
         holds = self.holds.get(key)
@@ -139,8 +160,19 @@ class Family:
         return holds.what if holds is not None else f"{key}={defaults[key]!r} (its default: it has no counterpart)"
 
     def geometries(self, model: LanguageModel) -> list[Geometry]:
-        """Each layer's heads, for the weight layouts."""
-        return [Geometry(block.attn.n_heads, block.attn.n_kv_heads) for block in model.blocks]
+        """Each layer's heads (and what else a layout reads: :class:`Geometry`), for the weight layouts."""
+        return [geometry(block, spec["attn"].part.name) for block, spec in zip(model.blocks, model.specs, strict=True)]
+
+
+def geometry(block: Any, mixer: str) -> Geometry:
+    """One block's :class:`Geometry`: its attention's heads (a linear mixer's value heads, key heads and key width
+    where it has them) and its MLP's experts (0 without)."""
+    attn = block.attn
+    return Geometry(
+        attn.n_heads, getattr(attn, "n_kv_heads", attn.n_heads), d_head=attn.d_head,
+        n_key_heads=getattr(attn, "n_key_heads", 0), d_key=getattr(attn, "d_key", 0),
+        n_experts=getattr(block.mlp, "n_experts", 0), mixer=mixer,
+    )  # fmt: skip
 
 
 def model_settings(model: LanguageModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

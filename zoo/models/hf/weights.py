@@ -17,10 +17,18 @@ from zoo.parts.mlps import fuse_gate_up, split_gate_up
 
 @dataclass(frozen=True)
 class Geometry:
-    """What a layout needs of one layer: its query and key/value heads."""
+    """What a layout needs of one layer: its query and key/value heads; for a layout that needs more, each head's
+    width, a linear mixer's key heads and their width (Gated DeltaNet's ``n_key_heads``, ``d_key``), the experts of
+    its MLP (``n_experts``: an entry's ``{e}`` keys), and its mixer's name (an entry with ``mixer`` set applies to
+    that mixer's layers only)."""
 
     n_heads: int
     n_kv_heads: int
+    d_head: int = 0
+    n_key_heads: int = 0
+    d_key: int = 0
+    n_experts: int = 0
+    mixer: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,19 +81,21 @@ CAT_QKV = SPLIT_QKV.then(Layout("concatenated", lambda ts, g: [torch.cat(ts)], l
 SPLIT_GATE_UP = Layout("split gate_up", lambda ts, g: list(split_gate_up(ts[0])), lambda ts, g: [fuse_gate_up(*ts)])
 
 
-PLACEHOLDERS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)"}
+PLACEHOLDERS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)", "{e}": r"(?P<e>\d+)"}
 
 
 @dataclass(frozen=True)
 class Entry:
     """Keys on each side that hold the same weights, as patterns (``{i}``: a layer index; ``{p}``:
-    ``weight`` or ``bias``), and the layout between them. An entry applies where a state dict holds
-    one of its keys (a bias-free model has no ``.bias`` keys, a tied one no ``head.weight``), and
-    then needs all of that side's keys."""
+    ``weight`` or ``bias``; ``{e}``: every expert of the layer in turn, one key each), and the layout
+    between them. An entry applies where a state dict holds one of its keys (a bias-free model has no
+    ``.bias`` keys, a tied one no ``head.weight``), and then needs all of that side's keys; with ``mixer``
+    set, only on the layers of that mixer (a hybrid's two mixers may share zoo keys: ``attn.out``)."""
 
     zoo: tuple[str, ...]
     hf: tuple[str, ...]
     layout: Layout = SAME
+    mixer: str | None = None
 
     def keys(self, side: str) -> tuple[str, ...]:
         return self.zoo if side == "zoo" else self.hf
@@ -103,10 +113,12 @@ class Entry:
 
 
 def per_layer(prefix: str) -> Callable[..., Entry]:
-    """Entries for every layer: ``blocks.{i}.`` + a zoo key <-> ``prefix`` + each of the space-separated hf keys."""
+    """Entries for every layer: ``blocks.{i}.`` + each of the space-separated zoo keys <-> ``prefix`` + each of the
+    space-separated hf keys."""
 
-    def entry(zoo: str, hf: str, layout: Layout = SAME) -> Entry:
-        return Entry((f"blocks.{{i}}.{zoo}",), tuple(prefix + key for key in hf.split()), layout)
+    def entry(zoo: str, hf: str, layout: Layout = SAME, mixer: str | None = None) -> Entry:
+        zoo_keys = tuple(f"blocks.{{i}}.{key}" for key in zoo.split())
+        return Entry(zoo_keys, tuple(prefix + key for key in hf.split()), layout, mixer)
 
     return entry
 
@@ -130,15 +142,28 @@ def convert(
     for key in weights:
         if key in used:
             continue
-        entry, values = next(((e, v) for e in table if (v := e.match(source, key)) is not None), (None, None))
-        if entry is None:
+        found = [(e, v) for e in table if (v := e.match(source, key)) is not None]
+        found = [(e, v) for e, v in found if e.mixer in (None, geometries[int(v.get("i", 0))].mixer)]
+        if not found:
             raise ValueError(f"{key}: no entry of {name}'s weight table maps it (zoo.models.hf)")
-        keys = [pattern.format(**values) for pattern in entry.keys(source)]
+        entry, values = found[0]
+        geometry = geometries[int(values.get("i", 0))]
+        keys = expand(entry.keys(source), values, geometry)
         missing = [k for k in keys if k not in weights]
         if missing:
             raise ValueError(f"{missing[0]}: missing, and {name}'s weight table needs it with {key}")
         layout = entry.layout.out if to == "hf" else entry.layout.back
-        converted = layout([weights[k] for k in keys], geometries[int(values.get("i", 0))])
-        out.update(zip((pattern.format(**values) for pattern in entry.keys(target)), converted, strict=True))
+        converted = layout([weights[k] for k in keys], geometry)
+        out.update(zip(expand(entry.keys(target), values, geometry), converted, strict=True))
         used.update(keys)
     return out
+
+
+def expand(patterns: Sequence[str], values: Mapping[str, str], geometry: Geometry) -> list[str]:
+    """The keys of ``patterns`` at the placeholders' ``values``; a pattern with ``{e}`` once per expert of the
+    layer (``geometry.n_experts``), in order."""
+    keys = []
+    for pattern in patterns:
+        experts = range(geometry.n_experts) if "{e}" in pattern else [values.get("e")]
+        keys += [pattern.format(**{**values, "e": e}) for e in experts]
+    return keys
