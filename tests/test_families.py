@@ -56,43 +56,44 @@ def gated_deltanet(backend: str, **options: Any) -> torch.nn.Module:
     return block_part("attn", {**node, **options})
 
 
-def linear_config(cls: type, **extra: Any) -> Any:
+def linear_config(cls: type, d_value: int = D_VALUE, **extra: Any) -> Any:
     """A transformers config of one linear-attention layer (and the full-attention layer some families require)."""
     sizes = dict(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
                  layer_types=["linear_attention", "full_attention"], linear_num_key_heads=KEY_HEADS,
-                 linear_num_value_heads=VALUE_HEADS, linear_key_head_dim=D_KEY, linear_value_head_dim=D_VALUE,
+                 linear_num_value_heads=VALUE_HEADS, linear_key_head_dim=D_KEY, linear_value_head_dim=d_value,
                  linear_conv_kernel_dim=4)  # fmt: skip
     return cls(**{**sizes, **extra})
 
 
-def copy_rates_and_output(
-    ours: torch.nn.Module, conv: torch.Tensor, w: dict[str, torch.Tensor], out: str, d_value: int = D_VALUE
-) -> None:
+def copy_rates_and_output(ours: torch.nn.Module, conv: torch.Tensor, w: dict[str, torch.Tensor], out: str) -> None:
     """The convolution (transformers' channels: every query, every key, every value; zoo's: by key head, stored
     less the identity kernel), A_log, dt_bias and the output projection."""
-    cq, ck, cv = conv.split([KEY_HEADS * D_KEY, KEY_HEADS * D_KEY, VALUE_HEADS * d_value])
+    cq, ck, cv = conv.split([KEY_HEADS * D_KEY, KEY_HEADS * D_KEY, VALUE_HEADS * ours.d_head])
     ours.conv.copy_(by_key_head(cq, ck, cv, groups=KEY_HEADS) - ours.present)
     ours.a_log.copy_(w["A_log"])
     ours.dt.copy_(w["dt_bias"])
     ours.out.weight.copy_(w[out])
 
 
+@pytest.mark.parametrize("d_value", [D_VALUE, 2 * D_VALUE])
 @pytest.mark.parametrize("backend", ["sdpa", "math"])
-def test_gated_deltanet_equals_qwen3_next_with_more_value_heads_than_key_heads(backend, float64):
+def test_gated_deltanet_equals_qwen3_next_with_more_value_heads_than_key_heads(backend, d_value, float64):
     """Qwen3NextGatedDeltaNet (its torch fallback): in_proj_qkvz's rows by key head (q, k, the group's values, the
     group's gates z), in_proj_ba's (the group's b, then its a), the convolution over q, k, v, the gated RMSNorm at
-    rms_norm_eps = 1e-6."""
+    rms_norm_eps = 1e-6; value heads of d_model / n_heads (values d_model wide) and of linear_value_head_dim twice
+    that (2 d_model wide, as the released model's), zoo's ``head_dim``."""
     from transformers import Qwen3NextConfig
     from transformers.models.qwen3_next import modeling_qwen3_next as qwen
 
     float64(qwen)
     torch.manual_seed(0)
-    theirs = drawn(qwen.Qwen3NextGatedDeltaNet(linear_config(Qwen3NextConfig, rms_norm_eps=1e-6), 0))
-    ours = gated_deltanet(backend, norm_eps=1e-6)
+    theirs = drawn(qwen.Qwen3NextGatedDeltaNet(linear_config(Qwen3NextConfig, d_value, rms_norm_eps=1e-6), 0))
+    ours = gated_deltanet(backend, norm_eps=1e-6, head_dim=None if d_value == D_VALUE else d_value)
+    assert ours.out.weight.shape == (D, VALUE_HEADS * d_value)
     w, r = dict(theirs.named_parameters()), VALUE_HEADS // KEY_HEADS
     with torch.no_grad():
         q, k, v, z = rearrange(w["in_proj_qkvz.weight"], "(g n) d -> g n d", g=KEY_HEADS).split(
-            [D_KEY, D_KEY, r * D_VALUE, r * D_VALUE], 1
+            [D_KEY, D_KEY, r * d_value, r * d_value], 1
         )
         ours.qkv.weight.copy_(rearrange(torch.cat([q, k, v], 1), "g n d -> (g n) d"))
         ours.gate.weight.copy_(rearrange(z, "g n d -> (g n) d"))
@@ -130,7 +131,7 @@ def test_gated_deltanet_equals_olmo_hybrid_with_and_without_negative_eigenvalues
         ours.beta.weight.copy_(w["b_proj.weight"])
         ours.decay.weight.copy_(w["a_proj.weight"])
         ours.norm.weight.copy_(w["o_norm.weight"])
-        copy_rates_and_output(ours, w["conv1d.weight"], w, "o_proj.weight", d_value)
+        copy_rates_and_output(ours, w["conv1d.weight"], w, "o_proj.weight")
         x = torch.randn(2, 11, D, dtype=torch.float64)
         torch.testing.assert_close(ours(x), theirs(x), **TOL)
 

@@ -154,6 +154,8 @@ COVERING = {
         ["preset=olmo_hybrid", "model.tie_embeddings=true", "model.pattern=[{placement: pre, pos: none, "
          "attn: {name: gated_deltanet}},{}]"],
     ],
+    "qwen3_next": [["preset=qwen3_next", "model.pattern=[{n_heads: 8, pos: none, attn: {name: gated_deltanet, "
+                    "n_key_heads: 4, d_key: 8, head_dim: 8, norm_eps: 1.0e-06}}, {mlp: swiglu, d_ff: 48}]"]],
 }
 
 

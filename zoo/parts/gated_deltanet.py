@@ -163,7 +163,7 @@ def initial_rates(n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     "q, k, v = silu(conv(W_qkv x)), q and k L2-normalized per head, beta = sigmoid(W_b x) (2 sigmoid(W_b x) under "
     "allow_neg_eigval: beta in [0, 2]), g = exp(-exp(A_log) softplus(W_a x + dt)); value head h reads key head "
     "h // (n_heads / n_key_heads); rmsnorm's epsilon norm_eps; mixing cost per token 6 n_heads (chunk (3 d_key + "
-    "2 d_head) + 3 d_key d_head) training FLOPs",
+    "2 d_head) + 3 d_key d_head) training FLOPs; the values n_heads x head_dim wide (d_model by default)",
     reference="Yang et al. 2024, Gated Delta Networks, arXiv:2412.06464; Yang et al. 2024, Parallelizing "
     "Linear Transformers with the Delta Rule over Sequence Length, arXiv:2406.06484; fla-core's "
     "GatedDeltaNet layer; Grazzi et al. 2024, Unlocking State-Tracking in Linear RNNs Through Negative "

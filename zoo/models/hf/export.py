@@ -23,6 +23,7 @@ from zoo.models.hf.gpt2 import GPT2
 from zoo.models.hf.gpt_oss import GPT_OSS
 from zoo.models.hf.llama import LLAMA
 from zoo.models.hf.olmo_hybrid import OLMO_HYBRID
+from zoo.models.hf.qwen3_next import QWEN3_NEXT
 from zoo.models.hf.smollm3 import SMOLLM3
 from zoo.models.hf.weights import convert
 from zoo.models.language import LanguageModel, build_model
@@ -30,7 +31,8 @@ from zoo.parts.attention import fuse_qkv, split_qkv
 
 #: Every family zoo exports to and imports from, by name, in the order an export tries them.
 FAMILIES: dict[str, Family] = {
-    family.name: family for family in (LLAMA, GPT2, SMOLLM3, GPT_OSS, DEEPSEEK_V3, GEMMA3, OLMO_HYBRID)
+    family.name: family
+    for family in (LLAMA, GPT2, SMOLLM3, GPT_OSS, DEEPSEEK_V3, GEMMA3, OLMO_HYBRID, QWEN3_NEXT)
 }
 
 
@@ -55,7 +57,8 @@ def folded_weights(model: LanguageModel) -> dict[str, torch.Tensor]:
 
     - an attention's ``score_scale`` s (q . k x s instead of 1 / sqrt(d_head)): the query rows of
       ``attn.qkv`` (weight and bias) x s sqrt(d_head), which the standard 1 / sqrt(d_head) brings back
-      to s (rotary rotates each position's query linearly, so it commutes with the factor);
+      to s (rotary rotates each position's query linearly, so it commutes with the factor); under a
+      qk-norm, its query norm's output x that factor instead (:func:`scaled_gain`);
     - the ``logit_scale`` m: the head x m; a tied head becomes an untied ``head.weight`` = m x the
       embedding (the input embedding unchanged).
 
@@ -68,6 +71,10 @@ def folded_weights(model: LanguageModel) -> dict[str, torch.Tensor]:
         if scale is None:
             continue
         factor = scale * math.sqrt(block.attn.d_head)
+        q_norm = getattr(block.attn, "q_norm", None)
+        if q_norm is not None:  # the queries are normalized after qkv: the factor goes on the norm's gain instead
+            weights.update(scaled_gain(weights, f"blocks.{i}.attn.q_norm", q_norm, factor))
+            continue
         for p in ("weight", "bias"):
             if (key := f"blocks.{i}.attn.qkv.{p}") in weights:
                 q, k, v = split_qkv(weights[key], block.attn.n_heads, block.attn.n_kv_heads)
@@ -77,6 +84,20 @@ def folded_weights(model: LanguageModel) -> dict[str, torch.Tensor]:
         head = weights.get("head.weight", weights["embed.weight"])
         weights["head.weight"] = head * logit_scale
     return weights
+
+
+def scaled_gain(
+    weights: dict[str, torch.Tensor], prefix: str, norm: nn.Module, factor: float
+) -> dict[str, torch.Tensor]:
+    """The norm at ``prefix``'s weight and bias with its output times ``factor`` (a zero-centred gain 1 + w: w becomes
+    (1 + w) factor - 1)."""
+    scaled = {}
+    if f"{prefix}.weight" in weights:
+        w = weights[f"{prefix}.weight"]
+        scaled[f"{prefix}.weight"] = (1 + w) * factor - 1 if getattr(norm, "zero_centred", False) else w * factor
+    if f"{prefix}.bias" in weights:
+        scaled[f"{prefix}.bias"] = weights[f"{prefix}.bias"] * factor
+    return scaled
 
 
 def to_hf_model(model: LanguageModel, family: str | None = None) -> nn.Module:

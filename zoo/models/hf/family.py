@@ -95,14 +95,16 @@ class Family:
 
     ``holds``: the settings it maps (config keys) and the values it can hold; every other setting must hold
     its default. ``varies``: the settings that may differ from layer to layer (every other one is the same
-    on every layer). ``weights``: the weight table. ``hf_config``: the transformers config of a model it
+    on every layer that has it: a hybrid's two mixers have options of their own); ``alike_within``: of those,
+    the ones that must still be alike among the layers alike in another setting (Qwen3-Next's
+    ``block.attn.head_dim`` among the layers of one ``block.attn``). ``weights``: the weight table.
+    ``hf_config``: the transformers config of a model it
     holds (its layers' settings and whether the head is tied); ``zoo_config``: the zoo config (``block`` and
     ``model``) of a transformers config of this family, refusing what zoo cannot build.
 
-    A hybrid family sorts its layers into kinds (``kind``: a layer's settings -> its kind, as transformers'
-    ``layer_types``): then a setting in ``varies`` may differ between kinds but not within one. A setting only some
-    layers hold (an option of one kind's mixer) is checked on those. ``across``: refusals of the layers taken
-    together (a kind the family needs and the model lacks; one window for every sliding layer), reported first.
+    A setting only some layers hold (an option of one mixer's) is checked on those. ``across``: refusals of the
+    layers taken together (a layer type the family needs and the model lacks; one window for every sliding layer),
+    reported first.
     """
 
     name: str
@@ -113,7 +115,7 @@ class Family:
     hf_config: Callable[[LanguageModel, Sequence[Mapping[str, Any]], bool], Any]
     zoo_config: Callable[[Any], dict[str, Any]]
     varies: frozenset[str] = field(default_factory=frozenset)
-    kind: Callable[[Mapping[str, Any]], str] | None = None
+    alike_within: Mapping[str, str] = field(default_factory=dict)
     across: Callable[[Sequence[Mapping[str, Any]]], list[Refusal]] = lambda layers: []
 
     @property
@@ -125,26 +127,36 @@ class Family:
         setting only some layers have (``block.pos.base`` beside a layer of ``pos=none``, a mixture of experts'
         options beside a dense layer) is checked on those."""
         layers, defaults = model_settings(model)
-        kinds = [self.kind(layer) if self.kind is not None else "" for layer in layers]
         found: list[Refusal] = []
-        for key in dict.fromkeys(k for layer in layers for k in layer):
+        for key in dict.fromkeys(key for layer in layers for key in layer):  # layer 0's keys, then others' own
             holders = [i for i, layer in enumerate(layers) if key in layer]
-            within = key in self.varies and self.kind is not None  # alike within each kind only
-            group = {i: kinds[i] if within else "" for i in holders}
-            first: dict[str, int] = {}
-            for i in holders:
-                first.setdefault(group[i], i)
-            differs = next((i for i in holders if layers[i][key] != layers[first[group[i]]][key]), None)
-            if differs is not None and (key not in self.varies or within):
-                j, which = first[group[differs]], f"{group[differs]} " if within else ""
-                needs = f"every {which}layer alike in {key} (layer {j} has {layers[j][key]!r})"
-                found.append(Refusal(layer_key(key, differs), layers[differs][key], needs))
+            first = holders[0]
+            differs = self.differs(key, layers, holders)
+            if differs is not None:
+                i, j = differs
+                group = self.alike_within.get(key)
+                alike = f"every layer alike in {key}" + (f" among those of one {group}" if group else "")
+                found.append(Refusal(layer_key(key, i), layers[i][key], f"{alike} (layer {j} has {layers[j][key]!r})"))
                 continue
             wrong = [i for i in holders if not self.accepts(key, layers[i][key], layers[i], defaults[i])]
             if wrong:
-                name = key if len(wrong) == len(holders) and differs is None else layer_key(key, wrong[0])
+                everywhere = wrong == holders and all(layers[i][key] == layers[first][key] for i in holders)
+                name = key if everywhere else layer_key(key, wrong[0])
                 found.append(Refusal(name, layers[wrong[0]][key], self.needs(key, defaults[wrong[0]])))
         return self.across(layers) + found
+
+    def differs(self, key: str, layers: Sequence[Mapping[str, Any]], holders: Sequence[int]) -> tuple[int, int] | None:
+        """The first layer whose ``key`` differs where this family needs it alike (among every layer holding it,
+        or among those alike in the setting ``alike_within`` names), and the layer it differs from; else None."""
+        if key in self.varies and key not in self.alike_within:
+            return None
+        group = self.alike_within.get(key)
+        seen: dict[str, int] = {}
+        for i in holders:
+            j = seen.setdefault(repr(layers[i].get(group)) if group else "", i)
+            if layers[i][key] != layers[j][key]:
+                return i, j
+        return None
 
     def accepts(self, key: str, value: Any, layer: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
         holds = self.holds.get(key)

@@ -194,6 +194,7 @@ OLMO_HYBRID = Family(
     zoo_config=zoo_config,
     varies=frozenset({"block.attn", "block.placement", "block.pos", "block.n_heads", "block.attn.head_dim",
                       "block.attn.backend"}),  # fmt: skip
-    kind=layer_type,
+    alike_within={key: "block.attn" for key in ("block.placement", "block.pos", "block.n_heads", "block.attn.head_dim",
+                                                "block.attn.backend")},  # one of each per layer type
     across=both_types,
 )

@@ -191,11 +191,12 @@ class Entry:
 
 
 def per_layer(prefix: str, mixers: tuple[str, ...] = ()) -> Callable[..., Entry]:
-    """Entries for every layer (``mixers``: those layers only): ``blocks.{i}.`` + a zoo key <-> ``prefix`` + each
-    of the space-separated hf keys."""
+    """Entries for every layer (``mixers``: those layers only; an entry's own ``mixer``: that mixer's): ``blocks.{i}.``
+    + each of the space-separated zoo keys <-> ``prefix`` + each of the space-separated hf keys."""
 
-    def entry(zoo: str, hf: str, layout: Layout = SAME) -> Entry:
-        return Entry((f"blocks.{{i}}.{zoo}",), tuple(prefix + key for key in hf.split()), layout, mixers)
+    def entry(zoo: str, hf: str, layout: Layout = SAME, mixer: str | None = None) -> Entry:
+        zoo_keys = tuple(f"blocks.{{i}}.{key}" for key in zoo.split())
+        return Entry(zoo_keys, tuple(prefix + key for key in hf.split()), layout, (mixer,) if mixer else mixers)
 
     return entry
 
