@@ -99,8 +99,10 @@ def first_value(override: str) -> str:
 
 SHOWN = [(page, c) for page, c in shell_commands() if re.match(r"(.*&& )?(zoo-|python benchmarks/)", c)]
 COMMANDS: list[tuple[str, str]] = []
+_RUNS: set[tuple[str, ...]] = set()
 for _page, _command in SHOWN:  # each distinct run once, under the first page showing it
-    if all(runs_as(_command) != runs_as(c) for _, c in COMMANDS):
+    if (_run := runs_as(_command)) not in _RUNS:
+        _RUNS.add(_run)
         COMMANDS.append((_page, _command))
 
 
