@@ -1,5 +1,5 @@
-"""Test setup: one torch thread per worker (the contract matrix is many tiny ops), ``--part AXIS=NAME``
-(only the tests over combinations that contain that part), and a summary of the contract suite's
+"""Test setup: one torch thread per worker (the contract matrix is many tiny ops), the slow tests run first,
+``--part AXIS=NAME`` (only the tests over combinations that contain that part), and a summary of the contract suite's
 combinations at the end of the run."""
 
 import os
@@ -30,6 +30,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from zoo.testing.combos import has_part
 
+    # The slow tests first (in their order), so that under xdist no worker is left idle at the end while the
+    # other finishes a long one: what is dealt last is the contract's tests of milliseconds each.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     wanted = [parse_part(item) for item in config.getoption("part")]
     if not wanted:
         return
