@@ -27,12 +27,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SlowFirst(), "zoo-slow-first")
+
+
+class SlowFirst:
+    """The slow tests first (in their order), so that under xdist no worker is left idle at the end while the
+    other finishes a long one: what is dealt last is the contract's tests of milliseconds each."""
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from zoo.testing.combos import has_part
 
-    # The slow tests first (in their order), so that under xdist no worker is left idle at the end while the
-    # other finishes a long one: what is dealt last is the contract's tests of milliseconds each.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     wanted = [parse_part(item) for item in config.getoption("part")]
     if not wanted:
         return
