@@ -1,5 +1,5 @@
-"""Test setup: one torch thread per worker (the contract matrix is many tiny ops), ``--part AXIS=NAME``
-(only the tests over combinations that contain that part), and a summary of the contract suite's
+"""Test setup: one torch thread per worker (the contract matrix is many tiny ops), the slow tests run first,
+``--part AXIS=NAME`` (only the tests over combinations that contain that part), and a summary of the contract suite's
 combinations at the end of the run."""
 
 import os
@@ -25,6 +25,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run only the tests over combinations of parts (the contract suite) whose combination has this "
         "part, e.g. --part norm=dyt (its variants included: NAME+VARIANT); repeat to require several parts",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SlowFirst(), "zoo-slow-first")
+
+
+class SlowFirst:
+    """The slow tests first (in their order), so that under xdist no worker is left idle at the end while the
+    other finishes a long one: what is dealt last is the contract's tests of milliseconds each."""
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -5,6 +5,8 @@ each other."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import json
 import os
 import shutil
@@ -20,7 +22,7 @@ from omegaconf import OmegaConf
 
 import zoo
 from zoo import compose
-from zoo.core.registry import Registry
+from zoo.core.registry import AXES, Registry
 from zoo.lab.files import write_json_atomic
 from zoo.lab.records import checkpoint as ckpt
 from zoo.lab.records.summary import read_summary
@@ -61,9 +63,21 @@ SMALL = [
 
 
 def tiny(*overrides: str, task: str = "bytes") -> dict:
-    """A run config small enough for a few seconds' training, composed as ``zoo-train`` would."""
+    """A run config small enough for a few seconds' training, composed as ``zoo-train`` would: a copy of its
+    composition, which runs once per test process for these overrides and the parts registered then."""
     data = BYTES if task in ("bytes", "lengthgen") else []
-    return OmegaConf.to_container(compose([f"task={task}", *TINY, *data, *overrides]), resolve=True)
+    return copy.deepcopy(composed((f"task={task}", *TINY, *data, *overrides), registered_parts()))
+
+
+@functools.cache
+def composed(overrides: tuple[str, ...], parts: tuple) -> dict:
+    """``compose(overrides)`` as a plain dict (``parts``: :func:`registered_parts`, what its check read)."""
+    return OmegaConf.to_container(compose(list(overrides)), resolve=True)
+
+
+def registered_parts() -> tuple:
+    """Every registered part as compose checks it: a part registered or unregistered since is another key."""
+    return tuple((p.axis, p.name, p.cls, repr(p.defaults), repr(p.variants)) for r in AXES.values() for p in r.parts())
 
 
 def tiny_cli(*, d_model: int = 16, steps: int = 2, **more: Any) -> dict[str, str]:

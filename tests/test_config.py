@@ -247,3 +247,20 @@ def test_value_residual_and_value_embeddings_off_leave_existing_config_hashes_as
     changed = [tiny(key) for key in ("block.attn.value_residual=learned", "block.attn.value_residual=per_token",
                                      "model.value_embeddings=true")]  # fmt: skip
     assert len({config_hash(c) for c in changed} | {recorded[()]}) == 4
+
+
+def test_the_tests_tiny_config_is_composed_again_when_the_registered_parts_change():
+    """tests/helpers.tiny keeps each composition for the process: a part unregistered since is refused, not
+    handed out from what was composed while it was registered."""
+    from helpers import registered, tiny
+
+    from zoo.core.registry import NORMS
+    from zoo.parts.norms import RMSNorm
+
+    class Mine(RMSNorm):
+        pass
+
+    with registered((NORMS, "mine", Mine)):
+        assert tiny("block.norm.name=mine")["block"]["norm"]["name"] == "mine"
+    with pytest.raises(ConfigError, match="unknown norm"):
+        tiny("block.norm.name=mine")
