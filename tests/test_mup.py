@@ -41,7 +41,8 @@ DOCUMENTED = [
     (None, "attn.value_mix.lambdas", "fixed"),  # value residual's two scalars, on layers after the first
     *((f"{attn}+headgate", suffix, role) for attn in ("mha", "gqa", "mqa", "mla")
       for suffix, role in (("attn.gate.weight", "output"), ("attn.gate.bias", "fixed"))),  # one gate per head
-    *((f"{attn}+headdim", suffix, role) for attn in ("mha", "gqa", "mqa")  # block.attn.head_dim: heads of set width
+    *((f"{attn}+{variant}", suffix, role) for attn in ("mha", "gqa", "mqa")  # block.attn.head_dim: heads of set width
+      for variant in ("headdim", "wide")  # (wide: gated_deltanet's variant, which softmax attention takes too)
       for suffix, role in (("attn.qkv.weight", "output"), ("attn.qkv.bias", "fixed"), ("attn.out.weight", "input"))),
     ("gated_deltanet", "attn.beta.weight", "output"),  # one rate per head: (n_heads, d_model)
     ("gated_deltanet", "attn.beta.bias", "fixed"),
@@ -120,8 +121,11 @@ def test_every_parameter_of_every_covering_combination_scales_as_documented():
                 for name, p in model.named_parameters():
                     expected = documented_role(combo, name, p.ndim)
                     assert found.scalings[name].role == expected, (combo, name)
-                    if expected == "hidden":  # both dimensions doubled (GLU widths round: within 10%)
-                        assert 1.8 <= found.scalings[name].fan_in <= 2 and 1.8 <= found.scalings[name].fan_out <= 2
+                    fans = found.scalings[name].fan_in, found.scalings[name].fan_out
+                    if expected == "hidden" and "mla+ropedim" in combo.values() and "attn.q" in name:
+                        assert fans[0] == 2 and 1 < fans[1] < 2  # rows n_heads (d_head + rope_dim): rope_dim stays set
+                    elif expected == "hidden":  # both dimensions doubled (GLU widths round: within 10%)
+                        assert 1.8 <= fans[0] <= 2 and 1.8 <= fans[1] <= 2
 
 
 def test_the_base_width_is_the_standard_model_bit_for_bit():

@@ -147,7 +147,7 @@ def test_zoo_contract_passes_a_sound_part_and_counts_what_it_ran(capsys):
     [
         (["nrom=rmsnorm"], "part='nrom=rmsnorm': AXIS=NAME with AXIS one of placement, norm"),
         (["norm=rmsnrom"], "did you mean 'rmsnorm'"),
-        (["attn=mha+wide"], "a variant mha takes: mha+window"),
+        (["attn=mha+narrow"], "a variant mha takes: mha+window"),
         (["--shard", "3/2"], "shard='3/2': I/N with 1 <= I <= N"),
         (["-n", "0"], "-n=0: at least 1"),
     ],

@@ -1,7 +1,7 @@
 """Hugging Face ``transformers`` export and import: a zoo LanguageModel <-> a transformers causal LM.
 
-Each family (``llama``: ``LlamaForCausalLM``; ``gpt2``: ``GPT2LMHeadModel``; ``gpt_oss``: ``GptOssForCausalLM``) is
-one module: the settings it holds,
+Each family (``llama``: ``LlamaForCausalLM``; ``gpt2``: ``GPT2LMHeadModel``; ``smollm3``, ``gpt_oss``, ``deepseek_v3``,
+``gemma3``, ``olmo_hybrid``, ``qwen3_next``: docs/architectures.md) is one module: the settings it holds,
 its weight table (zoo keys, transformers keys and the layout between them, read both ways) and its config in each
 direction (:mod:`zoo.models.hf.family`). A setting no family holds is refused by name before anything is written.
 """
