@@ -28,7 +28,7 @@ from zoo.models.hf.family import (
     transformers_module,
     zoo_mlp,
 )
-from zoo.models.hf.llama import GLU_ACTS
+from zoo.models.hf.llama import GLU_ACTS, shared_sizes
 from zoo.models.hf.weights import SPLIT_GATE_UP, SPLIT_QKV, Entry, per_layer
 
 if TYPE_CHECKING:
@@ -68,16 +68,9 @@ def hf_config(model: LanguageModel, layers: Sequence[Mapping[str, Any]], tied: b
     of_kind = {k: [layer for layer in layers if kind(layer) == k] for k in (LOCAL, GLOBAL)}
     bases = {k: (of_kind[k] or layers)[0][BASE] for k in (LOCAL, GLOBAL)}  # a kind no layer has: the other's
     return transformers_module().Gemma3TextConfig(
-        vocab_size=model.embed.num_embeddings,
-        hidden_size=model.embed.embedding_dim,
-        intermediate_size=model.blocks[0].mlp.hidden,
-        num_hidden_layers=len(model.blocks),
-        num_attention_heads=attn.n_heads,
-        num_key_value_heads=attn.n_kv_heads,
-        head_dim=attn.d_head,
+        **{**shared_sizes(model, layers, tied), "max_position_embeddings": first["block.max_len"] or 131_072},
         query_pre_attn_scalar=first["block.attn.scale_dim"] or attn.d_head,
         hidden_activation=hf_activation(GLU_ACTS[first["block.mlp"]], first),
-        rms_norm_eps=first["block.norm.eps"],
         layer_types=[kind(layer) for layer in layers],
         sliding_window=of_kind[LOCAL][0][WINDOW] if of_kind[LOCAL] else UNUSED_WINDOW,
         rope_parameters={k: {"rope_type": "default", "rope_theta": bases[k]} for k in (LOCAL, GLOBAL)},
@@ -85,12 +78,9 @@ def hf_config(model: LanguageModel, layers: Sequence[Mapping[str, Any]], tied: b
         attn_logit_softcapping=None,
         attention_bias=False,
         use_bidirectional_attention=False,
-        max_position_embeddings=first["block.max_len"] or 131_072,
         pad_token_id=None,
         bos_token_id=None,
         eos_token_id=None,
-        tie_word_embeddings=tied,
-        torch_dtype="float32",
     )
 
 
