@@ -7,6 +7,8 @@ from __future__ import annotations
 #: value against its baseline value, with several axes), ladder.csv (a ladder sweep's fit per variant), gates.json
 #: (report.gates' answers per variant).
 TABLES = ("report.md", "report.csv", "runs.csv", "effects.csv", "ladder.csv", "gates.json")
+#: report.gates' answers (zoo/lab/reports/gates.py), read by zoo-results.
+GATES_FILE = "gates.json"
 #: The plots: curves and final metrics always; interactions (several axes), lr (tune.lr), probes
 #: (train.probe_every), routing (mlp=moe) and ladder (ladder.steps) when the sweep has what they show.
 PLOTS = ("curves.png", "final.png", "interactions.png", "lr.png", "probes.png", "routing.png", "ladder.png")

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.lab.files import write_json_atomic
+from zoo.lab.records.report_files import GATES_FILE
 from zoo.lab.studies.variants import Report
 
 #: gates.json's layout version.
 GATES_SCHEMA = 1
-GATES_FILE = "gates.json"
 
 
 def gate_lines(report: Report) -> list[str]:

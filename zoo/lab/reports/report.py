@@ -22,6 +22,7 @@ from zoo.lab.reports.gates import write_gates
 from zoo.lab.reports.ladder import plot_ladder, write_ladder_csv
 from zoo.lab.reports.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_probes, plot_routing
 from zoo.lab.reports.sections import markdown, warning_lines
+from zoo.lab.reports.sweep_record import write_sweep_record
 from zoo.lab.reports.table import (
     STAT_COLUMNS,
     clipped_cell,
@@ -149,6 +150,7 @@ class ReportCallback(Callback):
                 report = build_report(root, baseline=baseline, correction=correction, test=test, interaction=named,
                                       ladder=asked_budgets(config))  # fmt: skip
                 text = write_built(report, gates=(section or {}).get("gates") or [])
+                write_sweep_record(root, sys.argv)  # the command line, for zoo-results
         except Exception as error:  # a report problem must not hide the runs' own results: the sweep exits 1
             log.error("report for %s failed: %s: %s", root, type(error).__name__, error)
             report_failed(root, f"{type(error).__name__}: {error}")
