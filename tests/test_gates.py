@@ -178,3 +178,37 @@ def test_better_at_every_size_passes_a_null_variant_no_more_often_than_its_level
     bound = cases * 0.025 + 3 * (cases * 0.025 * 0.975) ** 0.5
     assert all(n <= bound for n in better_by_size), better_by_size
     assert passed <= better_by_size[0]
+
+
+def test_ladder_better_reads_the_ladders_row_of_the_variant():
+    """The ladder's row is keyed by the variant's values of the ladder's axes (the sweep's less the widths)."""
+    import zoo.lab.studies.gates as gates_module
+    from zoo.lab.studies.ladder.study import Answer, LadderRow, LadderStudy
+
+    rows = {("gelu",): LadderRow(("gelu",), [], {}, 1.0),
+            ("swiglu",): LadderRow(("swiglu",), [], {}, 1.0, Answer(1.3, 1.1, 1.6, verdict="better", time=1.2,
+                                                                    time_low=1.0, time_high=1.4))}  # fmt: skip
+    variants = [Variant(("gelu", "64")), Variant(("swiglu", "64")), Variant(("gelu", "128"))]
+    report = Report(Path("."), ["mlp", "block.d_model"], variants, "val_loss", "min", [], ("gelu", "64"))
+    report.ladder = LadderStudy("val_loss", ["mlp"], ("gelu",), 10.0, rows)
+    found = [gates_module.ReportEvidence(report, v).ladder() for v in variants]
+    assert found[0] is None and found[2] is None  # the baseline's row: no answer
+    assert found[1] == Finding("better", "compute multiplier 1.3 [1.1, 1.6], in wall time 1.2 [1, 1.4]")
+    passed = evaluate(gate_options(["ladder_better"]), gates_module.ReportEvidence(report, variants[1]))[0]
+    assert passed.passed and passed.reason == "ladder verdict better, compute multiplier 1.3 [1.1, 1.6], in wall " \
+                                              "time 1.2 [1, 1.4]"
+
+
+def test_zoo_report_takes_gates_and_refuses_an_unknown_one_before_writing(tmp_path, capsys):
+    from zoo.lab.commands.report import main
+
+    planted_sweep(tmp_path, slower=1.0)
+    with pytest.raises(SystemExit) as refused:
+        main([str(tmp_path), "--no-plots", "--gates", "better,nosuch"])
+    assert refused.value.code == 1 and not (tmp_path / "report.md").exists()
+    assert "report.gates='nosuch': a gate name; allowed: better, better_at_every_size" in capsys.readouterr().err
+    main([str(tmp_path), "--no-plots", "--gates", "better_at_every_size", "--baseline", "mlp=gelu,block.d_model=16"])
+    written = json.loads((tmp_path / "gates.json").read_text())["gates"]
+    assert {(e["variant"], e["passed"]) for e in written} == {("mlp=swiglu block.d_model=32", True),
+                                                              ("mlp=swiglu block.d_model=16", True),
+                                                              ("mlp=gelu block.d_model=32", False)}  # fmt: skip
