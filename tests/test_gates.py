@@ -155,23 +155,24 @@ def test_better_at_every_size_passes_a_null_variant_no_more_often_than_its_level
     rng, curves, cases = random.Random(0), {}, 400
     monkeypatch.setattr(gates_module, "read_metrics", lambda path: curves[path])
 
-    def run(name: str, seed: int, level: float) -> Run:
-        path = Path(name)
+    def run(case: int, width: str, mlp: str, seed: int, level: float) -> Run:
+        path = Path(f"{case}/{width}/{mlp}/{seed}")
         end = level + rng.gauss(0, 0.05)
         curves[path] = [{"kind": "val", "step": 0, "val_bpb": 5.0}, {"kind": "val", "step": 10, "val_bpb": end}]
-        record = RunRecord(status="ok", steps=10, train_time_s=rng.uniform(5, 15), config={"seed": seed})
-        return Run(path, record, {"seed": str(seed)})
+        record = RunRecord(status="ok", steps=10, train_time_s=rng.uniform(9.9, 10.1), config={"seed": seed})
+        return Run(path, record, {"block.d_model": width, "mlp": mlp, "seed": str(seed)})
 
     better_by_size, passed = [0, 0], 0
     for case in range(cases):
         variants = []
         for width in ("16", "32"):
             for mlp in ("gelu", "swiglu"):
-                variants.append(Variant((width, mlp), [run(f"{case}/{width}/{mlp}/{s}", s, 3.0 + 0.2 * s)
-                                                       for s in range(3)]))  # fmt: skip
+                variants.append(Variant((width, mlp), [run(case, width, mlp, s, 3.0 + 0.2 * s) for s in range(3)]))
         report = Report(Path("."), ["block.d_model", "mlp"], variants, "val_bpb", "min", [], ("16", "gelu"))
         evidence = gates_module.ReportEvidence(report, variants[3])
         sizes = evidence.at_sizes("block.d_model", "time")
+        assert list(sizes) == ["16", "32"]
+        assert {f.verdict for f in sizes.values()} <= {"better", "worse", "within noise"}
         for i, found in enumerate(sizes.values()):
             better_by_size[i] += found.verdict == "better"
         passed += evaluate(gate_options(["better_at_every_size"]), evidence)[0].passed
