@@ -30,12 +30,25 @@ def sweep(root: Path, swiglu: float, relu: float, gates: list | None = None) -> 
     return root
 
 
+def ladder(root: Path) -> None:
+    """A ladder.csv as zoo/lab/reports/ladder.py writes it: mlp=swiglu better than mlp=gelu, multiplier 1.3."""
+    from zoo.lab.reports.ladder import COLUMNS as LADDER_COLUMNS
+
+    rows = [{"mlp": "gelu", "verdict": "baseline"},
+            {"mlp": "swiglu", "seeds": 5, "verdict": "better", "multiplier": 1.3, "multiplier_ci_low": 1.1,
+             "multiplier_ci_high": 1.6}]  # fmt: skip
+    with open(root / "ladder.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, ["mlp", *LADDER_COLUMNS], restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> Path:
     """Three sweeps under one folder: two measuring mlp=swiglu against mlp=gelu with verdicts that disagree
     (better; within noise) and mlp=relu alike (worse in both), and one whose report.csv is malformed."""
     top = tmp_path_factory.mktemp("results")
-    sweep(top / "a", swiglu=-0.5, relu=0.5, gates=["better"])
+    ladder(sweep(top / "a", swiglu=-0.5, relu=0.5, gates=["better"]))
     sweep(top / "b", swiglu=0.0, relu=0.5)
     broken = sweep(top / "c", swiglu=-0.5, relu=0.5)
     text = (broken / "report.csv").read_text().splitlines()
@@ -45,8 +58,13 @@ def folders(tmp_path_factory) -> Path:
 
 def test_disagreeing_verdicts_of_one_comparison_are_flagged_and_every_verdict_is_kept(folders):
     results = gather([folders])
-    rows = {(Path(r["sweep"]).name, r["variant"]): r for r in results.rows}
+    rows = {(Path(r["sweep"]).name, r["variant"]): r for r in results.rows if r["kind"] == "report"}
     assert set(rows) == {("a", "mlp=swiglu"), ("a", "mlp=relu"), ("b", "mlp=swiglu"), ("b", "mlp=relu")}
+    (ladder_row,) = [r for r in results.rows if r["kind"] == "ladder"]
+    assert (ladder_row["variant"], ladder_row["baseline"], ladder_row["verdict"], ladder_row["seeds"]) == (
+        "mlp=swiglu", "mlp=gelu", "better", "5")  # fmt: skip
+    assert (ladder_row["multiplier"], ladder_row["multiplier_ci_low"], ladder_row["multiplier_ci_high"]) == (
+        "1.3", "1.1", "1.6") and not ladder_row["disagrees"]  # fmt: skip
     a, b = rows["a", "mlp=swiglu"], rows["b", "mlp=swiglu"]
     assert (a["verdict"], b["verdict"]) == ("better", "within noise")
     assert a["disagrees"] == f"within noise in {folders / 'b'}" and b["disagrees"] == f"better in {folders / 'a'}"
