@@ -166,6 +166,7 @@ def report_rows(
         steps = number(row["steps"], path, "steps") or fixed(record, "train.steps")
         name = label(axes, row)
         out.append({**base, "kind": "report", "variant": name, "baseline": row["baseline"],
+                    "task": row.get("task") or base["task"],
                     "size": row.get("block.d_model") or fixed(record, "block.d_model"),
                     "budget": f"{float(steps):g} steps" if steps else "", "seeds": number(row["pairs"], path, "pairs"),
                     "metric": row["metric"], "difference": number(row["delta_mean"], path, "delta_mean"),
