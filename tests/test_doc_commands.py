@@ -144,6 +144,28 @@ def run_tiny(program: str, args: list[str], tmp_path: Path, task_keys: set[str])
     assert statuses and set(statuses) == {"ok"}, statuses
 
 
+def run_results(args: list[str], tmp_path: Path) -> None:
+    """A ``zoo-results`` command as written, its folders and ``--out`` under tmp_path, each folder holding a
+    reported sweep of fake runs (two MLPs x 3 seeds)."""
+    from helpers import fake_run
+
+    from zoo.lab.commands.results import main as results_main
+    from zoo.lab.reports.report import write_built
+    from zoo.lab.studies.variants import build_report
+
+    pairs = list(zip(args, ["", *args[:-1]], strict=True))  # each word and the word before it
+    args = [a if a.startswith("-") or before == "--format" else str(tmp_path / a) for a, before in pairs]
+    folders = [tmp_path / a for a, before in pairs if not a.startswith("-") and before not in ("--format", "--out")]
+    for folder in folders:
+        for seed in range(3):
+            for mlp, value in (("gelu", 3.0), ("swiglu", 2.9)):
+                fake_run(folder / "sweep", [f"mlp={mlp}", f"seed={seed}"], value=value + 0.01 * seed * (mlp == "gelu"))
+        write_built(build_report(folder / "sweep"), plots=False, gates=["better"])
+    results_main(args)  # exits 1 when a file does not read
+    if "--out" in args:
+        assert Path(args[args.index("--out") + 1]).read_text().startswith("sweep,kind,variant,baseline")
+
+
 #: A small Python source: what stands in for the standard library in the documented commands.
 SOURCE = 'def main(argv):\n    """Déjà vu."""\n    return [x * 2 for x in argv]  # ünï\n\n' * 600
 
@@ -232,6 +254,8 @@ def test_doc_command_works(page, command, capsys, tmp_path, monkeypatch):
             run_tiny(program, args, tmp_path, task_keys=set(composed.task))
     elif program == "zoo-contract":
         run_contract_slice(args, capsys)
+    elif program == "zoo-results":  # over a reported sweep of fake runs where the page names its folder
+        run_results(args, tmp_path)
     elif program == "zoo-coordcheck":  # its overrides at tiny sizes, two widths, one step
         from zoo.lab.commands.coordcheck import main, parser
 

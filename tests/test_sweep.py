@@ -44,6 +44,9 @@ def test_zoo_sweep_trains_reports_and_survives_a_failing_run(tmp_path):
     assert status == {256: "ok", 512: "ok", 100: "failed"}
     assert all(r["choices"]["sweeps"] == "quick" and r["config"]["block"]["d_model"] == 32 for r in runs.values())
     assert "| # | model.vocab_size | seeds | params | val_bpb (mean ± std) |" in done.stdout  # the table ends the sweep
+    recorded = json.loads((folder / "sweep.json").read_text())  # for zoo-results: the command, version, date
+    assert recorded["command"].startswith("zoo-train +sweeps=quick ") and "model.vocab_size=null,512,100" in recorded[
+        "command"] and recorded["zoo_version"] == zoo.__version__ and recorded["reported"].startswith("20")
     report = (folder / "report.md").read_text()
     assert "model.vocab_size=100: failed: ConfigError: model.vocab_size=100: at least task 'bytes'" in report
     # What the sweep file and the command line held fixed, beyond zoo's defaults (threads: runtime only).

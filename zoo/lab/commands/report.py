@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zoo.core.errors import ConfigError
+from zoo.lab.planning.gates import gate_options
 from zoo.lab.planning.options import CORRECTIONS, TESTS, report_interaction, report_options
 from zoo.lab.records.lock import report_lock
 
@@ -31,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--interaction", metavar="AXIS,AXIS",
                         help="an interaction to state beyond a two-axis sweep's own (report.interaction): two "
                         "swept axes, refused otherwise before anything is written")  # fmt: skip
+    parser.add_argument("--gates", metavar="GATE[,GATE]",
+                        help="pass/fail rules per variant (report.gates; default: the runs' own), written to report.md "
+                        "and gates.json")  # fmt: skip
     args = parser.parse_args(argv)
     from zoo.lab.reports.report import write_built, written  # the studies and plots: once the arguments are read
     from zoo.lab.reports.table import relative_to
@@ -39,10 +43,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         baseline = report_options({"baseline": args.baseline})[0] if args.baseline else None
         named = report_interaction(args.interaction)  # its axes: against the swept ones (build_report)
+        gate_options(args.gates)  # refused before anything is written
         with report_lock(args.dir) if args.dir.is_dir() else contextlib.nullcontext():  # not beside a sweep's own
             report = build_report(args.dir, baseline=baseline, correction=args.correction, test=args.test,
                                   interaction=named)  # fmt: skip
-            print(write_built(report, plots=not args.no_plots), end="")
+            print(write_built(report, plots=not args.no_plots, gates=args.gates), end="")
     except (FileNotFoundError, ConfigError) as error:
         parser.exit(1, f"zoo-report: {error}\n")
     print(f"\nwritten: {', '.join(str(p) for p in written(args.dir, not args.no_plots))}")

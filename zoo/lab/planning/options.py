@@ -15,7 +15,7 @@ from zoo.lab.keys import ELSEWHERE
 TUNE_DIR = "tune"
 
 #: The ``report`` section's keys.
-REPORT_KEYS = ("baseline", "correction", "test", "interaction")
+REPORT_KEYS = ("baseline", "correction", "test", "interaction", "gates")
 
 
 def unknown_key(section: str, key: str, value: Any, allowed: tuple[str, ...]) -> ConfigError:

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.core.errors import ConfigError
 from zoo.lab.keys import NOT_AXES
 from zoo.lab.planning.branch import decay_start
+from zoo.lab.planning.gates import check_gates
 from zoo.lab.planning.jobs import Job, check_jobs, checked_selection, job_configs, sweep_jobs
 from zoo.lab.planning.options import (
     TUNE_DIR,
@@ -101,7 +102,8 @@ def check_sweep(config: DictConfig) -> None:
     if named:
         check_interaction(named, swept_axes(config))
     tune_options(raw.get("tune"))
-    check_ladder(raw, swept_values(config, "block.d_model"))
+    budgets = check_ladder(raw, swept_values(config, "block.d_model"))
+    check_gates((raw.get("report") or {}).get("gates"), swept_axes(config), bool(budgets))
 
 
 def check_before_any_run(config: DictConfig) -> None:

@@ -18,9 +18,11 @@ from zoo.lab.records.exit_status import report_failed
 from zoo.lab.records.lock import report_lock
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.records.report_files import OPTIONAL, PLOTS, TABLES
+from zoo.lab.reports.gates import write_gates
 from zoo.lab.reports.ladder import plot_ladder, write_ladder_csv
 from zoo.lab.reports.plots import plot_curves, plot_final, plot_interactions, plot_lr, plot_probes, plot_routing
 from zoo.lab.reports.sections import markdown, warning_lines
+from zoo.lab.reports.sweep_record import write_sweep_record
 from zoo.lab.reports.table import (
     STAT_COLUMNS,
     clipped_cell,
@@ -31,6 +33,7 @@ from zoo.lab.reports.table import (
     stat_cells,
     studied,
 )
+from zoo.lab.studies.gates import report_gates
 from zoo.lab.studies.stats import (
     pass_threshold,
 )
@@ -92,8 +95,10 @@ def write_report(
     return write_built(build_report(Path(root), baseline=baseline, correction=correction, test=test), plots)
 
 
-def write_built(report: Report, plots: bool = True) -> str:
-    """Write the report's files (Markdown, CSVs and, with ``plots``, PNGs) into its root; returns the Markdown."""
+def write_built(report: Report, plots: bool = True, gates: Any = None) -> str:
+    """Write the report's files (Markdown, CSVs, gates.json with ``gates`` and, with ``plots``, PNGs) into its root;
+    returns the Markdown. ``gates`` (``report.gates``) defaults to the runs' own."""
+    report.gates = report_gates(report, gates)
     text = markdown(report)
     for line in warning_lines(report):
         print(f"zoo-report: {report.root}: {line}", file=sys.stderr)
@@ -102,6 +107,7 @@ def write_built(report: Report, plots: bool = True) -> str:
     (report.root / "report.md").write_text(text)
     write_csv(report)
     write_ladder_csv(report)  # a ladder sweep's only
+    write_gates(report)  # with report.gates only
     if plots:
         metrics = {r.path: read_metrics(r.path) for r in report.runs}
         plot_curves(report, report.root / "curves.png", metrics)
@@ -143,7 +149,8 @@ class ReportCallback(Callback):
             with report_lock(root):  # a second sweep into this folder writes its report after this one
                 report = build_report(root, baseline=baseline, correction=correction, test=test, interaction=named,
                                       ladder=asked_budgets(config))  # fmt: skip
-                text = write_built(report)
+                text = write_built(report, gates=(section or {}).get("gates") or [])
+                write_sweep_record(root, sys.argv)  # the command line, for zoo-results
         except Exception as error:  # a report problem must not hide the runs' own results: the sweep exits 1
             log.error("report for %s failed: %s: %s", root, type(error).__name__, error)
             report_failed(root, f"{type(error).__name__}: {error}")

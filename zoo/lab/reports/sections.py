@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.lab.planning.options import TESTS, TUNE_DIR
+from zoo.lab.reports.gates import gate_lines
 from zoo.lab.reports.ladder import ladder_lines
 from zoo.lab.reports.table import (
     PEAK_HEADERS,
@@ -173,6 +174,7 @@ def markdown(report: Report) -> str:
     lines += interaction_lines(report)
     lines += lr_lines(report)
     lines += ladder_lines(report)
+    lines += gate_lines(report)  # report.gates (zoo/lab/reports/gates.py)
     lines += peak_lines(report)
     lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/studies/fixed.py)
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]

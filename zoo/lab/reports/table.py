@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zoo.lab.reports.gates import gates_cell
 from zoo.lab.studies.peaks import PEAKS, Peak
 from zoo.lab.studies.runset import Variant, grid_edge
 from zoo.lab.studies.sensitivity import LrCurve
@@ -404,6 +405,7 @@ COLUMNS: list[Column] = [
         lambda r, v, k: "baseline" if is_baseline(r, v) else interval_text(comparison(r, v)),
     ),  # fmt: skip
     Column("verdict", None, lambda r, v, k: "" if is_baseline(r, v) else verdict_text(comparison(r, v))),
+    Column("gates", None, lambda r, v, k: gates_cell(r, v.key), when=lambda r: bool(r.gates)),
     Column("{key}", None, lambda r, v, k: fmt(v.mean_std(k)[0]), each=lambda r: r.extra),
     Column(
         None,

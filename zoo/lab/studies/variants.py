@@ -71,6 +71,7 @@ class Report:
     ladder: Any = None  # a ladder sweep's fit (ladder.steps; zoo.lab.studies.ladder.study.LadderStudy), None otherwise
     ladder_left_out: list[int] = field(default_factory=list)  # budgets in the folder the ladder was not asked for
     folded: dict[str, str] = field(default_factory=dict)  # an option some parts do not have -> the axis it joins
+    gates: dict[tuple[str, ...], list[Any]] = field(default_factory=dict)  # variant key -> report.gates' answers
 
     @property
     def runs(self) -> list[Run]:
