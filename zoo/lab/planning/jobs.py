@@ -29,6 +29,7 @@ from zoo.lab.keys import REPLICATES
 from zoo.lab.planning.branch import resolve_branch
 from zoo.lab.planning.plan import plan_run
 from zoo.lab.planning.run_model import with_task_vocab
+from zoo.lab.planning.sweeper import VariantSweeper, sweep_job_lists
 from zoo.lab.records.settings import parse_overrides, setting
 
 #: Launchers whose jobs run on this machine: a job's ``device`` is checked against it (another launcher's jobs
@@ -51,15 +52,15 @@ class Job:
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
-    """Each job's overrides, in launch order; None under another sweeper than Hydra's basic one (whose jobs are
-    not known before it runs)."""
+    """Each job's overrides, in launch order (a sweep's named variants: zoo.lab.planning.named); None under another
+    sweeper than Hydra's basic one or zoo's (whose jobs are not known before it runs)."""
     target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
-    if not target.endswith(BasicSweeper.__name__):
+    if not target.endswith((BasicSweeper.__name__, VariantSweeper.__name__)):
         return None
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
     lines = [f"{key}={value}" for key, value in params.items()] + list(config.hydra.overrides.task)
     parsed = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(lines)
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    return sweep_job_lists(config, parsed)
 
 
 def job_configs(config: DictConfig, jobs: Sequence[Sequence[str]]) -> Iterator[Job]:
