@@ -27,10 +27,11 @@ from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.options import check_type
 from zoo.lab.keys import REPLICATES
 from zoo.lab.planning.branch import resolve_branch
+from zoo.lab.planning.named import VARIANT
 from zoo.lab.planning.plan import plan_run
 from zoo.lab.planning.run_model import with_task_vocab
 from zoo.lab.planning.sweeper import VariantSweeper, sweep_job_lists
-from zoo.lab.records.settings import parse_overrides, setting
+from zoo.lab.records.settings import UNSET, parse_overrides, setting
 
 #: Launchers whose jobs run on this machine: a job's ``device`` is checked against it (another launcher's jobs
 #: run elsewhere, a SLURM node with GPUs launched from a login node without).
@@ -136,11 +137,13 @@ def check_seeds(config: dict[str, Any]) -> None:
 
 def culprit(job: Job, field: str, launched: Sequence[Sequence[str]]) -> str:
     """Which of the sweep's runs (``launched``: each one's overrides) a mistake in ``field`` refuses: ``the 12 runs
-    with block.attn.gate=head`` (the job's override of that field or of the group that set it, or ``every run``),
-    else the first run refused."""
+    with block.attn.gate=head`` (the job's override of that field or of the group that set it, or ``every run``; a
+    named variant's: ``variant -gate's block.attn.gate=nne``), else the first run refused."""
     for override in job.overrides:
         key = override.partition("=")[0].lstrip("+~")
         if any(field == k or field.startswith((f"{k}.", f"{k}[")) for k in (key, f"block.{key}")):
+            if (name := job.setting(VARIANT)) != UNSET and key != VARIANT:
+                return f"variant {name}'s {override}"
             count = sum(override in other for other in launched)
             if count == len(launched):
                 return "every run"
