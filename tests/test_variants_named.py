@@ -130,7 +130,7 @@ def test_the_report_names_variants_and_takes_a_named_baseline(named_sweep):
     with open(folder / "report.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted(r["variant"] for r in rows) == ["base", "glu"] and "mlp" not in rows[0]
-    assert all(r["seeds"] == "2" for r in rows)
+    assert all(r["runs"] == r["ok"] == "2" for r in rows)
     report = build_report(folder, baseline=report_baseline("glu"))
     assert report.axes == ["variant"] and report.baseline_label == "glu" and not report.dropped
     assert [report.label(v) for v in report.comparisons] == ["base"]
@@ -151,9 +151,11 @@ def test_variants_of_a_seed_see_the_same_batches(named_sweep):
 
 def test_a_named_sweep_is_refused_before_any_run(tmp_path):
     folder = tmp_path / "sweep"
-    done = zoo_cli("zoo.lab.commands.sweep", "quick", "variants={base: [], rope: [pos=rotary]}", *SMALL,
+    done = zoo_cli("zoo.train", "-m", "variants={base: [], rope: [pos=rotary]}", "pos=none,learned", *SMALL,
                    f"hydra.sweep.dir={folder}", cwd=tmp_path, returncode=1)  # fmt: skip
-    assert done.stderr.splitlines()[-1].startswith("zoo-sweep: refused before any run: variants.rope='pos=rotary'")
+    assert done.stderr.splitlines()[-1] == ("zoo-sweep: refused before any run: variants.rope='pos=rotary': a key the "
+                                            "sweep does not also sweep (pos=none,learned): a variant of each value "
+                                            "instead")  # fmt: skip
     assert not folder.exists()
 
 

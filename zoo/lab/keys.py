@@ -76,8 +76,10 @@ NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
 #: The keys a variant's runs repeat over: the seed, and the data order's own seed.
 REPLICATES = ("seed", "data_seed")
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
-#: order's), the sweep file, and where a branch starts (its identity is the source run's hash, not the path).
-NOT_AXES = frozenset({*REPLICATES, "sweeps", "train.branch.from"})
+#: order's), the sweep file, where a branch starts (its identity is the source run's hash, not the path), and the
+#: sections that name variants (a named variant's axis is its name, ``variant``).
+NOT_AXES = frozenset({*REPLICATES, "sweeps", "train.branch.from", "variants", "ablate", "ablate.features",
+                      "ablate.recipe"})
 
 #: The ``sweeps`` group: the sweep file a sweep was launched from (the sweep's own folder, not a run's).
 SWEEP_FILE = "sweeps"

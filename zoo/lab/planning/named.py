@@ -144,7 +144,8 @@ def named_jobs(named: Mapping[str, Sequence[str]], overrides: Sequence[Override]
         for override in change:
             hit = next((k for k in swept if collide(override_key(k), override_key(override))), None)
             if hit is not None:
-                why = f"a key the sweep does not also sweep ({hit}={','.join(swept[hit])}): sweep it, or name variants"
+                values = ",".join(swept[hit])
+                why = f"a key the sweep does not also sweep ({hit}={values}): a variant of each value instead"
                 raise ConfigError(f"{VARIANTS}.{name}", override, why)
     grid = [[f"{key}={value}" for key, value in zip(swept, values, strict=True)]
             for values in itertools.product(*swept.values())]  # fmt: skip
