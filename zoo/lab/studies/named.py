@@ -64,3 +64,9 @@ def recorded_overrides(run: Run) -> dict[str, list[str]]:
 def set_by_variants(key: str, variants: dict[str, list[str]]) -> bool:
     """Whether some variant's overrides set ``key`` (then it is part of the variant, not an axis of its own)."""
     return any(collide(override_key(key), override_key(o)) for change in variants.values() for o in change)
+
+
+def first_named(variants: dict[str, list[str]], runs: Sequence[Run]) -> dict[str, str] | None:
+    """The report's default baseline in a sweep of named variants: the first that has runs; None for a grid."""
+    name = next((n for n in variants if any(r.overrides.get(VARIANT) == n for r in runs)), None)
+    return {VARIANT: name} if name is not None else None

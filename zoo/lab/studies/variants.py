@@ -25,7 +25,7 @@ from zoo.lab.records.metrics import METRICS
 from zoo.lab.records.settings import UNSET, parse_overrides
 from zoo.lab.records.summary import SUMMARY, read_record_checked
 from zoo.lab.studies.interactions import Interaction, axis_interactions
-from zoo.lab.studies.named import name_runs, set_by_variants
+from zoo.lab.studies.named import first_named, name_runs, set_by_variants
 from zoo.lab.studies.peaks import Peak, variant_peaks
 from zoo.lab.studies.runset import Run, Variant
 from zoo.lab.studies.sensitivity import LrStudy, lr_study
@@ -125,6 +125,15 @@ def scan(root: Path) -> tuple[list[Run], list[Dropped]]:
         else:
             dropped.append(Dropped(folder, str(reason)))
     return runs, dropped
+
+
+def scan_named(root: Path) -> tuple[list[Run], list[Dropped], dict[str, list[str]]]:
+    """:func:`scan`'s runs, each named by its variant in a sweep of named variants (zoo.lab.studies.named), and its
+    dropped folders with the runs that are none of the sweep's variants; and the variants ({} for a grid)."""
+    runs, dropped = scan(root)
+    named, unnamed = name_runs(root, runs)
+    dropped += [Dropped(r.path, f"not one of the sweep's named variants ({', '.join(named)})") for r in unnamed]
+    return [r for r in runs if r not in unnamed], dropped, named
 
 
 def collect(root: Path) -> list[Run]:
@@ -231,10 +240,7 @@ def build_report(
     ``ladder`` (a ladder's shorter budgets, ``ladder.steps``) to the runs' own. Run folders whose summary
     cannot be read are listed in ``Report.dropped``.
     """
-    runs, dropped = scan(root)
-    named, unnamed = name_runs(root, runs)
-    runs = [r for r in runs if r not in unnamed]
-    dropped += [Dropped(r.path, f"not one of the sweep's named variants ({', '.join(named)})") for r in unnamed]
+    runs, dropped, named = scan_named(root)
     if not runs:
         why = "".join(f"; {d.path}: {d.reason}" for d in dropped)
         raise FileNotFoundError(f"no {'readable ' if dropped else ''}{SUMMARY} under {root}: is this a sweep or run "
@@ -260,9 +266,7 @@ def build_report(
 
     variants = sorted(groups.values(), key=order)
     launched_baseline, launched_correction, launched_test = runs_report_options(runs)
-    given = baseline if baseline is not None else launched_baseline
-    if named and not given:  # the first named variant that has runs
-        given = {VARIANT: next(n for n in named if any(r.overrides.get(VARIANT) == n for r in runs))}
+    given = baseline if baseline is not None else launched_baseline or first_named(named, runs)
     correction = correction or launched_correction
     test_option = test or launched_test
     report_options({"correction": correction, "test": test_option})
