@@ -93,8 +93,10 @@ def pinned(program: str, args: list[str]) -> list[str]:
 
 
 def first_value(override: str) -> str:
-    """``key=a,b`` -> ``key=a`` (a sweep's first grid point); a list value ``key=[1,2]`` stays whole."""
+    """``key=a,b`` -> ``key=a`` (a sweep's first grid point); a list value ``key=[1,2]`` or a mapping stays whole."""
     key, value = override.split("=", 1)
+    if value.startswith("{"):  # a mapping (variants={base: [], rope: [pos=rotary]}): one value
+        return override
     return f"{key}={re.split(r',(?![^[]*])', value)[0]}"
 
 

@@ -17,7 +17,7 @@ from zoo.core.errors import ConfigError
 from zoo.lab.commands.argv import quoted_mappings
 from zoo.lab.commands.sweep import SWEEPS_DIR, sweep_argv
 from zoo.lab.keys import run_folder_name
-from zoo.lab.planning.jobs import Job
+from zoo.lab.planning.jobs import Job, culprit
 from zoo.lab.planning.named import named_jobs, named_variants
 from zoo.lab.planning.options import report_baseline
 from zoo.lab.planning.sweep import check_baseline
@@ -77,6 +77,12 @@ def test_a_variant_setting_a_swept_key_is_refused():
     named = named_variants({"base": [], "rope": ["pos=rotary"]}, None)
     with pytest.raises(ConfigError, match=r"variants.rope='pos=rotary': a key the sweep does not also sweep \(pos="):
         named_jobs(named, parsed("pos=none,learned", "seed=0,1"))
+
+
+def test_a_variants_refused_override_names_the_variant():
+    job = Job(("block.attn.gate=nne", "variant=-gate", "seed=0"), {}, {})
+    launched = [job.overrides, ("variant=base", "seed=0")]
+    assert culprit(job, "block.attn.gate", launched) == "variant -gate's block.attn.gate=nne"
 
 
 def test_report_baseline_names_a_variant():
