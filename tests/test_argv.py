@@ -19,8 +19,8 @@ from zoo.lab.commands.sweep import sweep_main
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["nrom=rmsnorm"], "nrom='rmsnorm': unknown key 'nrom'; did you mean 'norm'? keys: attn, block, "),
-        (["trian.steps=10"], "trian.steps='10': unknown key 'trian'; did you mean 'train'? keys: attn, block, "),
+        (["nrom=rmsnorm"], "nrom='rmsnorm': unknown key 'nrom'; did you mean 'norm'? keys: ablate, attn, block, "),
+        (["trian.steps=10"], "trian.steps='10': unknown key 'trian'; did you mean 'train'? keys: ablate, attn, "),
         (["train.stpes=10"], "train.stpes='10': unknown key 'stpes' of train; did you mean 'steps'? keys: "),
         (["norm=rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'? options: layernorm, rmsnorm"),
         (["-m", "norm=rmsnorm,rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'?"),
@@ -69,7 +69,8 @@ VALID = [
 def test_the_groups_are_zoos_axes_tasks_recipe_and_sweeps():
     groups = group_options()
     assert {"placement", "norm", "attn", "pos", "mlp", "residual", "preset", "task", "logger", "optim", "schedule",
-            "objective", "param", "sweeps"} == set(groups)  # fmt: skip
+            "objective", "param", "sweeps", "ablate"} == set(groups)  # fmt: skip
+    assert groups["ablate"] == ["add_one", "hold_one_out", "none"]
     assert groups["residual"] == ["add", "hyper", "mhc", "scaled"]
     assert groups["objective"] == ["mtp", "ntp"]
     assert "quick" in groups["sweeps"] and groups["norm"] == ["layernorm", "rmsnorm", "scalenorm"]
@@ -88,7 +89,7 @@ def test_zoo_train_and_zoo_sweep_exit_with_one_line(capsys, tmp_path):
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     (line,) = done.stderr.splitlines()
-    assert line.startswith("zoo-train: nrom='rmsnorm': unknown key 'nrom'; did you mean 'norm'? keys: attn, block,")
+    assert line.startswith("zoo-train: nrom='rmsnorm': unknown key 'nrom'; did you mean 'norm'? keys: ablate, attn,")
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "runs").exists()
     with pytest.raises(SystemExit) as exited:
         sweep_main(["quick", "trian.steps=1"])

@@ -27,6 +27,7 @@ from helpers import ROOT, tiny_cli, zoo_in_process
 
 import zoo
 from zoo import AXES
+from zoo.lab.commands.argv import quoted_mappings
 from zoo.lab.commands.parts import parts_main
 from zoo.lab.commands.sweep import sweep_argv, sweep_names
 
@@ -93,8 +94,10 @@ def pinned(program: str, args: list[str]) -> list[str]:
 
 
 def first_value(override: str) -> str:
-    """``key=a,b`` -> ``key=a`` (a sweep's first grid point); a list value ``key=[1,2]`` stays whole."""
+    """``key=a,b`` -> ``key=a`` (a sweep's first grid point); a list value ``key=[1,2]`` or a mapping stays whole."""
     key, value = override.split("=", 1)
+    if value.startswith("{"):  # a mapping (variants={base: [], rope: [pos=rotary]}): one value
+        return override
     return f"{key}={re.split(r',(?![^[]*])', value)[0]}"
 
 
@@ -244,7 +247,7 @@ def test_doc_command_works(page, command, capsys, tmp_path, monkeypatch):
         overrides = [a for a in args if a != "-m" and not a.startswith(("hydra.", "hydra/"))]
         tokens_folder(overrides, tmp_path)
         # A multirun's first grid point (the others differ only in values the registry checks too).
-        overrides = [first_value(a) if "=" in a else a for a in overrides]
+        overrides = quoted_mappings([first_value(a) if "=" in a else a for a in overrides])  # as zoo-train reads them
         if program == "zoo-sweep":
             assert overrides[0] in sweep_names(), f"no sweep {overrides[0]!r}"
             overrides = sweep_argv(overrides[0], overrides[1:])

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 import zoo
 from zoo import build_model, compose
 from zoo.lab.commands.sweep import SWEEPS_DIR, sweep_argv, sweep_main, sweep_names
-from zoo.lab.commands.train import run_folder_name
+from zoo.lab.keys import run_folder_name
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.records.summary import read_summary
 from zoo.lab.training.run import run

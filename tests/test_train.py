@@ -14,7 +14,7 @@ from helpers import folder_bytes, tiny, without_timings
 from omegaconf import OmegaConf
 
 from zoo import ConfigError, build_model, compose
-from zoo.lab.commands.train import run_dirname
+from zoo.lab.keys import run_dirname
 from zoo.lab.planning.train_config import TrainConfig
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.records.summary import read_summary

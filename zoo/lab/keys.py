@@ -6,6 +6,9 @@ name a sweep's run folders (:func:`names_folder`).
 
 from __future__ import annotations
 
+import hashlib
+import re
+from collections.abc import Sequence
 from typing import Any
 
 #: Top-level keys that change what a run computes: each is in its config hash. ``sweep`` holds values a
@@ -13,7 +16,10 @@ from typing import Any
 COMPUTES = ("block", "model", "encoder", "task", "train", "seed", "data_seed", "device", "sweep")
 #: Top-level keys that change how fast a run goes, what it leaves on disk or how the report reads it, never
 #: a number it computes: left out of the hash (adding a tracker or a callback to a finished sweep skips its runs).
-RUNTIME = ("threads", "progress", "logger", "report", "tune", "ladder", "compile", "parallel", "callbacks")
+#: A named variant's name (``variant``) and the sweep's ``variants`` and ``ablate`` sections are among them: a named
+#: variant whose config equals a grid run's is that run (zoo.lab.planning.named).
+RUNTIME = ("threads", "progress", "logger", "report", "tune", "ladder", "compile", "parallel", "callbacks", "variants",
+           "variant", "ablate")
 #: Sections added after runs were recorded: in the hash only away from their default
 #: (zoo.lab.recipe.is_default for ``optim``, ``schedule`` and ``objective``; ``param=standard``).
 RECIPE = ("optim", "schedule", "objective")
@@ -70,8 +76,10 @@ NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
 #: The keys a variant's runs repeat over: the seed, and the data order's own seed.
 REPLICATES = ("seed", "data_seed")
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data
-#: order's), the sweep file, and where a branch starts (its identity is the source run's hash, not the path).
-NOT_AXES = frozenset({*REPLICATES, "sweeps", "train.branch.from"})
+#: order's), the sweep file, where a branch starts (its identity is the source run's hash, not the path), and the
+#: sections that name variants (a named variant's axis is its name, ``variant``).
+NOT_AXES = frozenset({*REPLICATES, "sweeps", "train.branch.from", "variants", "ablate", "ablate.features",
+                      "ablate.recipe"})
 
 #: The ``sweeps`` group: the sweep file a sweep was launched from (the sweep's own folder, not a run's).
 SWEEP_FILE = "sweeps"
@@ -97,3 +105,23 @@ def names_folder(key: str) -> bool:
 ELSEWHERE = {
     "ladder.widths": "a ladder's widths are the values of block.d_model it sweeps, e.g. block.d_model=64,128,256",
 }
+
+
+def run_dirname(overrides: str, limit: int = 200) -> str:
+    """A run folder's name from its overrides (``attn=gqa,norm=rmsnorm,seed=0``): path-safe, and
+    shortened with a hash when long. Stable: the same overrides give the same folder (resume)."""
+    name = re.sub(r"[^A-Za-z0-9=,._+@-]", "_", overrides) or "default"
+    if len(name) > limit:
+        name = f"{name[: limit - 17]}-{hashlib.sha1(overrides.encode()).hexdigest()[:16]}"
+    return name
+
+
+def run_folder_name(overrides: Sequence[str]) -> str:
+    """A sweep's run folder name from the run's command-line overrides (``hydra.overrides.task``): those of the
+    keys that name a run (:func:`names_folder`: no runtime, report, tuning or ladder key), sorted
+    and joined with ``,`` as Hydra's ``override_dirname`` joins them, made path-safe by :func:`run_dirname`."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    lines = [str(line) for line in overrides]
+    parsed = OverridesParser.create().parse_overrides(lines)
+    return run_dirname(",".join(sorted(o.input_line for o in parsed if names_folder(o.key_or_group))))

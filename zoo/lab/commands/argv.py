@@ -127,6 +127,35 @@ def composed(overrides: Sequence[str]) -> DictConfig | None:
         return None
 
 
+#: Keys whose value is a mapping of override lists, given as a YAML flow mapping (``variants={base: [], rope:
+#: [pos=rotary]}``) that Hydra's grammar reads only with each override quoted: :func:`quoted_mappings` quotes them.
+MAPPING_KEYS = ("variants", "ablate.features")
+
+
+def quoted_mappings(args: Sequence[str]) -> list[str]:
+    """``args`` with each :data:`MAPPING_KEYS` value that reads as a YAML flow mapping written in Hydra's grammar,
+    every override quoted (``{rope: ['pos=rotary']}``); any other argument, or one YAML does not read, as given."""
+    import yaml
+
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        try:
+            mapping = yaml.safe_load(value) if sep and key.lstrip("+") in MAPPING_KEYS and value[:1] == "{" else None
+        except yaml.YAMLError:
+            mapping = None
+        out.append(f"{key}={{{', '.join(f'{k}: {quoted(v)}' for k, v in mapping.items())}}}"
+                   if isinstance(mapping, dict) else arg)  # fmt: skip
+    return out
+
+
+def quoted(value: Any) -> str:
+    """A list of strings (or one string) in Hydra's grammar, each string quoted."""
+    if isinstance(value, list):
+        return f"[{', '.join(quoted(v) for v in value)}]"
+    return "'" + str(value).replace("'", "\\'") + "'" if isinstance(value, str) else str(value)
+
+
 def exit_on_bad_overrides(prog: str, args: Sequence[str] | None = None) -> None:
     """Exit with ``<prog>: <error>`` (one line, status 1) when :func:`check_overrides` refuses ``args``
     (default: this process's command line)."""

@@ -13,13 +13,10 @@ skipped, so re-running a sweep into its folder resumes it.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -31,33 +28,13 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.assembly.config_tree import CONF_DIR
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
-from zoo.lab.commands.argv import exit_on_bad_overrides
+from zoo.lab.commands.argv import exit_on_bad_overrides, quoted_mappings
 from zoo.lab.cores import dist_env
 from zoo.lab.files import write_atomic
-from zoo.lab.keys import names_folder
+from zoo.lab.keys import run_folder_name
 from zoo.lab.planning.options import TUNE_DIR
+from zoo.lab.planning.sweeper import register_sweeper
 from zoo.lab.records.exit_status import exit_if_a_run_failed, note_refused
-
-
-def run_dirname(overrides: str, limit: int = 200) -> str:
-    """A run folder's name from its overrides (``attn=gqa,norm=rmsnorm,seed=0``): path-safe, and
-    shortened with a hash when long. Stable: the same overrides give the same folder (resume)."""
-    name = re.sub(r"[^A-Za-z0-9=,._+@-]", "_", overrides) or "default"
-    if len(name) > limit:
-        name = f"{name[: limit - 17]}-{hashlib.sha1(overrides.encode()).hexdigest()[:16]}"
-    return name
-
-
-def run_folder_name(overrides: Sequence[str]) -> str:
-    """A sweep's run folder name from the run's command-line overrides (``hydra.overrides.task``): those of the
-    keys that name a run (:func:`zoo.lab.keys.names_folder`: no runtime, report, tuning or ladder key), sorted
-    and joined with ``,`` as Hydra's ``override_dirname`` joins them, made path-safe by :func:`run_dirname`."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    lines = [str(line) for line in overrides]
-    parsed = OverridesParser.create().parse_overrides(lines)
-    return run_dirname(",".join(sorted(o.input_line for o in parsed if names_folder(o.key_or_group))))
-
 
 OmegaConf.register_new_resolver("zoo_dirname", run_folder_name, replace=True)
 
@@ -132,6 +109,7 @@ _hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="config", versio
 
 def main() -> None:
     """Console entry point. Under torchrun, ranks other than 0 write nothing (no run folder, no log file)."""
+    sys.argv[1:] = quoted_mappings(sys.argv[1:])  # variants={base: [], rope: [pos=rotary]} as Hydra reads it
     exit_on_bad_overrides("zoo-train")  # a misspelt key or option: zoo's error, before Hydra's "use +..."
     rank = dist_env()[0]
     if rank > 0:
@@ -141,6 +119,7 @@ def main() -> None:
             "hydra/job_logging=stdout",
             "hydra.job_logging.root.level=WARNING",
         ]
+    register_sweeper()
     _hydra_main()
     exit_if_a_run_failed()  # after a sweep (zoo-train -m, zoo-sweep): exit 1 when a run failed
 

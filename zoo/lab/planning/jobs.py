@@ -27,9 +27,11 @@ from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.options import check_type
 from zoo.lab.keys import REPLICATES
 from zoo.lab.planning.branch import resolve_branch
+from zoo.lab.planning.named import VARIANT
 from zoo.lab.planning.plan import plan_run
 from zoo.lab.planning.run_model import with_task_vocab
-from zoo.lab.records.settings import parse_overrides, setting
+from zoo.lab.planning.sweeper import VariantSweeper, sweep_job_lists
+from zoo.lab.records.settings import UNSET, parse_overrides, setting
 
 #: Launchers whose jobs run on this machine: a job's ``device`` is checked against it (another launcher's jobs
 #: run elsewhere, a SLURM node with GPUs launched from a login node without).
@@ -51,15 +53,15 @@ class Job:
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
-    """Each job's overrides, in launch order; None under another sweeper than Hydra's basic one (whose jobs are
-    not known before it runs)."""
+    """Each job's overrides, in launch order (a sweep's named variants: zoo.lab.planning.named); None under another
+    sweeper than Hydra's basic one or zoo's (whose jobs are not known before it runs)."""
     target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
-    if not target.endswith(BasicSweeper.__name__):
+    if not target.endswith((BasicSweeper.__name__, VariantSweeper.__name__)):
         return None
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
     lines = [f"{key}={value}" for key, value in params.items()] + list(config.hydra.overrides.task)
     parsed = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(lines)
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    return sweep_job_lists(config, parsed)
 
 
 def job_configs(config: DictConfig, jobs: Sequence[Sequence[str]]) -> Iterator[Job]:
@@ -135,11 +137,13 @@ def check_seeds(config: dict[str, Any]) -> None:
 
 def culprit(job: Job, field: str, launched: Sequence[Sequence[str]]) -> str:
     """Which of the sweep's runs (``launched``: each one's overrides) a mistake in ``field`` refuses: ``the 12 runs
-    with block.attn.gate=head`` (the job's override of that field or of the group that set it, or ``every run``),
-    else the first run refused."""
+    with block.attn.gate=head`` (the job's override of that field or of the group that set it, or ``every run``; a
+    named variant's: ``variant -gate's block.attn.gate=nne``), else the first run refused."""
     for override in job.overrides:
         key = override.partition("=")[0].lstrip("+~")
         if any(field == k or field.startswith((f"{k}.", f"{k}[")) for k in (key, f"block.{key}")):
+            if (name := job.setting(VARIANT)) != UNSET and key != VARIANT:
+                return f"variant {name}'s {override}"
             count = sum(override in other for other in launched)
             if count == len(launched):
                 return "every run"

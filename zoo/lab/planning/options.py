@@ -47,9 +47,12 @@ def report_options(raw: Any) -> tuple[dict[str, str] | None, str, str]:
 
 
 def report_baseline(baseline: Any) -> dict[str, str] | None:
-    """``report.baseline`` checked: ``{axis: value}``, or None for the first value of each swept axis."""
+    """``report.baseline`` checked: ``{axis: value}``, or None for the first value of each swept axis (the first
+    variant of a sweep of named variants); a name alone (``rope``) is the named variant ``{variant: rope}``."""
     if baseline is None or baseline == {}:
         return None
+    if isinstance(baseline, str) and "=" not in baseline:
+        return {"variant": baseline}  # a named variant (zoo.lab.planning.named)
     if isinstance(baseline, str):
         items = [item.partition("=") for item in baseline.split(",") if item]
         if not items or any(not sep or not k or not v for k, sep, v in items):

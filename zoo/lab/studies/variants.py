@@ -19,11 +19,13 @@ from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
 from zoo.lab.keys import NOT_AXES
+from zoo.lab.planning.named import VARIANT
 from zoo.lab.planning.options import TUNE_DIR, check_interaction, report_interaction, report_options
 from zoo.lab.records.metrics import METRICS
 from zoo.lab.records.settings import UNSET, parse_overrides
 from zoo.lab.records.summary import SUMMARY, read_record_checked
 from zoo.lab.studies.interactions import Interaction, axis_interactions
+from zoo.lab.studies.named import first_named, name_runs, set_by_variants
 from zoo.lab.studies.peaks import Peak, variant_peaks
 from zoo.lab.studies.runset import Run, Variant
 from zoo.lab.studies.sensitivity import LrStudy, lr_study
@@ -78,8 +80,9 @@ class Report:
         return [r for v in self.variants for r in v.runs]
 
     def label(self, variant: Variant | tuple[str, ...]) -> str:
+        """``mlp=swiglu pos=rotary``; a named variant by its name (``-gate``, ``rope d_model=64``)."""
         key = variant.key if isinstance(variant, Variant) else variant
-        return " ".join(f"{a}={v}" for a, v in zip(self.axes, key, strict=True)) or "default"
+        return " ".join(v if a == VARIANT else f"{a}={v}" for a, v in zip(self.axes, key, strict=True)) or "default"
 
     @property
     def baseline_label(self) -> str:
@@ -123,6 +126,15 @@ def scan(root: Path) -> tuple[list[Run], list[Dropped]]:
         else:
             dropped.append(Dropped(folder, str(reason)))
     return runs, dropped
+
+
+def scan_named(root: Path) -> tuple[list[Run], list[Dropped], dict[str, list[str]]]:
+    """:func:`scan`'s runs, each named by its variant in a sweep of named variants (zoo.lab.studies.named), and its
+    dropped folders with the runs that are none of the sweep's variants; and the variants ({} for a grid)."""
+    runs, dropped = scan(root)
+    named, unnamed = name_runs(root, runs)
+    dropped += [Dropped(r.path, f"not one of the sweep's named variants ({', '.join(named)})") for r in unnamed]
+    return [r for r in runs if r not in unnamed], dropped, named
 
 
 def collect(root: Path) -> list[Run]:
@@ -229,12 +241,12 @@ def build_report(
     ``ladder`` (a ladder's shorter budgets, ``ladder.steps``) to the runs' own. Run folders whose summary
     cannot be read are listed in ``Report.dropped``.
     """
-    runs, dropped = scan(root)
+    runs, dropped, named = scan_named(root)
     if not runs:
         why = "".join(f"; {d.path}: {d.reason}" for d in dropped)
         raise FileNotFoundError(f"no {'readable ' if dropped else ''}{SUMMARY} under {root}: is this a sweep or run "
                                 f"folder?{why}")  # fmt: skip
-    axes, folds = report_axes(runs)
+    axes, folds = report_axes(runs, named)
     groups: dict[tuple[str, ...], Variant] = {}
     for run in runs:
         key = tuple(run.value(a) for a in axes)
@@ -255,7 +267,7 @@ def build_report(
 
     variants = sorted(groups.values(), key=order)
     launched_baseline, launched_correction, launched_test = runs_report_options(runs)
-    given = baseline if baseline is not None else launched_baseline
+    given = baseline if baseline is not None else launched_baseline or first_named(named, runs)
     correction = correction or launched_correction
     test_option = test or launched_test
     report_options({"correction": correction, "test": test_option})
@@ -273,13 +285,14 @@ def build_report(
     return with_studies(report, ladder)
 
 
-def report_axes(runs: Sequence[Run]) -> tuple[list[str], dict[str, str]]:
+def report_axes(runs: Sequence[Run], named: dict[str, list[str]] | None = None) -> tuple[list[str], dict[str, str]]:
     """The keys the runs' overrides give more than one value (but the seeds and the sweep file): block axes first,
     in the block's order, then the rest by name; less the options folded into their part's axis, which are
-    returned beside them (:func:`part_options`, each run told by :func:`fold`)."""
-    first = [*AXES, "preset", "task"]
+    returned beside them (:func:`part_options`, each run told by :func:`fold`). A sweep of ``named`` variants:
+    ``variant`` first, and no key a variant sets (its name stands for them)."""
+    first = [VARIANT, *AXES, "preset", "task"] if named else [*AXES, "preset", "task"]
     keys = sorted(
-        {k for r in runs for k in r.overrides} - NOT_AXES,
+        {k for r in runs for k in r.overrides if not (named and set_by_variants(k, named))} - NOT_AXES,
         key=lambda k: (k not in first, first.index(k) if k in first else 0, k),
     )
     axes = [k for k in keys if len({r.value(k) for r in runs}) > 1]
