@@ -83,14 +83,17 @@ ROWS = {
     ),
     # An encoder-decoder.
     "transduce-seq2seq": Row(
-        "transduce", ("attn=gqa", "pos=rotary", "schedule=inverse_sqrt", "task.max_len=6"), hf="run"
+        "transduce", ("attn=gqa", "pos=rotary", "schedule=inverse_sqrt", "task.max_len=6", "optim=adamh"), hf="run"
     ),
     # GPT-2-shaped, every block compiled.
-    "bytes-gpt-compiled": Row("bytes", ("preset=gpt", "block.max_len=64", "compile=true"), hf="logits"),
+    "bytes-gpt-compiled": Row(
+        "bytes", ("preset=gpt", "block.max_len=64", "compile=true", "optim=normuon", "optim.ns=polar_express",
+                  "optim.cautious_wd=true"), hf="logits"
+    ),
     # Multi-token prediction, sequential heads annealed: evaluated, generated and exported by the next-token head.
     "bytes-mtp-annealed": Row(
         "bytes",
-        ("preset=llama", "objective=mtp", "objective.k=2", "objective.anneal=linear", *CHECKPOINTS),
+        ("preset=llama", "objective=mtp", "objective.k=2", "objective.anneal=linear", "optim=muonh", *CHECKPOINTS),
         hf="logits",
         resume=True,
     ),

@@ -66,6 +66,9 @@ NEUTRAL_MLP: dict[str, Any] = {
 #: ``objective`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (multi-token prediction's carry: zoo.models.mtp).
 NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
+#: ``optim`` options added after runs were recorded (Muon's refinements, the per-group rates), left out of the
+#: hash at the value that changes nothing.
+NEUTRAL_OPTIM: dict[str, Any] = {"ns": "quintic", "cautious_wd": False, "normuon_beta2": None, "hyperball": False}
 
 #: The keys a variant's runs repeat over: the seed, and the data order's own seed.
 REPLICATES = ("seed", "data_seed")
