@@ -11,8 +11,8 @@ from test_recipe import resumes_bit_identically
 from torch import nn
 
 from zoo.core.errors import ConfigError
-from zoo.lab.recipe import OPTIMIZERS
-from zoo.lab.recipe.build import section_options
+from zoo.lab.planning.train_config import TrainConfig
+from zoo.lab.recipe import Recipe
 from zoo.lab.recipe.muon import MuonAdamW, lr_factor, orthogonalize
 from zoo.lab.recipe.refinements import POLAR_EXPRESS_RAW, ns_schedule
 from zoo.lab.records.config import config_hash
@@ -21,8 +21,7 @@ LR, WD, MOMENTUM = 0.1, 0.5, 0.95  # MOMENTUM: optim=muon's default
 
 
 def entry(name: str, **options: object) -> object:
-    _, resolved = section_options("optim", {"name": name, **options})
-    return OPTIMIZERS.get(name).cls(**resolved)
+    return Recipe(optim={"name": name, **options}).optimizer_entry(TrainConfig())
 
 
 def one_matrix(name: str, weight: torch.Tensor, grads: list[torch.Tensor], **options: object) -> MuonAdamW:

@@ -68,7 +68,8 @@ NEUTRAL_MLP: dict[str, Any] = {
 NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
 #: ``optim`` options added after runs were recorded (Muon's refinements, the per-group rates), left out of the
 #: hash at the value that changes nothing.
-NEUTRAL_OPTIM: dict[str, Any] = {"ns": "quintic", "cautious_wd": False, "normuon_beta2": None, "hyperball": False}
+NEUTRAL_OPTIM: dict[str, Any] = {"ns": "quintic", "cautious_wd": False, "normuon_beta2": None, "hyperball": False,
+                                 "lr_ratios": None}  # fmt: skip
 
 #: The keys a variant's runs repeat over: the seed, and the data order's own seed.
 REPLICATES = ("seed", "data_seed")

@@ -25,6 +25,7 @@ from zoo.lab.planning.options import report_interaction, report_options
 from zoo.lab.planning.run_model import RunModel, with_task_vocab
 from zoo.lab.planning.train_config import TrainConfig, check_run_config
 from zoo.lab.recipe import Recipe, check_recipe
+from zoo.lab.recipe.group_rates import check_on_meta
 from zoo.lab.recipe.param import check_param
 from zoo.lab.records.trackers import check_logger
 from zoo.lab.tasks import Task
@@ -116,6 +117,7 @@ def plan_run(
     param = check_param(
         raw, optimizer=recipe.optim["name"], dp_shard=mesh.dp_shard, tp=mesh.tp, custom_model=custom_model
     )
+    check_on_meta(lambda: RunModel(task_cls, tuple(specs), param).build(raw), recipe.optim["lr_ratios"])
     if mesh.sharded and train_cfg.eval_batches % mesh.dp:
         raise ConfigError(
             "train.eval_batches",

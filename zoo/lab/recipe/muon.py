@@ -63,12 +63,13 @@ class Treatment:
     why: str = ""
 
 
-def treatments(model: nn.Module) -> dict[str, Treatment]:
-    """Every parameter of ``model`` (by name, tied ones once) and how ``optim=muon`` optimizes it."""
+def treatments(model: nn.Module, *, check: bool = True) -> dict[str, Treatment]:
+    """Every parameter of ``model`` (by name, tied ones once) and how ``optim=muon`` optimizes it; ``check``:
+    each declaration checked against its weight first (not on the meta device, which holds no values)."""
     parts = part_modules(model)
     declared = {name: hook(module, "matrix_blocks")() for name, module in parts.items()}
     for name, blocks in declared.items():
-        if blocks is not None:
+        if blocks is not None and check:
             check_blocks(parts[name], name, blocks)
     found: dict[str, Treatment] = {}
     for name, param in model.named_parameters():
@@ -151,6 +152,12 @@ class MuonAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._link()
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """As torch's, the inner optimizers then sharing the new groups (as :func:`scaled_groups` splits them)."""
+        super().add_param_group(param_group)
+        if hasattr(self, "_inner"):
+            self._link()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
