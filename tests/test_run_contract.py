@@ -57,7 +57,8 @@ ROWS = {
     # μP away from its base width (the logit multiplier and score scales must come back), Llama-shaped.
     "bytes-mup-llama": Row(
         "bytes",
-        ("preset=llama", "param=mup", "param.base_width=16", "optim=adamw", "schedule=cosine", *CHECKPOINTS),
+        ("preset=llama", "param=mup", "param.base_width=16", "optim=adamw", "schedule=cosine", "init=zero_out",
+         *CHECKPOINTS),
         hf="logits",
         resume=True,
     ),
@@ -88,7 +89,7 @@ ROWS = {
     # GPT-2-shaped, every block compiled.
     "bytes-gpt-compiled": Row(
         "bytes", ("preset=gpt", "block.max_len=64", "compile=true", "optim=normuon", "optim.ns=polar_express",
-                  "optim.cautious_wd=true"), hf="logits"
+                  "optim.cautious_wd=true", "init=mitchell"), hf="logits"
     ),
     # Multi-token prediction, sequential heads annealed: evaluated, generated and exported by the next-token head.
     "bytes-mtp-annealed": Row(
