@@ -20,27 +20,36 @@ import copy
 from collections.abc import Callable
 
 import torch
+import yaml
 from timing import time_interleaved
 
 from zoo import compose
 from zoo.lab.planning.run_model import build_run_model
 from zoo.lab.planning.train_config import check_run_config
-from zoo.lab.recipe import OPTIMIZERS
+from zoo.lab.recipe import Recipe
 from zoo.lab.tasks import Batch, build_task
 from zoo.lab.training.step import Stepper, lm_logits, loss_fn
 from zoo.lab.training.trainer import make_optimizer
 
 
-def steppers(raw: dict, device: torch.device) -> tuple[dict[str, Stepper], Batch]:
-    """The trainer's step with AdamW and with Muon, over copies of one model; and a batch."""
+def optim_section(spec: str) -> dict:
+    """``name`` or ``name:key=value,...`` (``muon:ns=polar_express``) -> an ``optim`` section."""
+    name, _, options = spec.partition(":")
+    pairs = (item.split("=", 1) for item in options.split(",") if item)
+    return {"name": name, **{key: yaml.safe_load(value) for key, value in pairs}}
+
+
+def steppers(raw: dict, device: torch.device, optims: list[str]) -> tuple[dict[str, Stepper], Batch]:
+    """The trainer's step with AdamW and with each of ``optims`` (at Muon's rate 0.02), over copies of one model;
+    and a batch."""
     train_cfg, _ = check_run_config(raw)
     torch.manual_seed(0)
     model = build_run_model(raw).to(device)
-    copies = {"adamw": model, "muon": copy.deepcopy(model)}
-    optimizers = {
-        "adamw": make_optimizer(copies["adamw"], train_cfg),
-        "muon": OPTIMIZERS.get("muon").cls().build(copies["muon"], lr=0.02, weight_decay=train_cfg.weight_decay),
-    }
+    copies = {"adamw": model, **{spec: copy.deepcopy(model) for spec in optims}}
+    optimizers = {"adamw": make_optimizer(copies["adamw"], train_cfg)}
+    for spec in optims:
+        entry = Recipe(optim=optim_section(spec)).optimizer_entry(train_cfg)
+        optimizers[spec] = entry.build(copies[spec], lr=0.02, weight_decay=train_cfg.weight_decay)
     task = build_task(raw["task"])
     batch = task.train_batch(train_cfg.batch_size, torch.Generator().manual_seed(0)).to(device)
     steps = {name: Stepper(m, m, optimizers[name], device, train_cfg.grad_clip) for name, m in copies.items()}
@@ -72,7 +81,7 @@ def measure(args: argparse.Namespace, d_model: int) -> None:
 
     raw = OmegaConf.to_container(cfg, resolve=True)
     device = torch.device(args.device)
-    steps, batch = steppers(raw, device)
+    steps, batch = steppers(raw, device, args.optims)
     whole = time_interleaved({name: (lambda s=s: s(batch)) for name, s in steps.items()}, device, args.repeats)
     alone = time_interleaved({name: optimizer_only(s, batch) for name, s in steps.items()}, device, args.repeats)
     print(
@@ -83,6 +92,8 @@ def measure(args: argparse.Namespace, d_model: int) -> None:
     print("|---|---|---|")
     for name in steps:
         print(f"| {name} | {whole[name] * 1e3:.1f} | {alone[name] * 1e3:.1f} |")
+    if "muon" not in steps:
+        return
     # Muon's extra cost is per step; the rest of the step grows with the tokens. At 1.2x: the tokens it needs.
     extra = alone["muon"] - alone["adamw"]
     per_token = max(whole["adamw"] - alone["adamw"], 1e-9) / (args.batch * args.seq_len)
@@ -102,6 +113,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--optims", nargs="+", default=["muon"], help="optimizers beside adamw: name or "
+                        "name:key=value,... (muon:ns=polar_express)")  # fmt: skip
     parser.add_argument("overrides", nargs="*", default=["mlp=swiglu"], help="zoo overrides (default mlp=swiglu)")
     args = parser.parse_args()
     if args.threads:

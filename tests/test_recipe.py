@@ -29,7 +29,8 @@ OPTIMS = OPTIMIZERS.names()
 SCHEDS = SCHEDULES.names()
 #: A rate each optimizer trains the tiny model at (train.lr means another thing to each: Adafactor scales it by
 #: each parameter's RMS, SGD takes the gradient as the step).
-LR = {"sgd": 0.3, "adafactor": 0.3, "muon": 0.2}  # muon: an orthogonal update at d_model 32 moves each weight ~0.2 x lr
+LR = {"sgd": 0.3, "adafactor": 0.3, "muon": 0.2, "normuon": 0.2, "muonh": 0.2, "adamh": 0.2}  # muon: an orthogonal
+# update at d_model 32 moves each weight ~0.2 x lr; muonh, adamh: each step moves a hidden matrix by lr of its norm
 
 
 def small_model(seed: int = 0) -> torch.nn.Module:

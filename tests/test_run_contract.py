@@ -57,7 +57,8 @@ ROWS = {
     # μP away from its base width (the logit multiplier and score scales must come back), Llama-shaped.
     "bytes-mup-llama": Row(
         "bytes",
-        ("preset=llama", "param=mup", "param.base_width=16", "optim=adamw", "schedule=cosine", *CHECKPOINTS),
+        ("preset=llama", "param=mup", "param.base_width=16", "optim=adamw", "schedule=cosine", "init=zero_out",
+         *CHECKPOINTS),
         hf="logits",
         resume=True,
     ),
@@ -83,14 +84,17 @@ ROWS = {
     ),
     # An encoder-decoder.
     "transduce-seq2seq": Row(
-        "transduce", ("attn=gqa", "pos=rotary", "schedule=inverse_sqrt", "task.max_len=6"), hf="run"
+        "transduce", ("attn=gqa", "pos=rotary", "schedule=inverse_sqrt", "task.max_len=6", "optim=adamh"), hf="run"
     ),
     # GPT-2-shaped, every block compiled.
-    "bytes-gpt-compiled": Row("bytes", ("preset=gpt", "block.max_len=64", "compile=true"), hf="logits"),
+    "bytes-gpt-compiled": Row(
+        "bytes", ("preset=gpt", "block.max_len=64", "compile=true", "optim=normuon", "optim.ns=polar_express",
+                  "optim.cautious_wd=true", "init=mitchell"), hf="logits"
+    ),
     # Multi-token prediction, sequential heads annealed: evaluated, generated and exported by the next-token head.
     "bytes-mtp-annealed": Row(
         "bytes",
-        ("preset=llama", "objective=mtp", "objective.k=2", "objective.anneal=linear", *CHECKPOINTS),
+        ("preset=llama", "objective=mtp", "objective.k=2", "objective.anneal=linear", "optim=muonh", *CHECKPOINTS),
         hf="logits",
         resume=True,
     ),

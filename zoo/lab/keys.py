@@ -13,7 +13,7 @@ from typing import Any
 
 #: Top-level keys that change what a run computes: each is in its config hash. ``sweep`` holds values a
 #: sweep file interpolates (free-form); ``encoder`` an encoder-decoder's encoder section.
-COMPUTES = ("block", "model", "encoder", "task", "train", "seed", "data_seed", "device", "sweep")
+COMPUTES = ("block", "model", "encoder", "task", "train", "seed", "data_seed", "device", "sweep", "init")
 #: Top-level keys that change how fast a run goes, what it leaves on disk or how the report reads it, never
 #: a number it computes: left out of the hash (adding a tracker or a callback to a finished sweep skips its runs).
 #: A named variant's name (``variant``) and the sweep's ``variants`` and ``ablate`` sections are among them: a named
@@ -37,7 +37,7 @@ RUNTIME_TRAIN = ("save", "checkpoint_every", "keep_checkpoints", "activation_che
 NEUTRAL_TRAIN: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}}
 #: Top-level keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (``data_seed`` null: the data order follows ``seed``, as it did before the key existed).
-NEUTRAL_TOP: dict[str, Any] = {"data_seed": None}
+NEUTRAL_TOP: dict[str, Any] = {"data_seed": None, "init": {"name": "gpt2", "std": 0.02}}
 #: ``block.attn`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (softmax attention's output gate, sink and XSA: zoo.parts.head_outputs; value residual: zoo.parts.values; the
 #: qk-norm's scope, the head width and the scores' scale: zoo.parts.attention; Gated DeltaNet's key heads, negative
@@ -72,6 +72,10 @@ NEUTRAL_MLP: dict[str, Any] = {
 #: ``objective`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (multi-token prediction's carry: zoo.models.mtp).
 NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
+#: ``optim`` options added after runs were recorded (Muon's refinements, the per-group rates), left out of the
+#: hash at the value that changes nothing.
+NEUTRAL_OPTIM: dict[str, Any] = {"ns": "quintic", "cautious_wd": False, "normuon_beta2": None, "hyperball": False,
+                                 "lr_ratios": None}  # fmt: skip
 
 #: The keys a variant's runs repeat over: the seed, and the data order's own seed.
 REPLICATES = ("seed", "data_seed")

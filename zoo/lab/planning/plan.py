@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from zoo.assembly.compose import resolve_composed
+from zoo.assembly.init import BUILT, init_options
 from zoo.assembly.mup import MuP
 from zoo.assembly.spec import BlockSpec
 from zoo.core.errors import ConfigError
@@ -25,6 +26,7 @@ from zoo.lab.planning.options import report_interaction, report_options
 from zoo.lab.planning.run_model import RunModel, with_task_vocab
 from zoo.lab.planning.train_config import TrainConfig, check_run_config
 from zoo.lab.recipe import Recipe, check_recipe
+from zoo.lab.recipe.group_rates import check_on_meta
 from zoo.lab.recipe.param import check_param
 from zoo.lab.records.trackers import check_logger
 from zoo.lab.tasks import Task
@@ -116,6 +118,8 @@ def plan_run(
     param = check_param(
         raw, optimizer=recipe.optim["name"], dp_shard=mesh.dp_shard, tp=mesh.tp, custom_model=custom_model
     )
+    check_on_meta(lambda: RunModel(task_cls, tuple(specs), param).build(raw), recipe.optim["lr_ratios"])
+    check_init(raw.get("init"), mup=param is not None, custom_model=custom_model)
     if mesh.sharded and train_cfg.eval_batches % mesh.dp:
         raise ConfigError(
             "train.eval_batches",
@@ -124,6 +128,19 @@ def plan_run(
             "(every rank runs as many forwards)",
         )
     return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts, recipe, branch, param)
+
+
+def check_init(section: Any, *, mup: bool, custom_model: bool) -> None:
+    """``init``'s options (zoo.assembly.init), and the runs it cannot combine with: μP draws GPT-2's stds at the
+    base width and scales them by role (``olmo`` and ``mitchell`` set stds of their own); an encoder-decoder keeps
+    GPT-2's."""
+    options = init_options(section)
+    if mup and options["name"] in ("olmo", "mitchell"):
+        raise ConfigError("init.name", options["name"], "param=mup scales GPT-2's stds by role from the base width: "
+                          "use init=gpt2 (its init.std is the base width's) or init=zero_out")  # fmt: skip
+    if custom_model and options != BUILT:
+        raise ConfigError("init.name", options["name"], "the task builds its own model (an encoder-decoder), "
+                          "initialized as GPT-2's: init covers the decoder-only language model")  # fmt: skip
 
 
 def check_objective(recipe: Recipe, *, custom_model: bool, mesh: ProcessMesh, seq_len: int | None) -> None:

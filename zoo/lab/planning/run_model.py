@@ -7,6 +7,7 @@ that a checked plan already holds), so a run comes back as it trained:
 - the task's model kind (a decoder-only language model, or the encoder-decoder a ``transduce`` task trains);
 - ``model.vocab_size`` null taking the task's vocabulary (:func:`with_task_vocab`, applied when a run starts
   and recorded, so the recorded config names the vocabulary it trained);
+- the initialization (``init=<scheme>``: zoo.assembly.init.initialize);
 - the parametrization (``param=mup``: the logit multiplier and the attention score scales, zoo.lab.recipe.param).
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from zoo.assembly.init import init_options, initialize
 from zoo.assembly.mup import MuP
 from zoo.assembly.spec import BlockSpec, to_dict
 from zoo.core.errors import ConfigError
@@ -50,6 +52,9 @@ class RunModel:
     def build(self, config: Mapping[str, Any]) -> nn.Module:
         """The model, freshly initialized from the current torch seed, under the run's parametrization."""
         model = self.task_cls.build_model(with_task_vocab(config), self.specs)
+        init = init_options(config.get("init"))
+        if not self.task_cls.builds_own_model():  # a decoder-only model: 2 residual branches a layer
+            initialize(model, init, self.specs[0].dims.d_model, 2 * len(self.specs))
         return parametrize(model, self.mup)
 
 

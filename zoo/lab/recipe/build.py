@@ -16,6 +16,7 @@ from zoo.core.errors import ConfigError
 from zoo.core.options import named_section, resolve_options
 from zoo.core.registry import Registry
 from zoo.lab.recipe.base import OPTIMIZERS, SCHEDULES, Optimizer, Schedule
+from zoo.lab.recipe.group_rates import check_ratios, ratios_by_id
 from zoo.models.objectives import DEFAULT as DEFAULT_OBJECTIVE
 from zoo.models.objectives import OBJECTIVES, Objective, objective_entry
 
@@ -49,8 +50,9 @@ def section_options(kind: str, section: Mapping[str, Any] | None) -> tuple[str, 
     for key in raw:
         if key in train_keys(part.cls):
             raise ConfigError(f"{kind}.{key}", raw[key], f"{kind}={name} reads train.{key}: set that instead")
-    options = resolve_options(part, raw, kind)
-    return name, {k: v for k, v in options.items() if k not in train_keys(part.cls)}
+    recipe_keys = {"lr_ratios": check_ratios(raw.pop("lr_ratios", None) or {})} if kind == "optim" else {}
+    options = resolve_options(part, raw, kind, also_allowed=tuple(recipe_keys))
+    return name, {**{k: v for k, v in options.items() if k not in train_keys(part.cls)}, **recipe_keys}
 
 
 def is_default(kind: str, section: Any) -> bool:
@@ -76,6 +78,7 @@ class Recipe:
     def optimizer_entry(self, train: TrainConfig) -> Optimizer:
         """The ``optim`` entry with its options (and the ``train`` keys it reads)."""
         name, options = section_options("optim", self.optim)
+        options.pop("lr_ratios")  # the recipe's (:meth:`build`), not the optimizer's
         cls = OPTIMIZERS.get(name).cls
         return cls(**options, **{key: getattr(train, key) for key in train_keys(cls)})
 
@@ -95,16 +98,22 @@ class Recipe:
 
     def build(self, model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
         """The optimizer over every parameter of ``model`` at ``train.lr`` and ``train.weight_decay``;
-        under ``param=mup`` each group split by the parameters' μP rate multipliers (:func:`scaled_groups`)."""
+        under ``param=mup`` each group split by the parameters' μP rate multipliers (:func:`scaled_groups`), then
+        by ``optim.lr_ratios`` (zoo.lab.recipe.group_rates; their weight decay kept)."""
         optimizer = self.optimizer_entry(train).build(model, lr=train.lr, weight_decay=train.weight_decay)
         ratios = lr_ratios(model, self.optim["name"])
-        return optimizer if ratios is None else scaled_groups(optimizer, ratios)
+        optimizer = optimizer if ratios is None else scaled_groups(optimizer, ratios)
+        groups = self.optim.get("lr_ratios") or {}
+        return scaled_groups(optimizer, ratios_by_id(model, groups), keep_decay=True) if groups else optimizer
 
 
-def scaled_groups(optimizer: torch.optim.Optimizer, ratios: Mapping[int, float]) -> torch.optim.Optimizer:
+def scaled_groups(
+    optimizer: torch.optim.Optimizer, ratios: Mapping[int, float], *, keep_decay: bool = False
+) -> torch.optim.Optimizer:
     """The same optimizer with each param group split by its parameters' rate multipliers (``ratios``:
     id(parameter) -> multiplier): ``lr_ratio`` and ``lr`` multiplied, ``weight_decay`` divided (the decay
-    per step, rate x decay, unchanged). Groups of multiplier 1 keep their options as they were."""
+    per step, rate x decay, unchanged; ``keep_decay``: kept as it was). Groups of multiplier 1 keep their
+    options as they were."""
     groups = []
     for group in optimizer.param_groups:
         options = {k: v for k, v in group.items() if k != "params"}
@@ -114,7 +123,7 @@ def scaled_groups(optimizer: torch.optim.Optimizer, ratios: Mapping[int, float])
         for ratio, params in by_ratio.items():
             scaled = dict(options) if ratio == 1.0 else {
                 **options, "lr": options["lr"] * ratio, "lr_ratio": options.get("lr_ratio", 1.0) * ratio,
-                "weight_decay": options.get("weight_decay", 0.0) / ratio,
+                "weight_decay": options.get("weight_decay", 0.0) / (1.0 if keep_decay else ratio),
             }  # fmt: skip
             groups.append({**scaled, "params": params})
     optimizer.param_groups.clear()  # still without state: the split groups replace the built ones

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,9 +32,19 @@ from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.matrices import check_blocks, depthwise_kernel, part_modules
 from zoo.lab.recipe.base import OPTIMIZERS, Optimizer
+from zoo.lab.recipe.refinements import (
+    NS_SCHEDULES,
+    QUINTIC,
+    Coefficients,
+    adam_direction,
+    cautious_mask,
+    neuron_normalized,
+    ns_schedule,
+    on_hyperball,
+)
 
 #: The reference's quintic Newton-Schulz coefficients (torch.optim.Muon's, Keller Jordan's).
-NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_COEFFICIENTS = QUINTIC
 NS_EPS = 1e-7
 ADJUST_LR = ("original", "match_rms_adamw")
 
@@ -53,12 +63,13 @@ class Treatment:
     why: str = ""
 
 
-def treatments(model: nn.Module) -> dict[str, Treatment]:
-    """Every parameter of ``model`` (by name, tied ones once) and how ``optim=muon`` optimizes it."""
+def treatments(model: nn.Module, *, check: bool = True) -> dict[str, Treatment]:
+    """Every parameter of ``model`` (by name, tied ones once) and how ``optim=muon`` optimizes it; ``check``:
+    each declaration checked against its weight first (not on the meta device, which holds no values)."""
     parts = part_modules(model)
     declared = {name: hook(module, "matrix_blocks")() for name, module in parts.items()}
     for name, blocks in declared.items():
-        if blocks is not None:
+        if blocks is not None and check:
             check_blocks(parts[name], name, blocks)
     found: dict[str, Treatment] = {}
     for name, param in model.named_parameters():
@@ -87,17 +98,20 @@ def treatment(name: str, param: torch.Tensor, owner: str | None, blocks: Mapping
 
 
 def orthogonalize(
-    g: torch.Tensor, coefficients: tuple[float, float, float] = NS_COEFFICIENTS, steps: int = 5, eps: float = NS_EPS
+    g: torch.Tensor,
+    coefficients: Sequence[Coefficients] = (NS_COEFFICIENTS,) * 5,
+    eps: float = NS_EPS,
+    safety: float = 1.0,
 ) -> torch.Tensor:
     """(n, rows, cols) -> each matrix's quintic Newton-Schulz orthogonalization, in bfloat16: torch.optim.Muon's
-    iteration, batched (the same operations, each matrix normalized by its own Frobenius norm)."""
-    a, b, c = coefficients
+    iteration, batched (the same operations, each matrix normalized by its own Frobenius norm times ``safety``),
+    with ``coefficients[i]`` at iteration ``i`` (the reference's at each; Polar Express's differ)."""
     x = g.bfloat16()
     tall = g.shape[-2] > g.shape[-1]
     if tall:
         x = x.mT
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
-    for _ in range(steps):
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) * safety).clamp(min=eps)
+    for a, b, c in coefficients:
         gram = x @ x.mT
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.mT if tall else x
@@ -139,6 +153,12 @@ class MuonAdamW(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         self._link()
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """As torch's, the inner optimizers then sharing the new groups (as :func:`scaled_groups` splits them)."""
+        super().add_param_group(param_group)
+        if hasattr(self, "_inner"):
+            self._link()
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None
@@ -152,31 +172,76 @@ class MuonAdamW(torch.optim.Optimizer):
         return loss
 
     def _blocks_step(self, group: dict[str, Any]) -> None:
-        """Momentum per parameter, then every logical matrix of the group orthogonalized, one batch per shape."""
-        lr, momentum = group["lr"], group["momentum"]
-        by_shape: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = defaultdict(list)
+        """The direction per parameter (nesterov momentum, or Adam's under ``direction: adam``), then every
+        logical matrix of the group orthogonalized (one batch per shape; not under Adam's direction) and
+        applied with the group's refinements (``normuon_beta2``, ``cautious_wd``, ``hyperball``)."""
+        by_shape: dict[tuple[int, int], list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]]] = defaultdict(list)
         for param in (p for p in group["params"] if p.grad is not None):
-            state = self.state[param]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
-            buf = state["momentum_buffer"]
-            buf.lerp_(param.grad, 1 - momentum)
-            update = param.grad.lerp(buf, momentum) if group["nesterov"] else buf
-            for rows in self.blocks[param].values():
+            update = self._direction(param, group)
+            for k, rows in enumerate(self.blocks[param].values()):
                 block = update.index_select(-2, rows)
-                by_shape[(block.shape[-2], block.shape[-1])].append((param, rows, block))
-        touched = {id(p): p for items in by_shape.values() for p, _, _ in items}
-        for param in touched.values():
-            param.mul_(1 - lr * group["weight_decay"])
+                by_shape[(block.shape[-2], block.shape[-1])].append((param, k, rows, block))
+        lr, refined = group["lr"], group.get("hyperball") or group.get("cautious_wd")
+        if not refined:  # decoupled decay first, as torch.optim.Muon
+            for param in {id(p): p for items in by_shape.values() for p, *_ in items}.values():
+                param.mul_(1 - lr * group["weight_decay"])
         for (rows, cols), items in by_shape.items():
-            stacked = torch.cat([rearrange(b, "... r c -> (...) r c") for _, _, b in items])
-            ortho = orthogonalize(stacked, group["ns_coefficients"], group["ns_steps"], group["eps"])
-            alpha = -lr * lr_factor(group["adjust_lr_fn"], rows, cols)
+            stacked = torch.cat([rearrange(b, "... r c -> (...) r c") for *_, b in items])
+            if group.get("direction", "muon") == "muon":
+                stacked = orthogonalize(stacked, *self._schedule(group))
+            alpha = -lr * lr_factor(group.get("adjust_lr_fn"), rows, cols)
             start = 0
-            for param, index, block in items:  # each block's update, times alpha, onto its rows
+            for param, k, index, block in items:  # each block's update, times alpha, onto its rows
                 n = block[..., 0, 0].numel()
-                param.index_add_(-2, index, ortho[start : start + n].reshape(block.shape).to(param.dtype), alpha=alpha)
+                self._apply(group, param, k, index, stacked[start : start + n].reshape(block.shape), alpha)
                 start += n
+
+    @staticmethod
+    def _schedule(group: dict[str, Any]) -> tuple[Sequence[Coefficients], float, float]:
+        """The Newton-Schulz coefficients of each iteration, the norm's epsilon and its safety factor."""
+        if group.get("ns", "quintic") == "quintic":
+            return (tuple(group["ns_coefficients"]),) * group["ns_steps"], group["eps"], 1.0
+        coefficients, safety = ns_schedule(group["ns"], group["ns_steps"])
+        return coefficients, group["eps"], safety
+
+    def _direction(self, param: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """The parameter's update before orthogonalization (its radii recorded on the first hyperball step)."""
+        state = self.state[param]
+        if group.get("hyperball") and "radius" not in state:
+            norms = [param.index_select(-2, rows).norm(dim=(-2, -1)) for rows in self.blocks[param].values()]
+            state["radius"] = torch.stack(norms)
+        if group.get("direction", "muon") == "adam":
+            return adam_direction(state, param.grad, group["betas"], group["eps"])
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
+        buf = state["momentum_buffer"]
+        buf.lerp_(param.grad, 1 - group["momentum"])
+        return param.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+
+    def _apply(
+        self, group: dict[str, Any], param: torch.Tensor, k: int, index: torch.Tensor, update: torch.Tensor,
+        alpha: float,
+    ) -> None:  # fmt: skip
+        """One logical matrix's (block ``k``'s rows ``index``) step: ``W += alpha x update``, after NorMuon's
+        normalization, or with cautious decay, or the hyperball's step instead."""
+        state, lr = self.state[param], group["lr"]
+        beta2 = group.get("normuon_beta2")
+        if beta2 is not None:
+            if "neuron_second_moment" not in state:
+                state["neuron_second_moment"] = param.new_zeros(param.shape[:-1])
+            moment = state["neuron_second_moment"].index_select(-1, index)
+            update = neuron_normalized(update, moment, beta2)
+            state["neuron_second_moment"].index_copy_(-1, index, moment)
+        update = update.to(param.dtype)
+        if group.get("hyperball"):
+            weight = param.index_select(-2, index)
+            param.index_copy_(-2, index, on_hyperball(weight, update, lr, state["radius"][k]))
+        elif group.get("cautious_wd"):
+            weight = param.index_select(-2, index)
+            decay = lr * group["weight_decay"] * cautious_mask(update, weight)
+            param.index_copy_(-2, index, weight - decay * weight + alpha * update)
+        else:
+            param.index_add_(-2, index, update, alpha=alpha)
 
 
 # -- the optim=muon entry ---------------------------------------------------------------------------
@@ -211,12 +276,18 @@ class Muon(Optimizer):
         adam_betas: tuple[float, ...] = (0.9, 0.95),
         adam_eps: float = 1e-10,
         adam_weight_decay: float | None = None,
+        ns: Literal["quintic", "polar_express"] = "quintic",
+        cautious_wd: bool = False,
+        normuon_beta2: float | None = None,
+        hyperball: bool = False,
     ) -> None:
         _check_options(locals())
         self.lr_ratio, self.momentum, self.nesterov, self.ns_steps = lr_ratio, momentum, nesterov, ns_steps
         self.adjust_lr_fn, self.weight_decay = adjust_lr_fn, weight_decay
         self.adam_lr_ratio, self.adam_betas, self.adam_eps = adam_lr_ratio, tuple(adam_betas), adam_eps
         self.adam_weight_decay = adam_weight_decay
+        self.refinements = {"ns": ns, "cautious_wd": cautious_wd, "normuon_beta2": normuon_beta2,
+                            "hyperball": hyperball}  # fmt: skip
 
     def check(self, *, sharded: bool, tp: int, compile: bool) -> None:
         """Refuse FSDP2 and tensor parallelism: each rank would hold a shard of a matrix, and Muon must
@@ -234,28 +305,16 @@ class Muon(Optimizer):
 
     def build(self, model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
         """Four groups (empty ones left out): ``muon`` and ``blocks`` (the hidden matrices, at ``lr x
-        lr_ratio``), ``adamw`` with decay (other matrices: embedding, head) and without (biases, gains)."""
-        found = treatments(model)
-        params = dict(model.named_parameters())
-        kinds: dict[tuple[str, bool], list[torch.Tensor]] = defaultdict(list)
-        for name, how in found.items():
-            kinds[(how.kind, params[name].ndim >= 2)].append(params[name])
+        lr_ratio``), ``adamw`` with decay (other matrices: embedding, head) and without (biases, gains).
+        With a refinement set, each whole matrix is a ``blocks`` parameter of one block (the refined step
+        is zoo's, not torch.optim.Muon's)."""
         muon_wd = weight_decay if self.weight_decay is None else self.weight_decay
+        matrix = {"lr_ratio": self.lr_ratio, "weight_decay": 0.0 if self.refinements["hyperball"] else muon_wd,
+                  **self._muon_options(), **self.refinements}  # fmt: skip
+        adam = {"lr_ratio": self.adam_lr_ratio, "betas": self.adam_betas, "eps": self.adam_eps}
         adam_wd = weight_decay if self.adam_weight_decay is None else self.adam_weight_decay
-        muon = {"lr_ratio": self.lr_ratio, "lr": lr * self.lr_ratio, "weight_decay": muon_wd, **self._muon_options()}
-        adam = {"lr_ratio": self.adam_lr_ratio, "lr": lr * self.adam_lr_ratio, "betas": self.adam_betas}
-        groups = [
-            {"kind": "muon", "params": kinds[("muon", True)], **muon},
-            {"kind": "blocks", "params": kinds[("blocks", True)], **muon},
-            {"kind": "adamw", "params": kinds[("adamw", True)], "weight_decay": adam_wd, "eps": self.adam_eps, **adam},
-            {"kind": "adamw", "params": kinds[("adamw", False)], "weight_decay": 0.0, "eps": self.adam_eps, **adam},
-        ]
-        blocks = {
-            params[name]: {block: rows.to(params[name].device) for block, rows in how.blocks.items()}
-            for name, how in found.items()
-            if how.blocks is not None
-        }
-        return MuonAdamW([g for g in groups if g["params"]], blocks)
+        refined = self.refinements != {"ns": "quintic", "cautious_wd": False, "normuon_beta2": None, "hyperball": False}
+        return matrix_optimizer(model, lr=lr, matrix=matrix, adam=adam, adam_wd=adam_wd, whole_as_blocks=refined)
 
     def _muon_options(self) -> dict[str, Any]:
         return {
@@ -266,6 +325,36 @@ class Muon(Optimizer):
             "ns_steps": self.ns_steps,
             "adjust_lr_fn": self.adjust_lr_fn,
         }
+
+
+def matrix_optimizer(
+    model: nn.Module, *, lr: float, matrix: dict[str, Any], adam: dict[str, Any], adam_wd: float,
+    whole_as_blocks: bool,
+) -> MuonAdamW:  # fmt: skip
+    """A :class:`MuonAdamW` over ``model``: the hidden matrices (:func:`treatments`) in ``muon`` and ``blocks``
+    groups with the options ``matrix`` (its ``lr_ratio`` times ``lr``), the rest in two ``adamw`` groups with
+    ``adam``'s, decayed by ``adam_wd`` on its matrices (embedding, head) and never on biases and gains.
+    ``whole_as_blocks``: each whole matrix a ``blocks`` parameter of one block (no ``muon`` group)."""
+    found = treatments(model)
+    params = dict(model.named_parameters())
+    kinds: dict[tuple[str, bool], list[torch.Tensor]] = defaultdict(list)
+    blocks: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+    for name, how in found.items():
+        param = params[name]
+        kind = "blocks" if how.kind == "muon" and whole_as_blocks else how.kind
+        kinds[(kind, param.ndim >= 2)].append(param)
+        if kind == "blocks":
+            rows = how.blocks or {"matrix": torch.arange(param.shape[-2])}
+            blocks[param] = {block: index.to(param.device) for block, index in rows.items()}
+    matrix = {**matrix, "lr": lr * matrix["lr_ratio"]}
+    adam = {**adam, "lr": lr * adam["lr_ratio"]}
+    groups = [
+        {"kind": "muon", "params": kinds[("muon", True)], **matrix},
+        {"kind": "blocks", "params": kinds[("blocks", True)], **matrix},
+        {"kind": "adamw", "params": kinds[("adamw", True)], **adam, "weight_decay": adam_wd},
+        {"kind": "adamw", "params": kinds[("adamw", False)], **adam, "weight_decay": 0.0},
+    ]
+    return MuonAdamW([g for g in groups if g["params"]], blocks)
 
 
 def _check_options(options: Mapping[str, Any]) -> None:
@@ -286,3 +375,28 @@ def _check_options(options: Mapping[str, Any]) -> None:
     for field in ("weight_decay", "adam_weight_decay"):
         if options[field] is not None and options[field] < 0:
             raise ConfigError(f"optim.{field}", options[field], "must be >= 0, or null for train.weight_decay")
+    _check_refinements(options)
+
+
+def _check_refinements(options: Mapping[str, Any]) -> None:
+    """The refinements' options in range and not contradicting each other (the hyperball decays nothing)."""
+    if options["ns"] not in NS_SCHEDULES:
+        raise ConfigError("optim.ns", options["ns"], f"one of {', '.join(NS_SCHEDULES)}")
+    beta2 = options["normuon_beta2"]
+    if beta2 is not None and not 0 <= beta2 < 1:
+        raise ConfigError("optim.normuon_beta2", beta2, "must be in [0, 1), or null (no NorMuon)")
+    if options["hyperball"] and options["weight_decay"]:
+        raise ConfigError("optim.weight_decay", options["weight_decay"], "must be null or 0 with optim.hyperball: "
+                          "each hidden matrix keeps its norm, so it is never decayed")  # fmt: skip
+    if options["hyperball"] and options["cautious_wd"]:
+        raise ConfigError("optim.cautious_wd", True, "must be false with optim.hyperball (no decay to mask)")
+
+
+OPTIMIZERS.register(
+    "normuon",
+    summary="Muon with a per-neuron second moment after orthogonalization (optim=muon optim.normuon_beta2=0.95).",
+    formula="Muon's, then each row (neuron) of the orthogonalized update O over the root of its running mean "
+    "square, v <- beta2 v + (1 - beta2) mean_cols(O^2), rescaled to |O|_F",
+    reference="Li et al. 2025, NorMuon: Making Muon more efficient and scalable, arXiv:2510.05491",
+    normuon_beta2=0.95,
+)(Muon)

@@ -15,6 +15,7 @@ from zoo.lab.keys import (
     NEUTRAL_MLP,
     NEUTRAL_NORM,
     NEUTRAL_OBJECTIVE,
+    NEUTRAL_OPTIM,
     NEUTRAL_STACK,
     NEUTRAL_TOP,
     NEUTRAL_TRAIN,
@@ -29,8 +30,8 @@ from zoo.lab.keys import (
 def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
     at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, ``NEUTRAL_TOP``, ``NEUTRAL_BLOCK``,
-    ``NEUTRAL_NORM``, ``NEUTRAL_ATTN``, ``NEUTRAL_MLP``, ``NEUTRAL_OBJECTIVE`` and ``NEUTRAL_STACK``, the default
-    recipe, ``param=standard``).
+    ``NEUTRAL_NORM``, ``NEUTRAL_ATTN``, ``NEUTRAL_MLP``, ``NEUTRAL_OBJECTIVE``, ``NEUTRAL_OPTIM`` and
+    ``NEUTRAL_STACK``, the default recipe, ``param=standard``).
 
     A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
     source's config hash, step and checkpoint checksum instead (zoo.lab.planning.branch), so a source and its branches
@@ -43,6 +44,8 @@ def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dic
             del semantic[key]
     if PARAM in semantic and param.is_default(semantic[PARAM]):
         del semantic[PARAM]
+    if isinstance(semantic.get("optim"), dict):
+        semantic["optim"] = without_neutral(semantic["optim"], NEUTRAL_OPTIM)
     if isinstance(semantic.get("objective"), dict):
         semantic["objective"] = without_neutral(semantic["objective"], NEUTRAL_OBJECTIVE)
     branch = (semantic.get("train") or {}).get("branch") if isinstance(semantic.get("train"), dict) else None
