@@ -159,10 +159,12 @@ def named_jobs(named: Mapping[str, Sequence[str]], overrides: Sequence[Override]
 
 
 def variant_folders(jobs: Sequence[Sequence[str]]) -> dict[str, str]:
-    """``{run folder name: variant name}`` for each named job (zoo.lab.keys.run_folder_name)."""
+    """``{run folder name: variant name}`` for each named job: the folder its overrides name
+    (zoo.lab.keys.run_folder_name), or the one a ``hydra.sweep.subdir=`` override sends it to."""
     out = {}
     for job in jobs:
         names = [o.partition("=")[2] for o in job if o.startswith(f"{VARIANT}=")]
+        sent = [o.partition("=")[2].strip("'") for o in job if o.startswith("hydra.sweep.subdir=")]
         if names:
-            out[run_folder_name(job)] = names[-1]
+            out[sent[-1] if sent else run_folder_name(job)] = names[-1]
     return out

@@ -16,7 +16,10 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from zoo.lab.files import write_json_atomic
+from zoo.lab.keys import run_folder_name
 from zoo.lab.planning.named import config_variants, named_jobs, variant_folders
+from zoo.lab.records.config import config_hash
+from zoo.lab.records.summary import SUMMARY, read_record
 
 #: The named variants of the sweep last run into a folder: ``{"variants": {name: [override]}, "folders": {folder:
 #: name}}`` (zoo.lab.studies.named reads it back, checked).
@@ -53,9 +56,45 @@ class VariantSweeper(Sweeper):
         named = config_variants(config)
         if named is not None:
             folder = Path(config.hydra.sweep.dir)
+            jobs = into_finished_folders(config, jobs, folder)
             folder.mkdir(parents=True, exist_ok=True)
             write_json_atomic(folder / VARIANTS_FILE, {"variants": named, "folders": variant_folders(jobs)})
         return list(BasicSweeper.split_overrides_to_chunks(jobs, max_batch_size))
+
+
+#: The override that sends a job into a folder other than the one its overrides name.
+SUBDIR = "hydra.sweep.subdir"
+
+
+def into_finished_folders(config: Any, jobs: list[list[str]], sweep_dir: Path) -> list[list[str]]:
+    """``jobs``, each one whose config (its hash, zoo.lab.records.config) is that of a run finished in another
+    folder of ``sweep_dir`` sent there (``hydra.sweep.subdir=<folder>``), where it is skipped: a named variant equal
+    to a grid run given other overrides (``base: []`` and ``pos=none``) trains once. A job whose own folder holds a
+    run already stays there."""
+    finished = finished_runs(sweep_dir)
+    if not finished:
+        return jobs
+    from zoo.lab.planning.jobs import job_configs  # jobs.py builds on this module
+    from zoo.lab.planning.run_model import with_task_vocab
+
+    sent = []
+    for job in job_configs(config, jobs):
+        own = run_folder_name(job.overrides)
+        target = finished.get(config_hash(with_task_vocab(job.config)))
+        moved = target is not None and target != own and not (sweep_dir / own / SUMMARY).exists()
+        sent.append([*job.overrides, f"{SUBDIR}='{target}'"] if moved else list(job.overrides))  # quoted: = and ,
+    return sent
+
+
+def finished_runs(sweep_dir: Path) -> dict[str, str]:
+    """``{config hash: folder name}`` of the runs finished (``ok``) in ``sweep_dir``'s folders, each record read
+    back checked (one that does not read is no finished run)."""
+    found = {}
+    for summary in sorted(sweep_dir.glob(f"*/{SUMMARY}")) if sweep_dir.is_dir() else []:
+        record = read_record(summary.parent)
+        if record is not None and record.status == "ok" and record.config_hash:
+            found.setdefault(record.config_hash, summary.parent.name)
+    return found
 
 
 #: Where Hydra finds the sweeper: it instantiates plugins from its ``hydra_plugins`` namespace only, so the class is
