@@ -1,0 +1,81 @@
+"""A run's throughput (zoo.lab.training.throughput): model FLOPs per second over its steady steps, without
+evaluation or the first step's warm-up, and its mfu against the table of dense bf16 peaks."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from helpers import tiny
+
+from zoo.lab.records.summary import SUMMARY
+from zoo.lab.training.evaluation import Evaluator
+from zoo.lab.training.run import run
+from zoo.lab.training.step import Stepper
+from zoo.lab.training.throughput import PEAKS, peak_of, throughput
+
+
+@pytest.mark.parametrize(
+    ("name", "entry"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA GH200 480GB", "GH200"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L4", "L4"),
+    ],
+)
+def test_a_device_takes_the_longest_peak_its_name_holds(name, entry):
+    assert peak_of(name) == (entry, PEAKS[entry])
+
+
+def test_mfu_is_the_rate_over_the_devices_peak_by_hand():
+    one = throughput(2e15, 4.0, "cuda", "NVIDIA H100 80GB HBM3")
+    assert one["flops_per_second"] == 5e14 and one["mfu"] == pytest.approx(5e14 / 989e12)
+    assert one["mfu_peak"] == {"device": "H100", "flops_per_second": 989e12}
+    assert throughput(2e15, 4.0, "cuda", "NVIDIA H100 80GB HBM3", world=2)["mfu"] == pytest.approx(5e14 / 1978e12)
+
+
+@pytest.mark.parametrize(
+    ("device", "name", "reason"),
+    [
+        ("cpu", None, "no peak for a cpu device"),
+        ("cuda", "Tesla T4", "'Tesla T4' is not in the table of dense bf16 peaks"),
+        ("mps", None, "no peak for a mps device"),
+    ],
+)
+def test_no_mfu_without_a_known_peak_and_the_reason_says_why(device, name, reason):
+    measured = throughput(1e12, 1.0, device, name)
+    assert measured["flops_per_second"] == 1e12 and measured["mfu"] is None
+    assert measured["mfu_reason"].startswith(reason)
+
+
+def test_a_run_records_its_flops_per_second_without_evaluation_or_the_first_steps_warm_up(tmp_path, monkeypatch):
+    """The first step (compile's warm-up) and each evaluation made a second slower leave the rate as it was:
+    the steady steps' FLOPs over a training time under one of those seconds."""
+    evaluate, step = Evaluator.evaluate, Stepper.__call__
+    calls = []
+
+    def slow_evaluation(self):
+        time.sleep(1.0)
+        return evaluate(self)
+
+    def slow_first_step(self, batch):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(1.0)
+        return step(self, batch)
+
+    monkeypatch.setattr(Evaluator, "evaluate", slow_evaluation)
+    monkeypatch.setattr(Stepper, "__call__", slow_first_step)
+    summary = run(tiny("train.steps=12", "train.eval_every=6"), tmp_path)
+    assert summary["status"] == "ok" and summary["train_time_s"] > 1.0  # the first step's second is training
+    written = json.loads((tmp_path / SUMMARY).read_text())
+    assert written["mfu"] is None and written["mfu_reason"].startswith("no peak for a cpu device")
+    tokens_per_step = summary["tokens"] / summary["steps"]
+    steady_flops = (summary["steps"] - 1) * tokens_per_step * summary["flops_per_token"]
+    assert 0 < steady_flops / written["flops_per_second"] < 1.0
