@@ -10,10 +10,10 @@ import pytest
 from helpers import tiny
 
 from zoo.lab.records.summary import SUMMARY
+from zoo.lab.throughput import PEAKS, measured, peak_of
 from zoo.lab.training.evaluation import Evaluator
 from zoo.lab.training.run import run
 from zoo.lab.training.step import Stepper
-from zoo.lab.training.throughput import PEAKS, peak_of, throughput
 
 
 @pytest.mark.parametrize(
@@ -34,10 +34,10 @@ def test_a_device_takes_the_longest_peak_its_name_holds(name, entry):
 
 
 def test_mfu_is_the_rate_over_the_devices_peak_by_hand():
-    one = throughput(2e15, 4.0, "cuda", "NVIDIA H100 80GB HBM3")
+    one = measured(2e15, 4.0, "cuda", "NVIDIA H100 80GB HBM3")
     assert one["flops_per_second"] == 5e14 and one["mfu"] == pytest.approx(5e14 / 989e12)
     assert one["mfu_peak"] == {"device": "H100", "flops_per_second": 989e12}
-    assert throughput(2e15, 4.0, "cuda", "NVIDIA H100 80GB HBM3", world=2)["mfu"] == pytest.approx(5e14 / 1978e12)
+    assert measured(2e15, 4.0, "cuda", "NVIDIA H100 80GB HBM3", world=2)["mfu"] == pytest.approx(5e14 / 1978e12)
 
 
 @pytest.mark.parametrize(
@@ -49,9 +49,9 @@ def test_mfu_is_the_rate_over_the_devices_peak_by_hand():
     ],
 )
 def test_no_mfu_without_a_known_peak_and_the_reason_says_why(device, name, reason):
-    measured = throughput(1e12, 1.0, device, name)
-    assert measured["flops_per_second"] == 1e12 and measured["mfu"] is None
-    assert measured["mfu_reason"].startswith(reason)
+    result = measured(1e12, 1.0, device, name)
+    assert result["flops_per_second"] == 1e12 and result["mfu"] is None
+    assert result["mfu_reason"].startswith(reason)
 
 
 def test_a_run_records_its_flops_per_second_without_evaluation_or_the_first_steps_warm_up(tmp_path, monkeypatch):

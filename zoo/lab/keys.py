@@ -67,6 +67,10 @@ NEUTRAL_MLP: dict[str, Any] = {
 #: (multi-token prediction's carry: zoo.models.mtp).
 NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
 
+#: ``task`` options added after runs were recorded, left out of the hash at the value that changes nothing
+#: (no held-out sources: zoo.lab.data.heldout).
+NEUTRAL_TASK: dict[str, Any] = {"heldout": []}
+
 #: The keys a variant's runs repeat over: the seed, and the data order's own seed.
 REPLICATES = ("seed", "data_seed")
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data

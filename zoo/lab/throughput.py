@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 #: Dense bf16 tensor-core peaks in FLOP/s per device, from the vendors' data sheets (the "with sparsity"
 #: figures halved), matched against ``torch.cuda.get_device_name`` by the longest name it contains.
 PEAKS: dict[str, float] = {
@@ -30,10 +32,20 @@ def peak_of(name: str) -> tuple[str, float] | None:
     return key, PEAKS[key]
 
 
-def throughput(flops: float, seconds: float, device: str, name: str | None, world: int = 1) -> dict[str, Any]:
+#: What :func:`throughput` measures: summary.json's fields, in order.
+MEASURED = ("flops_per_second", "mfu", "mfu_peak", "mfu_reason")
+
+
+def throughput(flops: float, seconds: float, device: torch.device, world: int = 1) -> dict[str, Any]:
     """``flops_per_second`` (``flops`` model FLOPs over ``seconds`` of training; None without a second of it),
-    and ``mfu`` against ``world`` devices' peak with the peak used (``mfu_peak``), or None with ``mfu_reason``.
-    ``device`` is the torch device's type (``cuda``, ``cpu``), ``name`` a CUDA device's name."""
+    and ``mfu`` against the peak of ``world`` devices like ``device`` with the peak used (``mfu_peak``), or None
+    with ``mfu_reason``."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return measured(flops, seconds, device.type, name, world)
+
+
+def measured(flops: float, seconds: float, device: str, name: str | None, world: int = 1) -> dict[str, Any]:
+    """:func:`throughput` on a device of type ``device`` (``cuda``, ``cpu``) named ``name`` (a CUDA device's)."""
     rate = flops / seconds if seconds > 0 and flops > 0 else None
     out: dict[str, Any] = {"flops_per_second": rate, "mfu": None}
     if device != "cuda":
