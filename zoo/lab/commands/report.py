@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zoo.core.errors import ConfigError
-from zoo.lab.planning.options import CORRECTIONS, TESTS, report_interaction, report_options
+from zoo.lab.planning.options import CORRECTIONS, TESTS, report_interaction, report_options, target_options
 from zoo.lab.records.lock import report_lock
 
 
@@ -31,6 +31,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--interaction", metavar="AXIS,AXIS",
                         help="an interaction to state beyond a two-axis sweep's own (report.interaction): two "
                         "swept axes, refused otherwise before anything is written")  # fmt: skip
+    parser.add_argument("--target", type=float, help="report.target: when each variant reaches this value of "
+                        "the metric, and the pass rule (default: the runs' report.target)")  # fmt: skip
+    parser.add_argument("--margin", type=float, help="report.margin: the pass rule's margin (default 0)")
+    parser.add_argument("--target-ema", type=float, help="report.target_ema: read the curve through an EMA (default 0)")
     args = parser.parse_args(argv)
     from zoo.lab.reports.report import write_built, written  # the studies and plots: once the arguments are read
     from zoo.lab.reports.table import relative_to
@@ -39,9 +43,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         baseline = report_options({"baseline": args.baseline})[0] if args.baseline else None
         named = report_interaction(args.interaction)  # its axes: against the swept ones (build_report)
+        target = target_options({"target": args.target, "margin": args.margin, "target_ema": args.target_ema})
         with report_lock(args.dir) if args.dir.is_dir() else contextlib.nullcontext():  # not beside a sweep's own
             report = build_report(args.dir, baseline=baseline, correction=args.correction, test=args.test,
-                                  interaction=named)  # fmt: skip
+                                  interaction=named, target=target)  # fmt: skip
             print(write_built(report, plots=not args.no_plots), end="")
     except (FileNotFoundError, ConfigError) as error:
         parser.exit(1, f"zoo-report: {error}\n")
