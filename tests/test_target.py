@@ -15,6 +15,7 @@ from helpers import tiny
 from scipy.stats import norm
 
 from zoo.core.errors import ConfigError
+from zoo.lab.commands.report import main as report_main
 from zoo.lab.planning.options import report_options, target_options
 from zoo.lab.records.metrics import read_metrics
 from zoo.lab.reports.report import write_built
@@ -109,12 +110,12 @@ def test_a_bad_target_option_is_refused_naming_the_key(section, field):
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
-    """Two variants, two seeds each: a tiny sweep's runs."""
+    """Two variants, two seeds each: a tiny sweep's runs, launched with a target every run meets at step 0."""
     root = tmp_path_factory.mktemp("target")
     for norm_ in ("layernorm", "rmsnorm"):
         for seed in (0, 1):
             overrides = [f"norm={norm_}", f"seed={seed}"]
-            done = run(tiny(*overrides), root / ",".join(overrides), overrides=overrides)
+            done = run(tiny(*overrides, "report.target=100"), root / ",".join(overrides), overrides=overrides)
             assert done["status"] == "ok", done["error"]
     return root
 
@@ -140,9 +141,16 @@ def test_the_report_gives_each_variant_its_steps_flops_and_seconds_to_the_target
     assert [r["step"] for r in evals] == [0, 6, 12]
 
 
-def test_runs_that_never_reach_the_target_are_said_so_not_dropped(sweep):
+def test_the_runs_own_report_target_is_the_default(sweep):
+    study = build_report(sweep).target
+    assert study is not None and study.target == 100.0
+    assert all(c.step == 0.0 and c.flops == 0.0 for r in study.results.values() for c in r.crossings)
+
+
+def test_runs_that_never_reach_the_target_are_said_so_not_dropped(sweep, capsys):
     target = min(s["final"]["val_bpb"] for s in summaries(sweep)) - 1.0
-    text = write_built(build_report(sweep, target={"target": target, "margin": 0.0, "target_ema": 0.0}), plots=False)
+    report_main([str(sweep), "--no-plots", "--target", str(target)])
+    text = (sweep / "report.md").read_text()
     assert text.count("| 0/2 (2 never) |") == 2 and text.count("fail: (target - mean) x sqrt(2)") == 2
     rows = list(csv.DictReader((sweep / "report.csv").open()))
     assert [(r["target_reached"], r["steps_to_target"], r["target_verdict"]) for r in rows] == [("0/2", "", "fail")] * 2
