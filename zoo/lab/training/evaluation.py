@@ -77,14 +77,14 @@ class Evaluator:
         return out
 
     def heldout_metrics(self) -> dict[str, float]:
-        """Each metric on each held-out source (``val_bpb_cpp``), and its mean over them (``val_bpb_macro``)."""
+        """Each metric on each held-out set (``val_bpb_cpp``), and its mean over them (``val_bpb_macro``)."""
         out: dict[str, float] = {}
-        for source, batches in self.heldout_sets.items():
+        for held, batches in self.heldout_sets.items():
             for name, value in self.task.compute(self.score(batches, {}, {})).items():
-                out[heldout_name(name, source)] = value
+                out[heldout_name(name, held)] = value
         if self.heldout_sets:
             for name in self.task.metrics:
-                values = [out[heldout_name(name, source)] for source in self.heldout_sets]
+                values = [out[heldout_name(name, held)] for held in self.heldout_sets]
                 out[heldout_name(name, MACRO)] = sum(values) / len(values)
         return out
 
