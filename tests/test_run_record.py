@@ -22,7 +22,8 @@ OK_KEYS = [
     "schema", "status", "error", "run_dir", "choices", "overrides", "started", "versions", "config", "config_hash",
     "unused_axes", "parameters", "active_parameters", "flops_per_token", "data", "device", "threads", "world_size",
     "metric", "resumed_from", "steps", "tokens", "train_time_s", "tokens_per_s", "load", "final", "reason", "initial",
-    "spikes", "flops", "parallel", "peak_memory_mib", "kind", "wall_time_s", "finished",
+    "spikes", "flops", "flops_per_second", "mfu", "mfu_reason", "parallel", "peak_memory_mib", "kind", "wall_time_s",
+    "finished",
 ]  # fmt: skip
 
 #: A summary as zoo-train wrote it before the schema field (a failed run: no loop result, so no ``reason``).
@@ -95,7 +96,7 @@ def test_a_field_not_of_its_type_is_named(tmp_path, change, problem):
 def test_a_written_summary_has_its_schema_and_the_keys_it_had(tmp_path):
     summary = run(tiny(), tmp_path)
     written = json.loads((tmp_path / SUMMARY).read_text())
-    assert written == summary and written["schema"] == SCHEMA == 2
+    assert written == summary and written["schema"] == SCHEMA == 3
     assert list(written) == OK_KEYS and written["error"] is None and written["reason"] is None
     record = read_record(tmp_path)
     assert record is not None and record.schema == SCHEMA and record.to_json() == written

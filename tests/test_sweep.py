@@ -312,6 +312,8 @@ def test_a_sweeps_report_tune_and_ladder_are_checked_against_its_axes_before_any
                                             "pos, mlp"),
         ("report.interaction=[pos,pos]", "report.interaction=['pos', 'pos']: two different swept axes"),
         ("report.test=nosuch", "report.test='nosuch'"),
+        ("report.margin=-1", "report.margin=-1: a number at least 0"),
+        ("report.target_ema=1.5", "report.target_ema=1.5: a number in [0, 1)"),
         ("tune.lr=[-1]", "tune.lr=[-1]"),
     ]:  # fmt: skip
         with pytest.raises(zoo.ConfigError) as refused:

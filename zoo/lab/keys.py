@@ -77,6 +77,10 @@ NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
 NEUTRAL_OPTIM: dict[str, Any] = {"ns": "quintic", "cautious_wd": False, "normuon_beta2": None, "hyperball": False,
                                  "lr_ratios": None}  # fmt: skip
 
+#: ``task`` options added after runs were recorded, left out of the hash at the value that changes nothing
+#: (no held-out sources: zoo.lab.data.heldout).
+NEUTRAL_TASK: dict[str, Any] = {"heldout": []}
+
 #: The keys a variant's runs repeat over: the seed, and the data order's own seed.
 REPLICATES = ("seed", "data_seed")
 #: Keys a sweep varies that are not axes of its variants: the seeds a variant's runs repeat (and their data

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from zoo.core.errors import ConfigError
 from zoo.lab.planning.gates import gate_options
-from zoo.lab.planning.options import CORRECTIONS, TESTS, report_interaction, report_options
+from zoo.lab.planning.options import CORRECTIONS, TESTS, report_interaction, report_options, target_options
 from zoo.lab.records.lock import report_lock
 
 
@@ -35,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gates", metavar="GATE[,GATE]",
                         help="pass/fail rules per variant (report.gates; default: the runs' own), written to report.md "
                         "and gates.json")  # fmt: skip
+    parser.add_argument("--target", type=float, help="report.target: when each variant reaches this value of "
+                        "the metric, and the pass rule (default: the runs' report.target)")  # fmt: skip
+    parser.add_argument("--margin", type=float, help="report.margin: the pass rule's margin (default 0)")
+    parser.add_argument("--target-ema", type=float, help="report.target_ema: read the curve through an EMA (default 0)")
     args = parser.parse_args(argv)
     from zoo.lab.reports.report import write_built, written  # the studies and plots: once the arguments are read
     from zoo.lab.reports.table import relative_to
@@ -44,9 +48,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         baseline = report_options({"baseline": args.baseline})[0] if args.baseline else None
         named = report_interaction(args.interaction)  # its axes: against the swept ones (build_report)
         gate_options(args.gates)  # refused before anything is written
+        target = target_options({"target": args.target, "margin": args.margin, "target_ema": args.target_ema})
         with report_lock(args.dir) if args.dir.is_dir() else contextlib.nullcontext():  # not beside a sweep's own
             report = build_report(args.dir, baseline=baseline, correction=args.correction, test=args.test,
-                                  interaction=named)  # fmt: skip
+                                  interaction=named, target=target)  # fmt: skip
             print(write_built(report, plots=not args.no_plots, gates=args.gates), end="")
     except (FileNotFoundError, ConfigError) as error:
         parser.exit(1, f"zoo-report: {error}\n")

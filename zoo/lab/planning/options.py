@@ -14,8 +14,8 @@ from zoo.lab.keys import ELSEWHERE
 #: Where a sweep's tuning runs go, beside its runs: ``<sweep dir>/tune/``.
 TUNE_DIR = "tune"
 
-#: The ``report`` section's keys.
-REPORT_KEYS = ("baseline", "correction", "test", "interaction", "gates")
+#: The ``report`` section's keys (``target``, ``margin``, ``target_ema``: :func:`target_options`).
+REPORT_KEYS = ("baseline", "correction", "test", "interaction", "gates", "target", "margin", "target_ema")
 
 
 def unknown_key(section: str, key: str, value: Any, allowed: tuple[str, ...]) -> ConfigError:
@@ -43,7 +43,27 @@ def report_options(raw: Any) -> tuple[dict[str, str] | None, str, str]:
     test = raw.get("test") or "auto"
     if test not in TESTS:
         raise ConfigError("report.test", test, f"one of {', '.join(TESTS)} (auto: permutation for a bounded metric)")
+    target_options(raw)
     return report_baseline(raw.get("baseline")), correction, str(test)
+
+
+def target_options(raw: Any) -> dict[str, float] | None:
+    """``report.target`` (a value of the report's metric), ``report.margin`` (at least 0; default 0) and
+    ``report.target_ema`` (in [0, 1); default 0: no smoothing) checked: None without a target."""
+    raw = dict(raw or {})
+    target, margin, ema = raw.get("target"), raw.get("margin"), raw.get("target_ema")
+    for key, value, ok, allowed in (
+        ("target", target, lambda v: True, "a value of the report's metric, e.g. 3.28 (null: no target)"),
+        ("margin", margin, lambda v: v >= 0, "a number at least 0 (null: 0)"),
+        ("target_ema", ema, lambda v: 0 <= v < 1, "a number in [0, 1): the EMA's weight on the past (null: 0)"),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+            raise ConfigError(f"report.{key}", value, allowed)
+    if target is None:
+        return None
+    return {"target": float(target), "margin": float(margin or 0), "target_ema": float(ema or 0)}
 
 
 def report_baseline(baseline: Any) -> dict[str, str] | None:

@@ -17,6 +17,7 @@ from zoo.lab.keys import (
     NEUTRAL_OBJECTIVE,
     NEUTRAL_OPTIM,
     NEUTRAL_STACK,
+    NEUTRAL_TASK,
     NEUTRAL_TOP,
     NEUTRAL_TRAIN,
     PARAM,
@@ -30,8 +31,8 @@ from zoo.lab.keys import (
 def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dict[str, Any]:
     """What a run computes: its resolved config less the runtime-only keys, and less the keys added since
     at their neutral values (:data:`zoo.lab.keys.NEUTRAL_TRAIN`, ``NEUTRAL_TOP``, ``NEUTRAL_BLOCK``,
-    ``NEUTRAL_NORM``, ``NEUTRAL_ATTN``, ``NEUTRAL_MLP``, ``NEUTRAL_OBJECTIVE``, ``NEUTRAL_OPTIM`` and
-    ``NEUTRAL_STACK``, the default recipe, ``param=standard``).
+    ``NEUTRAL_NORM``, ``NEUTRAL_ATTN``, ``NEUTRAL_MLP``, ``NEUTRAL_OBJECTIVE``, ``NEUTRAL_OPTIM``,
+    ``NEUTRAL_STACK`` and ``NEUTRAL_TASK``, the default recipe, ``param=standard``).
 
     A branch's source is not named by its path (``train.branch.from``, left out): the branch records the
     source's config hash, step and checkpoint checksum instead (zoo.lab.planning.branch), so a source and its branches
@@ -58,6 +59,8 @@ def semantic_config(config: dict[str, Any], *, branch_path: bool = False) -> dic
             if isinstance(block.get(axis), dict):
                 block = {**block, axis: without_neutral(block[axis], neutral)}
         semantic["block"] = block
+    if isinstance(semantic.get("task"), dict):
+        semantic["task"] = without_neutral(semantic["task"], NEUTRAL_TASK)
     for stack in STACKS:
         if isinstance(semantic.get(stack), dict):
             semantic[stack] = without_neutral(semantic[stack], NEUTRAL_STACK)

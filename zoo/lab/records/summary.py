@@ -26,7 +26,7 @@ SUMMARY = "summary.json"
 log = logging.getLogger("zoo.lab.records.summary")
 
 #: The layout version a run writes in its summary's ``schema`` field (none: schema 1).
-SCHEMA = 2
+SCHEMA = 3
 
 
 @dataclass
@@ -70,6 +70,10 @@ class RunRecord:
     initial: dict[str, Any] | None = None  # validation of the initial weights
     spikes: dict[str, Any] | None = None  # count, steps
     flops: float | None = None  # training FLOPs spent
+    flops_per_second: float | None = None  # model FLOPs per second over the steady steps (no warm-up, no evaluation)
+    mfu: float | None = None  # flops_per_second over the devices' dense bf16 peak (null on a CPU: mfu_reason)
+    mfu_peak: dict[str, Any] | None = None  # the peak used: device, flops_per_second (per device)
+    mfu_reason: str | None = None  # why mfu is null
     ranks_in_sync: bool | None = None
     parallel: dict[str, Any] | None = None  # dp_replicate, dp_shard, tp
     peak_memory_mib: float | None = None
@@ -97,7 +101,9 @@ class RunRecord:
         out: dict[str, Any] = {"schema": max(self.schema, SCHEMA)}
         for name in KINDS:
             value = getattr(self, name)
-            if value is not None or name == "error" or (name == "reason" and self.steps is not None):
+            if value is not None or name == "error" or (name == "reason" and self.steps is not None) or (
+                name == "mfu" and self.mfu_reason is not None
+            ):
                 out[name] = value
         return out | {k: v for k, v in self.extra.items() if k not in out}
 

@@ -13,7 +13,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.lab.planning.options import ladder_options, report_interaction, report_options
+from zoo.lab.planning.options import ladder_options, report_interaction, report_options, target_options
 from zoo.lab.records.exit_status import report_failed
 from zoo.lab.records.lock import report_lock
 from zoo.lab.records.metrics import read_metrics
@@ -148,7 +148,7 @@ class ReportCallback(Callback):
             named = report_interaction((section or {}).get("interaction"))  # the sweep's, its runs skipped or not
             with report_lock(root):  # a second sweep into this folder writes its report after this one
                 report = build_report(root, baseline=baseline, correction=correction, test=test, interaction=named,
-                                      ladder=asked_budgets(config))  # fmt: skip
+                                      ladder=asked_budgets(config), target=target_options(section))  # fmt: skip
                 text = write_built(report, gates=(section or {}).get("gates") or [])
                 write_sweep_record(root, sys.argv)  # the command line, for zoo-results
         except Exception as error:  # a report problem must not hide the runs' own results: the sweep exits 1

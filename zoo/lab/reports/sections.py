@@ -26,6 +26,7 @@ from zoo.lab.reports.table import (
     tuned_edge,
     verdict_text,
 )
+from zoo.lab.reports.target import target_lines
 from zoo.lab.studies.fixed import fixed_line
 from zoo.lab.studies.interactions import INTERACTS
 from zoo.lab.studies.peaks import PEAKS
@@ -175,6 +176,7 @@ def markdown(report: Report) -> str:
     lines += lr_lines(report)
     lines += ladder_lines(report)
     lines += gate_lines(report)  # report.gates (zoo/lab/reports/gates.py)
+    lines += target_lines(report)  # report.target (zoo/lab/reports/target.py)
     lines += peak_lines(report)
     lines += fixed_line(report.runs)  # what every run shares beyond zoo's defaults (zoo/lab/studies/fixed.py)
     problems = [(report.label(v), e) for v in report.variants for e in v.errors()]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.lab.reports.gates import gates_cell
+from zoo.lab.reports.target import TARGET_COLUMNS, target_cell
 from zoo.lab.studies.peaks import PEAKS, Peak
 from zoo.lab.studies.runset import Variant, grid_edge
 from zoo.lab.studies.sensitivity import LrCurve
@@ -452,6 +453,7 @@ COLUMNS: list[Column] = [
     Column(None, "spikes", lambda r, v, k: spikes_mean(v)),
     Column(None, "spiked_runs", lambda r, v, k: spiked_runs(v)),
     Column(None, "interaction_{key}", lambda r, v, k: interaction_cell(r, v, k), each=lambda r: INTERACTION_COLUMNS),
+    Column(None, "{key}", target_cell, each=lambda r: TARGET_COLUMNS if r.target is not None else []),
 ]
 
 

@@ -20,7 +20,13 @@ from zoo.core.interface import hook
 from zoo.core.registry import AXES
 from zoo.lab.keys import NOT_AXES
 from zoo.lab.planning.named import VARIANT
-from zoo.lab.planning.options import TUNE_DIR, check_interaction, report_interaction, report_options
+from zoo.lab.planning.options import (
+    TUNE_DIR,
+    check_interaction,
+    report_interaction,
+    report_options,
+    target_options,
+)
 from zoo.lab.records.metrics import METRICS
 from zoo.lab.records.settings import UNSET, parse_overrides
 from zoo.lab.records.summary import SUMMARY, read_record_checked
@@ -30,6 +36,7 @@ from zoo.lab.studies.peaks import Peak, variant_peaks
 from zoo.lab.studies.runset import Run, Variant
 from zoo.lab.studies.sensitivity import LrStudy, lr_study
 from zoo.lab.studies.stats import Comparison, apply_holm, chosen_test, compare, difference_range
+from zoo.lab.studies.target import target_study
 
 log = logging.getLogger("zoo.lab.studies.variants")
 
@@ -74,6 +81,7 @@ class Report:
     ladder_left_out: list[int] = field(default_factory=list)  # budgets in the folder the ladder was not asked for
     folded: dict[str, str] = field(default_factory=dict)  # an option some parts do not have -> the axis it joins
     gates: dict[tuple[str, ...], list[Any]] = field(default_factory=dict)  # variant key -> report.gates' answers
+    target: Any = None  # report.target's answer per variant (zoo.lab.studies.target.TargetStudy), None without one
 
     @property
     def runs(self) -> list[Run]:
@@ -233,13 +241,15 @@ def build_report(
     test: str | None = None,
     interaction: list[tuple[str, str]] | None = None,
     ladder: list[int] | None = None,
+    target: dict[str, float] | None = None,
 ) -> Report:
     """The runs under ``root`` grouped into variants and compared with the baseline.
 
     ``baseline``, ``correction``, ``test`` and ``interaction`` default to the runs' own ``report`` section, and
     that to the first value of each swept axis, no correction, ``auto`` and a two-axis sweep's own pair;
     ``ladder`` (a ladder's shorter budgets, ``ladder.steps``) to the runs' own. Run folders whose summary
-    cannot be read are listed in ``Report.dropped``.
+    cannot be read are listed in ``Report.dropped``. ``target`` (:func:`target_options`'s) defaults to the runs'
+    own ``report.target``.
     """
     runs, dropped, named = scan_named(root)
     if not runs:
@@ -282,7 +292,7 @@ def build_report(
         apply_holm([i.comparison for i in interactions], "min")
     report = Report(root, axes, variants, metric, mode, extra, base_key, correction, method, test_option, dropped,
                     comparisons, effects, interactions, folded=folds)  # fmt: skip
-    return with_studies(report, ladder)
+    return with_studies(report, ladder, target)
 
 
 def report_axes(runs: Sequence[Run], named: dict[str, list[str]] | None = None) -> tuple[list[str], dict[str, str]]:
@@ -352,7 +362,7 @@ def launched_interaction(runs: Sequence[Run]) -> list[tuple[str, str]] | None:
     return None
 
 
-def with_studies(report: Report, ladder: list[int] | None = None) -> Report:
+def with_studies(report: Report, ladder: list[int] | None = None, target: dict[str, float] | None = None) -> Report:
     """``report`` with its ``lr``, the sweep's tuning runs (``<root>/tune``, zoo/lab/studies/tune.py) per variant across
     the rate grid with the learning-rate sensitivity (zoo/lab/studies/sensitivity.py), None without any; its
     ``peaks``, the probes' largest values over training (zoo/lab/studies/peaks.py), empty without probes; and a
@@ -364,7 +374,18 @@ def with_studies(report: Report, ladder: list[int] | None = None) -> Report:
     report.lr = lr_study(*compared, report.axes, report.metric, report.mode, runs) if runs else None
     report.peaks = variant_peaks(*compared)
     report.ladder = ladder_of(report, ladder)
+    options = target if target is not None else launched_target(report.runs)
+    report.target = target_study(report.variants, report.metric, report.mode, options) if options else None
     return report
+
+
+def launched_target(runs: Sequence[Run]) -> dict[str, float] | None:
+    """``report.target`` as the runs were launched with it (the first run that names one), checked."""
+    for run in runs:
+        options = target_options((run.record.config or {}).get("report"))
+        if options is not None:
+            return options
+    return None
 
 
 def ladder_of(report: Report, budgets: list[int] | None = None) -> Any:

@@ -38,12 +38,15 @@ class Task(ABC):
     """A training task. Subclasses take their options as keyword-only constructor arguments
     (they become the ``task.*`` config keys, type-checked) and implement the data.
 
-    Metrics are named ``val_<name>`` at the trained length and ``val_<name>_<k>x`` at k times it.
+    Metrics are named ``val_<name>`` at the trained length and ``val_<name>_<k>x`` at k times it; on a held-out
+    source (:attr:`heldout`, :meth:`heldout_batches`) ``val_<name>_<source>``, and ``val_<name>_macro`` their mean.
     """
 
     name: ClassVar[str]
     vocab_size: int
     seq_len: int
+    #: The held-out sources validated on beside the task's own validation set (zoo.lab.data.heldout).
+    heldout: tuple[str, ...] = ()
 
     def __init__(self, *, eval_lengths: tuple[int, ...] = (1,), metric: str | None = None) -> None:
         self.eval_lengths = eval_lengths
@@ -60,6 +63,10 @@ class Task(ABC):
     @abstractmethod
     def val_batches(self, batch_size: int, n_batches: int, factor: int = 1) -> list[Batch]:
         """The fixed validation set at ``factor`` times the trained length: the same for every run."""
+
+    def heldout_batches(self, batch_size: int, n_batches: int) -> dict[str, list[Batch]]:
+        """Each held-out source's fixed validation set at the trained length (none by default)."""
+        return {}
 
     @abstractmethod
     def info(self) -> dict[str, Any]:
@@ -122,7 +129,9 @@ class Task(ABC):
         return {"loss": sums["loss_sum"] / max(sums["count"], 1)}
 
     def metric_names(self) -> list[str]:
-        return [metric_name(m, f) for m in self.metrics for f in self.eval_lengths]
+        names = [metric_name(m, f) for m in self.metrics for f in self.eval_lengths]
+        sources = [*self.heldout, MACRO] if self.heldout else []
+        return names + [heldout_name(m, s) for m in self.metrics for s in sources]
 
     def mode(self, metric: str | None = None) -> str:
         """``min`` or ``max``: which way is better for ``metric`` (default: the headline metric)."""
@@ -135,6 +144,15 @@ class Task(ABC):
 
 def metric_name(base: str, factor: int) -> str:
     return f"val_{base}" if factor == 1 else f"val_{base}_{factor}x"
+
+
+#: The name of the mean over a task's held-out sources (``val_bpb_macro``).
+MACRO = "macro"
+
+
+def heldout_name(base: str, source: str) -> str:
+    """Metric ``base`` on held-out ``source`` (``val_bpb_cpp``), or their mean for :data:`MACRO`."""
+    return f"val_{base}_{source}"
 
 
 TaskT = TypeVar("TaskT", bound=type[Task])

@@ -14,7 +14,8 @@ import torch
 from einops import rearrange
 
 from zoo.core.errors import ConfigError
-from zoo.lab.data.sources import stdlib_dir, walk
+from zoo.lab.data.heldout import SOURCES, read_heldout
+from zoo.lab.data.sources import read_spread, stdlib_dir, walk
 from zoo.lab.tasks.base import Batch, Task, positive, register_task
 
 
@@ -25,6 +26,7 @@ class Corpus:
     data: bytes
     source: str
     files: int
+    hashes: frozenset[str] = frozenset()  # each file's sha256 (what a held-out source leaves out)
 
     @property
     def sha256(self) -> str:
@@ -41,35 +43,24 @@ def read_corpus(path: str | None, pattern: str | None, max_bytes: int) -> Corpus
     """
     root = Path(path).expanduser() if path is not None else stdlib_dir()
     if root.is_file():
-        data = root.read_bytes()[:max_bytes]
-        return Corpus(data, str(root), 1)
+        text = root.read_bytes()
+        return Corpus(text[:max_bytes], str(root), 1, frozenset({hashlib.sha256(text).hexdigest()}))
     if not root.is_dir():
         raise ConfigError("task.path", path, "no such file or folder; give a local text file or folder (or null)")
     pattern = pattern or ("*.py" if path is None else "*")
-    files = sorted(walk(root, pattern), key=lambda rel: hashlib.sha1(rel.encode()).hexdigest())
-    parts, total, used = [], 0, 0
-    for rel in files:
-        if total >= max_bytes:
-            break
-        try:
-            text = (root / rel).read_bytes()
-        except OSError:
-            continue
-        if b"\0" in text:
-            continue
-        parts.append(text[: max_bytes - total])
-        total += len(parts[-1])
-        used += 1
-    if not parts:
+    data, used, hashes = read_spread(root, walk(root, pattern), max_bytes)
+    if not data:
         raise ConfigError("task.path", str(root), f"no readable text files matching {pattern!r}")
-    return Corpus(b"".join(parts), str(root), used)
+    return Corpus(data, str(root), used, hashes)
 
 
 @register_task("bytes")
 class BytesTask(Task):
-    """Next-byte prediction; the last ``val_fraction`` of the corpus is held out for validation.
+    """Next-byte prediction; the last ``val_fraction`` of the corpus is held out for validation, and
+    ``heldout`` names held-out sources of other text validated on too (zoo.lab.data.heldout).
 
-    Metrics: ``val_loss`` (nats per byte) and ``val_bpb`` (bits per byte = loss / ln 2).
+    Metrics: ``val_loss`` (nats per byte) and ``val_bpb`` (bits per byte = loss / ln 2); per held-out source
+    ``val_bpb_<source>`` and ``val_loss_<source>``, and their means ``val_bpb_macro``, ``val_loss_macro``.
     """
 
     metrics = {"bpb": "min", "loss": "min"}
@@ -89,7 +80,9 @@ class BytesTask(Task):
         val_fraction: float = 0.02,
         eval_lengths: tuple[int, ...] = (1,),
         metric: str | None = None,
+        heldout: tuple[str, ...] = (),
     ) -> None:
+        self.heldout = check_heldout(heldout)
         super().__init__(eval_lengths=eval_lengths, metric=metric)
         positive("task.max_bytes", max_bytes)
         positive("task.seq_len", seq_len)
@@ -109,6 +102,11 @@ class BytesTask(Task):
                 f"{seq_len + 1} (train) and {longest} (val); raise task.max_bytes or task.val_fraction",
             )
         self.positions = torch.arange(seq_len + 1)
+        self.heldout_text = {name: read_heldout(name, self.corpus.hashes) for name in self.heldout}
+        for name, text in self.heldout_text.items():
+            if len(text.data) < seq_len + 1:
+                raise ConfigError("task.heldout", list(heldout), f"{name!r} holds {len(text.data)} bytes here, too "
+                                  f"few for a window of {seq_len + 1}")  # fmt: skip
 
     def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
         starts = torch.randint(0, len(self.train) - self.seq_len, (batch_size,), generator=generator)
@@ -116,11 +114,11 @@ class BytesTask(Task):
         return Batch(windows[:, :-1], windows[:, 1:])
 
     def val_batches(self, batch_size: int, n_batches: int, factor: int = 1) -> list[Batch]:
-        length = self.seq_len * factor
-        starts = torch.linspace(0, len(self.val) - length - 1, batch_size * n_batches).long()
-        windows = self.val[starts[:, None] + torch.arange(length + 1)].long()  # (n b, t + 1)
-        windows = rearrange(windows, "(n b) t -> n b t", n=n_batches)
-        return [Batch(w[:, :-1], w[:, 1:]) for w in windows]
+        return spread_windows(self.val, self.seq_len * factor, batch_size, n_batches)
+
+    def heldout_batches(self, batch_size: int, n_batches: int) -> dict[str, list[Batch]]:
+        return {name: spread_windows(torch.frombuffer(bytearray(text.data), dtype=torch.uint8), self.seq_len,
+                                     batch_size, n_batches) for name, text in self.heldout_text.items()}  # fmt: skip
 
     def compute(self, sums: Mapping[str, float]) -> dict[str, float]:
         loss = sums["loss_sum"] / max(sums["count"], 1)
@@ -135,4 +133,23 @@ class BytesTask(Task):
             "train_bytes": len(self.train),
             "val_bytes": len(self.val),
             "sha256": self.corpus.sha256,
-        }
+            **({"heldout": {name: {"source": text.source, "files": text.files, "bytes": len(text.data),
+                                   "sha256": text.sha256} for name, text in self.heldout_text.items()}}
+               if self.heldout else {}),
+        }  # fmt: skip
+
+
+def spread_windows(data: torch.Tensor, length: int, batch_size: int, n_batches: int) -> list[Batch]:
+    """``n_batches`` batches of ``batch_size`` windows of ``length`` (+ 1 target) spread evenly across ``data``."""
+    starts = torch.linspace(0, len(data) - length - 1, batch_size * n_batches).long()
+    windows = data[starts[:, None] + torch.arange(length + 1)].long()  # (n b, t + 1)
+    windows = rearrange(windows, "(n b) t -> n b t", n=n_batches)
+    return [Batch(w[:, :-1], w[:, 1:]) for w in windows]
+
+
+def check_heldout(value: tuple[str, ...]) -> tuple[str, ...]:
+    """``task.heldout``: distinct names of held-out sources (zoo.lab.data.heldout)."""
+    if any(name not in SOURCES for name in value) or len(set(value)) != len(value):
+        raise ConfigError("task.heldout", list(value), f"distinct held-out sources among {', '.join(SOURCES)}, "
+                          "e.g. [cpp, python, docs] (docs/data.md)")  # fmt: skip
+    return tuple(value)

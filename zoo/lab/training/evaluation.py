@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zoo.lab.tasks import Batch, Task
-from zoo.lab.tasks.base import metric_name
+from zoo.lab.tasks.base import MACRO, heldout_name, metric_name
 from zoo.lab.training.probes import eval_mode
 from zoo.lab.training.step import autocast
 
@@ -40,6 +40,7 @@ class Evaluator:
         self.model, self.task, self.device = model, task, device
         self.world, self.dp, self.dp_rank = world, dp, dp_rank
         self.val_sets = {f: task.val_batches(batch_size, eval_batches, f) for f in task.eval_lengths}
+        self.heldout_sets = task.heldout_batches(batch_size, eval_batches)
         self.eval_errors: dict[str, str] = {}
         self.routing: dict[str, list[float]] = {}
 
@@ -67,11 +68,24 @@ class Evaluator:
                 continue
             for name, value in self.task.compute(sums).items():
                 out[metric_name(name, factor)] = value
+        out.update(self.heldout_metrics())
         for name, counts in routed.items():
             if isinstance(counts, torch.Tensor):
                 if self.world > 1:
                     dist.all_reduce(counts)
                 self.routing[name] = (counts / counts.sum()).tolist()
+        return out
+
+    def heldout_metrics(self) -> dict[str, float]:
+        """Each metric on each held-out set (``val_bpb_cpp``), and its mean over them (``val_bpb_macro``)."""
+        out: dict[str, float] = {}
+        for held, batches in self.heldout_sets.items():
+            for name, value in self.task.compute(self.score(batches, {}, {})).items():
+                out[heldout_name(name, held)] = value
+        if self.heldout_sets:
+            for name in self.task.metrics:
+                values = [out[heldout_name(name, held)] for held in self.heldout_sets]
+                out[heldout_name(name, MACRO)] = sum(values) / len(values)
         return out
 
     def score(self, batches: list[Batch], routers: dict[str, nn.Module], routed: dict[str, Any]) -> dict[str, float]:

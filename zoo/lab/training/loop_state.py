@@ -23,6 +23,8 @@ class FitResult:
     reason: str | None = None
     initial: dict[str, float | None] = field(default_factory=dict)  # validation of the initial weights (step 0)
     spikes: dict[str, Any] = field(default_factory=dict)  # zoo.lab.training.spikes: {"count", "steps"}
+    steady_steps: int = 0  # the steps this process trained after its first (compile and kernel warm-up)
+    steady_time_s: float = 0.0  # ... and their training time
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +58,9 @@ class LoopState:
     callback_state: dict[str, Any] = field(default_factory=dict)
     aux_sums: dict[str, torch.Tensor] = field(default_factory=dict)  # each auxiliary loss since the last log
     last_aux: dict[str, float] = field(default_factory=dict)  # their means at the last log step
+    #: ``(step, training time)`` at the end of the first step this process trained: the steps after it are
+    #: the steady ones a run's ``flops_per_second`` is read over (not in a checkpoint: per process).
+    warm: tuple[int, float] | None = None
     step: int = 0
     status: str = "ok"
     reason: str | None = None

@@ -40,6 +40,7 @@ from zoo.lab.studies.tune import choose_lr
 from zoo.lab.studies.variants import unused_axes
 from zoo.lab.tasks import Task
 from zoo.lab.tasks.base import absolute_paths
+from zoo.lab.throughput import MEASURED, throughput
 from zoo.lab.training.callbacks import RunContext
 from zoo.lab.training.loop_callbacks import check_callbacks, run_callbacks
 from zoo.lab.training.processes import (
@@ -471,6 +472,9 @@ def fit(
     record.train_time_s, record.tokens_per_s, record.reason = result.train_time_s, result.tokens_per_s, result.reason
     record.final, record.initial, record.spikes = dict(result.final), dict(result.initial), dict(result.spikes)
     record.flops = result.tokens * (record.flops_per_token or 0)  # training FLOPs spent
+    steady = result.steady_steps * trainer.tokens_per_step * (record.flops_per_token or 0)  # model FLOPs, no warm-up
+    measured = throughput(steady, result.steady_time_s, trainer.device, world)
+    record.flops_per_second, record.mfu, record.mfu_peak, record.mfu_reason = (measured.get(k) for k in MEASURED)
     if world > 1 and not sharded:
         record.ranks_in_sync = ranks_in_sync(model)
     mesh = plan.mesh

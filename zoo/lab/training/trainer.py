@@ -199,6 +199,8 @@ class Trainer:
             step_fn.future_weight = self.objective.weight_at(step - 1, cfg.steps)
             loss, aux = step_fn(next(batches))
             self.add_step(loop, loss, aux, step_fn.grad_norm)
+            if step == first:
+                self.mark_warm(loop, started)
             evaluate = step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if step % cfg.log_every == 0 or step == 1 or evaluate:
                 started = self.log_step(loop, lr, started)  # the one host sync
@@ -230,6 +232,12 @@ class Trainer:
             grad_norm = torch.full((), math.nan, device=loss.device)
         loop.pending.append((loss.detach(), grad_norm))  # no kernel per step: stacked at the log step
         loop.n_summed += 1
+
+    def mark_warm(self, loop: LoopState, started: float) -> None:
+        """Note the training time at the end of this process's first step (waiting for the device once): the
+        steps after it are the steady ones, without compile and kernel warm-up."""
+        float(loop.loss_sum)  # type: ignore[arg-type]  # the step's work done on the device
+        loop.warm = (loop.step, loop.train_time + time.perf_counter() - started)
 
     def evaluate_initial(self, loop: LoopState) -> None:
         """The validation metrics of the initial weights: a ``val`` record at step 0 and ``loop.initial``
@@ -313,6 +321,7 @@ class Trainer:
             final={"train_loss": loop.last_loss, **loop.last_aux, **loop.final_val},
             reason=loop.reason,
             initial=loop.initial,
+            **steady(loop),
         )
 
     def evaluate(self) -> dict[str, float | None]:
@@ -338,6 +347,14 @@ class Trainer:
         if self.device.type == "cuda":
             return {"peak_memory_mib": torch.cuda.max_memory_allocated(self.device) / 2**20, "kind": "cuda_allocated"}
         return {"peak_memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "kind": "process_rss"}
+
+
+def steady(loop: LoopState) -> dict[str, Any]:
+    """The loop's steps after its warm-up mark (:meth:`Trainer.mark_warm`) and their training time."""
+    if loop.warm is None:
+        return {}
+    step, seconds = loop.warm
+    return {"steady_steps": loop.step - step, "steady_time_s": max(loop.train_time - seconds, 0.0)}
 
 
 def pending_values(pending: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
