@@ -65,8 +65,8 @@ class Stub:
 
     metric = "val_bpb"
 
-    def __init__(self, comparison=None, sizes=None, ladder=None):
-        self.found, self.sizes, self.found_ladder = comparison, sizes, ladder
+    def __init__(self, comparison=None, sizes=None, ladder=None, target=None):
+        self.found, self.sizes, self.found_ladder, self.found_target = comparison, sizes, ladder, target
 
     def comparison(self):
         return self.found
@@ -76,6 +76,9 @@ class Stub:
 
     def ladder(self):
         return self.found_ladder
+
+    def target(self):
+        return self.found_target
 
 
 def test_each_rule_passes_only_on_its_evidence_and_says_why():
@@ -94,6 +97,18 @@ def test_each_rule_passes_only_on_its_evidence_and_says_why():
                                          "better, Δ -0.1 [-0.2, -0.05])", "no ladder verdict (not a ladder sweep, or "
                                          "no ladder row)"]  # fmt: skip
     assert not evaluate(gates, Stub(better, None, None))[1].passed  # the axis is not swept
+
+
+def test_the_target_gate_passes_on_the_target_rules_pass_alone_and_needs_a_target():
+    gates = gate_options(["target"])
+    rule = "(target - mean) x sqrt(3) = 0.05 > margin 0.02"
+    assert evaluate(gates, Stub(target=Finding("pass", rule)))[0].text == f"passes (target rule pass: {rule})"
+    for verdict in ("fail", "too few runs"):
+        assert not evaluate(gates, Stub(target=Finding(verdict, "...")))[0].passed
+    assert evaluate(gates, Stub())[0].reason == "no report.target"
+    with pytest.raises(zoo.ConfigError, match=r"report.gates='target': a report.target for target"):
+        check_gates(["target"], ["mlp"], ladder=False)
+    assert check_gates(["target"], ["mlp"], ladder=False, target=True) == [("target", {})]
 
 
 def planted_sweep(root: Path, slower: float) -> None:

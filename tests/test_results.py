@@ -107,3 +107,17 @@ def test_the_command_names_a_malformed_file_exits_1_and_writes_csv_to_out(folder
     a = next(r for r in rows if r["sweep"].endswith("a") and r["variant"] == "mlp=swiglu")
     assert (a["command"], a["zoo_version"], a["date"]) == ("zoo-train -m mlp=gelu,swiglu,relu", "0.1.0", "2026-01-02")
     assert {r["gates"] for r in rows if r["sweep"].endswith("b")} == {"gates.json not read"}
+
+
+def test_a_sweeps_target_verdict_is_its_rows_target_cell(tmp_path):
+    root = tmp_path / "t"
+    sweep(root, swiglu=-0.5, relu=0.5)
+    for summary in root.glob("*/summary.json"):  # each run's curve: 0.5 above its final value at step 5
+        final = json.loads(summary.read_text())["final"]["val_bpb"]
+        curve = [{"kind": "val", "step": s, "tokens": 100 * s, "val_bpb": final + 0.1 * (10 - s)} for s in (5, 10)]
+        (summary.parent / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
+    target = {"target": 3.2, "margin": 0.0, "target_ema": 0.0}  # the final values: swiglu's under it, relu's over
+    write_built(build_report(root, target=target), plots=False)
+    cells = {row["variant"]: row["target"] for row in gather([root]).rows}
+    assert cells["mlp=relu"] == "fail: 0/3 reached 3.2", cells  # never reached: every final value above it
+    assert cells["mlp=swiglu"].startswith("pass: 3/3 reached 3.2, ") and cells["mlp=swiglu"].endswith(" steps"), cells

@@ -154,3 +154,14 @@ def test_runs_that_never_reach_the_target_are_said_so_not_dropped(sweep, capsys)
     assert text.count("| 0/2 (2 never) |") == 2 and text.count("fail: (target - mean) x sqrt(2)") == 2
     rows = list(csv.DictReader((sweep / "report.csv").open()))
     assert [(r["target_reached"], r["steps_to_target"], r["target_verdict"]) for r in rows] == [("0/2", "", "fail")] * 2
+
+
+def test_the_target_gate_reads_each_variants_pass_rule(sweep):
+    from zoo.lab.studies.gates import report_gates
+
+    report = build_report(sweep)  # the runs' own report.target=100: every run far below it (the metric is a loss)
+    answers = report_gates(report, ["target"])
+    assert len(answers) == 1  # the one variant beside the baseline
+    (result,) = next(iter(answers.values()))
+    score = report.target.results[next(iter(answers))].score
+    assert result.passed and result.reason == f"target rule pass: (target - mean) x sqrt(2) = {score:.4g} > margin 0"

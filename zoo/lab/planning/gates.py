@@ -5,8 +5,8 @@ option is refused naming the allowed ones.
 
 Adding a gate: a function ``rule(evidence, **options) -> GateResult`` registered with ``@register_gate(name,
 summary, option=default, ...)``, and, when it needs a measurement the report does not yet hand a rule, one method
-on :class:`Evidence` and its reading in ``zoo.lab.studies.gates.ReportEvidence`` (e.g. a ``target`` gate on
-``report.target``: ``Evidence.target()``).
+on :class:`Evidence` and its reading in ``zoo.lab.studies.gates.ReportEvidence`` (as the ``target`` gate reads
+``report.target``'s rule: ``Evidence.target()``).
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ class Evidence(Protocol):
 
     def ladder(self) -> Finding | None:
         """The ladder's verdict and iso-loss multiplier; None for a sweep that is not a ladder."""
+
+    def target(self) -> Finding | None:
+        """``report.target``'s pass rule (``pass``, ``fail`` or ``too few runs``) and its reason; None without a
+        target."""
 
 
 @dataclass(frozen=True)
@@ -126,9 +130,10 @@ def options_text(gate: Gate) -> str:
     return ", ".join(f"{k} (default {v})" for k, v in gate.defaults.items()) or "none"
 
 
-def check_gates(raw: Any, axes: list[str], ladder: bool) -> list[tuple[str, dict[str, Any]]]:
-    """``report.gates`` (:func:`gate_options`) against the sweep: each gate's ``axis`` one of its swept ``axes``, and
-    ``ladder_better`` only on a ladder sweep (``ladder``: it has ``ladder.steps``); a ConfigError names the key."""
+def check_gates(raw: Any, axes: list[str], ladder: bool, target: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """``report.gates`` (:func:`gate_options`) against the sweep: each gate's ``axis`` one of its swept ``axes``,
+    ``ladder_better`` only on a ladder sweep (``ladder``: it has ``ladder.steps``) and ``target`` only with a
+    ``report.target`` (``target``); a ConfigError names the key."""
     gates = gate_options(raw)
     for name, options in gates:
         if "axis" in options and options["axis"] not in axes:
@@ -137,6 +142,9 @@ def check_gates(raw: Any, axes: list[str], ladder: bool) -> list[tuple[str, dict
         if name == "ladder_better" and not ladder:
             others = ", ".join(g for g in GATES if g != name)
             raise ConfigError("report.gates", name, f"a ladder sweep (ladder.steps) for {name}; or one of {others}")
+        if name == "target" and not target:
+            others = ", ".join(g for g in GATES if g != name)
+            raise ConfigError("report.gates", name, f"a report.target for {name}; or one of {others}")
     return gates
 
 
@@ -190,3 +198,11 @@ def ladder_better(evidence: Evidence) -> GateResult:
     if found is None:
         return GateResult("ladder_better", False, "no ladder verdict (not a ladder sweep, or no ladder row)")
     return GateResult("ladder_better", found.verdict == "better", f"ladder verdict {found.verdict}, {found.text}")
+
+
+@register_gate("target", "report.target's pass rule: (target - mean final metric) x sqrt(n) clears report.margin")
+def target(evidence: Evidence) -> GateResult:
+    found = evidence.target()
+    if found is None:
+        return GateResult("target", False, "no report.target")
+    return GateResult("target", found.verdict == "pass", f"target rule {found.verdict}: {found.text}")

@@ -103,7 +103,8 @@ def check_sweep(config: DictConfig) -> None:
         check_interaction(named, swept_axes(config))
     tune_options(raw.get("tune"))
     budgets = check_ladder(raw, swept_values(config, "block.d_model"))
-    check_gates((raw.get("report") or {}).get("gates"), swept_axes(config), bool(budgets))
+    report = raw.get("report") or {}
+    check_gates(report.get("gates"), swept_axes(config), bool(budgets), report.get("target") is not None)
 
 
 def check_before_any_run(config: DictConfig) -> None:

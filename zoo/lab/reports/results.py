@@ -29,7 +29,7 @@ from zoo.lab.reports.sweep_record import read_sweep_record
 #: The table's columns, in order: Markdown and CSV both.
 COLUMNS = ("sweep", "kind", "variant", "baseline", "task", "size", "budget", "seeds", "metric", "difference",
            "ci_low", "ci_high", "verdict", "multiplier", "multiplier_ci_low", "multiplier_ci_high", "gates",
-           "disagrees", "command", "zoo_version", "date")  # fmt: skip
+           "target", "disagrees", "command", "zoo_version", "date")  # fmt: skip
 #: The report.csv columns a row needs (the variant's axes are those before ``runs``).
 REPORT_NEEDS = ("runs", "metric", "verdict", "baseline", "delta_mean", "delta_ci_low", "delta_ci_high", "pairs",
                 "steps")  # fmt: skip
@@ -172,8 +172,17 @@ def report_rows(
                     "metric": row["metric"], "difference": number(row["delta_mean"], path, "delta_mean"),
                     "ci_low": number(row["delta_ci_low"], path, "delta_ci_low"),
                     "ci_high": number(row["delta_ci_high"], path, "delta_ci_high"), "verdict": row["verdict"],
-                    "gates": gates.get(name, "")})  # fmt: skip
+                    "gates": gates.get(name, ""), "target": target_cell(row, path)})  # fmt: skip
     return out
+
+
+def target_cell(row: dict[str, str], path: Path) -> str:
+    """``pass: 2/2 reached val_bpb 2.9, 123 steps`` from report.csv's report.target columns; empty without them."""
+    if not row.get("target"):
+        return ""
+    target, steps = number(row["target"], path, "target"), row.get("steps_to_target") or ""
+    reached = f", {float(number(steps, path, 'steps_to_target')):.4g} steps" if steps else ""
+    return f"{row.get('target_verdict', '')}: {row.get('target_reached', '')} reached {target}{reached}"
 
 
 def ladder_rows(root: Path, base: dict[str, str], metric: str, record: RunRecord | None) -> list[dict[str, str]]:

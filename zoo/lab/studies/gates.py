@@ -123,6 +123,14 @@ class ReportEvidence:
         return Finding(a.verdict, text)
 
 
+    def target(self) -> Finding | None:
+        study = self.report.target
+        result = study.results.get(self.variant.key) if study is not None else None
+        if result is None:
+            return None
+        return Finding(result.verdict, result.reason)
+
+
 def report_gates(report: Report, raw: Any = None) -> dict[tuple[str, ...], list[GateResult]]:
     """Each variant but the baseline's gate answers under ``raw`` (``report.gates``; None: the runs' own)."""
     gates = gate_options(raw if raw is not None else launched_gates(report))
