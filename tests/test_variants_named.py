@@ -169,3 +169,27 @@ def test_a_named_sweep_is_refused_before_any_run(tmp_path):
 
 def test_sweep_argv_passes_variants(tmp_path):
     assert VARIANTS in sweep_argv("quick", [VARIANTS], cores=1)
+
+
+def test_named_variants_beside_a_swept_width_give_rows_pooled_effects_and_an_interaction_by_name(tmp_path):
+    """Named variants x block.d_model=16,32 (planted: glu 0.2 below base at width 16, 0.4 at 32): the axes are the
+    variant's name and the width, never the key a variant sets, and the interaction reads by name."""
+    from helpers import fake_run
+
+    from zoo.lab.reports.report import write_built
+
+    folders = {}
+    for seed in range(3):
+        for name, change, shift in (("base", [], 0.0), ("glu", ["mlp=swiglu"], -0.2)):
+            for width in (16, 32):
+                overrides = [f"variant={name}", f"block.d_model={width}", f"seed={seed}", *change]
+                fake_run(tmp_path, overrides, value=3.0 + shift * width / 16 + 0.01 * seed, steps=10)
+                folders[",".join(overrides)] = name
+    (tmp_path / "variants.json").write_text(json.dumps({"variants": {"base": [], "glu": ["mlp=swiglu"]},
+                                                        "folders": folders}))  # fmt: skip
+    report = build_report(tmp_path)
+    assert report.axes == ["variant", "block.d_model"] and report.baseline_label == "base block.d_model=16"
+    text = write_built(report, plots=False)
+    assert "| variant | glu | base | -0.3000 [-0.3000, -0.3000] | better | 6 | 3 |" in text
+    assert ("interaction variant×block.d_model: (glu − base at block.d_model=32) − (glu − base at "
+            "block.d_model=16) = -0.2000") in text  # fmt: skip
