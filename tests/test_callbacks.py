@@ -152,5 +152,6 @@ def test_a_refused_callbacks_name_is_offered_only_names_callbacks_takes(register
         listed = text.split("built in, each on by its own key: ")[1]
         assert listed == ", ".join(f"{p.name} ({p.cls.own_key or 'every run'})" for p in built_in), text
     assert {p.name: p.cls.own_key for p in built_in if p.cls.own_key} == {
-        "progress": "progress", "probes": "train.probe_every", "checkpoints": "train.checkpoint_every"
+        "progress": "progress", "probes": "train.probe_every", "tail_ema": "train.tail_ema",
+        "checkpoints": "train.checkpoint_every",
     }  # fmt: skip

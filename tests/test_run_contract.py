@@ -54,11 +54,12 @@ class Row:
 
 
 ROWS = {
-    # μP away from its base width (the logit multiplier and score scales must come back), Llama-shaped.
+    # μP away from its base width (the logit multiplier and score scales must come back), Llama-shaped; QK-clip and
+    # a tail EMA (in the checkpoints).
     "bytes-mup-llama": Row(
         "bytes",
         ("preset=llama", "param=mup", "param.base_width=16", "optim=adamw", "schedule=cosine", "init=zero_out",
-         *CHECKPOINTS),
+         "optim.qk_clip=0.05", "train.tail_ema=0.5", "train.tail_ema_from=2", *CHECKPOINTS),
         hf="logits",
         resume=True,
     ),
@@ -162,7 +163,8 @@ def check_evaluation(folder: Path) -> None:
     metrics, errors, _ = evaluate_run(folder)
     assert not errors
     compared = {k: v for k, v in metrics.items() if k in recorded}
-    assert compared and set(compared) == {k for k in recorded if k.startswith("val_")}
+    last = {k for k in recorded if k.startswith("val_") and not k.endswith("_ema")}  # _ema: train.tail_ema's weights
+    assert compared and set(compared) == last
     for key, value in compared.items():
         assert value is not None and math.isfinite(value)
         assert relative_error(value, recorded[key]) <= 1e-6, (key, value, recorded[key])

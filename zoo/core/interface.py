@@ -190,6 +190,12 @@ class AttentionHooks(PartHooks, Protocol):
         mixer has no softmax logits, and probes skip it by name."""
         return None
 
+    def clip_qk(self, gamma: torch.Tensor) -> None:
+        """QK-clip (``optim.qk_clip``, zoo.lab.recipe.qk_clip): rescale the query and key weights in place so that
+        every q . k product of head h is multiplied by ``gamma[h]`` ((h,), in (0, 1]). Not defined (the default):
+        the mixer has no softmax logits to clip, and ``optim.qk_clip`` is refused by name."""
+        raise NotImplementedError
+
 
 class PositionHooks(PartHooks, Protocol):
     """A position scheme: built as ``cls(dims, **options)``, called by the attention."""

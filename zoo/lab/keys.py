@@ -34,7 +34,9 @@ RUN_KEYS = frozenset({*COMPUTES, *RUNTIME, *RECIPE, PARAM})
 RUNTIME_TRAIN = ("save", "checkpoint_every", "keep_checkpoints", "activation_checkpointing", "probe_every")
 #: ``train`` keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (so an older run folder of the same config is still skipped as done, and its checkpoints resume).
-NEUTRAL_TRAIN: dict[str, Any] = {"z_loss": 0.0, "branch": {"from": None, "step": None}}
+NEUTRAL_TRAIN: dict[str, Any] = {
+    "z_loss": 0.0, "tail_ema": 0.0, "tail_ema_from": 1, "branch": {"from": None, "step": None},
+}  # fmt: skip
 #: Top-level keys added after runs were recorded, left out of the hash at the value that changes nothing
 #: (``data_seed`` null: the data order follows ``seed``, as it did before the key existed).
 NEUTRAL_TOP: dict[str, Any] = {"data_seed": None, "init": {"name": "gpt2", "std": 0.02}}

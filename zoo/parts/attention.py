@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any, ClassVar, Literal
 
 import torch
-from einops import rearrange
+from einops import rearrange, reduce, repeat
 from torch import nn
 
 from zoo.core.channel import Channel, ChannelUse
@@ -47,6 +47,14 @@ from zoo.parts.norms import build_norm
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState, query_slots
 from zoo.parts.values import ValueGate, ValueResidual, build_mix
+
+
+@torch.no_grad()
+def scale_rows(linear: nn.Linear, factor: torch.Tensor) -> None:
+    """Each output row of ``linear`` (its weight's row and its bias) times ``factor`` (out_features,), in place."""
+    linear.weight.mul_(rearrange(factor.to(linear.weight.dtype), "o -> o 1"))
+    if linear.bias is not None:
+        linear.bias.mul_(factor.to(linear.bias.dtype))
 
 
 class KVCache(GrowingState):
@@ -412,6 +420,18 @@ class Attention(nn.Module):
         mixed = self.canon(rearrange(heads, "b g n t d -> b t (g n d)"), real, cache)  # type: ignore[misc]
         heads = rearrange(mixed, "b t (g n d) -> b g n t d", n=group + 2, d=self.d_head)
         return rearrange(heads[:, :, :-2], "b g r t d -> b (g r) t d"), heads[:, :, -2], heads[:, :, -1]
+
+    @torch.no_grad()
+    def clip_qk(self, gamma: torch.Tensor) -> None:
+        """The ``clip_qk`` hook: head h's query rows of ``qkv`` (weight and bias) times gamma_h / sqrt(gamma_min),
+        its key/value group's key rows times sqrt(gamma_min), gamma_min the least gamma over the query heads
+        sharing that key (MHA: sqrt(gamma_h) each), so that head h's q . k is multiplied by gamma_h."""
+        shared = reduce(gamma.float(), "(g r) -> g", "min", g=self.n_kv_heads).sqrt()  # (g,)
+        query = gamma.float() / repeat(shared, "g -> (g r)", r=self.n_heads // self.n_kv_heads)
+        ones = torch.ones_like(shared)
+        rows = torch.cat([rearrange(query, "(g r) -> g r", g=self.n_kv_heads), shared[:, None], ones[:, None]], 1)
+        factor = repeat(rows, "g n -> (g n d)", d=self.d_head)  # qkv's row order: per group r queries, key, value
+        scale_rows(self.qkv, factor)
 
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """Pre-softmax scores of ``x`` (b, t, d_model) as one sequence (the ``attention_logits`` hook): q k^T at

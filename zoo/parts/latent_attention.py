@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
+from einops import rearrange, repeat
 from torch import nn
 
 from zoo.core.dims import BlockDims
@@ -25,7 +25,7 @@ from zoo.core.tp import (
     require_whole_heads,
     row_output,
 )
-from zoo.parts.attention import OUTPUT_VARIANTS
+from zoo.parts.attention import OUTPUT_VARIANTS, scale_rows
 from zoo.parts.head_outputs import (
     Gate,
     Sink,
@@ -227,6 +227,20 @@ class LatentAttention(nn.Module):
         rope_dim) and values (b, h, s, d_head)."""
         k_content, v = rearrange(self.kv_up(latent), "b s (h two d) -> two b h s d", d=self.d_head, two=2)
         return torch.cat([k_content, rope_key.expand(-1, k_content.shape[1], -1, -1)], dim=-1), v
+
+    @torch.no_grad()
+    def clip_qk(self, gamma: torch.Tensor) -> None:
+        """The ``clip_qk`` hook (MLA's split): head h's content query and content key rows (``q`` or ``q_up``;
+        ``kv_up``'s key half) times sqrt(gamma_h), its rotary query rows times gamma_h; the rotary key, shared
+        by every head, is left as it is. Head h's q . k is multiplied by gamma_h."""
+        root = gamma.float().sqrt()
+        ones = torch.ones_like(root)
+        content, position = repeat(root, "h -> h d", d=self.d_head), repeat(gamma.float(), "h -> h r", r=self.rope_dim)
+        query = torch.cat([content, position], 1)  # (h, d_head + rope_dim): each head's query rows in order
+        key = repeat(torch.stack([root, ones], 1), "h two -> (h two d)", d=self.d_head)  # key, then value rows
+        projection = self.q if self.q_rank is None else self.q_up
+        scale_rows(projection, query.flatten())
+        scale_rows(self.kv_up, key)
 
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """Pre-softmax scores of ``x`` (b, t, d_model) as one sequence (the ``attention_logits`` hook): content

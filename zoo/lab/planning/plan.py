@@ -28,6 +28,7 @@ from zoo.lab.planning.train_config import TrainConfig, check_run_config
 from zoo.lab.recipe import Recipe, check_recipe
 from zoo.lab.recipe.group_rates import check_on_meta
 from zoo.lab.recipe.param import check_param
+from zoo.lab.recipe.qk_clip import check_on_meta as check_qk_clip
 from zoo.lab.records.trackers import check_logger
 from zoo.lab.tasks import Task
 from zoo.lab.tasks.base import task_options
@@ -119,6 +120,7 @@ def plan_run(
         raw, optimizer=recipe.optim["name"], dp_shard=mesh.dp_shard, tp=mesh.tp, custom_model=custom_model
     )
     check_on_meta(lambda: RunModel(task_cls, tuple(specs), param).build(raw), recipe.optim["lr_ratios"])
+    check_qk_clip(lambda: RunModel(task_cls, tuple(specs), param).build(raw), recipe.optim["qk_clip"])
     check_init(raw.get("init"), mup=param is not None, custom_model=custom_model)
     if mesh.sharded and train_cfg.eval_batches % mesh.dp:
         raise ConfigError(

@@ -55,6 +55,8 @@ class TrainConfig:
     aux_weights: dict[str, float] = field(default_factory=dict)
     z_loss: float = 0.0  # weight of the mean squared log-partition of the logits (0: none)
     probe_every: int = 0  # steps between probe records (zoo.lab.training.probes; 0: none)
+    tail_ema: float = 0.0  # decay of the tail EMA of the weights (zoo.lab.training.tail_ema; 0: none)
+    tail_ema_from: int = 1  # the first step the tail EMA averages
 
     @classmethod
     def from_config(cls, raw: dict[str, Any] | None) -> TrainConfig:
@@ -105,6 +107,10 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}", getattr(cfg, name), "must be in [0, 1)")
         if not cfg.diverge_factor > 1:
             raise ConfigError("train.diverge_factor", cfg.diverge_factor, "must be > 1")
+        if not 0 <= cfg.tail_ema < 1:
+            raise ConfigError("train.tail_ema", cfg.tail_ema, "must be in [0, 1): the EMA's decay per step (0: none)")
+        if cfg.tail_ema_from < 1:
+            raise ConfigError("train.tail_ema_from", cfg.tail_ema_from, "must be a step >= 1")
         if cfg.save not in SAVE:
             raise ConfigError("train.save", cfg.save, " or ".join(SAVE))
         if cfg.keep_checkpoints < 1:

@@ -17,6 +17,7 @@ from zoo.core.options import named_section, resolve_options
 from zoo.core.registry import Registry
 from zoo.lab.recipe.base import OPTIMIZERS, SCHEDULES, Optimizer, Schedule
 from zoo.lab.recipe.group_rates import check_ratios, ratios_by_id
+from zoo.lab.recipe.qk_clip import check_run, check_tau
 from zoo.models.objectives import DEFAULT as DEFAULT_OBJECTIVE
 from zoo.models.objectives import OBJECTIVES, Objective, objective_entry
 
@@ -50,7 +51,10 @@ def section_options(kind: str, section: Mapping[str, Any] | None) -> tuple[str, 
     for key in raw:
         if key in train_keys(part.cls):
             raise ConfigError(f"{kind}.{key}", raw[key], f"{kind}={name} reads train.{key}: set that instead")
-    recipe_keys = {"lr_ratios": check_ratios(raw.pop("lr_ratios", None) or {})} if kind == "optim" else {}
+    recipe_keys = {}
+    if kind == "optim":  # the recipe's own keys, over any optimizer
+        ratios, tau = check_ratios(raw.pop("lr_ratios", None) or {}), check_tau(raw.pop("qk_clip", None))
+        recipe_keys = {"lr_ratios": ratios, "qk_clip": tau}
     options = resolve_options(part, raw, kind, also_allowed=tuple(recipe_keys))
     return name, {**{k: v for k, v in options.items() if k not in train_keys(part.cls)}, **recipe_keys}
 
@@ -79,6 +83,7 @@ class Recipe:
         """The ``optim`` entry with its options (and the ``train`` keys it reads)."""
         name, options = section_options("optim", self.optim)
         options.pop("lr_ratios")  # the recipe's (:meth:`build`), not the optimizer's
+        options.pop("qk_clip")  # the trainer's (zoo.lab.recipe.qk_clip)
         cls = OPTIMIZERS.get(name).cls
         return cls(**options, **{key: getattr(train, key) for key in train_keys(cls)})
 
@@ -93,6 +98,7 @@ class Recipe:
     def check(self, train: TrainConfig, *, sharded: bool = False, tp: int = 1, compile: bool = False) -> None:
         """Every option and combination (with the steps ``train`` has), before any tensor work."""
         self.optimizer_entry(train).check(sharded=sharded, tp=tp, compile=compile)
+        check_run(self.optim.get("qk_clip"), sharded=sharded, compile=compile)
         self.schedule_entry().check(steps=train.steps, warmup_steps=train.warmup_steps)
         self.objective_entry()  # its values (the plan checks it against the task and the mesh)
 

@@ -66,6 +66,9 @@ class LoopView(Protocol):
     def first_val_batch(self) -> Batch:
         """The first validation batch at the training length, on the device."""
 
+    def evaluate(self) -> dict[str, float | None]:
+        """Every validation metric of the model's weights as they are now (collective: every rank calls it)."""
+
     def checkpoint_state(self, step: int, loop: LoopState) -> TrainState:
         """Every rank's state after ``step`` (collective: each rank calls it at the same step)."""
 

@@ -5,6 +5,7 @@ built from its config (:func:`run_callbacks`, after :func:`check_callbacks` befo
 - ``progress``: the progress bar (``progress``: null shows it on a terminal), on rank 0;
 - ``probes``: ``train.probe_every``'s probe records (zoo.lab.training.probes), on rank 0;
 - ``spikes``: the spike score of every step's loss and gradient norm, into the summary (zoo.lab.training.spikes);
+- ``tail_ema``: ``train.tail_ema``'s average of the weights, evaluated at the end (zoo.lab.training.tail_ema);
 - ``checkpoints``: a checkpoint every ``train.checkpoint_every`` steps, on every rank.
 """
 
@@ -20,7 +21,7 @@ from tqdm import tqdm
 from zoo.core.errors import ConfigError
 from zoo.core.registry import FAILED_PLUGINS
 from zoo.lab.records.checkpoint import TrainState
-from zoo.lab.training import spikes
+from zoo.lab.training import spikes, tail_ema
 from zoo.lab.training.callbacks import CALLBACKS, Callback, RunContext
 from zoo.lab.training.loop_state import FitResult, LoopState
 from zoo.lab.training.probes import Probes
@@ -133,6 +134,35 @@ class SpikeDetection(Callback):
 
     def on_run_end(self, loop: LoopState, result: FitResult) -> None:
         result.spikes = spikes.result(loop.callback_state["spikes"])
+
+
+@CALLBACKS.register("tail_ema")
+class TailEMA(Callback):
+    """`train.tail_ema`: the weights' EMA from `train.tail_ema_from` on, evaluated at the end (`val_loss_ema` ...)."""
+
+    always = True
+    own_key = "train.tail_ema"
+
+    def __init__(self, decay: float, start: int) -> None:
+        self.decay, self.start = decay, start
+
+    @classmethod
+    def from_run(cls, run: RunContext, **options: Any) -> Callback | None:
+        return cls(run.train.tail_ema, run.train.tail_ema_from) if run.train.tail_ema else None
+
+    def on_step_end(self, loop: LoopState, step: int) -> None:
+        if step >= self.start:  # before the checkpoint of this step (registered before it)
+            ema = loop.callback_state.get("tail_ema", {})
+            loop.callback_state["tail_ema"] = tail_ema.update(ema, self.trainer.model, self.decay)
+
+    def on_run_end(self, loop: LoopState, result: FitResult) -> None:
+        ema = loop.callback_state.get("tail_ema")
+        if not ema or result.status != "ok":
+            return
+        kept = tail_ema.swapped(self.trainer.model, ema)
+        metrics = self.trainer.evaluate()
+        tail_ema.swapped(self.trainer.model, kept)
+        result.final.update({f"{key}_ema": value for key, value in metrics.items()})
 
 
 @CALLBACKS.register("checkpoints")

@@ -15,6 +15,7 @@ from einops import rearrange
 from torch import nn
 
 from zoo.core.auxiliary import after_step_hooks
+from zoo.lab.recipe.qk_clip import QKClip
 from zoo.lab.tasks import IGNORE, Batch
 
 
@@ -68,7 +69,8 @@ class Stepper:
     returned, like validation, is the next token's alone.
     After each step ``grad_norm`` holds the gradients' total norm before clipping (on the device: the one
     clipping computes, else computed for it); ``before_step``, when set, runs after backward, before clipping
-    and the optimizer step (the trainer's probes read the gradients and weights there)."""
+    and the optimizer step (the trainer's probes read the gradients and weights there). ``qk_clip`` (``optim.qk_clip``)
+measures each head's largest logit there and rescales the query and key weights after the optimizer step."""
 
     model: nn.Module
     core: nn.Module
@@ -80,6 +82,7 @@ class Stepper:
     z_loss: float = 0.0
     before_step: Callable[[], None] | None = None
     future_weight: float = 0.0
+    qk_clip: QKClip | None = None
 
     def __post_init__(self) -> None:
         self.params = list(self.core.parameters())
@@ -106,6 +109,8 @@ class Stepper:
         total.backward()
         if self.before_step is not None:
             self.before_step()
+        if self.qk_clip is not None:
+            self.qk_clip.measure()  # the logits of this step's forward, before the update
         if self.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
         else:
@@ -113,6 +118,8 @@ class Stepper:
         full = getattr(norm, "full_tensor", None)  # a DTensor (FSDP2, tensor parallel): the whole model's norm
         self.grad_norm = (full() if full is not None else norm).detach()
         self.optimizer.step()
+        if self.qk_clip is not None:
+            self.qk_clip.rescale()
         for update in self.after_step:
             update()
         self.optimizer.zero_grad(set_to_none=True)

@@ -26,6 +26,7 @@ from zoo.lab.planning.mesh import ProcessMesh
 from zoo.lab.planning.train_config import TrainConfig
 from zoo.lab.recipe import Recipe, lr_at
 from zoo.lab.recipe.optimizers import AdamW
+from zoo.lab.recipe.qk_clip import QKClip
 from zoo.lab.records.checkpoint import TrainState
 from zoo.lab.records.state_tree import rng_state, set_rng_state
 from zoo.lab.tasks import Batch, Task
@@ -85,6 +86,8 @@ class Trainer:
         self.recipe.check(cfg, sharded=self.sharded, tp=self.parallel.tp, compile=compile)  # steps set by a budget
         self.schedule = self.recipe.schedule_entry()
         self.optimizer = self.recipe.build(self.model, cfg)
+        tau = self.recipe.optim.get("qk_clip")  # optim.qk_clip: hooks on the mixers, before DDP wraps the model
+        self.qk_clip = QKClip(self.model, tau) if tau is not None else None
         self.aux_weights = aux_weights(self.model, cfg.aux_weights)  # the parts' defaults, then train.aux_weights
         self.objective = self.recipe.objective_entry()  # objective=mtp: the weight of its extra heads' losses
         #: The auxiliary values logged: the parts' losses, the extra heads' (objective=mtp), then the z-loss
@@ -181,7 +184,7 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         loop, first = self.start_loop()
         step_fn = Stepper(self.train_model, self.model, self.optimizer, self.device, cfg.grad_clip,
-                          self.aux_weights, self.task.logits, cfg.z_loss)  # fmt: skip
+                          self.aux_weights, self.task.logits, cfg.z_loss, qk_clip=self.qk_clip)  # fmt: skip
         if hooks.uses("on_backward_end"):
             step_fn.before_step = lambda: hooks.call("on_backward_end", loop, loop.step)
         hooks.call("on_run_start", loop, first)
