@@ -62,3 +62,19 @@ def test_bad_values_are_refused_by_name_before_any_model(tmp_path, overrides, me
 
 def test_a_run_with_a_tail_ema_resumes_to_the_last_bit(tmp_path):
     resumes_bit_identically(tmp_path, "train.tail_ema=0.5", "train.tail_ema_from=2")
+
+
+def test_a_tail_ema_is_refused_by_name_under_fsdp2_and_tensor_parallel():
+    from zoo.core.errors import ConfigError
+    from zoo.lab.planning.plan import plan_run
+
+    for mesh in ("parallel.dp_shard=2", "parallel.tp=2"):
+        with pytest.raises(ConfigError, match=r"train.tail_ema=0.9: 0 under FSDP2 or tensor parallelism"):
+            plan_run(tiny("train.tail_ema=0.9", mesh), {}, [], world=2)
+    plan_run(tiny("train.tail_ema=0.9", "parallel.dp_shard=1"), {}, [], world=2)  # plain DDP: whole weights
+
+
+def test_a_tail_ema_starting_after_the_last_step_is_said_so(tmp_path, caplog):
+    summary = run(tiny("train.steps=4", "train.tail_ema=0.5", "train.tail_ema_from=9"), tmp_path)
+    assert summary["status"] == "ok" and not any(k.endswith("_ema") for k in summary["final"])
+    assert "train.tail_ema_from=9 is past the run's last step 4: no tail EMA" in caplog.text

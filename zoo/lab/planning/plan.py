@@ -114,6 +114,12 @@ def plan_run(
             train_cfg.probe_every,
             "0 under FSDP2 or tensor parallelism (probes read whole weights)",
         )
+    if mesh.sharded and train_cfg.tail_ema:
+        raise ConfigError(
+            "train.tail_ema",
+            train_cfg.tail_ema,
+            "0 under FSDP2 or tensor parallelism (the average is kept of whole weights, not of shards)",
+        )
     custom_model = task_cls.builds_own_model()
     check_objective(recipe, custom_model=custom_model, mesh=mesh, seq_len=seq_len)
     param = check_param(

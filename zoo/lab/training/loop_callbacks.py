@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -157,6 +158,11 @@ class TailEMA(Callback):
 
     def on_run_end(self, loop: LoopState, result: FitResult) -> None:
         ema = loop.callback_state.get("tail_ema")
+        if not ema and result.status == "ok":
+            logging.getLogger(__name__).warning(
+                "train.tail_ema_from=%d is past the run's last step %d: no tail EMA, no *_ema metrics",
+                self.start, self.trainer.cfg.steps,
+            )
         if not ema or result.status != "ok":
             return
         kept = tail_ema.swapped(self.trainer.model, ema)
