@@ -160,12 +160,18 @@ def check_size_options(options: dict[str, Any]) -> None:
         raise ConfigError("report.gates.better_at_every_size.axis", options["axis"], "a swept key, e.g. block.d_model")
 
 
+def on_verdict(gate: str, found: Finding | None, wanted: str, missing: str, shown: str) -> GateResult:
+    """Passed when ``found``'s verdict is ``wanted``; failed with ``missing`` without one; the reason ``shown``
+    with the finding's ``{verdict}`` and ``{text}``."""
+    if found is None:
+        return GateResult(gate, False, missing)
+    return GateResult(gate, found.verdict == wanted, shown.format(verdict=found.verdict, text=found.text))
+
+
 @register_gate("better", "the report's verdict on its metric against the baseline is better")
 def better(evidence: Evidence) -> GateResult:
-    found = evidence.comparison()
-    if found is None:
-        return GateResult("better", False, "no comparison with the baseline")
-    return GateResult("better", found.verdict == "better", f"{found.verdict} on {evidence.metric}, {found.text}")
+    shown = f"{{verdict}} on {evidence.metric}, {{text}}"
+    return on_verdict("better", evidence.comparison(), "better", "no comparison with the baseline", shown)
 
 
 @register_gate(
@@ -194,15 +200,10 @@ def better_at_every_size(evidence: Evidence, axis: str, at: str) -> GateResult:
 
 @register_gate("ladder_better", "the ladder's verdict (iso-loss compute multiplier, ladder.steps) is better")
 def ladder_better(evidence: Evidence) -> GateResult:
-    found = evidence.ladder()
-    if found is None:
-        return GateResult("ladder_better", False, "no ladder verdict (not a ladder sweep, or no ladder row)")
-    return GateResult("ladder_better", found.verdict == "better", f"ladder verdict {found.verdict}, {found.text}")
+    missing = "no ladder verdict (not a ladder sweep, or no ladder row)"
+    return on_verdict("ladder_better", evidence.ladder(), "better", missing, "ladder verdict {verdict}, {text}")
 
 
 @register_gate("target", "report.target's pass rule: (target - mean final metric) x sqrt(n) clears report.margin")
 def target(evidence: Evidence) -> GateResult:
-    found = evidence.target()
-    if found is None:
-        return GateResult("target", False, "no report.target")
-    return GateResult("target", found.verdict == "pass", f"target rule {found.verdict}: {found.text}")
+    return on_verdict("target", evidence.target(), "pass", "no report.target", "target rule {verdict}: {text}")
