@@ -45,7 +45,8 @@ NEUTRAL_ATTN: dict[str, Any] = {
 #: changes nothing (no layer pattern: every layer the block, as before the key; no value embeddings; no logit cap,
 #: embedding norm or embedding scale).
 NEUTRAL_STACK: dict[str, Any] = {
-    "pattern": [], "value_embeddings": False, "logit_softcap": None, "embedding_norm": False, "scale_embedding": False
+    "pattern": [], "value_embeddings": False, "logit_softcap": None, "embedding_norm": False, "scale_embedding": False,
+    "smear": False, "backout": False,
 }  # fmt: skip
 #: The sections :data:`NEUTRAL_STACK` applies to.
 STACKS = ("model", "encoder")
