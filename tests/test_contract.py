@@ -183,11 +183,11 @@ def prefill_in_chunks_then_cached_decoding_equals_full_forward(built: Built) -> 
     assert all(cache.length == ids.shape[1] for cache in caches)
     close(torch.cat(steps, dim=1), model(ids), FLOAT32, "logits")
     # Only what each layer says its state holds (its mixer's: softmax attention a key and a value per kv head
-    # and slot; and its canon layers' last inputs), for every sample, 8 bytes each.
+    # and slot; and its canon layers' last inputs), and the smear its last embedding, for every sample, 8 bytes each.
     sizes = [
         block.state_size(cache.mixer.capacity if hasattr(cache.mixer, "capacity") else cache.mixer.length)
         for block, cache in zip(model.blocks, caches, strict=True)
-    ]
+    ] + [0 if getattr(model, "smear", None) is None else model.smear.state_size()]
     held_bytes = sum(cache.nbytes for cache in caches)
     assert held_bytes == B * sum(sizes) * 8, "the state holds more than the mixers say"
 

@@ -55,6 +55,8 @@ DOCUMENTED = [
     ("mla+qrank", "attn.q_down.bias", "fixed"),
     ("mla+qrank", "attn.q_norm.weight", "fixed"),
     ("mla+qrank", "attn.q_up.weight", "input"),  # from the set q_rank to the heads
+    ("rmsnorm+gated", ".gate_in.weight", "output"),  # GatedNorm: to the set gate_rank, (r, d_model)
+    ("rmsnorm+gated", ".gate_out.weight", "input"),  # from it, (d_model, r)
     ("bottleneck", "mlp.squeeze.weight", "output"),  # the plugin below: a set rank of 8
     ("bottleneck", "mlp.squeeze.bias", "fixed"),
     ("bottleneck", "mlp.expand.weight", "input"),

@@ -39,7 +39,8 @@ def resolve_composed(
     files (Hydra's ``choices``, e.g. ``{"norm": "dyt"}``): an error in a part's name names its file.
 
     An option file is named after the part it selects (``norm/dyt.yaml``: ``name: dyt``), or after a
-    setting of it (``placement/deepnorm_a2.yaml``: ``name: deepnorm``, ``alpha: 1.414``); any other
+    setting of it, before or after the name (``placement/deepnorm_a2.yaml``: ``name: deepnorm``, ``alpha: 1.414``;
+    ``norm/gated_rmsnorm.yaml``: ``name: rmsnorm``, ``gate_rank: 16``); any other
     ``name:`` is an error naming the file (unless the overrides set ``block.<axis>.name`` themselves).
     """
     raw = to_dict(block)
@@ -49,12 +50,13 @@ def resolve_composed(
         name = node.get("name") if isinstance(node, Mapping) else node
         if choice is None or f"block.{axis}.name" in named or name is None:
             continue
-        if name != choice and not str(choice).startswith(f"{name}_"):
+        if name != choice and not str(choice).startswith(f"{name}_") and not str(choice).endswith(f"_{name}"):
             raise ConfigError(
                 f"block.{axis}.name",
                 name,
                 f"set by {option_file_label(axis, choice)}, which is named after another part: an option file "
-                f"is named after the part it selects ({name}.yaml) or a setting of it ({name}_<setting>.yaml)",
+                f"is named after the part it selects ({name}.yaml) or a setting of it ({name}_<setting>.yaml, "
+                f"<setting>_{name}.yaml)",
             )
     try:
         return resolve_block(raw)

@@ -53,7 +53,8 @@ NEUTRAL_ATTN: dict[str, Any] = {
 #: changes nothing (no layer pattern: every layer the block, as before the key; no value embeddings; no logit cap,
 #: embedding norm or embedding scale).
 NEUTRAL_STACK: dict[str, Any] = {
-    "pattern": [], "value_embeddings": False, "logit_softcap": None, "embedding_norm": False, "scale_embedding": False
+    "pattern": [], "value_embeddings": False, "logit_softcap": None, "embedding_norm": False, "scale_embedding": False,
+    "smear": False, "backout": False,
 }  # fmt: skip
 #: The sections :data:`NEUTRAL_STACK` applies to.
 STACKS = ("model", "encoder")
@@ -61,8 +62,8 @@ STACKS = ("model", "encoder")
 #: (canon layers: zoo.parts.canon; the residual axis at ``add``: zoo.parts.residuals).
 NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none", "residual": {"name": "add"}}
 #: ``block.norm`` options added after runs were recorded, left out of the hash at the value that changes nothing
-#: (RMSNorm's zero-centred gain: zoo.parts.norms).
-NEUTRAL_NORM: dict[str, Any] = {"zero_centred": False}
+#: (RMSNorm's zero-centred gain and its gate, gate_rank: zoo.parts.norms).
+NEUTRAL_NORM: dict[str, Any] = {"zero_centred": False, "gate_rank": 0}
 #: ``block.mlp`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (a mixture of experts' balancing, its routing's options and its gates: zoo.parts.moe; GELU's tanh
 #: approximation: zoo.parts.mlps).

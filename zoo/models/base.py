@@ -91,7 +91,7 @@ def component_of(name: str) -> str:
         return "mtp"
     if name.startswith("embedding_norm."):  # model.embedding_norm: a norm, not a table
         return "norms"
-    if ".residual." in name:
+    if ".residual." in name or name.startswith(("smear.", "backout.")):  # model.smear, model.backout: on the stream
         return "residual"
     if name.startswith(("embed", "pos_embed", "head", "value_embeds.")) or ".pos_embed." in name:
         return "embedding"

@@ -19,8 +19,9 @@ from zoo.models.config import MODEL_DEFAULTS, block_section, layer_field, model_
 from zoo.models.generate import check_generate_args, continued_positions, generate_tokens, padded_prompt
 from zoo.models.objectives import DEFAULT as OBJECTIVE_DEFAULT
 from zoo.models.objectives import Objective, objective_entry
+from zoo.models.smear_backout import BACKOUT_DOC, SMEAR_DOC, Smear
 from zoo.models.stack import Stack
-from zoo.parts.state import LayerState
+from zoo.parts.state import LayerState, query_slots
 
 #: The options of the ``model`` section that change a decoder-only model's computation outside its blocks, for the
 #: catalogue (docs/parts.md, "Model options").
@@ -49,6 +50,8 @@ MODEL_OPTION_DOCS = (
         reference="Gemma Team 2024, Gemma 2: Improving Open Language Models at a Practical Size, arXiv:2408.00118; "
         "nanochat",
     ),
+    SMEAR_DOC,
+    BACKOUT_DOC,
 )
 
 
@@ -57,7 +60,7 @@ class LanguageModel(TokenModel, Stack):
     :class:`zoo.models.stack.Stack` of blocks (positions, blocks, final norm), the LM head.
 
     Parameter names: ``embed``, ``embedding_norm`` (``model.embedding_norm``), ``pos_embed`` (``pos=learned`` only),
-    ``blocks.{i}.*``, ``final_norm``
+    ``blocks.{i}.*``, ``backout.scale`` (``model.backout``), ``final_norm``, ``smear.*`` (``model.smear``)
     (when the last block's placement needs one), ``value_embeds.{i}`` (``model.value_embeddings``: a table
     per layer), ``head`` (absent when tied to the embedding), ``mtp.*``
     (``objective=mtp``'s extra heads, zoo.models.mtp: run in a training forward only, their logits taken by
@@ -69,7 +72,9 @@ class LanguageModel(TokenModel, Stack):
     the factor rounded to the rows' dtype as Gemma's is), then the norm of the first layer's ``block.norm`` under
     ``embedding_norm`` (nanochat's), then the stack (absolute positions, the blocks). Multi-token prediction's
     extra heads embed their tokens the same way. ``logit_softcap`` c: logits -> c tanh(logits / c) (Gemma 2's,
-    nanochat's), after μP's logit multiplier.
+    nanochat's), after μP's logit multiplier. ``smear`` (modded-nanogpt's, nanochat's): each embedding plus a gated
+    fraction of the previous token's, after the norm (:class:`zoo.models.smear_backout.Smear`); ``backout``
+    (nanochat's): the last layer's output less a learned multiple of layer n_layers // 2's, before the final norm.
     """
 
     def __init__(
@@ -83,11 +88,13 @@ class LanguageModel(TokenModel, Stack):
         logit_softcap: float | None = None,
         embedding_norm: bool = False,
         scale_embedding: bool = False,
+        smear: bool = False,
+        backout: bool = False,
     ) -> None:
         """spec: one BlockSpec repeated ``n_layers`` times, or one BlockSpec per layer; ``objective``: the
         training objective, whose extra heads (if any) the model owns (default: next-token prediction);
         ``value_embeddings``: a value embedding table per layer (``model.value_embeddings``, zoo.parts.values);
-        ``logit_softcap``, ``embedding_norm``, ``scale_embedding``: as the class says."""
+        ``logit_softcap``, ``embedding_norm``, ``scale_embedding``, ``smear``, ``backout``: as the class says."""
         specs = [spec] * (n_layers or 1) if isinstance(spec, BlockSpec) else list(spec)
         if n_layers is not None and len(specs) != n_layers:
             raise ConfigError("model.n_layers", n_layers, f"must match the {len(specs)} block specs given")
@@ -95,9 +102,10 @@ class LanguageModel(TokenModel, Stack):
             raise ConfigError("block.d_model", [s.dims.d_model for s in specs], "every layer needs the same d_model")
         d_model = specs[0].dims.d_model
         embed = nn.Embedding(vocab_size, d_model)
-        super().__init__(specs, "model.layers", embed=embed, value_embeddings=value_embeddings)
+        super().__init__(specs, "model.layers", embed=embed, value_embeddings=value_embeddings, backout=backout)
         self.embedding_norm = specs[0].make_norm() if embedding_norm else None
         self.embedding_scale = math.sqrt(d_model) if scale_embedding else None
+        self.smear = Smear(d_model) if smear else None
         self.logit_softcap = logit_softcap
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
         objective = objective or objective_entry(None)
@@ -109,6 +117,8 @@ class LanguageModel(TokenModel, Stack):
             "model.logit_softcap": logit_softcap,
             "model.embedding_norm": embedding_norm,
             "model.scale_embedding": scale_embedding,
+            "model.smear": smear,
+            "model.backout": backout,
             "objective": objective.name,
         }
         self.reset_parameters()
@@ -164,12 +174,20 @@ class LanguageModel(TokenModel, Stack):
     ) -> torch.Tensor:
         """ids: (b, t) -> the final-normed residual stream (b, t, d_model); arguments as in forward."""
         x = self.embed_tokens(ids)
+        if self.smear is not None:
+            real = None
+            if key_mask is not None:  # the new tokens' columns: after those the first layer's state holds
+                first = None if caches is None else caches[0].mixer
+                real = key_mask.index_select(1, query_slots(first, ids.shape[1], ids.device)).bool()
+            x = self.smear(x, real, None if caches is None else caches[0])
         return Stack.forward(self, x, key_mask=key_mask, caches=caches, positions=positions, ids=ids)
 
     def tp_plan(self, sequence_parallel: bool = True) -> Plan:
         """The model's tensor-parallel plan (``parallelize_module`` over the ``tp`` mesh dimension): the
         embedding (and an untied head) split by vocabulary rows, the stack as :meth:`Stack.tp_plan` says
         (with ``sequence_parallel``, the stream is gathered whole after the final norm for the head)."""
+        if self.smear is not None:
+            raise ValueError("the smear has no tensor-parallel plan (model.smear: refused under tp)")
         plan: Plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
         if self.embedding_norm is not None:  # on the whole (replicated) embedding output, before the stack cuts it
             plan.update(prefixed("embedding_norm", self.embedding_norm.tp_plan(False)))
@@ -278,6 +296,8 @@ def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpe
         logit_softcap=options["logit_softcap"],
         embedding_norm=options["embedding_norm"],
         scale_embedding=options["scale_embedding"],
+        smear=options["smear"],
+        backout=options["backout"],
     )
 
 

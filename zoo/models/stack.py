@@ -29,6 +29,7 @@ from zoo.core.tp import (
     Shard,
     prefixed,
 )
+from zoo.models.smear_backout import Backout
 from zoo.parts.positions import LearnedEmbedding
 from zoo.parts.residuals import stream_count
 from zoo.parts.state import LayerState
@@ -155,6 +156,7 @@ class Stack(nn.Module):
         *,
         embed: nn.Embedding | None = None,
         value_embeddings: bool = False,
+        backout: bool = False,
     ) -> None:
         super().__init__()
         if embed is not None:
@@ -166,6 +168,9 @@ class Stack(nn.Module):
         self.specs = tuple(specs)
         self.blocks = nn.ModuleList(build_block(s, context="model", layer=i) for i, s in enumerate(specs))
         self.final_norm = final_norm_for(specs[-1])
+        #: ``model.backout``: the last layer's output less a learned multiple of a middle layer's
+        #: (zoo.models.smear_backout).
+        self.backout = Backout(len(specs)) if backout else None
         if value_embeddings and embed is None:
             raise ValueError("value embeddings need a stack that owns its token embedding")
         self.value_embeds = value_tables(self.blocks, embed.num_embeddings, field) if value_embeddings else None
@@ -215,8 +220,12 @@ class Stack(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False, **inputs)
             else:
                 x = block(x, **inputs)
+            if self.backout is not None and i == self.backout.layer:
+                middle = x
         if self.streams > 1:
             x = reduce(x, "b t n d -> b t d", "sum")
+        if self.backout is not None:
+            x = self.backout(x, reduce(middle, "b t n d -> b t d", "sum") if self.streams > 1 else middle)
         return self.final_norm(x)
 
     def channel_for(self, channel: Channel, layer: int) -> Channel:
@@ -249,6 +258,8 @@ class Stack(nn.Module):
         """
         if self.value_embeds is not None:
             raise ValueError("value embeddings have no tensor-parallel plan (model.value_embeddings: refused under tp)")
+        if self.backout is not None:
+            raise ValueError("backout has no tensor-parallel plan (model.backout: refused under tp)")
         plan: Plan = {}
         if self.pos_embed is not None:
             plan.update(prefixed("pos_embed", self.pos_embed.tp_plan(sequence_parallel)))

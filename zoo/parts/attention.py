@@ -43,7 +43,7 @@ from zoo.parts.head_outputs import (
 )
 from zoo.parts.kernels import Backend, attend_at
 from zoo.parts.logits import masked_logits
-from zoo.parts.norms import build_norm
+from zoo.parts.norms import build_norm, ungated
 from zoo.parts.positions import Position
 from zoo.parts.state import GrowingState, LayerState, query_slots
 from zoo.parts.values import ValueGate, ValueResidual, build_mix
@@ -303,7 +303,7 @@ class Attention(nn.Module):
             joint = qk_norm_scope == "all_heads"
             for name, heads in (("q_norm", self.n_heads), ("k_norm", self.n_kv_heads)):
                 features = heads * self.d_head if joint else self.d_head
-                setattr(self, name, build_norm(qk_norm, dims, width=features, shared=norm_options))
+                setattr(self, name, build_norm(qk_norm, dims, width=features, shared=ungated(norm_options or {})))
         self.gate, self.sink, self.xsa = build_gate(gate, dims), build_sink(sink, self.n_heads), xsa
         self.output_options = {"gate": gate, "sink": sink, "xsa": xsa}
         self.canon = Canon(width, "b") if "b" in dims.canon_sites else None

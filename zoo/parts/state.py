@@ -130,7 +130,8 @@ def forget(held: torch.Tensor | None, static: bool) -> torch.Tensor | None:
 class LayerState:
     """One layer's decoding state: its sequence mixer's :class:`MixerState` (``mixer``, made by the
     mixer on its first call), a cross-attention's memory keys and values (``cross``) and each canon
-    layer's last inputs (``canon``: site -> (batch, kernel - 1, channels), zoo.parts.canon).
+    layer's last inputs (``canon``: site -> (batch, kernel - 1, channels), zoo.parts.canon; in the first layer's
+    state, ``smear`` -> (batch, 1, d_model), the last token embedding under ``model.smear``).
 
     ``max_len`` (prompt + new tokens) lets growing states preallocate; they grow past it if needed.
     ``static``: the mixer's state is static (see :class:`MixerState`): ``max_len`` slots, never more.
@@ -200,7 +201,8 @@ class LayerState:
             raise ConfigError(
                 "length",
                 length,
-                f"must be {self.length}: canon layers keep only their last inputs (block.canon), so they cannot rewind",
+                f"must be {self.length}: canon layers (block.canon) and the smear (model.smear) keep only their last "
+                "inputs, so they cannot rewind",
             )
         if self.mixer is None:
             if length:

@@ -103,10 +103,9 @@ def plan_run(
     seq_len = task_cls.planned_seq_len(task_opts)
     lengths = [seq_len * f for f in task_opts.get("eval_lengths", (1,))] if seq_len is not None else []
     mesh.check_model(specs, options["vocab_size"], lengths)  # parts' plans, divisibility, sequence parallel
-    if mesh.tp > 1 and options["value_embeddings"]:
-        raise ConfigError(
-            "model.value_embeddings", True, f"false under parallel.tp={mesh.tp}: value embeddings have no plan"
-        )
+    for key in ("value_embeddings", "smear", "backout"):  # no plan (smear's, backout's scalars: each rank's tokens')
+        if mesh.tp > 1 and options[key]:
+            raise ConfigError(f"model.{key}", True, f"false under parallel.tp={mesh.tp}: no tensor-parallel plan")
     check_positions_fit(specs, task_opts.get("seq_len"))
     if mesh.sharded and train_cfg.probe_every:
         raise ConfigError(
