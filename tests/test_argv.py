@@ -22,7 +22,8 @@ from zoo.lab.commands.sweep import sweep_main
         (["nrom=rmsnorm"], "nrom='rmsnorm': unknown key 'nrom'; did you mean 'norm'? keys: ablate, attn, block, "),
         (["trian.steps=10"], "trian.steps='10': unknown key 'trian'; did you mean 'train'? keys: ablate, attn, "),
         (["train.stpes=10"], "train.stpes='10': unknown key 'stpes' of train; did you mean 'steps'? keys: "),
-        (["norm=rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'? options: layernorm, rmsnorm"),
+        (["norm=rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'? options: gated_rmsnorm, layernorm, "
+                           "rmsnorm, scalenorm"),
         (["-m", "norm=rmsnorm,rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'?"),
         (["task=nosuchtask"], "task='nosuchtask': unknown task; options: bytes, lengthgen, mqar, tokens, transduce"),
         (["task=mqar", "task.seq_len=8"], "task.seq_len='8': unknown key 'seq_len' of task; keys: "),
@@ -74,7 +75,7 @@ def test_the_groups_are_zoos_axes_tasks_recipe_and_sweeps():
     assert groups["residual"] == ["add", "hyper", "mhc", "scaled"]
     assert groups["objective"] == ["mtp", "ntp"]
     assert groups["init"] == ["gpt2", "mitchell", "olmo", "zero_out"]
-    assert "quick" in groups["sweeps"] and groups["norm"] == ["layernorm", "rmsnorm", "scalenorm"]
+    assert "quick" in groups["sweeps"] and groups["norm"] == ["gated_rmsnorm", "layernorm", "rmsnorm", "scalenorm"]
     assert {"adafactor", "adamw", "sgd"} <= set(groups["optim"]) and "wsd" in groups["schedule"]
 
 

@@ -9,7 +9,7 @@ import torch
 from helpers import tiny
 from test_recipe import resumes_bit_identically
 
-from zoo.lab.training import tail_ema
+from zoo.lab.recipe import tail_ema
 from zoo.lab.training.run import run
 
 

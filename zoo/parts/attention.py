@@ -45,16 +45,9 @@ from zoo.parts.kernels import Backend, attend_at
 from zoo.parts.logits import masked_logits
 from zoo.parts.norms import build_norm, ungated
 from zoo.parts.positions import Position
+from zoo.parts.qkv_rows import fuse_qkv, scale_rows, split_qkv  # noqa: F401  (fuse_qkv, split_qkv: re-exported)
 from zoo.parts.state import GrowingState, LayerState, query_slots
 from zoo.parts.values import ValueGate, ValueResidual, build_mix
-
-
-@torch.no_grad()
-def scale_rows(linear: nn.Linear, factor: torch.Tensor) -> None:
-    """Each output row of ``linear`` (its weight's row and its bias) times ``factor`` (out_features,), in place."""
-    linear.weight.mul_(rearrange(factor.to(linear.weight.dtype), "o -> o 1"))
-    if linear.bias is not None:
-        linear.bias.mul_(factor.to(linear.bias.dtype))
 
 
 class KVCache(GrowingState):
@@ -89,22 +82,6 @@ class KVCache(GrowingState):
         """
         keys, values = self.write(k, v, positions=positions)
         return keys, values
-
-
-def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-    """Separate query (n_heads*d_head rows), key and value (n_kv_heads*d_head rows) weights or biases
-    -> :class:`Attention`'s fused ``qkv`` rows, grouped by key/value head."""
-    q = rearrange(q, "(g r d) ... -> g r d ...", g=n_kv_heads, d=k.shape[0] // n_kv_heads)
-    k, v = (rearrange(w, "(g d) ... -> g 1 d ...", g=n_kv_heads) for w in (k, v))
-    return rearrange(torch.cat([q, k, v], dim=1), "g n d ... -> (g n d) ...")
-
-
-def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The inverse of :func:`fuse_qkv`: fused ``qkv`` rows -> query, key and value rows."""
-    groups = rearrange(qkv, "(g n d) ... -> g n d ...", g=n_kv_heads, n=n_heads // n_kv_heads + 2)
-    q = rearrange(groups[:, :-2], "g r d ... -> (g r d) ...")
-    k, v = (rearrange(groups[:, i], "g d ... -> (g d) ...") for i in (-2, -1))
-    return q, k, v
 
 
 #: What a qk-norm normalizes over: each head's d_head features, or all heads' features jointly (OLMo 2/3's q_norm over

@@ -27,10 +27,9 @@ from zoo.core.errors import ConfigError, IncompatibleParts
 from zoo.core.options import check_type
 from zoo.lab.keys import REPLICATES
 from zoo.lab.planning.branch import resolve_branch
-from zoo.lab.planning.named import VARIANT
+from zoo.lab.planning.named import SWEEPER_NAME, VARIANT, sweep_job_lists
 from zoo.lab.planning.plan import plan_run
 from zoo.lab.planning.run_model import with_task_vocab
-from zoo.lab.planning.sweeper import VariantSweeper, sweep_job_lists
 from zoo.lab.records.settings import UNSET, parse_overrides, setting
 
 #: Launchers whose jobs run on this machine: a job's ``device`` is checked against it (another launcher's jobs
@@ -56,7 +55,7 @@ def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
     """Each job's overrides, in launch order (a sweep's named variants: zoo.lab.planning.named); None under another
     sweeper than Hydra's basic one or zoo's (whose jobs are not known before it runs)."""
     target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
-    if not target.endswith((BasicSweeper.__name__, VariantSweeper.__name__)):
+    if not target.endswith((BasicSweeper.__name__, SWEEPER_NAME)):
         return None
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
     lines = [f"{key}={value}" for key, value in params.items()] + list(config.hydra.overrides.task)

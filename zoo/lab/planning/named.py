@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,6 +25,8 @@ from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
 from zoo.lab.keys import NOT_AXES, run_folder_name
 
+#: The class name of zoo's sweeper (zoo.lab.planning.sweeper), whose jobs :func:`sweep_job_lists` lists.
+SWEEPER_NAME = "VariantSweeper"
 #: A run's variant name: a runtime key (zoo.lab.keys.RUNTIME), the report's row label.
 VARIANT = "variant"
 #: The sweep's named variants, a mapping or null.
@@ -168,3 +171,11 @@ def variant_folders(jobs: Sequence[Sequence[str]]) -> dict[str, str]:
         if names:
             out[sent[-1] if sent else run_folder_name(job)] = names[-1]
     return out
+
+
+def sweep_job_lists(config: Any, overrides: list[Override]) -> list[list[str]]:
+    """A sweep's jobs in launch order: its named variants' (:func:`named_jobs`), else Hydra's product."""
+    named = config_variants(config)
+    if named is None:
+        return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    return named_jobs(named, overrides)

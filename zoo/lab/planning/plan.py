@@ -103,22 +103,8 @@ def plan_run(
     seq_len = task_cls.planned_seq_len(task_opts)
     lengths = [seq_len * f for f in task_opts.get("eval_lengths", (1,))] if seq_len is not None else []
     mesh.check_model(specs, options["vocab_size"], lengths)  # parts' plans, divisibility, sequence parallel
-    for key in ("value_embeddings", "smear", "backout"):  # no plan (smear's, backout's scalars: each rank's tokens')
-        if mesh.tp > 1 and options[key]:
-            raise ConfigError(f"model.{key}", True, f"false under parallel.tp={mesh.tp}: no tensor-parallel plan")
+    check_sharded(mesh, train_cfg, options)
     check_positions_fit(specs, task_opts.get("seq_len"))
-    if mesh.sharded and train_cfg.probe_every:
-        raise ConfigError(
-            "train.probe_every",
-            train_cfg.probe_every,
-            "0 under FSDP2 or tensor parallelism (probes read whole weights)",
-        )
-    if mesh.sharded and train_cfg.tail_ema:
-        raise ConfigError(
-            "train.tail_ema",
-            train_cfg.tail_ema,
-            "0 under FSDP2 or tensor parallelism (the average is kept of whole weights, not of shards)",
-        )
     custom_model = task_cls.builds_own_model()
     check_objective(recipe, custom_model=custom_model, mesh=mesh, seq_len=seq_len)
     param = check_param(
@@ -127,14 +113,26 @@ def plan_run(
     check_on_meta(lambda: RunModel(task_cls, tuple(specs), param).build(raw), recipe.optim["lr_ratios"])
     check_qk_clip(lambda: RunModel(task_cls, tuple(specs), param).build(raw), recipe.optim["qk_clip"])
     check_init(raw.get("init"), mup=param is not None, custom_model=custom_model)
-    if mesh.sharded and train_cfg.eval_batches % mesh.dp:
-        raise ConfigError(
-            "train.eval_batches",
-            train_cfg.eval_batches,
-            f"must be a multiple of the data-parallel ways {mesh.dp} under FSDP2 or tensor parallelism "
-            "(every rank runs as many forwards)",
-        )
     return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts, recipe, branch, param)
+
+
+def check_sharded(mesh: ProcessMesh, train_cfg: Any, options: Mapping[str, Any]) -> None:
+    """What a sharded run (FSDP2 or tensor parallelism) cannot do, refused by key: model options with no
+    tensor-parallel plan, probes and a tail EMA (both read whole weights), evaluation batches the ranks cannot share."""
+    for key in ("value_embeddings", "smear", "backout"):  # no plan (smear's, backout's scalars: each rank's tokens')
+        if mesh.tp > 1 and options[key]:
+            raise ConfigError(f"model.{key}", True, f"false under parallel.tp={mesh.tp}: no tensor-parallel plan")
+    if not mesh.sharded:
+        return
+    if train_cfg.probe_every:
+        raise ConfigError("train.probe_every", train_cfg.probe_every,
+                          "0 under FSDP2 or tensor parallelism (probes read whole weights)")  # fmt: skip
+    if train_cfg.tail_ema:
+        raise ConfigError("train.tail_ema", train_cfg.tail_ema, "0 under FSDP2 or tensor parallelism (the average "
+                          "is kept of whole weights, not of shards)")  # fmt: skip
+    if train_cfg.eval_batches % mesh.dp:
+        why = f"must be a multiple of the data-parallel ways {mesh.dp} under FSDP2 or tensor parallelism"
+        raise ConfigError("train.eval_batches", train_cfg.eval_batches, f"{why} (every rank runs as many forwards)")
 
 
 def check_init(section: Any, *, mup: bool, custom_model: bool) -> None:

@@ -17,21 +17,13 @@ from omegaconf import DictConfig
 
 from zoo.lab.files import write_json_atomic
 from zoo.lab.keys import run_folder_name
-from zoo.lab.planning.named import config_variants, named_jobs, variant_folders
+from zoo.lab.planning.named import config_variants, sweep_job_lists, variant_folders
 from zoo.lab.records.config import config_hash
 from zoo.lab.records.summary import SUMMARY, read_record
 
 #: The named variants of the sweep last run into a folder: ``{"variants": {name: [override]}, "folders": {folder:
 #: name}}`` (zoo.lab.studies.named reads it back, checked).
 VARIANTS_FILE = "variants.json"
-
-
-def sweep_job_lists(config: Any, overrides: list[Override]) -> list[list[str]]:
-    """A sweep's jobs in launch order: its named variants' (:func:`named_jobs`), else Hydra's product."""
-    named = config_variants(config)
-    if named is None:
-        return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
-    return named_jobs(named, overrides)
 
 
 class VariantSweeper(Sweeper):
@@ -74,7 +66,7 @@ def into_finished_folders(config: Any, jobs: list[list[str]], sweep_dir: Path) -
     finished = finished_runs(sweep_dir)
     if not finished:
         return jobs
-    from zoo.lab.planning.jobs import job_configs  # jobs.py builds on this module
+    from zoo.lab.planning.jobs import job_configs  # (torch) only once a finished run is there
     from zoo.lab.planning.run_model import with_task_vocab
 
     sent = []

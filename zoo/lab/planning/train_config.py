@@ -55,7 +55,7 @@ class TrainConfig:
     aux_weights: dict[str, float] = field(default_factory=dict)
     z_loss: float = 0.0  # weight of the mean squared log-partition of the logits (0: none)
     probe_every: int = 0  # steps between probe records (zoo.lab.training.probes; 0: none)
-    tail_ema: float = 0.0  # decay of the tail EMA of the weights (zoo.lab.training.tail_ema; 0: none)
+    tail_ema: float = 0.0  # decay of the tail EMA of the weights (zoo.lab.recipe.tail_ema; 0: none)
     tail_ema_from: int = 1  # the first step the tail EMA averages
 
     @classmethod

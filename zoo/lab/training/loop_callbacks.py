@@ -5,7 +5,7 @@ built from its config (:func:`run_callbacks`, after :func:`check_callbacks` befo
 - ``progress``: the progress bar (``progress``: null shows it on a terminal), on rank 0;
 - ``probes``: ``train.probe_every``'s probe records (zoo.lab.training.probes), on rank 0;
 - ``spikes``: the spike score of every step's loss and gradient norm, into the summary (zoo.lab.training.spikes);
-- ``tail_ema``: ``train.tail_ema``'s average of the weights, evaluated at the end (zoo.lab.training.tail_ema);
+- ``tail_ema``: ``train.tail_ema``'s average of the weights, evaluated at the end (zoo.lab.recipe.tail_ema);
 - ``checkpoints``: a checkpoint every ``train.checkpoint_every`` steps, on every rank.
 """
 
@@ -21,8 +21,9 @@ from tqdm import tqdm
 
 from zoo.core.errors import ConfigError
 from zoo.core.registry import FAILED_PLUGINS
+from zoo.lab.recipe import tail_ema
 from zoo.lab.records.checkpoint import TrainState
-from zoo.lab.training import spikes, tail_ema
+from zoo.lab.training import spikes
 from zoo.lab.training.callbacks import CALLBACKS, Callback, RunContext
 from zoo.lab.training.loop_state import FitResult, LoopState
 from zoo.lab.training.probes import Probes
