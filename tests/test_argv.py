@@ -70,7 +70,7 @@ def test_the_groups_are_zoos_axes_tasks_recipe_and_sweeps():
     groups = group_options()
     assert {"placement", "norm", "attn", "pos", "mlp", "residual", "preset", "task", "logger", "optim", "schedule",
             "objective", "param", "sweeps"} == set(groups)  # fmt: skip
-    assert groups["residual"] == ["add", "hyper", "mhc", "scaled"]
+    assert groups["residual"] == ["add", "attnres", "hyper", "mhc", "scaled"]
     assert groups["objective"] == ["mtp", "ntp"]
     assert "quick" in groups["sweeps"] and groups["norm"] == ["layernorm", "rmsnorm", "scalenorm"]
     assert {"adafactor", "adamw", "sgd"} <= set(groups["optim"]) and "wsd" in groups["schedule"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from einops import reduce, repeat
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -63,8 +62,8 @@ def check_positions(specs: Sequence[BlockSpec], fields: Sequence[str]) -> None:
 
 
 def check_streams(specs: Sequence[BlockSpec], fields: Sequence[str]) -> int:
-    """The residual streams every layer keeps (``block.residual``: 1, or hyper's ``n_streams``); a layer that
-    keeps another number than layer 0 is a ConfigError naming ``{fields[i]}.residual``."""
+    """The residual streams every layer keeps (``block.residual``: 1, hyper's ``n_streams``, or 0: attnres' growing
+    sources); a layer that keeps another number than layer 0 is a ConfigError naming ``{fields[i]}.residual``."""
     first = stream_count(specs[0]["residual"])
     for i, spec in enumerate(specs[1:], 1):
         if stream_count(spec["residual"]) != first:
@@ -160,7 +159,7 @@ class Stack(nn.Module):
         if embed is not None:
             self.embed = embed
         self.pos_embed = position_embedding(specs, field)  # absolute positions, else None
-        #: The residual streams between the blocks (block.residual=hyper: n_streams; else 1).
+        #: The residual streams between the blocks (block.residual=hyper: n_streams; attnres: 0, its sources; else 1).
         self.streams = check_streams(specs, [f"{field}.{i}" for i in range(len(specs))])
         #: Each layer's validated spec, as built: what an export reads (BlockSpec.settings).
         self.specs = tuple(specs)
@@ -200,8 +199,8 @@ class Stack(nn.Module):
         if self.value_embeds is not None and ids is None:
             raise ValueError("a stack with value embeddings needs the tokens' ids")
         x0 = x = self.add_positions(x, caches, positions)
-        if self.streams > 1:  # hyper-connections: the embedding copied into every residual stream
-            x = repeat(x, "b t d -> b t n d", n=self.streams)
+        if self.streams != 1:  # hyper: the embedding copied into every stream; attnres: its first source
+            x = self.blocks[0].residual.expand(x)
         channel = Channel(ids) if any(self.channel_layers) else None  # one per forward: the new tokens'
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
@@ -215,8 +214,8 @@ class Stack(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False, **inputs)
             else:
                 x = block(x, **inputs)
-        if self.streams > 1:
-            x = reduce(x, "b t n d -> b t d", "sum")
+        if self.streams != 1:
+            x = self.blocks[-1].residual.merge(x)
         return self.final_norm(x)
 
     def channel_for(self, channel: Channel, layer: int) -> Channel:
