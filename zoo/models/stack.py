@@ -28,6 +28,7 @@ from zoo.core.tp import (
     Shard,
     prefixed,
 )
+from zoo.parts.attention import Attention
 from zoo.parts.positions import LearnedEmbedding
 from zoo.parts.residuals import stream_count
 from zoo.parts.state import LayerState
@@ -127,6 +128,36 @@ def join_channel(
     return used
 
 
+def share_kv(blocks: Sequence[nn.Module], specs: Sequence[BlockSpec], k: int, field: str) -> None:
+    """``model.kv_share`` = k: each group of k layers attends with its first layer's keys and values (it writes
+    them to the side channel; the others read them, with no key/value projection and nothing cached). Every layer
+    must be softmax attention (mha, gqa, mqa) with the same key/value heads, head width and positions as its
+    group's first, without what changes its values alone (value residual, value embeddings) or a canon layer on
+    its keys (site b): else a ConfigError naming ``{section}.kv_share``."""
+    if k == 1:
+        return
+    section = field.rpartition(".")[0]
+    for i, (block, spec) in enumerate(zip(blocks, specs, strict=True)):
+        first = i - i % k
+        why = None
+        if not isinstance(block.attn, Attention):
+            why = f"layer {i}'s attention ({spec['attn'].part.name}) holds no keys and values to share"
+        elif block.attn.value_residual != "none" or "b" in block.attn.dims.canon_sites:
+            why = f"layer {i} changes its keys or values itself (value_residual, canon site b)"
+        elif first != i and (spec["pos"] != specs[first]["pos"] or
+                             (block.attn.n_kv_heads, block.attn.d_head) !=
+                             (blocks[first].attn.n_kv_heads, blocks[first].attn.d_head)):  # fmt: skip
+            why = f"layer {i}'s key/value heads, head width or positions differ from layer {first}'s, its group's first"
+        if why is not None:
+            raise ConfigError(f"{section}.kv_share", k, f"1 here: {why}; softmax attention (mha, gqa, mqa) alike "
+                              "across each group shares")  # fmt: skip
+    for i, block in enumerate(blocks):
+        if i % k == 0 and i + 1 < len(blocks):
+            block.attn.share_kv("writes")
+        elif i % k:
+            block.attn.share_kv("reads")
+
+
 class Stack(nn.Module):
     """Absolute positions added to its input (``pos_embed``, when the blocks' ``pos`` is learned or
     sinusoidal), blocks in turn, then ``final_norm`` where the last block's placement needs one.
@@ -154,6 +185,7 @@ class Stack(nn.Module):
         *,
         embed: nn.Embedding | None = None,
         value_embeddings: bool = False,
+        kv_share: int = 1,
     ) -> None:
         super().__init__()
         if embed is not None:
@@ -165,6 +197,12 @@ class Stack(nn.Module):
         self.specs = tuple(specs)
         self.blocks = nn.ModuleList(build_block(s, context="model", layer=i) for i, s in enumerate(specs))
         self.final_norm = final_norm_for(specs[-1])
+        if kv_share > 1 and value_embeddings:
+            raise ConfigError(f"{field.rpartition('.')[0]}.kv_share", kv_share, "1 with value_embeddings (they change "
+                              "each layer's own values)")  # fmt: skip
+        #: model.kv_share: each group of this many layers shares its first layer's keys and values.
+        self.kv_share = kv_share
+        share_kv(self.blocks, specs, kv_share, field)
         if value_embeddings and embed is None:
             raise ValueError("value embeddings need a stack that owns its token embedding")
         self.value_embeds = value_tables(self.blocks, embed.num_embeddings, field) if value_embeddings else None
@@ -248,6 +286,8 @@ class Stack(nn.Module):
         """
         if self.value_embeds is not None:
             raise ValueError("value embeddings have no tensor-parallel plan (model.value_embeddings: refused under tp)")
+        if self.kv_share > 1:
+            raise ValueError("shared keys and values have no tensor-parallel plan (model.kv_share: refused under tp)")
         plan: Plan = {}
         if self.pos_embed is not None:
             plan.update(prefixed("pos_embed", self.pos_embed.tp_plan(sequence_parallel)))
@@ -276,4 +316,6 @@ class Stack(nn.Module):
         return plan
 
 
-__all__ = ["Stack", "check_positions", "check_streams", "embeds_positions", "final_norm_for", "position_embedding"]
+__all__ = [
+    "Stack", "check_positions", "check_streams", "embeds_positions", "final_norm_for", "position_embedding", "share_kv",
+]

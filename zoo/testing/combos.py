@@ -154,8 +154,9 @@ PATTERN_CASES: list[tuple[str, dict[str, str]]] = [
 
 
 #: The model's own options outside its blocks, all at once (Gemma's embedding scale, nanochat's embedding norm and
-#: logit cap): the model contract runs them on a handful of combinations, not the product.
-MODEL_OPTIONS: dict[str, Any] = {"scale_embedding": True, "embedding_norm": True, "logit_softcap": 5.0}
+#: logit cap, cross-layer key/value sharing): the model contract runs them on a handful of combinations, not the
+#: product.
+MODEL_OPTIONS: dict[str, Any] = {"scale_embedding": True, "embedding_norm": True, "logit_softcap": 5.0, "kv_share": 2}
 MODEL_OPTION_CASES: list[dict[str, str]] = [
     {"placement": "pre", "norm": "rmsnorm+zc", "attn": "gqa", "pos": "rotary", "mlp": "geglu+tanh"},
     {"placement": "reordered", "norm": "layernorm", "attn": "mha+headdim", "pos": "learned", "mlp": "gelu"},
