@@ -111,3 +111,16 @@ def test_parameters_and_flops_are_counted(block_size):
     sources = [1 + -(-j // block_size) for j in range(1, 2 * LAYERS)]
     extra = 3 * sum((8 * n - 4) * D for n in sources)
     assert m.flops_per_token(8) == plain.flops_per_token(8) + 6 * counts["residual"] + extra
+
+
+def test_muon_gives_its_weights_adamw_and_mup_treats_them_as_vectors():
+    from zoo.assembly import mup
+    from zoo.lab.recipe.muon import treatments
+
+    def build(width: int) -> LanguageModel:
+        return LanguageModel(layer_specs({**BLOCK, "d_model": width, "residual": "attnres"}, 2, None, "x.layers"), 11)
+
+    found = treatments(build(D))
+    roles = {name: s.role for name, s in mup.infer(build, 32, 16).scalings.items()}
+    for name in ("blocks.1.residual.query", "blocks.1.residual.key_norm"):
+        assert found[name].kind == "adamw" and roles[name] == "vector", name
