@@ -72,7 +72,7 @@ def test_the_groups_are_zoos_axes_tasks_recipe_and_sweeps():
     assert {"placement", "norm", "attn", "pos", "mlp", "residual", "preset", "task", "logger", "optim", "schedule",
             "objective", "param", "init", "sweeps", "ablate"} == set(groups)  # fmt: skip
     assert groups["ablate"] == ["add_one", "hold_one_out", "none"]
-    assert groups["residual"] == ["add", "hyper", "mhc", "scaled"]
+    assert groups["residual"] == ["add", "attnres", "hyper", "mhc", "scaled"]
     assert groups["objective"] == ["mtp", "ntp"]
     assert groups["init"] == ["gpt2", "mitchell", "olmo", "zero_out"]
     assert "quick" in groups["sweeps"] and groups["norm"] == ["gated_rmsnorm", "layernorm", "rmsnorm", "scalenorm"]

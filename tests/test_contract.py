@@ -183,7 +183,8 @@ def prefill_in_chunks_then_cached_decoding_equals_full_forward(built: Built) -> 
     assert all(cache.length == ids.shape[1] for cache in caches)
     close(torch.cat(steps, dim=1), model(ids), FLOAT32, "logits")
     # Only what each layer says its state holds (its mixer's: softmax attention a key and a value per kv head
-    # and slot; and its canon layers' last inputs), and the smear its last embedding, for every sample, 8 bytes each.
+    # and slot, none in a layer reading its group's first layer's under model.kv_share; and its canon layers' last
+    # inputs), and the smear its last embedding, for every sample, 8 bytes each.
     sizes = [
         block.state_size(cache.mixer.capacity if hasattr(cache.mixer, "capacity") else cache.mixer.length)
         for block, cache in zip(model.blocks, caches, strict=True)

@@ -50,7 +50,8 @@ class Block(nn.Module):
         self.canon = block_canon(canon, d_model)
         self.residual = residual
         #: The residual streams the block keeps: its input is (batch, time, d_model), or in a stack
-        #: (batch, time, streams, d_model) when more than 1 (zoo.parts.residuals.Hyper).
+        #: (batch, time, streams, d_model) when more than 1 (zoo.parts.residuals.Hyper), or any number when 0
+        #: (attnres' sources, zoo.parts.residuals.AttentionResidual).
         self.streams: int = getattr(residual, "streams", 1)
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
@@ -93,9 +94,9 @@ class Block(nn.Module):
         None: the block's input).
         channel: the stack's side channel, handed to the attention (zoo.core.channel); None: none.
         """
-        streams = x.ndim == 4 and self.streams > 1 and x.shape[2] == self.streams
+        streams = x.ndim == 4 and self.streams != 1 and x.shape[2] == (self.streams or x.shape[2])
         if not (x.ndim == 3 or streams) or x.shape[-1] != self.d_model:
-            also = f" or (batch, time, streams={self.streams}, d_model)" if self.streams > 1 else ""
+            also = f" or (batch, time, streams={self.streams or 'n'}, d_model)" if self.streams != 1 else ""
             raise ValueError(
                 f"block input must be (batch, time, d_model={self.d_model}){also}, got shape {tuple(x.shape)}"
             )

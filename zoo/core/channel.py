@@ -31,6 +31,11 @@ ENTRIES: dict[str, str] = {
     "first_values": "layer 0's attention values for the new tokens (b, n_kv_heads, t, d_head), after a value "
     "embedding if it has one; written by layer 0's softmax attention when it has block.attn.value_residual, read "
     "by the later layers' value residual",
+    "shared_keys": "the keys of a kv_share group's first layer, cached ones included (b, n_kv_heads, t_k, d_head); "
+    "written by that layer under model.kv_share, read by the group's later layers",
+    "shared_values": "its values likewise (b, n_kv_heads, t_k, d_head)",
+    "shared_new_values": "its values for the new tokens alone (b, n_kv_heads, t, d_head), for a reader's XSA",
+    "shared_key_positions": "its keys' per-sample positions (b, t_k), when the batch has them",
     "value_embedding": "this layer's value embedding rows for the new tokens (b, t, n_kv_heads d_head); written "
     "by the stack before each layer with one (model.value_embeddings)",
 }

@@ -51,10 +51,11 @@ NEUTRAL_ATTN: dict[str, Any] = {
 }  # fmt: skip
 #: ``model`` (and ``encoder``) keys added after runs were recorded, left out of the hash at the value that
 #: changes nothing (no layer pattern: every layer the block, as before the key; no value embeddings; no logit cap,
-#: embedding norm or embedding scale).
+#: embedding norm or embedding scale; no key/value sharing).
 NEUTRAL_STACK: dict[str, Any] = {
     "pattern": [], "value_embeddings": False, "logit_softcap": None, "embedding_norm": False, "scale_embedding": False,
     "smear": False, "backout": False,
+    "kv_share": 1,
 }  # fmt: skip
 #: The sections :data:`NEUTRAL_STACK` applies to.
 STACKS = ("model", "encoder")

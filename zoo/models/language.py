@@ -52,6 +52,16 @@ MODEL_OPTION_DOCS = (
     ),
     SMEAR_DOC,
     BACKOUT_DOC,
+    OptionDoc(
+        "kv_share",
+        values="1, an integer k > 1",
+        formula="layers in groups of k: layer i attends with the keys and values of layer i - i % k (cached ones "
+        "included), which alone projects and caches them; the others project queries alone",
+        cost="the later layers' key/value projections removed (parameters and their 6 FLOPs each); the cache holds "
+        "one layer's keys and values per group",
+        reference="Brandon et al. 2024, Reducing Transformer Key-Value Cache Size with Cross-Layer Attention, "
+        "arXiv:2405.12981; Gemma 3n / Gemma 4 (shared KV cache layers)",
+    ),
 )
 
 
@@ -90,11 +100,14 @@ class LanguageModel(TokenModel, Stack):
         scale_embedding: bool = False,
         smear: bool = False,
         backout: bool = False,
+        kv_share: int = 1,
     ) -> None:
         """spec: one BlockSpec repeated ``n_layers`` times, or one BlockSpec per layer; ``objective``: the
         training objective, whose extra heads (if any) the model owns (default: next-token prediction);
         ``value_embeddings``: a value embedding table per layer (``model.value_embeddings``, zoo.parts.values);
-        ``logit_softcap``, ``embedding_norm``, ``scale_embedding``, ``smear``, ``backout``: as the class says."""
+        ``logit_softcap``, ``embedding_norm``, ``scale_embedding``, ``smear``, ``backout``: as the class says;
+        ``kv_share``: each group of that many layers attends with its first layer's keys and values
+        (zoo.models.stack.share_kv)."""
         specs = [spec] * (n_layers or 1) if isinstance(spec, BlockSpec) else list(spec)
         if n_layers is not None and len(specs) != n_layers:
             raise ConfigError("model.n_layers", n_layers, f"must match the {len(specs)} block specs given")
@@ -102,7 +115,8 @@ class LanguageModel(TokenModel, Stack):
             raise ConfigError("block.d_model", [s.dims.d_model for s in specs], "every layer needs the same d_model")
         d_model = specs[0].dims.d_model
         embed = nn.Embedding(vocab_size, d_model)
-        super().__init__(specs, "model.layers", embed=embed, value_embeddings=value_embeddings, backout=backout)
+        super().__init__(specs, "model.layers", embed=embed, value_embeddings=value_embeddings, backout=backout,
+                         kv_share=kv_share)  # fmt: skip
         self.embedding_norm = specs[0].make_norm() if embedding_norm else None
         self.embedding_scale = math.sqrt(d_model) if scale_embedding else None
         self.smear = Smear(d_model) if smear else None
@@ -119,6 +133,7 @@ class LanguageModel(TokenModel, Stack):
             "model.scale_embedding": scale_embedding,
             "model.smear": smear,
             "model.backout": backout,
+            "model.kv_share": kv_share,
             "objective": objective.name,
         }
         self.reset_parameters()
@@ -272,7 +287,7 @@ class LanguageModel(TokenModel, Stack):
 def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpec] | None = None) -> LanguageModel:
     """A model from a config with a ``block`` section and a ``model`` section: ``vocab_size``,
     ``n_layers``, ``tie_embeddings``, ``value_embeddings``, ``logit_softcap``, ``embedding_norm``,
-    ``scale_embedding``, ``pattern`` (block overrides repeated over the depth,
+    ``scale_embedding``, ``kv_share``, ``pattern`` (block overrides repeated over the depth,
     ``[{attn: gated_deltanet}, {}]``) and ``layers`` (per-layer block overrides on top, ``{3: {attn: mqa}}``);
     an ``objective`` section (``objective=mtp``) adds its extra heads.
     ``specs``: the layers' specs already resolved from this config (:func:`zoo.models.config.layer_specs`)."""
@@ -298,6 +313,7 @@ def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpe
         scale_embedding=options["scale_embedding"],
         smear=options["smear"],
         backout=options["backout"],
+        kv_share=options["kv_share"],
     )
 
 

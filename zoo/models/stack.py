@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from einops import reduce, repeat
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -30,6 +29,7 @@ from zoo.core.tp import (
     prefixed,
 )
 from zoo.models.smear_backout import Backout
+from zoo.parts.attention import Attention
 from zoo.parts.positions import LearnedEmbedding
 from zoo.parts.residuals import stream_count
 from zoo.parts.state import LayerState
@@ -64,8 +64,8 @@ def check_positions(specs: Sequence[BlockSpec], fields: Sequence[str]) -> None:
 
 
 def check_streams(specs: Sequence[BlockSpec], fields: Sequence[str]) -> int:
-    """The residual streams every layer keeps (``block.residual``: 1, or hyper's ``n_streams``); a layer that
-    keeps another number than layer 0 is a ConfigError naming ``{fields[i]}.residual``."""
+    """The residual streams every layer keeps (``block.residual``: 1, hyper's ``n_streams``, or 0: attnres' growing
+    sources); a layer that keeps another number than layer 0 is a ConfigError naming ``{fields[i]}.residual``."""
     first = stream_count(specs[0]["residual"])
     for i, spec in enumerate(specs[1:], 1):
         if stream_count(spec["residual"]) != first:
@@ -129,6 +129,36 @@ def join_channel(
     return used
 
 
+def share_kv(blocks: Sequence[nn.Module], specs: Sequence[BlockSpec], k: int, field: str) -> None:
+    """``model.kv_share`` = k: each group of k layers attends with its first layer's keys and values (it writes
+    them to the side channel; the others read them, with no key/value projection and nothing cached). Every layer
+    must be softmax attention (mha, gqa, mqa) with the same key/value heads, head width and positions as its
+    group's first, without what changes its values alone (value residual, value embeddings) or a canon layer on
+    its keys (site b): else a ConfigError naming ``{section}.kv_share``."""
+    if k == 1:
+        return
+    section = field.rpartition(".")[0]
+    for i, (block, spec) in enumerate(zip(blocks, specs, strict=True)):
+        first = i - i % k
+        why = None
+        if not isinstance(block.attn, Attention):
+            why = f"layer {i}'s attention ({spec['attn'].part.name}) holds no keys and values to share"
+        elif block.attn.value_residual != "none" or "b" in block.attn.dims.canon_sites:
+            why = f"layer {i} changes its keys or values itself (value_residual, canon site b)"
+        elif first != i and (spec["pos"] != specs[first]["pos"] or
+                             (block.attn.n_kv_heads, block.attn.d_head) !=
+                             (blocks[first].attn.n_kv_heads, blocks[first].attn.d_head)):  # fmt: skip
+            why = f"layer {i}'s key/value heads, head width or positions differ from layer {first}'s, its group's first"
+        if why is not None:
+            raise ConfigError(f"{section}.kv_share", k, f"1 here: {why}; softmax attention (mha, gqa, mqa) alike "
+                              "across each group shares")  # fmt: skip
+    for i, block in enumerate(blocks):
+        if i % k == 0 and i + 1 < len(blocks):
+            block.attn.share_kv("writes")
+        elif i % k:
+            block.attn.share_kv("reads")
+
+
 class Stack(nn.Module):
     """Absolute positions added to its input (``pos_embed``, when the blocks' ``pos`` is learned or
     sinusoidal), blocks in turn, then ``final_norm`` where the last block's placement needs one.
@@ -157,12 +187,13 @@ class Stack(nn.Module):
         embed: nn.Embedding | None = None,
         value_embeddings: bool = False,
         backout: bool = False,
+        kv_share: int = 1,
     ) -> None:
         super().__init__()
         if embed is not None:
             self.embed = embed
         self.pos_embed = position_embedding(specs, field)  # absolute positions, else None
-        #: The residual streams between the blocks (block.residual=hyper: n_streams; else 1).
+        #: The residual streams between the blocks (block.residual=hyper: n_streams; attnres: 0, its sources; else 1).
         self.streams = check_streams(specs, [f"{field}.{i}" for i in range(len(specs))])
         #: Each layer's validated spec, as built: what an export reads (BlockSpec.settings).
         self.specs = tuple(specs)
@@ -171,6 +202,12 @@ class Stack(nn.Module):
         #: ``model.backout``: the last layer's output less a learned multiple of a middle layer's
         #: (zoo.models.smear_backout).
         self.backout = Backout(len(specs)) if backout else None
+        if kv_share > 1 and value_embeddings:
+            raise ConfigError(f"{field.rpartition('.')[0]}.kv_share", kv_share, "1 with value_embeddings (they change "
+                              "each layer's own values)")  # fmt: skip
+        #: model.kv_share: each group of this many layers shares its first layer's keys and values.
+        self.kv_share = kv_share
+        share_kv(self.blocks, specs, kv_share, field)
         if value_embeddings and embed is None:
             raise ValueError("value embeddings need a stack that owns its token embedding")
         self.value_embeds = value_tables(self.blocks, embed.num_embeddings, field) if value_embeddings else None
@@ -205,8 +242,8 @@ class Stack(nn.Module):
         if self.value_embeds is not None and ids is None:
             raise ValueError("a stack with value embeddings needs the tokens' ids")
         x0 = x = self.add_positions(x, caches, positions)
-        if self.streams > 1:  # hyper-connections: the embedding copied into every residual stream
-            x = repeat(x, "b t d -> b t n d", n=self.streams)
+        if self.streams != 1:  # hyper: the embedding copied into every stream; attnres: its first source
+            x = self.blocks[0].residual.expand(x)
         channel = Channel(ids) if any(self.channel_layers) else None  # one per forward: the new tokens'
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
@@ -222,10 +259,10 @@ class Stack(nn.Module):
                 x = block(x, **inputs)
             if self.backout is not None and i == self.backout.layer:
                 middle = x
-        if self.streams > 1:
-            x = reduce(x, "b t n d -> b t d", "sum")
+        if self.streams != 1:
+            x = self.blocks[-1].residual.merge(x)
         if self.backout is not None:
-            x = self.backout(x, reduce(middle, "b t n d -> b t d", "sum") if self.streams > 1 else middle)
+            x = self.backout(x, self.blocks[-1].residual.merge(middle) if self.streams != 1 else middle)
         return self.final_norm(x)
 
     def channel_for(self, channel: Channel, layer: int) -> Channel:
@@ -260,6 +297,8 @@ class Stack(nn.Module):
             raise ValueError("value embeddings have no tensor-parallel plan (model.value_embeddings: refused under tp)")
         if self.backout is not None:
             raise ValueError("backout has no tensor-parallel plan (model.backout: refused under tp)")
+        if self.kv_share > 1:
+            raise ValueError("shared keys and values have no tensor-parallel plan (model.kv_share: refused under tp)")
         plan: Plan = {}
         if self.pos_embed is not None:
             plan.update(prefixed("pos_embed", self.pos_embed.tp_plan(sequence_parallel)))
@@ -288,4 +327,6 @@ class Stack(nn.Module):
         return plan
 
 
-__all__ = ["Stack", "check_positions", "check_streams", "embeds_positions", "final_norm_for", "position_embedding"]
+__all__ = [
+    "Stack", "check_positions", "check_streams", "embeds_positions", "final_norm_for", "position_embedding", "share_kv",
+]

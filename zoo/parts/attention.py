@@ -46,7 +46,7 @@ from zoo.parts.logits import masked_logits
 from zoo.parts.norms import build_norm, ungated
 from zoo.parts.positions import Position
 from zoo.parts.qkv_rows import fuse_qkv, scale_rows, split_qkv  # noqa: F401  (fuse_qkv, split_qkv: re-exported)
-from zoo.parts.state import GrowingState, LayerState, query_slots
+from zoo.parts.state import GrowingState, LayerState, MixerState, query_slots
 from zoo.parts.values import ValueGate, ValueResidual, build_mix
 
 
@@ -82,6 +82,17 @@ class KVCache(GrowingState):
         """
         keys, values = self.write(k, v, positions=positions)
         return keys, values
+
+
+class SharedKV(MixerState):
+    """The decoding state of a layer that reads an earlier layer's keys and values (``model.kv_share``): the
+    tokens it has seen, and nothing else (its group's first layer caches the keys and values)."""
+
+    supports_static = True
+
+    @property
+    def nbytes(self) -> int:
+        return 0
 
 
 #: What a qk-norm normalizes over: each head's d_head features, or all heads' features jointly (OLMo 2/3's q_norm over
@@ -291,11 +302,26 @@ class Attention(nn.Module):
         self.writes_first = False
         self.value_mix: nn.Module | None = None
         self.value_gate: ValueGate | None = None
+        #: Set by a stack under model.kv_share: "writes" (a group's first layer: its keys and values to the side
+        #: channel), "reads" (the group's later layers: those instead of their own, no key/value projection).
+        self.kv_role: str | None = None
+
+    def share_kv(self, role: str) -> None:
+        """Under ``model.kv_share``: ``writes`` its keys and values to the side channel, or ``reads`` them there
+        (its projection then makes the queries alone, ``qkv`` of n_heads d_head rows, and it has no key norm)."""
+        self.kv_role = role
+        if role == "reads":
+            self.qkv = nn.Linear(self.dims.d_model, self.n_heads * self.d_head, bias=self.dims.bias)
+            self.k_norm = None
 
     def join_channel(self, layer: int, provided: frozenset[str]) -> ChannelUse:
         """In a stack: a value embedding's gate where the stack provides one (``value_embedding``); with
         ``value_residual``, layer 0 writes its values (``first_values``) and every later layer builds its
-        mixing and reads them."""
+        mixing and reads them; under ``model.kv_share`` (:meth:`share_kv`) the shared keys and values."""
+        if self.kv_role == "writes":
+            return ChannelUse({}, frozenset({"shared_keys", "shared_values"}))
+        if self.kv_role == "reads":
+            return ChannelUse({"shared_keys": "kv_share", "shared_values": "kv_share"})
         reads: dict[str, str] = {}
         if "value_embedding" in provided:
             self.value_gate = ValueGate(self.dims, self.n_kv_heads)
@@ -322,13 +348,15 @@ class Attention(nn.Module):
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """``qkv``'s rows as the query, key and value matrices (:func:`split_qkv` of its row indices);
         ``out`` is one matrix."""
+        if self.kv_role == "reads":
+            return {}
         q, k, v = split_qkv(torch.arange(self.qkv.out_features), self.n_heads, self.n_kv_heads)
         return {"qkv.weight": {"q": q, "k": k, "v": v}}
 
     def state_size(self, length: int) -> int:
         """Numbers one sample's decoding state holds after ``length`` tokens: a key and a value per
-        key/value head."""
-        return 2 * self.n_kv_heads * self.d_head * length
+        key/value head (none where it reads an earlier layer's, ``model.kv_share``)."""
+        return 0 if self.kv_role == "reads" else 2 * self.n_kv_heads * self.d_head * length
 
     def mixing_flops(self, seq_len: int) -> int | None:
         """Each query's scores and weighted values over the keys it sees: 6 x keys x n_heads x d_head training
@@ -431,6 +459,11 @@ class Attention(nn.Module):
         channel: the stack's side channel (zoo.core.channel), given when :meth:`join_channel` said it uses it:
             the new tokens' values take their value embedding and value residual before they are cached.
         """
+        if self.kv_role == "reads":
+            if channel is None:
+                raise ValueError("this attention reads an earlier layer's keys and values (model.kv_share): run it "
+                                 "in its stack")  # fmt: skip
+            return self.forward_shared(x, key_mask=key_mask, cache=cache, positions=positions, channel=channel)
         time = x.shape[1]
         state = None if cache is None else cache.mixer_state(KVCache)
         slots = query_slots(state, time, x.device)  # absolute indices of the queries (t,)
@@ -443,12 +476,47 @@ class Attention(nn.Module):
         if state is not None:
             k, v = state.append(k, v, positions)
             k_positions = state.key_positions()
+        if self.kv_role == "writes" and channel is not None:
+            channel.write("shared_keys", k)
+            channel.write("shared_values", v)
+            channel.write("shared_new_values", own)  # the new tokens' own values, for a reader's XSA
+            if k_positions is not None:
+                channel.write("shared_key_positions", k_positions)
+        return self.attend(q, k, v, x, own, slots, state is not None and state.static, positions, k_positions,
+                           key_mask)  # fmt: skip
+
+    def forward_shared(self, x: torch.Tensor, *, key_mask: torch.Tensor | None, cache: LayerState | None,
+                       positions: torch.Tensor | None, channel: Channel) -> torch.Tensor:  # fmt: skip
+        """As :meth:`forward` with the keys and values its group's first layer wrote (cached ones included):
+        its own queries, normed and rotated as the first layer's keys were."""
+        time = x.shape[1]
+        state = None if cache is None else cache.mixer_state(SharedKV)
+        slots = query_slots(state, time, x.device)
+        q = rearrange(self.qkv(x), "b t (h d) -> b h t d", d=self.d_head)
+        if self.q_norm is not None:
+            joint = self.qk_norm_scope == "all_heads"
+            q = rearrange(self.q_norm(rearrange(q, "b h t d -> b t (h d)")), "b t (h d) -> b h t d",
+                          d=self.d_head) if joint else self.q_norm(q)  # fmt: skip
+        q, _ = self.position.rotate(q, q[:, :1], slots if positions is None else positions)
+        k, v = channel.read("shared_keys"), channel.read("shared_values")
+        k_positions = channel.read("shared_key_positions") if "shared_key_positions" in channel else positions
+        if state is not None:
+            state.advance(time)
+        own = channel.read("shared_new_values")
+        return self.attend(q, k, v, x, own, slots, state is not None and state.static, positions, k_positions,
+                           key_mask)  # fmt: skip
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, own: torch.Tensor,
+               slots: torch.Tensor, preallocated: bool, positions: torch.Tensor | None,
+               k_positions: torch.Tensor | None, key_mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """The attention of queries q over keys k and values v, then XSA (``own``: the values at the queries'
+        positions), the gate and the output projection."""
         y = attend_at(
             q,
             k,
             v,
             slots=slots,
-            preallocated=state is not None and state.static,
+            preallocated=preallocated,
             positions=positions,
             k_positions=k_positions,
             key_mask=key_mask,

@@ -464,6 +464,8 @@ def initial_residual(s: Subject) -> str | None:
     residual = residual_of(block)
     if getattr(residual, "sinkhorn_iters", 0):
         return "not applicable: mHC's constrained read cannot be one-hot (sigmoid)"
+    if residual.streams == 0:
+        return "not applicable: attnres reads the mean of its sources at init, not their sum (tests/test_attnres.py)"
     residual.reset_parameters()
     plain = s.build(residual="add")
     missing, unexpected = plain.load_state_dict(block.state_dict(), strict=False)
