@@ -51,7 +51,7 @@ class Block(nn.Module):
         self.residual = residual
         #: The residual streams the block keeps: its input is (batch, time, d_model), or in a stack
         #: (batch, time, streams, d_model) when more than 1 (zoo.parts.residuals.Hyper), or any number when 0
-        #: (attnres' sources, zoo.parts.residuals.AttentionResidual).
+        #: (attnres' sources, zoo.parts.attnres.AttentionResidual).
         self.streams: int = getattr(residual, "streams", 1)
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:

@@ -14,9 +14,9 @@ from zoo.parts import (
 )
 
 # isort: split
-from zoo.parts import gated_deltanet  # after linear_attention: each axis lists its parts in registration order
+from zoo.parts import attnres, gated_deltanet  # after residuals, linear_attention: each axis in registration order
 
 __all__ = [
-    "attention", "attention_options", "gated_deltanet", "latent_attention", "linear_attention", "mlps", "moe",
-    "norms", "placements", "positions", "residuals",
+    "attention", "attention_options", "attnres", "gated_deltanet", "latent_attention", "linear_attention", "mlps",
+    "moe", "norms", "placements", "positions", "residuals",
 ]  # fmt: skip

@@ -46,57 +46,9 @@ from zoo.parts.logits import masked_logits
 from zoo.parts.norms import build_norm, ungated
 from zoo.parts.positions import Position
 from zoo.parts.qkv_rows import fuse_qkv, scale_rows, split_qkv  # noqa: F401  (fuse_qkv, split_qkv: re-exported)
-from zoo.parts.state import GrowingState, LayerState, MixerState, query_slots
+from zoo.parts.state import KVCache, LayerState, SharedKV, query_slots  # noqa: F401  (KVCache: re-exported)
 from zoo.parts.values import ValueGate, ValueResidual, build_mix
 
-
-class KVCache(GrowingState):
-    """Softmax attention's decoding state: the keys and values of every token seen, in preallocated
-    buffers written in place.
-
-    ``k`` and ``v`` are (batch, n_kv_heads, capacity, d_head); slots ``0..length`` hold keys.
-    Only the ``n_kv_heads`` key/value heads are stored, so GQA and MQA shrink the cache by
-    n_heads / n_kv_heads. Keys are stored after rotation: a cached key never needs its position again.
-
-    ``max_len`` is the capacity allocated at the first write (default: that write's length); a write
-    past the capacity reallocates to twice the size, so give ``max_len`` when it is known.
-    ``positions`` (batch, capacity) holds per-sample position ids when the writer passes them.
-    An attention layer keeps one in its :class:`~zoo.parts.state.LayerState`:
-    ``cache.mixer_state(KVCache)``.
-    """
-
-    @property
-    def k(self) -> torch.Tensor | None:
-        return None if self.buffers is None else self.buffers[0]
-
-    @property
-    def v(self) -> torch.Tensor | None:
-        return None if self.buffers is None else self.buffers[1]
-
-    def append(
-        self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new (b, g, t_new, d) keys and values after the cached ones; return views of all.
-
-        positions: (b, t_new) position ids of the new keys, kept when given (for score biases).
-        """
-        keys, values = self.write(k, v, positions=positions)
-        return keys, values
-
-
-class SharedKV(MixerState):
-    """The decoding state of a layer that reads an earlier layer's keys and values (``model.kv_share``): the
-    tokens it has seen, and nothing else (its group's first layer caches the keys and values)."""
-
-    supports_static = True
-
-    @property
-    def nbytes(self) -> int:
-        return 0
-
-
-#: What a qk-norm normalizes over: each head's d_head features, or all heads' features jointly (OLMo 2/3's q_norm over
-#: n_heads d_head, k_norm over n_kv_heads d_head).
 QKNormScope = Literal["head", "all_heads"]
 
 
@@ -533,19 +485,3 @@ class Attention(nn.Module):
             y = exclude_own_value(y, own)
         y = gated(y, self.gate, x)
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
-
-
-ATTENTIONS.register(
-    "gqa",
-    summary="Grouped-query attention: groups of query heads share a key/value head (default 2).",
-    formula="as mha, query head h reads kv head h // (n_heads / n_kv_heads)",
-    reference="Ainslie et al. 2023, GQA, arXiv:2305.13245",
-    n_kv_heads=2,
-)(Attention)
-ATTENTIONS.register(
-    "mqa",
-    summary="Multi-query attention: every query head shares one key/value head.",
-    formula="as mha with n_kv_heads = 1",
-    reference="Shazeer 2019, Fast Transformer Decoding, arXiv:1911.02150",
-    n_kv_heads=1,
-)(Attention)

@@ -1,7 +1,25 @@
-"""The catalogue's entries for softmax attention's options (docs/parts.md, below the ``attn`` table): each option's
-values, formula, FLOPs and reference, for the parts that take it (zoo.parts.attention, zoo.parts.latent_attention)."""
+"""gqa and mqa (softmax attention at 2 and 1 key/value heads), and the catalogue's entries for softmax attention's
+options (docs/parts.md, below the ``attn`` table): each option's values, formula, FLOPs and reference, for the parts
+that take it (zoo.parts.attention, zoo.parts.latent_attention)."""
 
 from zoo.core.registry import ATTENTIONS
+from zoo.parts.attention import Attention
+
+# mha registers with the class (zoo.parts.attention); gqa and mqa are the same class at other n_kv_heads.
+ATTENTIONS.register(
+    "gqa",
+    summary="Grouped-query attention: groups of query heads share a key/value head (default 2).",
+    formula="as mha, query head h reads kv head h // (n_heads / n_kv_heads)",
+    reference="Ainslie et al. 2023, GQA, arXiv:2305.13245",
+    n_kv_heads=2,
+)(Attention)
+ATTENTIONS.register(
+    "mqa",
+    summary="Multi-query attention: every query head shares one key/value head.",
+    formula="as mha with n_kv_heads = 1",
+    reference="Shazeer 2019, Fast Transformer Decoding, arXiv:1911.02150",
+    n_kv_heads=1,
+)(Attention)
 
 ATTENTIONS.document(
     "window",

@@ -2,9 +2,9 @@
 
 A model hands every block one :class:`LayerState` (``model.new_caches()``). The layer's sequence
 mixer keeps its own kind of :class:`MixerState` in it, made on first use
-(``cache.mixer_state(KVCache)``): keys and values for softmax attention
-(:class:`zoo.parts.attention.KVCache`), a latent and a rotary key for latent attention, a
-constant-size matrix for a linear mixer. A decoder block's cross-attention keeps its memory's keys
+(``cache.mixer_state(KVCache)``): keys and values for softmax attention (:class:`KVCache`;
+:class:`SharedKV` for a layer reading its group's, ``model.kv_share``), a latent and a rotary key for latent
+attention, a constant-size matrix for a linear mixer. A decoder block's cross-attention keeps its memory's keys
 and values beside it (``cross``). The model and ``generate`` only read ``length`` and ``nbytes``
 and call ``reset``/``truncate``, so a new mixer brings its own state without touching them.
 
@@ -321,3 +321,52 @@ class GrowingState(MixerState):
         if old_positions is not None:
             self.positions = old_positions.new_zeros(old_positions.shape[0], capacity)
             self.positions[:, : self.length] = old_positions[:, : self.length]
+
+
+class KVCache(GrowingState):
+    """Softmax attention's decoding state: the keys and values of every token seen, in preallocated
+    buffers written in place.
+
+    ``k`` and ``v`` are (batch, n_kv_heads, capacity, d_head); slots ``0..length`` hold keys.
+    Only the ``n_kv_heads`` key/value heads are stored, so GQA and MQA shrink the cache by
+    n_heads / n_kv_heads. Keys are stored after rotation: a cached key never needs its position again.
+
+    ``max_len`` is the capacity allocated at the first write (default: that write's length); a write
+    past the capacity reallocates to twice the size, so give ``max_len`` when it is known.
+    ``positions`` (batch, capacity) holds per-sample position ids when the writer passes them.
+    An attention layer keeps one in its :class:`~zoo.parts.state.LayerState`:
+    ``cache.mixer_state(KVCache)``.
+    """
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        return None if self.buffers is None else self.buffers[0]
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self.buffers is None else self.buffers[1]
+
+    def append(
+        self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new (b, g, t_new, d) keys and values after the cached ones; return views of all.
+
+        positions: (b, t_new) position ids of the new keys, kept when given (for score biases).
+        """
+        keys, values = self.write(k, v, positions=positions)
+        return keys, values
+
+
+class SharedKV(MixerState):
+    """The decoding state of a layer that reads an earlier layer's keys and values (``model.kv_share``): the
+    tokens it has seen, and nothing else (its group's first layer caches the keys and values)."""
+
+    supports_static = True
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+
+#: What a qk-norm normalizes over: each head's d_head features, or all heads' features jointly (OLMo 2/3's q_norm over
+#: n_heads d_head, k_norm over n_kv_heads d_head).
