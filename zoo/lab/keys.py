@@ -79,7 +79,7 @@ NEUTRAL_OBJECTIVE: dict[str, Any] = {"carry": "block"}
 #: ``optim`` options added after runs were recorded (Muon's refinements, the per-group rates), left out of the
 #: hash at the value that changes nothing.
 NEUTRAL_OPTIM: dict[str, Any] = {"ns": "quintic", "cautious_wd": False, "normuon_beta2": None, "hyperball": False,
-                                 "lr_ratios": None}  # fmt: skip
+                                 "lr_ratios": None, "qk_clip": None}  # fmt: skip
 
 #: ``task`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (no held-out sources: zoo.lab.data.heldout).
