@@ -121,3 +121,18 @@ def test_a_sweeps_target_verdict_is_its_rows_target_cell(tmp_path):
     cells = {row["variant"]: row["target"] for row in gather([root]).rows}
     assert cells["mlp=relu"] == "fail: 0/3 reached 3.2", cells  # never reached: every final value above it
     assert cells["mlp=swiglu"].startswith("pass: 3/3 reached 3.2, ") and cells["mlp=swiglu"].endswith(" steps"), cells
+
+
+def test_a_named_sweeps_rows_and_gates_read_by_the_variants_names(tmp_path):
+    folders = {}
+    for seed in range(3):
+        for name, change, shift in (("base", [], 0.0), ("-gate", ["block.attn.gate=none"], 0.3)):
+            overrides = [f"variant={name}", f"seed={seed}", *change]
+            fake_run(tmp_path, overrides, value=3.0 + shift + 0.01 * seed, steps=10)
+            folders[",".join(overrides)] = name
+    (tmp_path / "variants.json").write_text(json.dumps({"variants": {"base": [], "-gate": ["block.attn.gate=none"]},
+                                                        "folders": folders}))  # fmt: skip
+    write_built(build_report(tmp_path), plots=False, gates=["better"])
+    (row,) = gather([tmp_path]).rows
+    assert (row["variant"], row["baseline"], row["verdict"]) == ("-gate", "base", "worse")
+    assert row["gates"].startswith("better fail"), row["gates"]

@@ -22,6 +22,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from zoo.lab.planning.named import VARIANT
 from zoo.lab.records.report_files import GATES_FILE
 from zoo.lab.records.summary import RunRecord, read_record_checked
 from zoo.lab.reports.sweep_record import read_sweep_record
@@ -82,8 +83,8 @@ def read_table(path: Path, needs: tuple[str, ...]) -> tuple[list[str], list[dict
 
 
 def label(axes: list[str], row: dict[str, str]) -> str:
-    """``mlp=swiglu pos=rotary`` (the report's own label of a variant)."""
-    return " ".join(f"{a}={row[a]}" for a in axes) or "default"
+    """``mlp=swiglu pos=rotary``, a named variant by its name (``-gate block.d_model=64``): the report's own label."""
+    return " ".join(row[a] if a == VARIANT else f"{a}={row[a]}" for a in axes) or "default"
 
 
 def first_record(root: Path) -> RunRecord | None:
