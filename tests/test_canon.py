@@ -226,7 +226,7 @@ def test_the_contract_variant_puts_canon_on_every_site_a_combination_takes():
     from zoo.assembly.combinations import block_settings, choices, combinations
     from zoo.lab.studies.coordcheck import combination_overrides
 
-    assert [label for label in choices("placement") if "+" in label] == ["pre+canon"]
+    assert [label for label in choices("placement") if "+" in label] == ["pre+canon", "pre+out_conv"]
     assert block_settings(BASE) == {}
     assert block_settings({**BASE, "placement": "pre+canon"}) == {"canon": "abcd"}
     assert block_settings({**BASE, "placement": "pre+canon", "attn": "mla", "mlp": "moe"}) == {"canon": "ac"}

@@ -184,11 +184,11 @@ def prefill_in_chunks_then_cached_decoding_equals_full_forward(built: Built) -> 
     close(torch.cat(steps, dim=1), model(ids), FLOAT32, "logits")
     # Only what each layer says its state holds (its mixer's: softmax attention a key and a value per kv head
     # and slot, none in a layer reading its group's first layer's under model.kv_share; and its canon layers' last
-    # inputs), and the smear its last embedding, for every sample, 8 bytes each.
+    # inputs), the smear its last embedding and the n-gram table its last n - 1 ids, for every sample, 8 bytes each.
     sizes = [
         block.state_size(cache.mixer.capacity if hasattr(cache.mixer, "capacity") else cache.mixer.length)
         for block, cache in zip(model.blocks, caches, strict=True)
-    ] + [0 if getattr(model, "smear", None) is None else model.smear.state_size()]
+    ] + [0 if getattr(model, name, None) is None else getattr(model, name).state_size() for name in ("smear", "ngram")]
     held_bytes = sum(cache.nbytes for cache in caches)
     assert held_bytes == B * sum(sizes) * 8, "the state holds more than the mixers say"
 

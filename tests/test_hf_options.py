@@ -65,7 +65,8 @@ BASE_MODELS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 #: Values for settings whose type alone does not say what to try (a canon site string, sizes).
 SAMPLES: dict[str, list[Any]] = {
-    "block.canon": ["ac", "abcd"], "block.max_len": [None, 64], "block.dropout": [0.1], "block.d_ff": [40],
+    "block.canon": ["ac", "abcd"], "block.out_conv": ["attn", "attn,mlp"], "block.max_len": [None, 64],
+    "block.dropout": [0.1], "block.d_ff": [40],
     "block.n_heads": [2], "block.d_model": [48],
 }  # fmt: skip
 #: Model keys that are sizes or per-layer overrides (walked by the pattern case), not options.

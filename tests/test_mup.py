@@ -50,6 +50,7 @@ DOCUMENTED = [
     ("gated_deltanet", "attn.a_log", "fixed"),  # per head
     ("gated_deltanet", "attn.dt", "fixed"),
     ("gated_deltanet", "attn.conv", "vector"),  # one 4-tap filter per channel: (channels, 1, 4)
+    ("pre+out_conv", ".kernel", "vector"),  # branch-output convolutions: canon layers on d_model channels
     ("pre+canon", ".kernel", "vector"),  # canon layers: one 4-tap filter per channel, (channels, 1, 4), each site
     ("mla+qrank", "attn.q_down.weight", "output"),  # to the set q_rank
     ("mla+qrank", "attn.q_down.bias", "fixed"),

@@ -7,7 +7,7 @@ from torch import nn
 
 from zoo.core.channel import Channel
 from zoo.core.tp import Plan, prefixed
-from zoo.parts.canon import Canon, block_canon
+from zoo.parts.canon import Canon, block_canon, block_out_conv
 from zoo.parts.placements import Branch, Placement
 from zoo.parts.state import LayerState, query_slots
 
@@ -28,6 +28,9 @@ class Block(nn.Module):
     itself, on its branches' inputs (``canon.a.kernel``, ``canon.c.kernel``); the attention and the MLP apply
     ``b`` and ``d`` inside (built from the same ``dims``), the MLP handed the new tokens' padding mask and
     the decoding state.
+
+    ``out_conv``: the branches (``attn``, ``mlp``) whose output takes a canon layer before the residual add
+    (``block.out_conv``: ``out_conv.attn.kernel``, ``out_conv.mlp.kernel``), kept in the decoding state as canon's.
     """
 
     def __init__(
@@ -39,6 +42,7 @@ class Block(nn.Module):
         cross_attn: nn.Module | None = None,
         canon: str = "",
         residual: nn.Module | None = None,
+        out_conv: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         self.placement = placement
@@ -48,6 +52,7 @@ class Block(nn.Module):
         self.d_model = d_model
         self.canon_sites = canon
         self.canon = block_canon(canon, d_model)
+        self.out_conv = block_out_conv(out_conv, d_model)
         self.residual = residual
         #: The residual streams the block keeps: its input is (batch, time, d_model), or in a stack
         #: (batch, time, streams, d_model) when more than 1 (zoo.parts.residuals.Hyper), or any number when 0
@@ -67,7 +72,7 @@ class Block(nn.Module):
 
     def state_size(self, length: int) -> int:
         """Numbers one sample's decoding state holds after ``length`` tokens: the attention's (its
-        ``state_size``) and each canon layer's last inputs."""
+        ``state_size``) and each canon layer's last inputs (branch-output convolutions' too)."""
         return self.attn.state_size(length) + sum(m.state_size() for m in self.modules() if isinstance(m, Canon))
 
     def forward(
@@ -107,7 +112,13 @@ class Block(nn.Module):
             side = {} if channel is None else {"channel": channel}
             return self.attn(h, key_mask=key_mask, cache=cache, positions=positions, **side)
 
-        branches = [attend, self.mlp] if not self.canon_sites else self.canon_branches(x, key_mask, cache, attend)
+        branches: list[Branch] = [attend, self.mlp]
+        if self.canon_sites or self.out_conv is not None:
+            real = new_token_mask(x, key_mask, cache)
+            if self.canon_sites:
+                branches = self.canon_branches(real, cache, attend)
+            if self.out_conv is not None:
+                branches = self.conv_outputs(branches, real, cache)
         if self.cross_attn is not None:
             cross_attn = self.cross_attn
 
@@ -119,15 +130,9 @@ class Block(nn.Module):
             return self.placement(x, branches)
         return self.residual(x, x0, self.placement, branches)
 
-    def canon_branches(
-        self, x: torch.Tensor, key_mask: torch.Tensor | None, cache: LayerState | None, attend: Branch
-    ) -> list[Branch]:
+    def canon_branches(self, real: torch.Tensor | None, cache: LayerState | None, attend: Branch) -> list[Branch]:
         """The attention and MLP branches with the canon sites: ``a`` before the attention, ``c`` before the
-        MLP, and the MLP (site ``d``) handed the new tokens' padding mask and the decoding state."""
-        real = None
-        if key_mask is not None:  # the new tokens' columns: after those the state holds
-            slots = query_slots(None if cache is None else cache.mixer, x.shape[1], x.device)
-            real = key_mask.index_select(1, slots).bool()
+        MLP, and the MLP (site ``d``) handed the new tokens' padding mask (``real``) and the decoding state."""
         canon = self.canon if self.canon is not None else {}
 
         def attend_after_canon(h: torch.Tensor) -> torch.Tensor:
@@ -138,3 +143,20 @@ class Block(nn.Module):
             return self.mlp(h, real=real, cache=cache) if "d" in self.canon_sites else self.mlp(h)
 
         return [attend_after_canon, feed]
+
+    def conv_outputs(self, branches: list[Branch], real: torch.Tensor | None, cache: LayerState | None) -> list[Branch]:
+        """The attention and MLP ``branches``, each that ``out_conv`` names followed by its canon layer."""
+        convs = self.out_conv if self.out_conv is not None else {}
+
+        def then_conv(branch: Branch, site: str) -> Branch:
+            return lambda h: convs[site](branch(h), real, cache) if site in convs else branch(h)
+
+        return [then_conv(branch, site) for branch, site in zip(branches, ("attn", "mlp"), strict=True)]
+
+
+def new_token_mask(x: torch.Tensor, key_mask: torch.Tensor | None, cache: LayerState | None) -> torch.Tensor | None:
+    """(b, t) bool, False at the new tokens' padding: ``key_mask``'s columns after those the state holds."""
+    if key_mask is None:
+        return None
+    slots = query_slots(None if cache is None else cache.mixer, x.shape[1], x.device)
+    return key_mask.index_select(1, slots).bool()

@@ -43,7 +43,8 @@ def build_block(
     placement = spec["placement"].build(dims, spec.make_norm, n_branches)
     n_updates = hook(spec["placement"].part.cls, "update_count")(n_branches)
     residual = spec["residual"].build(dims, n_updates, layer)
-    return Block(placement, self_attn, mlp, dims.d_model, cross_attn=cross, canon=dims.canon_sites, residual=residual)
+    return Block(placement, self_attn, mlp, dims.d_model, cross_attn=cross, canon=dims.canon_sites, residual=residual,
+                 out_conv=dims.out_conv_sites)  # fmt: skip
 
 
 def param_report(cfg: Mapping[str, Any] | DictConfig | BlockSpec) -> dict[str, int | None]:

@@ -130,6 +130,12 @@ def tp_refusal(spec: BlockSpec, tp: int) -> ConfigError | None:
             spec.dims.canon,
             f"has no tensor-parallel plan (a convolution over the sequence); use none or parallel.tp=1 (got {tp})",
         )
+    if spec.dims.out_conv_sites:
+        return ConfigError(
+            "block.out_conv",
+            spec.dims.out_conv,
+            f"has no tensor-parallel plan (a convolution over the sequence); use none or parallel.tp=1 (got {tp})",
+        )
     for axis, choice in spec.choices.items():
         cls = choice.part.cls
         if not has_plan(cls):

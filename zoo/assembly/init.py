@@ -107,14 +107,15 @@ def initialize(
 ) -> nn.Module:
     """``model`` (as built: GPT-2's draw) redrawn under ``init`` ``options``: every matrix and embedding that
     the build drew, from the same (seed, name, shape) stream, at :func:`scheme_std`'s std (a residual-output
-    projection of ``gpt2``/``zero_out`` at ``std / sqrt(branches)``). Biases, gains, canon kernels and a residual
-    part's parameters keep the build's values. Left as it is under the defaults (``gpt2``, 0.02)."""
+    projection of ``gpt2``/``zero_out`` at ``std / sqrt(branches)``). Biases, gains, canon kernels, a residual
+    part's parameters and a module's that sets ``keeps_init`` (the n-gram table's zeros) keep the build's values.
+    Left as it is under the defaults (``gpt2``, 0.02)."""
     if dict(options) == BUILT:
         return model
     from zoo.parts.canon import Canon
     from zoo.parts.residuals import Residual
 
-    kept = {n for n, m in model.named_modules() if isinstance(m, Canon | Residual)}
+    kept = {n for n, m in model.named_modules() if isinstance(m, Canon | Residual) or getattr(m, "keeps_init", False)}
     with torch.no_grad():
         for name, p in seeded_parameters(model, seed):
             if p.ndim < 2 or name.endswith("bias") or name.rpartition(".")[0] in kept:

@@ -17,7 +17,7 @@ from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.options import check_type, option_defaults, resolve_options, type_hints
 from zoo.core.registry import ATTENTIONS, AXES, MLPS, Part
-from zoo.parts.canon import SITES, applied_sites, canon_sites, unapplied_site
+from zoo.parts.canon import SITES, applied_sites, canon_sites, out_conv_sites, unapplied_site
 from zoo.parts.norms import build_norm
 
 SIZE_FIELDS = {"d_model", "n_heads", "d_ff", "max_len"}
@@ -227,6 +227,7 @@ def _resolve_dims(raw: dict[str, Any]) -> BlockDims:
     }
     dims = BlockDims(**values)
     canon_sites(dims.canon)
+    out_conv_sites(dims.out_conv)
     for name in SIZE_FIELDS:
         value = getattr(dims, name)
         if value is not None and value < 1:

@@ -16,9 +16,11 @@ class BlockDims:
     (decoder blocks of an encoder-decoder model). ``max_len`` is the longest sequence the block will see
     (positions ``0..max_len-1``): it sizes learned positions and bounds an attention window;
     ``None`` means unbounded. ``canon``: the canon layers' sites (``none``, or letters of ``abcd``;
-    zoo.parts.canon), checked by the assembly; parts read :attr:`canon_sites`. ``head_dim``: the attention's
-    head width when its ``block.attn.head_dim`` sets one (the assembly copies it here, so the position part and
-    the attention's own modules read the same :attr:`d_head`); no config key of its own.
+    zoo.parts.canon), checked by the assembly; parts read :attr:`canon_sites`. ``out_conv``: the branches whose
+    output takes canon's convolution before the residual add (``none``, ``attn``, ``mlp``, ``attn,mlp``).
+    ``head_dim``: the attention's head width when its ``block.attn.head_dim`` sets one (the assembly copies it
+    here, so the position part and the attention's own modules read the same :attr:`d_head`); no config key of its
+    own.
     """
 
     d_model: int = 256
@@ -30,12 +32,18 @@ class BlockDims:
     cross_attention: bool = False
     max_len: int | None = None
     canon: str = "none"
+    out_conv: str = "none"
     head_dim: int | None = field(default=None, metadata={"set_by": "block.attn.head_dim"})
 
     @property
     def canon_sites(self) -> str:
         """The canon sites as letters (``""`` for ``none``)."""
         return "" if self.canon == "none" else self.canon
+
+    @property
+    def out_conv_sites(self) -> tuple[str, ...]:
+        """The branches ``out_conv`` names (``()`` for ``none``)."""
+        return () if self.out_conv == "none" else tuple(self.out_conv.split(","))
 
     @property
     def d_head(self) -> int:

@@ -55,13 +55,13 @@ NEUTRAL_ATTN: dict[str, Any] = {
 NEUTRAL_STACK: dict[str, Any] = {
     "pattern": [], "value_embeddings": False, "logit_softcap": None, "embedding_norm": False, "scale_embedding": False,
     "smear": False, "backout": False,
-    "kv_share": 1,
+    "kv_share": 1, "ngram": None, "ngram_table": None, "ngram_scale": 0.1,
 }  # fmt: skip
 #: The sections :data:`NEUTRAL_STACK` applies to.
 STACKS = ("model", "encoder")
 #: ``block`` keys added after runs were recorded, left out of the hash at the value that changes nothing
-#: (canon layers: zoo.parts.canon; the residual axis at ``add``: zoo.parts.residuals).
-NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none", "residual": {"name": "add"}}
+#: (canon layers and branch-output convolutions: zoo.parts.canon; the residual axis at ``add``: zoo.parts.residuals).
+NEUTRAL_BLOCK: dict[str, Any] = {"canon": "none", "out_conv": "none", "residual": {"name": "add"}}
 #: ``block.norm`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (RMSNorm's zero-centred gain and its gate, gate_rank: zoo.parts.norms).
 NEUTRAL_NORM: dict[str, Any] = {"zero_centred": False, "gate_rank": 0}

@@ -95,9 +95,11 @@ def component_of(name: str) -> str:
         return "residual"
     if name.startswith(("embed", "pos_embed", "head", "value_embeds.")) or ".pos_embed." in name:
         return "embedding"
-    if ".attn." in name or ".cross_attn." in name or ".canon.a." in name:  # canon site a: the attention's input
+    if name.startswith("ngram."):  # model.ngram: hashed n-gram tables and their per-layer scales, counted apart
+        return "ngram"
+    if ".attn." in name or ".cross_attn." in name or ".canon.a." in name or ".out_conv.attn." in name:
         return "attention"
-    if ".mlp." in name or ".canon.c." in name:
+    if ".mlp." in name or ".canon.c." in name or ".out_conv.mlp." in name:
         return "mlp"
     return "norms"
 
@@ -118,8 +120,9 @@ class TokenModel(nn.Module):
 
     def parameter_counts(self) -> dict[str, int]:
         """Parameters by component: embedding (and untied head), attention, mlp, norms, mtp (the extra heads
-        of ``objective=mtp``) and residual (``block.residual``'s scalars and weights), each of those two only
-        when there are some, total."""
+        of ``objective=mtp``), residual (``block.residual``'s scalars and weights) and ngram (``model.ngram``'s
+        tables and per-layer scales, apart so a comparison can match parameters with or without them), each of
+        those three only when there are some, total (ngram's included)."""
         counts = {"embedding": 0, "attention": 0, "mlp": 0, "norms": 0}
         for name, p in self.named_parameters():
             component = component_of(name)
@@ -175,7 +178,7 @@ class TokenModel(nn.Module):
         plus what each part counts beyond those (its ``extra_flops`` hook: an output gate, a sink).
         """
         counts = self.parameter_counts()
-        active = self.num_active_parameters() - counts["embedding"]
+        active = self.num_active_parameters() - counts["embedding"] - counts.get("ngram", 0)  # lookups, not matmuls
         dense = active + heads * self.embed.weight.numel()  # the LM head matmul counts, once per head
         own = [flops for flops in (mixing_flops(m, seq_len) for m in self.modules()) if flops is not None]
         softmax = attention_layers - len(own)

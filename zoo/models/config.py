@@ -18,17 +18,20 @@ from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import AXES
+from zoo.models.ngram import ngram_options
 from zoo.models.stack import check_positions, embeds_positions
 
 #: ``model`` keys and their defaults.
 MODEL_DEFAULTS: dict[str, Any] = {
     "vocab_size": None, "n_layers": 4, "tie_embeddings": True, "layers": {}, "pattern": [], "value_embeddings": False,
     "logit_softcap": None, "embedding_norm": False, "scale_embedding": False, "smear": False, "backout": False,
+    "ngram": None, "ngram_table": None, "ngram_scale": 0.1,
     "kv_share": 1,
 }  # fmt: skip
 #: ``model`` keys of a decoder-only model's own (zoo.models.language), refused away from their defaults elsewhere.
 DECODER_ONLY = (
-    "value_embeddings", "logit_softcap", "embedding_norm", "scale_embedding", "smear", "backout", "kv_share",
+    "value_embeddings", "logit_softcap", "embedding_norm", "scale_embedding", "smear", "backout", "kv_share", "ngram",
+    "ngram_table", "ngram_scale",
 )  # fmt: skip
 #: ``model.vocab_size: null`` outside a run (a run takes its task's vocabulary: zoo.lab.planning.run_model): bytes.
 DEFAULT_VOCAB = 256
@@ -62,13 +65,14 @@ def positive_int(field: str, value: Any) -> int:
 def model_options(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The validated ``model`` section: vocab_size (null: :data:`DEFAULT_VOCAB`), n_layers, tie_embeddings,
     layers, pattern, value_embeddings, logit_softcap (null, or c > 0), embedding_norm, scale_embedding, smear,
-    backout, kv_share (a positive integer)."""
+    backout, kv_share (a positive integer), ngram (null, 2, 3), ngram_table (null, rows >= 2), ngram_scale (> 0)."""
     options = section(raw, "model", MODEL_DEFAULTS)
     if options["vocab_size"] is None:
         options["vocab_size"] = DEFAULT_VOCAB
     positive_int("model.vocab_size", options["vocab_size"])
     positive_int("model.n_layers", options["n_layers"])
     positive_int("model.kv_share", options["kv_share"])
+    ngram_options(options)
     for key in ("tie_embeddings", "value_embeddings", "embedding_norm", "scale_embedding", "smear", "backout"):
         if not isinstance(options[key], bool):
             raise ConfigError(f"model.{key}", options[key], "must be true or false")

@@ -17,6 +17,7 @@ from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel, prefi
 from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
 from zoo.models.config import MODEL_DEFAULTS, block_section, layer_field, model_options, stack_specs
 from zoo.models.generate import check_generate_args, continued_positions, generate_tokens, padded_prompt
+from zoo.models.ngram import NGRAM_DOC, ROWS_PER_TOKEN, NgramEmbedding
 from zoo.models.objectives import DEFAULT as OBJECTIVE_DEFAULT
 from zoo.models.objectives import Objective, objective_entry
 from zoo.models.smear_backout import BACKOUT_DOC, SMEAR_DOC, Smear
@@ -52,6 +53,7 @@ MODEL_OPTION_DOCS = (
     ),
     SMEAR_DOC,
     BACKOUT_DOC,
+    NGRAM_DOC,
     OptionDoc(
         "kv_share",
         values="1, an integer k > 1",
@@ -70,7 +72,8 @@ class LanguageModel(TokenModel, Stack):
     :class:`zoo.models.stack.Stack` of blocks (positions, blocks, final norm), the LM head.
 
     Parameter names: ``embed``, ``embedding_norm`` (``model.embedding_norm``), ``pos_embed`` (``pos=learned`` only),
-    ``blocks.{i}.*``, ``backout.scale`` (``model.backout``), ``final_norm``, ``smear.*`` (``model.smear``)
+    ``blocks.{i}.*``, ``backout.scale`` (``model.backout``), ``final_norm``, ``smear.*`` (``model.smear``),
+    ``ngram.table``, ``ngram.scales`` (``model.ngram``: counted apart, parameter_counts' ``ngram``)
     (when the last block's placement needs one), ``value_embeds.{i}`` (``model.value_embeddings``: a table
     per layer), ``head`` (absent when tied to the embedding), ``mtp.*``
     (``objective=mtp``'s extra heads, zoo.models.mtp: run in a training forward only, their logits taken by
@@ -85,6 +88,8 @@ class LanguageModel(TokenModel, Stack):
     nanochat's), after μP's logit multiplier. ``smear`` (modded-nanogpt's, nanochat's): each embedding plus a gated
     fraction of the previous token's, after the norm (:class:`zoo.models.smear_backout.Smear`); ``backout``
     (nanochat's): the last layer's output less a learned multiple of layer n_layers // 2's, before the final norm.
+    ``ngram`` (modded-nanogpt's): each position's hashed n-gram row, times a learned scale per layer, added to the
+    stream before every layer (:class:`zoo.models.ngram.NgramEmbedding`; one residual stream only).
     """
 
     def __init__(
@@ -101,13 +106,17 @@ class LanguageModel(TokenModel, Stack):
         smear: bool = False,
         backout: bool = False,
         kv_share: int = 1,
+        ngram: int | None = None,
+        ngram_table: int | None = None,
+        ngram_scale: float = 0.1,
     ) -> None:
         """spec: one BlockSpec repeated ``n_layers`` times, or one BlockSpec per layer; ``objective``: the
         training objective, whose extra heads (if any) the model owns (default: next-token prediction);
         ``value_embeddings``: a value embedding table per layer (``model.value_embeddings``, zoo.parts.values);
         ``logit_softcap``, ``embedding_norm``, ``scale_embedding``, ``smear``, ``backout``: as the class says;
         ``kv_share``: each group of that many layers attends with its first layer's keys and values
-        (zoo.models.stack.share_kv)."""
+        (zoo.models.stack.share_kv); ``ngram`` (2, 3), ``ngram_table`` (rows; None: 5 x vocab_size), ``ngram_scale``
+        (each layer's scale at init): the hashed n-gram table (zoo.models.ngram)."""
         specs = [spec] * (n_layers or 1) if isinstance(spec, BlockSpec) else list(spec)
         if n_layers is not None and len(specs) != n_layers:
             raise ConfigError("model.n_layers", n_layers, f"must match the {len(specs)} block specs given")
@@ -120,6 +129,11 @@ class LanguageModel(TokenModel, Stack):
         self.embedding_norm = specs[0].make_norm() if embedding_norm else None
         self.embedding_scale = math.sqrt(d_model) if scale_embedding else None
         self.smear = Smear(d_model) if smear else None
+        if ngram is not None and self.streams != 1:
+            raise ConfigError("model.ngram", ngram, "null with block.residual=hyper, mhc or attnres: the table is "
+                              "added to one residual stream")  # fmt: skip
+        rows = ngram_table or ROWS_PER_TOKEN * vocab_size
+        self.ngram = None if ngram is None else NgramEmbedding(ngram, rows, d_model, len(specs), ngram_scale)
         self.logit_softcap = logit_softcap
         self.head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
         objective = objective or objective_entry(None)
@@ -134,6 +148,7 @@ class LanguageModel(TokenModel, Stack):
             "model.smear": smear,
             "model.backout": backout,
             "model.kv_share": kv_share,
+            "model.ngram": ngram,
             "objective": objective.name,
         }
         self.reset_parameters()
@@ -148,6 +163,8 @@ class LanguageModel(TokenModel, Stack):
     def reset_parameters(self, seed: int | None = None) -> None:
         """Re-draw every weight as documented in :func:`init_stack` (seed: default the last torch.manual_seed)."""
         init_stack(self, residual_branches(self.blocks), seed, token_init_stds(self.pos_embed))
+        if self.ngram is not None:
+            self.ngram.reset_parameters()  # the table at zeros, not init_stack's draw
 
     def forward(
         self,
@@ -189,20 +206,30 @@ class LanguageModel(TokenModel, Stack):
     ) -> torch.Tensor:
         """ids: (b, t) -> the final-normed residual stream (b, t, d_model); arguments as in forward."""
         x = self.embed_tokens(ids)
+        real = None
+        if key_mask is not None and (self.smear is not None or self.ngram is not None):
+            first = None if caches is None else caches[0].mixer  # the new tokens' columns: after those it holds
+            real = key_mask.index_select(1, query_slots(first, ids.shape[1], ids.device)).bool()
         if self.smear is not None:
-            real = None
-            if key_mask is not None:  # the new tokens' columns: after those the first layer's state holds
-                first = None if caches is None else caches[0].mixer
-                real = key_mask.index_select(1, query_slots(first, ids.shape[1], ids.device)).bool()
             x = self.smear(x, real, None if caches is None else caches[0])
-        return Stack.forward(self, x, key_mask=key_mask, caches=caches, positions=positions, ids=ids)
+        before_layer = None
+        if self.ngram is not None:
+            ngram, rows = self.ngram, self.ngram(ids, real, None if caches is None else caches[0])
+
+            def before_layer(i: int, x: torch.Tensor) -> torch.Tensor:
+                return ngram.added(i, x, rows)
+
+        return Stack.forward(
+            self, x, key_mask=key_mask, caches=caches, positions=positions, ids=ids, before_layer=before_layer
+        )
 
     def tp_plan(self, sequence_parallel: bool = True) -> Plan:
         """The model's tensor-parallel plan (``parallelize_module`` over the ``tp`` mesh dimension): the
         embedding (and an untied head) split by vocabulary rows, the stack as :meth:`Stack.tp_plan` says
         (with ``sequence_parallel``, the stream is gathered whole after the final norm for the head)."""
-        if self.smear is not None:
-            raise ValueError("the smear has no tensor-parallel plan (model.smear: refused under tp)")
+        if self.smear is not None or self.ngram is not None:
+            raise ValueError("the smear and the n-gram table have no tensor-parallel plan (model.smear, model.ngram: "
+                             "refused under tp)")  # fmt: skip
         plan: Plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
         if self.embedding_norm is not None:  # on the whole (replicated) embedding output, before the stack cuts it
             plan.update(prefixed("embedding_norm", self.embedding_norm.tp_plan(False)))
@@ -314,6 +341,9 @@ def build_model(cfg: Mapping[str, Any] | DictConfig, *, specs: Sequence[BlockSpe
         smear=options["smear"],
         backout=options["backout"],
         kv_share=options["kv_share"],
+        ngram=options["ngram"],
+        ngram_table=options["ngram_table"],
+        ngram_scale=options["ngram_scale"],
     )
 
 

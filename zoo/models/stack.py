@@ -7,7 +7,7 @@ head after it; the encoder-decoder (:class:`zoo.Seq2SeqModel`) runs two, ``encod
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -228,6 +228,7 @@ class Stack(nn.Module):
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
         ids: torch.Tensor | None = None,
+        before_layer: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """(b, t, d_model) token embeddings -> the final-normed residual stream (b, t, d_model).
 
@@ -236,6 +237,7 @@ class Stack(nn.Module):
         positions: (b, t) per-sample position ids (left-padded batches); default: cache slots.
         memory, memory_mask: the encoder's output and its mask, for blocks with cross-attention.
         ids: (b, t) the tokens' ids, the side channel's ``ids`` (needed by value embeddings).
+        before_layer: (i, x) -> layer i's input, applied to the stream before each block (``model.ngram``'s sum).
         """
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
@@ -253,6 +255,8 @@ class Stack(nn.Module):
                 inputs["x0"] = x0
             if channel is not None and self.channel_layers[i]:
                 inputs["channel"] = self.channel_for(channel, i)
+            if before_layer is not None:
+                x = before_layer(i, x)
             if self.checkpoint_blocks and torch.is_grad_enabled():  # keep only each block's input for backward
                 x = checkpoint(block, x, use_reentrant=False, **inputs)
             else:

@@ -9,6 +9,9 @@ four sites of a block (``block.canon``):
 
 Each site keeps its last 3 inputs in the layer's decoding state (:class:`zoo.parts.state.LayerState`),
 so cached decoding continues the convolution where the previous call stopped.
+
+The same layer on a branch's output, before the residual add (``block.out_conv``: ``attn``, ``mlp`` or
+``attn,mlp``), keeps its last 3 outputs there too.
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ BLOCK_SITES = ("a", "c")
 KERNEL = 4
 #: ``block.canon``'s default: no canon layer.
 NONE = "none"
+#: ``block.out_conv``'s branches, in the order a block meets them, and where each layer sits.
+OUT_SITES: dict[str, str] = {
+    "attn": "the attention branch's output, before the residual add",
+    "mlp": "the MLP branch's output, before the residual add",
+}
 
 DOC = OptionDoc(
     "canon",
@@ -64,6 +72,45 @@ NOTES = (
     "neighbours' differ); any site under `parallel.tp` > 1 (a convolution along the sequence); a model cannot "
     "rewind a layer with canon layers (`truncate`), as they keep only their last 3 inputs.",
 )
+
+
+OUT_CONV_DOC = OptionDoc(
+    "out_conv",
+    values="none, attn, mlp, attn,mlp",
+    formula="o -> o + conv(o) on a branch's output o before the residual add (x + drop(o) under pre-norm; inside "
+    "sandwich's output norm), conv as canon's: 4 taps per channel, no bias, earlier tokens than the first are "
+    "zeros, padding enters as zeros; a decoding state of the last 3 outputs per branch",
+    cost="27 x d_model per branch: 6 x 4 x d_model (its parameters) + 3 x d_model (the residual sum)",
+    reference="Marin PR 8227 (short convolutions on the branch outputs); Inkling; the layer itself: canon's",
+)
+#: Where zoo's branch-output convolutions stand (docs/parts.md, "Block options").
+OUT_CONV_NOTES = (
+    "`block.out_conv` puts canon's layer (the same `Canon` module, kernel draw and decoding state) on the attention "
+    "branch's output and/or the MLP branch's, after the branch's output projection and before the residual add, "
+    "with the residual form o + conv(o) (so the branch's own output passes through). Marin PR 8227's code was not "
+    "at hand where this was written: its kernel size and whether its convolution is residual are not checked "
+    "against it; zoo uses canon's 4 taps. A cross-attention branch takes none. Refused under `parallel.tp` > 1, "
+    "as canon is; a layer with it cannot rewind (`truncate`).",
+)
+
+
+def out_conv_sites(value: object) -> tuple[str, ...]:
+    """``block.out_conv`` checked: the branches it names (``()`` for ``none``). Raises ConfigError naming the key,
+    the value and what is allowed: ``none``, ``attn``, ``mlp`` or ``attn,mlp`` (each once, in that order)."""
+    allowed = f"{NONE}, attn, mlp or attn,mlp: " + "; ".join(f"{site}: {where}" for site, where in OUT_SITES.items())
+    if value == NONE:
+        return ()
+    if not isinstance(value, str) or not value:
+        raise ConfigError("block.out_conv", value, allowed)
+    sites = tuple(value.split(","))
+    if tuple(site for site in OUT_SITES if site in sites) != sites:
+        raise ConfigError("block.out_conv", value, allowed)
+    return sites
+
+
+def block_out_conv(sites: tuple[str, ...], d_model: int) -> nn.ModuleDict | None:
+    """A block's branch-output convolutions (``block.out_conv``'s branches, over d_model channels), or None."""
+    return nn.ModuleDict({site: Canon(d_model, site) for site in sites}) if sites else None
 
 
 def canon_sites(value: object) -> str:
@@ -118,8 +165,8 @@ class Canon(nn.Module):
 
     def __init__(self, channels: int, site: str) -> None:
         super().__init__()
-        if site not in SITES:
-            raise ValueError(f"canon site {site!r}: one of {', '.join(SITES)}")
+        if site not in SITES and site not in OUT_SITES:
+            raise ValueError(f"canon site {site!r}: one of {', '.join([*SITES, *OUT_SITES])}")
         self.channels, self.site = channels, site
         self.kernel = nn.Parameter(torch.empty(channels, 1, KERNEL))
         init_canon(self.kernel)

@@ -76,7 +76,7 @@ class SumOfUpdates(Placement):
     reference="Xiong et al. 2020, On Layer Normalization in the Transformer Architecture, arXiv:2002.04745",
     # A block setting, so this placement's alone: the contract runs every other part beside canon layers at
     # every site the combination takes (zoo.assembly.combinations.block_settings).
-    variants={"canon": {"canon": "abcd"}},
+    variants={"canon": {"canon": "abcd"}, "out_conv": {"out_conv": "attn,mlp"}},
 )
 class PreNorm(SumOfUpdates):
     """Pre-norm: normalize the branch input; the residual stream itself is never normalized."""

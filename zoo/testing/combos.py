@@ -154,11 +154,11 @@ PATTERN_CASES: list[tuple[str, dict[str, str]]] = [
 
 
 #: The model's own options outside its blocks, all at once (Gemma's embedding scale, nanochat's embedding norm,
-#: logit cap, smear and backout, cross-layer key/value sharing): the model contract runs them on a handful of
-#: combinations, not the product.
+#: logit cap, smear and backout, cross-layer key/value sharing, a hashed trigram table): the model contract runs them
+#: on a handful of combinations, not the product.
 MODEL_OPTIONS: dict[str, Any] = {
     "scale_embedding": True, "embedding_norm": True, "logit_softcap": 5.0, "smear": True, "backout": True,
-    "kv_share": 2,
+    "kv_share": 2, "ngram": 3, "ngram_table": 50,
 }  # fmt: skip
 MODEL_OPTION_CASES: list[dict[str, str]] = [
     {"placement": "pre", "norm": "rmsnorm+zc", "attn": "gqa", "pos": "rotary", "mlp": "geglu+tanh"},

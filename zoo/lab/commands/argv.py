@@ -149,6 +149,25 @@ def quoted_mappings(args: Sequence[str]) -> list[str]:
     return out
 
 
+#: Keys whose value is a comma-separated list of names (``block.out_conv=attn,mlp``), which Hydra refuses unquoted
+#: outside a multirun (there it is a sweep over the names): :func:`quoted_lists` quotes them.
+LIST_KEYS = ("out_conv",)
+
+
+def quoted_lists(args: Sequence[str]) -> list[str]:
+    """``args`` with each :data:`LIST_KEYS` value of names and commas quoted (``block.out_conv='attn,mlp'``), unless
+    the command is a multirun (``-m``: the commas sweep); any other argument as given."""
+    if "-m" in args or "--multirun" in args:
+        return list(args)
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        names = value.split(",")
+        listed = sep and key.rpartition(".")[2] in LIST_KEYS and len(names) > 1 and all(n.isidentifier() for n in names)
+        out.append(f"{key}='{value}'" if listed else arg)
+    return out
+
+
 def quoted(value: Any) -> str:
     """A list of strings (or one string) in Hydra's grammar, each string quoted."""
     if isinstance(value, list):

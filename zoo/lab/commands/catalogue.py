@@ -176,13 +176,13 @@ def option_docs(registry: Registry, parts: list[Part]) -> list[str]:
 
 
 def block_options(listed: Callable[[Registry], list[Part]]) -> list[str]:
-    """The block's own options (``block.canon``) as a table: values, formula, cost and reference, the parts that
-    apply each site inside them (their ``canon_sites``), and notes (zoo.parts.canon)."""
+    """The block's own options (``block.canon``, ``block.out_conv``) as a table: values, formula, cost and reference,
+    the parts that apply each canon site inside them (their ``canon_sites``), and notes (zoo.parts.canon)."""
     inside = "; ".join(
         f"{site}: " + ", ".join(f"`{p.name}`" for p in listed(AXES[axis]) if site in hook(p.cls, "canon_sites"))
         for site, axis in (("b", "attn"), ("d", "mlp"))
     )
-    doc = canon.DOC
+    doc, out = canon.DOC, canon.OUT_CONV_DOC
     return [
         "",
         "## Block options",
@@ -193,8 +193,11 @@ def block_options(listed: Callable[[Registry], list[Part]]) -> list[str]:
         "| option | values | inside parts | formula | cost | reference |",
         "|---|---|---|---|---|---|",
         f"| `{doc.option}` | {doc.values} | {inside} | `{doc.formula}` | {doc.cost} | {doc.reference} |",
+        f"| `{out.option}` | {out.values} | - | `{out.formula}` | {out.cost} | {out.reference} |",
         "",
         *canon.NOTES,
+        "",
+        *canon.OUT_CONV_NOTES,
     ]
 
 

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.assembly.config_tree import CONF_DIR
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
-from zoo.lab.commands.argv import exit_on_bad_overrides, quoted_mappings
+from zoo.lab.commands.argv import exit_on_bad_overrides, quoted_lists, quoted_mappings
 from zoo.lab.cores import dist_env
 from zoo.lab.files import write_atomic
 from zoo.lab.keys import run_folder_name
@@ -110,6 +110,7 @@ _hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="config", versio
 def main() -> None:
     """Console entry point. Under torchrun, ranks other than 0 write nothing (no run folder, no log file)."""
     sys.argv[1:] = quoted_mappings(sys.argv[1:])  # variants={base: [], rope: [pos=rotary]} as Hydra reads it
+    sys.argv[1:] = quoted_lists(sys.argv[1:])  # block.out_conv=attn,mlp: one value, not Hydra's ambiguous sweep
     exit_on_bad_overrides("zoo-train")  # a misspelt key or option: zoo's error, before Hydra's "use +..."
     rank = dist_env()[0]
     if rank > 0:

@@ -119,9 +119,11 @@ def plan_run(
 def check_sharded(mesh: ProcessMesh, train_cfg: Any, options: Mapping[str, Any]) -> None:
     """What a sharded run (FSDP2 or tensor parallelism) cannot do, refused by key: model options with no
     tensor-parallel plan, probes and a tail EMA (both read whole weights), evaluation batches the ranks cannot share."""
-    for key in ("value_embeddings", "smear", "backout"):  # no plan (smear's, backout's scalars: each rank's tokens')
-        if mesh.tp > 1 and options[key]:
-            raise ConfigError(f"model.{key}", True, f"false under parallel.tp={mesh.tp}: no tensor-parallel plan")
+    for key in ("value_embeddings", "smear", "backout", "ngram"):  # no plan (smear's, backout's scalars, the n-gram
+        if mesh.tp > 1 and options[key]:  # table and its scales: each rank's tokens')
+            off = "null" if key == "ngram" else "false"
+            why = f"{off} under parallel.tp={mesh.tp}: no tensor-parallel plan"
+            raise ConfigError(f"model.{key}", options[key], why)
     if not mesh.sharded:
         return
     if train_cfg.probe_every:

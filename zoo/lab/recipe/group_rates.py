@@ -33,6 +33,7 @@ def _matrices(name: str, model: nn.Module) -> set[str]:
 GROUPS: dict[str, Callable[[str, nn.Module], set[str]]] = {
     "embeddings": _globs("embed.*", "pos_embed.*"),
     "value_embeddings": _globs("value_embeds.*"),
+    "ngram": _globs("ngram.*"),
     "head": _globs("head.*"),
     "residual_scalars": _globs("*.residual.*"),
     "matrices": _matrices,

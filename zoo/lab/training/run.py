@@ -418,7 +418,8 @@ def open_records(
         copy_to_run(out_dir, data)  # the text's tokenizer travels with the run folder
     if dist_env()[0] == 0:
         choices = ", ".join(f"{k}={v}" for k, v in (record.choices or {}).items() if v is not None)
-        total = f"{(record.parameters or {})['total']:,}"
+        counts = record.parameters or {}
+        total = f"{counts['total']:,}" + (f" ({counts['ngram']:,} of them n-gram tables)" if "ngram" in counts else "")
         data_hash = data.get("sha256", "generated")[:12]
         log.info(
             "%s: %s parameters, %s, data %s (%s)", shown(out_dir), total, choices or "defaults", task.name, data_hash

@@ -1,0 +1,124 @@
+"""Hashed n-gram embeddings (``model.ngram``, modded-nanogpt's bigram hash embedding): each position's last n
+token ids hashed to a row of a table, the row added to the residual stream before every layer with a learned
+scale per layer.
+
+The hash is modded-nanogpt's (``get_bigram_hash``): with ``rows`` the table's size, position t's n-gram
+(x_t, x_{t-1}, ..., x_{t-n+1}) goes to row (36313 x_t XOR 27191 x_{t-1} [XOR 51497 x_{t-2}]) mod (rows - 1), and
+a position with fewer than n - 1 real tokens before it (the sequence's first n - 1, those after padding) to the
+reserved row rows - 1. It reads the ids alone, and at position t only tokens <= t. Decoding keeps the last n - 1
+ids (each plus 1, 0 for none: the first layer's state, as the smear's last embedding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from zoo.core.errors import ConfigError
+from zoo.core.registry import OptionDoc
+from zoo.parts.state import LayerState
+
+#: The hash's multiplier per token of the n-gram, the newest first (modded-nanogpt's two; a third prime for trigrams).
+MULTIPLIERS = (36313, 27191, 51497)
+#: The orders ``model.ngram`` takes.
+ORDERS = (2, 3)
+#: The table's rows per vocabulary entry when ``model.ngram_table`` is null (modded-nanogpt's and nanochat's 5).
+ROWS_PER_TOKEN = 5
+#: The key under which the first layer's decoding state keeps the last n - 1 ids (LayerState.canon).
+NGRAM_STATE = "ngram"
+
+NGRAM_DOC = OptionDoc(
+    "ngram",
+    values="null, 2, 3 (with ngram_table: null or rows >= 2, ngram_scale: a number > 0)",
+    formula="x <- x + s_i T[h_t] before layer i, h_t = (36313 x_t XOR 27191 x_{t-1} [XOR 51497 x_{t-2}]) mod "
+    "(R - 1), h_t = R - 1 (a reserved row) where fewer than n - 1 real tokens precede t; T (R, d_model) zeros at "
+    "init, R = ngram_table (null: 5 x vocab_size), s_i learned per layer (init ngram_scale, default 0.1); the first "
+    "layer's decoding state keeps the last n - 1 ids",
+    cost="6 x n_layers x d_model (each layer's scale and sum); the lookup and the integer hash uncounted, and T's "
+    "parameters outside 6 x parameters, as the token embedding's (counted apart: parameters' ngram)",
+    reference="Jordan et al. 2026, modded-nanogpt records 62, 68, 71, 83 (PR 201: bigram hash embedding); "
+    "Karpathy 2026, nanochat (bigram embeddings, reverted: dev/LOG.md 2026-01-28); Svenstrup et al. 2017, Hash "
+    "Embeddings, arXiv:1709.03933",
+)
+
+
+def ngram_options(options: Mapping[str, Any]) -> None:
+    """Check ``model.ngram`` (null, 2 or 3), ``model.ngram_table`` (null or an integer >= 2) and
+    ``model.ngram_scale`` (a number > 0), each by name (ConfigError)."""
+    order, rows, scale = options["ngram"], options["ngram_table"], options["ngram_scale"]
+    if order is not None and (isinstance(order, bool) or order not in ORDERS):
+        raise ConfigError("model.ngram", order, "null (no n-gram table), 2 (bigrams) or 3 (trigrams)")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 2):
+        raise ConfigError("model.ngram_table", rows, "null (5 x vocab_size rows) or an integer >= 2 (one row is "
+                          "reserved for positions without n - 1 tokens before them)")  # fmt: skip
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0:
+        raise ConfigError("model.ngram_scale", scale, "a number > 0 (each layer's scale at init; the table starts "
+                          "at zeros, so a zero scale would never move)")  # fmt: skip
+
+
+def ngram_rows(marked: torch.Tensor, order: int, rows: int) -> torch.Tensor:
+    """marked (b, order - 1 + t): ids plus 1 (0: no token), the order - 1 before the call's first included ->
+    each of the t positions' table row (b, t), by the module docstring's hash."""
+    time = marked.shape[1] - (order - 1)
+    window = [marked[:, order - 1 - k : order - 1 - k + time] for k in range(order)]  # the token k back, per position
+    hashed = torch.zeros_like(window[0])
+    for k, tokens in enumerate(window):
+        hashed = hashed ^ (MULTIPLIERS[k] * (tokens - 1))
+    missing = torch.stack(window).eq(0).any(dim=0)
+    return torch.where(missing, rows - 1, hashed % (rows - 1))
+
+
+class NgramEmbedding(nn.Module):
+    """The hashed n-gram table (``table``, rows x d_model, zeros at init) and one learned scale per layer
+    (``scales``, init ``scale``): :meth:`forward` gives each position's row, :meth:`added` layer i's term."""
+
+    #: An init scheme (zoo.assembly.init) leaves the table at its zeros.
+    keeps_init = True
+
+    def __init__(self, order: int, rows: int, d_model: int, n_layers: int, scale: float) -> None:
+        super().__init__()
+        self.order, self.rows, self.init_scale = order, rows, float(scale)
+        self.table = nn.Embedding(rows, d_model)
+        self.scales = nn.Parameter(torch.empty(n_layers))
+        self.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"order={self.order}, rows={self.rows}"
+
+    def reset_parameters(self) -> None:
+        """The table at zeros, each layer's scale at its initial value (modded-nanogpt's, nanochat's)."""
+        with torch.no_grad():
+            self.table.weight.zero_()
+            self.scales.fill_(self.init_scale)
+
+    def state_size(self) -> int:
+        """Numbers one sample's decoding state holds for it: the last order - 1 ids."""
+        return self.order - 1
+
+    def extra_flops(self, seq_len: int) -> int:
+        """Each layer's scale and sum over d_model (x 3 for forward and backward); the lookup is no FLOP."""
+        return 3 * 2 * self.scales.numel() * self.table.embedding_dim
+
+    def forward(
+        self, ids: torch.Tensor, real: torch.Tensor | None = None, cache: LayerState | None = None
+    ) -> torch.Tensor:
+        """ids (b, t) -> each position's n-gram row (b, t, d_model), unscaled. ``real`` (b, t) bool: False at
+        padding, which counts as no token. ``cache``: the first layer's decoding state, holding the ids before
+        ``ids`` (none without one) and given the last order - 1 (written in place)."""
+        marked = ids.long() + 1
+        if real is not None:
+            marked = marked * real.long()
+        before = None if cache is None else cache.canon_tail(NGRAM_STATE)
+        if before is None:
+            before = marked.new_zeros(marked.shape[0], self.order - 1)
+        joined = torch.cat([before, marked], dim=1)
+        if cache is not None:
+            cache.hold_canon(NGRAM_STATE, joined[:, joined.shape[1] - (self.order - 1) :])
+        return self.table(ngram_rows(joined, self.order, self.rows))
+
+    def added(self, layer: int, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """x + layer ``layer``'s scale x ``rows`` (:meth:`forward`'s output)."""
+        return x + self.scales[layer].to(x.dtype) * rows.to(x.dtype)
