@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import tiny
 
-from zoo import ConfigError, build_model
+from zoo import ConfigError, build_model, build_seq2seq
 from zoo.assembly import mup
 from zoo.models.ngram import MULTIPLIERS, ngram_rows
 
@@ -148,6 +148,16 @@ def test_several_residual_streams_tensor_parallelism_and_an_export_refuse_it_by_
         plan_run(tiny("model.ngram=2", "parallel.tp=2"), {}, world=2)
     with pytest.raises(ConfigError, match="model.ngram=2: .*needs model.ngram=None"):
         family_for(model(2))
+    with pytest.raises(ConfigError, match="model.ngram=2: null in an encoder-decoder"):
+        build_seq2seq({"block": BLOCK, "model": {"ngram": 2}})
+
+
+def test_a_model_with_it_cannot_rewind_its_decoding_state():
+    built, caches = model(2), None
+    caches = built.new_caches(8)
+    built(torch.tensor([[1, 2, 3]]), caches=caches)
+    with pytest.raises(ConfigError, match="length=2: must be 3"):
+        caches[0].truncate(2)
 
 
 def test_the_defaults_stay_out_of_the_config_hash():

@@ -44,6 +44,30 @@ NGRAM_DOC = OptionDoc(
     "Embeddings, arXiv:1709.03933",
 )
 
+#: Which reference zoo's n-gram table follows and how the others differ (docs/parts.md, "Model options").
+NGRAM_NOTES = (
+    "`model.ngram` follows modded-nanogpt's bigram hash embedding (PR 201, record 62): the hash above with its two "
+    "multipliers, the first position on a reserved last row, 5 x vocab_size rows of d_model, the table at zeros "
+    "and each layer's scale at 0.1, the row added to the stream before every layer. Where zoo differs: "
+    "modded-nanogpt hashes on the data loader over a packed batch (a document's first token hashes with the "
+    "previous document's last), zoo in the model from the ids, padding counting as no token; modded-nanogpt trains "
+    "the table with Adam at 75 x the rate and 5 x the decay (zoo: the run's optimizer and rate; "
+    "`optim.lr_ratios={ngram: 75}` sets a ratio); its later records move the hash to the GPU (68), send sparse "
+    "gradients (71) and hash into a table a quarter of d_model wide with a random sign per bigram (83), none of "
+    "which zoo has. Trigrams (`ngram=3`) add a third term, 51497 x_{t-2}, zoo's own (modded-nanogpt tried "
+    "trigrams and kept bigrams). nanochat merged the same table (5 x vocab_size rows, zeros, per-layer scales at "
+    "0.1, the token embedding's rate) on 2026-01-27 and reverted it the next day: at d25 the gain was tiny and "
+    "gone when measured by wall clock (its dev/LOG.md). OLMo-core's Engram baseline (a research branch) hashes "
+    "several orders with several hash heads each (a polynomial hash modulo each table's slots, left-padded with "
+    "an id past the vocabulary), projects the heads' rows to d_model and adds them once, to the token embedding, "
+    "scaled by a learned exp(alpha). The table and its scales are counted apart (`parameters.ngram` in a run's "
+    "summary; `total` includes them), so a comparison can match parameters with or without them; the lookup is no "
+    "FLOP. μP scales the table as the token embedding (an input table: init and rate x 1), the scales are fixed. "
+    "Refused: under `parallel.tp` > 1, with several residual streams (`hyper`, `mhc`, `attnres`), in an "
+    "encoder-decoder, in an export; multi-token prediction's extra heads embed without it; a model with it cannot "
+    "rewind (`truncate`).",
+)
+
 
 def ngram_options(options: Mapping[str, Any]) -> None:
     """Check ``model.ngram`` (null, 2 or 3), ``model.ngram_table`` (null or an integer >= 2) and

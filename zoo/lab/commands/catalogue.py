@@ -34,6 +34,7 @@ from zoo.lab.records.trackers import TRACKERS
 from zoo.lab.tasks import TASKS
 from zoo.lab.training.loop_callbacks import CALLBACKS
 from zoo.models.language import MODEL_OPTION_DOCS
+from zoo.models.ngram import NGRAM_NOTES
 from zoo.parts import canon
 
 #: What ``zoo-parts`` lists: the block's axes, then the lab's registries by their config key; a new
@@ -214,7 +215,7 @@ def model_options() -> list[str]:
     ]
     for doc in MODEL_OPTION_DOCS:
         lines.append(f"| `{doc.option}` | {doc.values} | `{doc.formula}` | {doc.cost} | {doc.reference} |")
-    return lines
+    return [*lines, "", *NGRAM_NOTES]
 
 
 def parts_markdown(plugins: bool = True) -> str:
