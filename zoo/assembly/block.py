@@ -7,7 +7,8 @@ from torch import nn
 
 from zoo.core.channel import Channel
 from zoo.core.tp import Plan, prefixed
-from zoo.parts.canon import Canon, block_canon
+from zoo.parts.canon import KERNEL, Canon, block_canon
+from zoo.parts.documents import Documents
 from zoo.parts.placements import Branch, Placement
 from zoo.parts.state import LayerState, query_slots
 
@@ -81,6 +82,7 @@ class Block(nn.Module):
         memory_mask: torch.Tensor | None = None,
         x0: torch.Tensor | None = None,
         channel: Channel | None = None,
+        documents: Documents | None = None,
     ) -> torch.Tensor:
         """x: (batch, time, d_model) -> (batch, time, d_model); a block of several residual streams
         (``streams``) also takes and returns them whole, (batch, time, streams, d_model), as a stack passes them.
@@ -93,6 +95,8 @@ class Block(nn.Module):
         x0: (batch, time, d_model) the stack's embedding output, for a residual that re-injects it (``scaled``;
         None: the block's input).
         channel: the stack's side channel, handed to the attention (zoo.core.channel); None: none.
+        documents: the document of every token (keys included, zoo.parts.documents), handed to the attention and
+        the canon layers, which keep documents apart; None: one sequence.
         """
         streams = x.ndim == 4 and self.streams != 1 and x.shape[2] == (self.streams or x.shape[2])
         if not (x.ndim == 3 or streams) or x.shape[-1] != self.d_model:
@@ -105,9 +109,13 @@ class Block(nn.Module):
 
         def attend(h: torch.Tensor) -> torch.Tensor:
             side = {} if channel is None else {"channel": channel}
+            if documents is not None:
+                side["documents"] = documents
             return self.attn(h, key_mask=key_mask, cache=cache, positions=positions, **side)
 
-        branches = [attend, self.mlp] if not self.canon_sites else self.canon_branches(x, key_mask, cache, attend)
+        branches = [attend, self.mlp] if not self.canon_sites else self.canon_branches(
+            x, key_mask, cache, attend, documents
+        )
         if self.cross_attn is not None:
             cross_attn = self.cross_attn
 
@@ -120,21 +128,29 @@ class Block(nn.Module):
         return self.residual(x, x0, self.placement, branches)
 
     def canon_branches(
-        self, x: torch.Tensor, key_mask: torch.Tensor | None, cache: LayerState | None, attend: Branch
+        self,
+        x: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        cache: LayerState | None,
+        attend: Branch,
+        documents: Documents | None = None,
     ) -> list[Branch]:
         """The attention and MLP branches with the canon sites: ``a`` before the attention, ``c`` before the
-        MLP, and the MLP (site ``d``) handed the new tokens' padding mask and the decoding state."""
-        real = None
-        if key_mask is not None:  # the new tokens' columns: after those the state holds
-            slots = query_slots(None if cache is None else cache.mixer, x.shape[1], x.device)
+        MLP, and the MLP (site ``d``) handed the new tokens' padding mask, the decoding state and the taps
+        inside each token's document (``documents``)."""
+        real = taps = None
+        slots = query_slots(None if cache is None else cache.mixer, x.shape[1], x.device)  # after those held
+        if key_mask is not None:  # the new tokens' columns
             real = key_mask.index_select(1, slots).bool()
+        if documents is not None:
+            taps = documents.taps(slots, KERNEL)
         canon = self.canon if self.canon is not None else {}
 
         def attend_after_canon(h: torch.Tensor) -> torch.Tensor:
-            return attend(canon["a"](h, real, cache) if "a" in canon else h)
+            return attend(canon["a"](h, real, cache, taps) if "a" in canon else h)
 
         def feed(h: torch.Tensor) -> torch.Tensor:
-            h = canon["c"](h, real, cache) if "c" in canon else h
-            return self.mlp(h, real=real, cache=cache) if "d" in self.canon_sites else self.mlp(h)
+            h = canon["c"](h, real, cache, taps) if "c" in canon else h
+            return self.mlp(h, real=real, cache=cache, taps=taps) if "d" in self.canon_sites else self.mlp(h)
 
         return [attend_after_canon, feed]

@@ -30,6 +30,7 @@ from zoo.core.tp import (
 )
 from zoo.models.smear_backout import Backout
 from zoo.parts.attention import Attention
+from zoo.parts.documents import Documents
 from zoo.parts.positions import LearnedEmbedding
 from zoo.parts.residuals import stream_count
 from zoo.parts.state import LayerState
@@ -228,6 +229,7 @@ class Stack(nn.Module):
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
         ids: torch.Tensor | None = None,
+        documents: Documents | None = None,
     ) -> torch.Tensor:
         """(b, t, d_model) token embeddings -> the final-normed residual stream (b, t, d_model).
 
@@ -236,6 +238,7 @@ class Stack(nn.Module):
         positions: (b, t) per-sample position ids (left-padded batches); default: cache slots.
         memory, memory_mask: the encoder's output and its mask, for blocks with cross-attention.
         ids: (b, t) the tokens' ids, the side channel's ``ids`` (needed by value embeddings).
+        documents: every token's document (cached ones included, zoo.parts.documents), handed to every block.
         """
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
@@ -249,6 +252,8 @@ class Stack(nn.Module):
             cache = None if caches is None else caches[i]
             inputs = {"key_mask": key_mask, "cache": cache, "positions": positions}
             inputs |= {"memory": memory, "memory_mask": memory_mask}
+            if documents is not None:
+                inputs["documents"] = documents
             if hook(block.residual, "uses_x0"):  # block.residual=scaled: the embedding output re-injected
                 inputs["x0"] = x0
             if channel is not None and self.channel_layers[i]:

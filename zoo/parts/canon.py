@@ -41,7 +41,8 @@ DOC = OptionDoc(
     "canon",
     values="none, or sites from abcd in order (a, ac, abcd, ...)",
     formula="h -> h + conv(h), conv(h)_i = sum_j w_j ⊙ h_{i-3+j} (j = 0..3, one 4-tap filter per channel, "
-    "no bias, earlier tokens than the first are zeros, padding enters as zeros); at a: the attention's input "
+    "no bias, earlier tokens than the first are zeros, padding enters as zeros, so do other documents' tokens under "
+    "task.doc_mask); at a: the attention's input "
     "after the norm, b: q, k, v after qk-norm and before rotation, c: the MLP's input after the norm, d: the "
     "MLP's hidden units before the activation (a gated MLP's gate and up); a decoding state of the last 3 "
     "inputs per site",
@@ -137,14 +138,19 @@ class Canon(nn.Module):
         return 3 * self.channels
 
     def forward(
-        self, h: torch.Tensor, real: torch.Tensor | None = None, cache: LayerState | None = None
+        self,
+        h: torch.Tensor,
+        real: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+        taps: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """h (b, t, channels) -> h + conv(h). ``real`` (b, t) bool: False at padding, which enters the
         convolution as zeros. ``cache``: the layer's decoding state, whose inputs before ``h`` the convolution
-        reads (zeros without one) and where it keeps its last 3 (written in place)."""
+        reads (zeros without one) and where it keeps its last 3 (written in place). ``taps`` (b, t, 4) bool
+        (zoo.parts.documents.Documents.taps): False where a tap reaches into another document (read as zero)."""
         x = h if real is None else h * real[..., None].to(h.dtype)
         tail = None if cache is None else cache.canon_tail(self.site)
-        mixed, tail = short_convolution(x, self.kernel, tail)
+        mixed, tail = short_convolution(x, self.kernel, tail, taps)
         if cache is not None:
             cache.hold_canon(self.site, tail)
         return h + mixed

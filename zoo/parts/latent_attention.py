@@ -4,7 +4,7 @@ and values."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,7 @@ from zoo.core.tp import (
     row_output,
 )
 from zoo.parts.attention import OUTPUT_VARIANTS, scale_rows
+from zoo.parts.documents import Documents
 from zoo.parts.head_outputs import (
     Gate,
     Sink,
@@ -101,6 +102,8 @@ class LatentAttention(nn.Module):
         The output options ``gate``, ``sink`` and ``xsa`` act as in :class:`~zoo.parts.attention.Attention`
         (:mod:`zoo.parts.head_outputs`); XSA removes each head's own up-projected value.
     """
+
+    doc_reset: ClassVar[str | None] = "a block-diagonal causal mask: a query sees only its own document's keys"
 
     @classmethod
     def check(cls, dims: BlockDims, **options: Any) -> None:
@@ -252,7 +255,7 @@ class LatentAttention(nn.Module):
         return masked_logits(q, k, scale=self.score_scale, causal=self.causal, bias=bias)
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: LayerState | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                positions: torch.Tensor | None = None, documents: Documents | None = None) -> torch.Tensor:  # fmt: skip
         """x: (b, t, d_model) -> (b, t, d_model); arguments as in :meth:`zoo.parts.attention.Attention.forward`."""
         state = None if cache is None else cache.mixer_state(LatentCache)
         time = x.shape[1]
@@ -281,6 +284,7 @@ class LatentAttention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             scale=self.score_scale,
             sink=None if self.sink is None else local(self.sink),
+            documents=None if documents is None else documents.same(slots, k.shape[-2]),
         )
         y = y[..., : self.d_head]
         if self.xsa:

@@ -70,13 +70,18 @@ class PlainMLP(MLP):
         return {}
 
     def forward(
-        self, x: torch.Tensor, *, real: torch.Tensor | None = None, cache: LayerState | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        real: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+        taps: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (b, t, d_model) -> (b, t, d_model); ``real`` (the new tokens' padding mask) and ``cache`` (the
-        layer's decoding state): the canon layer's, at site d."""
+        """x (b, t, d_model) -> (b, t, d_model); ``real`` (the new tokens' padding mask), ``cache`` (the
+        layer's decoding state) and ``taps`` (its document mask, zoo.parts.documents): the canon layer's, at site d."""
         hidden = self.up(x)
         if self.canon is not None:
-            hidden = self.canon(hidden, real, cache)
+            hidden = self.canon(hidden, real, cache, taps)
         return self.down(self.drop(self.activation(hidden)))
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
@@ -125,13 +130,18 @@ class GatedMLP(MLP):
         return {"gate_up.weight": {"gate": gate, "up": up}}
 
     def forward(
-        self, x: torch.Tensor, *, real: torch.Tensor | None = None, cache: LayerState | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        real: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+        taps: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (b, t, d_model) -> (b, t, d_model); ``real`` (the new tokens' padding mask) and ``cache`` (the
-        layer's decoding state): the canon layer's, at site d."""
+        """x (b, t, d_model) -> (b, t, d_model); ``real`` (the new tokens' padding mask), ``cache`` (the
+        layer's decoding state) and ``taps`` (its document mask, zoo.parts.documents): the canon layer's, at site d."""
         gate, up = self.gate_and_up(x)
         if self.canon is not None:
-            gate, up = self.canon(torch.cat([gate, up], dim=-1), real, cache).chunk(2, dim=-1)
+            gate, up = self.canon(torch.cat([gate, up], dim=-1), real, cache, taps).chunk(2, dim=-1)
         return self.down(self.drop(self.glu(gate, up)))
 
     def glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
