@@ -11,10 +11,11 @@ from omegaconf import DictConfig
 from torch import nn
 
 from zoo.assembly.spec import BlockSpec, to_dict
+from zoo.core import tp
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import OptionDoc
-from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel, prefixed
+from zoo.core.tp import Plan, prefixed
 from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
 from zoo.models.config import MODEL_DEFAULTS, block_section, layer_field, model_options, stack_specs
 from zoo.models.generate import check_generate_args, continued_positions, generate_tokens, padded_prompt
@@ -235,12 +236,12 @@ class LanguageModel(TokenModel, Stack):
         (with ``sequence_parallel``, the stream is gathered whole after the final norm for the head)."""
         if self.smear is not None:
             raise ValueError("the smear has no tensor-parallel plan (model.smear: refused under tp)")
-        plan: Plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
+        plan: Plan = {"embed": tp.RowwiseParallel(input_layouts=tp.Replicate(), output_layouts=tp.Replicate())}
         if self.embedding_norm is not None:  # on the whole (replicated) embedding output, before the stack cuts it
             plan.update(prefixed("embedding_norm", self.embedding_norm.tp_plan(False)))
         plan.update(super().tp_plan(sequence_parallel))
         if self.head is not None:
-            plan["head"] = ColwiseParallel()  # its weight only: logits() reads it directly
+            plan["head"] = tp.ColwiseParallel()  # its weight only: logits() reads it directly
         return plan
 
     def new_caches(self, max_len: int | None = None, static: bool = False) -> list[LayerState]:

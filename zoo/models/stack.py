@@ -15,19 +15,11 @@ from torch.utils.checkpoint import checkpoint
 
 from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec
+from zoo.core import tp
 from zoo.core.channel import ENTRIES, Channel
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
-from zoo.core.tp import (
-    Chain,
-    Plan,
-    PrepareModuleInput,
-    PrepareModuleOutput,
-    Replicate,
-    SequenceParallel,
-    Shard,
-    prefixed,
-)
+from zoo.core.tp import Plan, prefixed
 from zoo.models.smear_backout import Backout
 from zoo.parts.attention import Attention
 from zoo.parts.documents import Documents
@@ -311,23 +303,23 @@ class Stack(nn.Module):
             plan.update(prefixed(f"blocks.{i}", block.tp_plan(sequence_parallel)))
         final = {} if isinstance(self.final_norm, nn.Identity) else self.final_norm.tp_plan(sequence_parallel)
         if sequence_parallel:
-            plan["blocks.0"] = PrepareModuleInput(
-                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+            plan["blocks.0"] = tp.PrepareModuleInput(
+                input_layouts=(tp.Replicate(),), desired_input_layouts=(tp.Shard(1),), use_local_output=True
             )
             for i, block in enumerate(self.blocks):  # x0 (block.residual=scaled): cut as the stream is
                 if hook(block.residual, "uses_x0"):
-                    plan[f"blocks.{i}"] = PrepareModuleInput(
-                        input_layouts=(Replicate(),) if i == 0 else (None,),
-                        desired_input_layouts=(Shard(1),) if i == 0 else (None,),
-                        input_kwarg_layouts={"x0": Replicate()},
-                        desired_input_kwarg_layouts={"x0": Shard(1)},
+                    plan[f"blocks.{i}"] = tp.PrepareModuleInput(
+                        input_layouts=(tp.Replicate(),) if i == 0 else (None,),
+                        desired_input_layouts=(tp.Shard(1),) if i == 0 else (None,),
+                        input_kwarg_layouts={"x0": tp.Replicate()},
+                        desired_input_kwarg_layouts={"x0": tp.Shard(1)},
                         use_local_output=True,
                     )
-            gather = PrepareModuleOutput(
-                output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True
+            gather = tp.PrepareModuleOutput(
+                output_layouts=tp.Shard(1), desired_output_layouts=tp.Replicate(), use_local_output=True
             )
-            norm = SequenceParallel(use_local_output=False)
-            final = {"": Chain(norm, gather) if final else gather}
+            norm = tp.SequenceParallel(use_local_output=False)
+            final = {"": tp.Chain(norm, gather) if final else gather}
         plan.update(prefixed("final_norm", final))
         return plan
 

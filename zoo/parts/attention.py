@@ -16,19 +16,12 @@ import torch
 from einops import rearrange, reduce, repeat
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.channel import Channel, ChannelUse
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
-from zoo.core.tp import (
-    ColwiseParallel,
-    Plan,
-    has_plan,
-    heads_norm,
-    local,
-    prefixed,
-    row_output,
-)
+from zoo.core.tp import Plan, has_plan, heads_norm, local, prefixed, row_output
 from zoo.parts.canon import KERNEL, Canon
 from zoo.parts.cross_attention import CrossAttention
 from zoo.parts.documents import Documents
@@ -193,7 +186,7 @@ class Attention(nn.Module):
         part's own plan. Under sequence parallelism the input is gathered from the sequence shards and the
         output reduce-scattered back to them."""
         plan: Plan = {
-            "qkv": ColwiseParallel(),
+            "qkv": tp.ColwiseParallel(),
             "out": row_output(sequence_parallel),
             **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
         }

@@ -18,22 +18,12 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
-from zoo.core.tp import (
-    Chain,
-    ColwiseParallel,
-    HeadParameters,
-    Plan,
-    gather_sequence,
-    heads_norm,
-    local,
-    prefixed,
-    require_whole_heads,
-    row_output,
-)
+from zoo.core.tp import Plan, gather_sequence, heads_norm, local, prefixed, require_whole_heads, row_output
 from zoo.parts.canon import KERNEL, Canon
 from zoo.parts.convolution import short_convolution
 from zoo.parts.documents import Documents, chunk_cuts
@@ -267,12 +257,12 @@ class GatedDeltaNet(nn.Module):
         alike; the output norm on each rank's heads; the position part's own plan. Under sequence parallelism the
         input is gathered whole first (the convolution and the state run along time) and the output reduce-scattered
         back."""
-        plan: Plan = {name: ColwiseParallel() for name in ("qkv", "beta", "decay", "gate")}
+        plan: Plan = {name: tp.ColwiseParallel() for name in ("qkv", "beta", "decay", "gate")}
         plan["out"] = row_output(sequence_parallel)
         plan["norm"] = heads_norm()
         plan.update(prefixed("position", self.position.tp_plan(sequence_parallel)))  # type: ignore[attr-defined]
         whole = [gather_sequence()] if sequence_parallel else []
-        plan[""] = Chain(*whole, HeadParameters("conv", "a_log", "dt"))
+        plan[""] = tp.Chain(*whole, tp.HeadParameters("conv", "a_log", "dt"))
         return plan
 
     def __init__(

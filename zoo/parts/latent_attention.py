@@ -11,20 +11,11 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
-from zoo.core.tp import (
-    Chain,
-    ColwiseParallel,
-    PartialGradient,
-    Plan,
-    Replicated,
-    local,
-    prefixed,
-    require_whole_heads,
-    row_output,
-)
+from zoo.core.tp import Plan, local, prefixed, require_whole_heads, row_output
 from zoo.parts.attention import OUTPUT_VARIANTS, scale_rows
 from zoo.parts.documents import Documents
 from zoo.parts.head_outputs import (
@@ -131,18 +122,18 @@ class LatentAttention(nn.Module):
         Under sequence parallelism the input is gathered from the sequence shards and the output
         reduce-scattered back to them."""
         plan: Plan = {
-            "kv_down": Chain(Replicated(), PartialGradient(self.rope_dim)),
-            "kv_up": ColwiseParallel(),
+            "kv_down": tp.Chain(tp.Replicated(), tp.PartialGradient(self.rope_dim)),
+            "kv_up": tp.ColwiseParallel(),
             "out": row_output(sequence_parallel),
             **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
         }
         if self.q_rank is None:
-            plan["q"] = ColwiseParallel()
+            plan["q"] = tp.ColwiseParallel()
         else:
-            plan.update({"q_down": Replicated(), "q_up": ColwiseParallel()})
+            plan.update({"q_down": tp.Replicated(), "q_up": tp.ColwiseParallel()})
         for name in ("kv_norm", "q_norm"):
             if not isinstance(getattr(self, name, nn.Identity()), nn.Identity):  # latent_norm: none is Identity
-                plan[name] = Replicated()
+                plan[name] = tp.Replicated()
         return {**plan, **output_plan(self, sequence_parallel)}
 
     def __init__(

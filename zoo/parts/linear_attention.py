@@ -15,20 +15,12 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
-from zoo.core.tp import (
-    Chain,
-    ColwiseParallel,
-    LocalHeads,
-    Plan,
-    gather_sequence,
-    prefixed,
-    require_whole_heads,
-    row_output,
-)
+from zoo.core.tp import Plan, gather_sequence, prefixed, require_whole_heads, row_output
 from zoo.parts.canon import KERNEL, Canon
 from zoo.parts.documents import Documents, chunk_cuts
 from zoo.parts.kernels import Backend
@@ -245,13 +237,13 @@ class LinearAttention(nn.Module):
         with them), row-wise ``out``; the position part's own plan. Under sequence parallelism the input
         is gathered from the sequence shards and the output reduce-scattered back to them."""
         plan: Plan = {
-            "qkv": ColwiseParallel(),
+            "qkv": tp.ColwiseParallel(),
             "out": row_output(sequence_parallel),
             **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
         }
         if self.gate is not None:
-            plan["gate"] = ColwiseParallel()
-        plan[""] = Chain(gather_sequence(), LocalHeads("heads")) if sequence_parallel else LocalHeads("heads")
+            plan["gate"] = tp.ColwiseParallel()
+        plan[""] = tp.Chain(gather_sequence(), tp.LocalHeads("heads")) if sequence_parallel else tp.LocalHeads("heads")
         return plan
 
     def __init__(

@@ -18,7 +18,7 @@ from torch import nn
 from zoo.core.dims import BlockDims, dropout
 from zoo.core.errors import ConfigError
 from zoo.core.registry import MLPS
-from zoo.core.tp import DTensor, Plan, column_branch
+from zoo.core.tp import Plan, column_branch, is_dtensor
 from zoo.parts.canon import Canon
 from zoo.parts.state import LayerState
 
@@ -152,9 +152,9 @@ class GatedMLP(MLP):
         """gate(x) and up(x), (b, t, f) each: one matmul per matrix of ``gate_up`` (its rows as strided views,
         no copy), so each comes out contiguous. Halves of the one fused output would be strided views: the
         activation and the product run slower on them, and their backward copies both back into one.
-        Under tensor parallelism (a DTensor weight) ``gate_up``'s own call, whose hooks gather the input
+        Under tensor parallelism (a tp.DTensor weight) ``gate_up``'s own call, whose hooks gather the input
         and sum its gradient over the ranks."""
-        if isinstance(self.gate_up.weight, DTensor):
+        if is_dtensor(self.gate_up.weight):
             gate, up = rearrange(self.gate_up(x), "... (f two) -> two ... f", two=2)  # (b, t, 2f) -> 2 x (b, t, f)
             return gate, up
         weights = split_gate_up(self.gate_up.weight)
