@@ -39,6 +39,16 @@ class SlowFirst:
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under ``-n``, work stealing: xdist's default ("load") hands each worker a fixed first chunk of a quarter of
+    its share, so one worker got every slow test and ran minutes after the other had run dry; here a worker that
+    runs dry takes half of the other's queue."""
+    from xdist.scheduler import WorkStealingScheduling
+
+    return WorkStealingScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from zoo.testing.combos import has_part
 

@@ -234,6 +234,30 @@ def left_padded_batch_equals_each_prompt_alone(built: Built) -> None:
     assert torch.equal(static.generate(ids, new, key_mask=key_mask), alone)
 
 
+@model_check
+def packed_documents_equal_each_document_alone(built: Built) -> None:
+    """``task.doc_mask``: two documents packed in one row (``doc_ids``) give the logits each gives alone (so the
+    second's never move with the first's tokens), and a cached prefill and decoding across the boundary the packed
+    forward's; a model whose mixer states no reset (its ``doc_reset``) refuses document ids by name instead."""
+    from zoo.core.errors import ConfigError
+    from zoo.core.interface import hook
+
+    model = built.model
+    first, second = torch.randint(0, VOCAB, (B, 3)), torch.randint(0, VOCAB, (B, 3))
+    packed, doc_ids = torch.cat([first, second], dim=1), torch.tensor([[0, 0, 0, 1, 1, 1]]).expand(B, -1)
+    try:
+        logits = model(packed, doc_ids=doc_ids)
+    except ConfigError as error:
+        assert error.field == "task.doc_mask", error
+        assert any(hook(block.attn, "doc_reset") is None for block in model.blocks), f"refused: {error}"
+        return
+    close(logits, torch.cat([model(first), model(second)], dim=1), FLOAT32, "packed logits")
+    caches, steps = model.new_caches(max_len=4), []
+    for start, end in ((0, 2), (2, 5), (5, 6)):  # the second chunk holds the boundary
+        steps.append(model(packed[:, start:end], caches=caches, doc_ids=doc_ids[:, :end]))
+    close(torch.cat(steps, dim=1), logits, FLOAT32, "cached logits across the boundary")
+
+
 @pattern_check
 def later_tokens_change_no_earlier_logit(built: Built) -> None:
     model = built.model

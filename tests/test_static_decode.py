@@ -13,22 +13,9 @@ import torch
 
 import zoo
 from zoo import ConfigError, LayerState, MixerState, StaticDecoder
-from zoo.testing.combos import VOCAB, combo_id, covering_combinations, make_model
+from zoo.testing.combos import VOCAB, combo_id, covering_combinations, every_part_once, make_model
 
-
-def every_part_once() -> list[dict[str, str]]:
-    """Rows of the pairwise covering set until every part (variants included) has appeared: graph
-    breaks and host syncs belong to a part, and each row costs a compilation."""
-    rows, seen = [], set()
-    for combo in covering_combinations():
-        parts = set(combo.items())
-        if not parts <= seen:
-            rows.append(combo)
-            seen |= parts
-    return rows
-
-
-EVERY_PART = every_part_once()
+EVERY_PART = every_part_once(covering_combinations())
 
 
 @pytest.mark.slow

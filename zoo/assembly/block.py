@@ -7,7 +7,8 @@ from torch import nn
 
 from zoo.core.channel import Channel
 from zoo.core.tp import Plan, prefixed
-from zoo.parts.canon import Canon, block_canon, block_out_conv
+from zoo.parts.canon import KERNEL, Canon, block_canon, block_out_conv
+from zoo.parts.documents import Documents
 from zoo.parts.placements import Branch, Placement
 from zoo.parts.state import LayerState, query_slots
 
@@ -86,6 +87,7 @@ class Block(nn.Module):
         memory_mask: torch.Tensor | None = None,
         x0: torch.Tensor | None = None,
         channel: Channel | None = None,
+        documents: Documents | None = None,
     ) -> torch.Tensor:
         """x: (batch, time, d_model) -> (batch, time, d_model); a block of several residual streams
         (``streams``) also takes and returns them whole, (batch, time, streams, d_model), as a stack passes them.
@@ -98,6 +100,8 @@ class Block(nn.Module):
         x0: (batch, time, d_model) the stack's embedding output, for a residual that re-injects it (``scaled``;
         None: the block's input).
         channel: the stack's side channel, handed to the attention (zoo.core.channel); None: none.
+        documents: the document of every token (keys included, zoo.parts.documents), handed to the attention and
+        the canon layers, which keep documents apart; None: one sequence.
         """
         streams = x.ndim == 4 and self.streams != 1 and x.shape[2] == (self.streams or x.shape[2])
         if not (x.ndim == 3 or streams) or x.shape[-1] != self.d_model:
@@ -110,15 +114,17 @@ class Block(nn.Module):
 
         def attend(h: torch.Tensor) -> torch.Tensor:
             side = {} if channel is None else {"channel": channel}
+            if documents is not None:
+                side["documents"] = documents
             return self.attn(h, key_mask=key_mask, cache=cache, positions=positions, **side)
 
         branches: list[Branch] = [attend, self.mlp]
         if self.canon_sites or self.out_conv is not None:
-            real = new_token_mask(x, key_mask, cache)
+            real, taps = new_token_masks(x, key_mask, cache, documents)
             if self.canon_sites:
-                branches = self.canon_branches(real, cache, attend)
+                branches = self.canon_branches(real, taps, cache, attend)
             if self.out_conv is not None:
-                branches = self.conv_outputs(branches, real, cache)
+                branches = self.conv_outputs(branches, real, taps, cache)
         if self.cross_attn is not None:
             cross_attn = self.cross_attn
 
@@ -130,33 +136,43 @@ class Block(nn.Module):
             return self.placement(x, branches)
         return self.residual(x, x0, self.placement, branches)
 
-    def canon_branches(self, real: torch.Tensor | None, cache: LayerState | None, attend: Branch) -> list[Branch]:
+    def canon_branches(
+        self, real: torch.Tensor | None, taps: torch.Tensor | None, cache: LayerState | None, attend: Branch
+    ) -> list[Branch]:
         """The attention and MLP branches with the canon sites: ``a`` before the attention, ``c`` before the
-        MLP, and the MLP (site ``d``) handed the new tokens' padding mask (``real``) and the decoding state."""
+        MLP, and the MLP (site ``d``) handed the new tokens' padding mask (``real``), the decoding state and the
+        taps inside each token's document (``taps``)."""
         canon = self.canon if self.canon is not None else {}
 
         def attend_after_canon(h: torch.Tensor) -> torch.Tensor:
-            return attend(canon["a"](h, real, cache) if "a" in canon else h)
+            return attend(canon["a"](h, real, cache, taps) if "a" in canon else h)
 
         def feed(h: torch.Tensor) -> torch.Tensor:
-            h = canon["c"](h, real, cache) if "c" in canon else h
-            return self.mlp(h, real=real, cache=cache) if "d" in self.canon_sites else self.mlp(h)
+            h = canon["c"](h, real, cache, taps) if "c" in canon else h
+            return self.mlp(h, real=real, cache=cache, taps=taps) if "d" in self.canon_sites else self.mlp(h)
 
         return [attend_after_canon, feed]
 
-    def conv_outputs(self, branches: list[Branch], real: torch.Tensor | None, cache: LayerState | None) -> list[Branch]:
-        """The attention and MLP ``branches``, each that ``out_conv`` names followed by its canon layer."""
+    def conv_outputs(
+        self, branches: list[Branch], real: torch.Tensor | None, taps: torch.Tensor | None, cache: LayerState | None
+    ) -> list[Branch]:
+        """The attention and MLP ``branches``, each that ``out_conv`` names followed by its canon layer (its taps
+        inside each token's document, ``taps``)."""
         convs = self.out_conv if self.out_conv is not None else {}
 
         def then_conv(branch: Branch, site: str) -> Branch:
-            return lambda h: convs[site](branch(h), real, cache) if site in convs else branch(h)
+            return lambda h: convs[site](branch(h), real, cache, taps) if site in convs else branch(h)
 
         return [then_conv(branch, site) for branch, site in zip(branches, ("attn", "mlp"), strict=True)]
 
 
-def new_token_mask(x: torch.Tensor, key_mask: torch.Tensor | None, cache: LayerState | None) -> torch.Tensor | None:
-    """(b, t) bool, False at the new tokens' padding: ``key_mask``'s columns after those the state holds."""
-    if key_mask is None:
-        return None
+def new_token_masks(
+    x: torch.Tensor, key_mask: torch.Tensor | None, cache: LayerState | None, documents: Documents | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """For the new tokens (the slots after those the state holds): ``real`` (b, t) bool, False at padding
+    (``key_mask``'s columns), and ``taps`` (b, t, KERNEL) bool, whether each convolution tap lies in the token's
+    document (``documents``); each None without its input."""
     slots = query_slots(None if cache is None else cache.mixer, x.shape[1], x.device)
-    return key_mask.index_select(1, slots).bool()
+    real = None if key_mask is None else key_mask.index_select(1, slots).bool()
+    taps = None if documents is None else documents.taps(slots, KERNEL)
+    return real, taps

@@ -154,6 +154,11 @@ class AttentionHooks(PartHooks, Protocol):
     #: Features of the values a value embedding adds to (``n_kv_heads * d_head``), read on the built module;
     #: None (the default): the mixer takes no value embedding, and ``model.value_embeddings`` is refused by name.
     value_width: int | None = None
+    #: How the mixer keeps documents packed in one sequence apart (``task.doc_mask``), one sentence for the
+    #: catalogue (docs/parts.md); a mixer that states one gets ``documents=`` (zoo.parts.documents.Documents: every
+    #: token's document, keys included) in its forward, and the model contract checks that a packed batch equals its
+    #: documents run one by one. None (the default): it cannot, and a model given document ids refuses it by name.
+    doc_reset: ClassVar[str | None] = None
 
     @classmethod
     def cross_attention(cls, dims: BlockDims, **options: Any) -> Callable[[], nn.Module] | None:

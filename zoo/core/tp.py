@@ -18,32 +18,44 @@ sequence parallelism and whole otherwise; every part returns local tensors.
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInput,
-    PrepareModuleOutput,
-    RowwiseParallel,
-    SequenceParallel,
-)
 
 from zoo.core.errors import ConfigError
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+#: The plans' helpers; the styles (zoo.core.tp_styles.__all__: ``tp.ColwiseParallel``...) are read through
+#: :func:`__getattr__`.
 __all__ = [
-    "Chain", "ColwiseParallel", "HeadParameters", "LocalHeads", "PartialGradient", "Plan", "PrepareModuleInput",
-    "PrepareModuleOutput", "Replicate", "Replicated", "ReplicatedParameters", "RowwiseParallel", "SequenceParallel",
-    "Shard", "column_branch", "gather_sequence", "has_plan", "heads_norm", "local", "no_plan", "require_whole_heads",
-    "norm_plan", "prefixed", "replicated", "row_output",
+    "Plan", "column_branch", "gather_sequence", "has_plan", "heads_norm", "is_dtensor", "local", "no_plan",
+    "norm_plan", "prefixed", "replicated", "require_whole_heads", "row_output",
 ]  # fmt: skip
 
 #: A part's plan: sub-module name relative to the part ("" = the part itself) -> style.
-Plan = dict[str, ParallelStyle]
+Plan = dict[str, "ParallelStyle"]
+
+
+#: The styles zoo.core.tp_styles defines or re-exports, read here as ``tp.ColwiseParallel`` (:func:`__getattr__`).
+STYLES = frozenset({
+    "Chain", "ColwiseParallel", "DTensor", "HeadParameters", "LocalHeads", "ParallelStyle", "PartialGradient",
+    "PrepareModuleInput", "PrepareModuleOutput", "Replicate", "Replicated", "ReplicatedParameters", "RowwiseParallel",
+    "SequenceParallel", "Shard", "SumOverRanks",
+})  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """A style of :data:`STYLES` from zoo.core.tp_styles, imported on first use (any other name, as ``__path__``
+    that an import asks for, imports nothing)."""
+    if name not in STYLES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from zoo.core import tp_styles
+
+    return getattr(tp_styles, name)
 
 
 def require_whole_heads(n_heads: int, tp: int) -> None:
@@ -71,125 +83,67 @@ def prefixed(prefix: str, plan: Plan) -> Plan:
     return {f"{prefix}.{name}" if name else prefix: style for name, style in plan.items()}
 
 
-class Replicated(ParallelStyle):
-    """Parameters replicated on the tp mesh (DTensor ``Replicate``), tensor inputs taken as the same on
-    every rank, outputs local: a module that every tp rank runs whole (a norm without sequence
-    parallelism, learned position embeddings). Gradients of its parameters are then whole on every
-    rank, as the optimizer over a DTensor model expects."""
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        def replicate(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
-            for p_name, p in list(mod.named_parameters(recurse=False)):
-                mod.register_parameter(
-                    p_name, nn.Parameter(DTensor.from_local(p, mesh, [Replicate()], run_check=False))
-                )
-
-        def inputs(mod: nn.Module, args: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
-            return tuple(
-                DTensor.from_local(a, mesh, [Replicate()], run_check=False)
-                if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
-                else a
-                for a in args
-            )
-
-        def outputs(mod: nn.Module, out: Any, mesh: DeviceMesh) -> Any:
-            return out.to_local() if isinstance(out, DTensor) else out
-
-        return distribute_module(module, device_mesh, replicate, inputs, outputs)
-
-
-class LocalHeads(ParallelStyle):
-    """Per-head buffers (non-persistent, e.g. ALiBi's slopes) cut to this rank's heads: rank r of a
-    tp mesh of size n keeps heads r * h/n .. (r + 1) * h/n - 1, as the query projection's shard does."""
-
-    def __init__(self, *buffers: str) -> None:
-        super().__init__()
-        self.buffers = buffers
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        for name in self.buffers:
-            whole = getattr(module, name)
-            local = distribute_tensor(whole, device_mesh, [Shard(0)]).to_local()
-            module.register_buffer(name, local, persistent=False)
-        return module
-
-
-class HeadParameters(ParallelStyle):
-    """Per-head parameters of the module itself sharded on their first axis, which runs over the heads in
-    turn (one entry per head, as a learned sink; or each head's rows, as Gated DeltaNet's convolution
-    filters per channel): rank r of a tp mesh of size n holds heads r * h/n .. (r + 1) * h/n - 1, as the
-    query projection's shard does. The forward reads them through :func:`local`."""
-
-    def __init__(self, *parameters: str) -> None:
-        super().__init__()
-        self.names = parameters
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        for name in self.names:
-            whole = getattr(module, name)
-            module.register_parameter(name, nn.Parameter(distribute_tensor(whole.data, device_mesh, [Shard(0)])))
-        return module
+def is_dtensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a DTensor; without importing ``torch.distributed.tensor`` (no DTensor exists before
+    it is imported)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """A parameter as this rank's local tensor (a DTensor's shard; any other tensor as it is), differentiably."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-class ReplicatedParameters(ParallelStyle):
-    """A module's own small parameters replicated on the tp mesh, its inputs and outputs left as they are (local
-    tensors): for a part applied to the residual stream by the block (zoo.parts.residuals), which reads each
-    parameter through :func:`replicated`. Under sequence parallelism each rank applies them to its own tokens,
-    so its gradient is a partial sum: :func:`replicated` sums it over the tp ranks in backward."""
-
-    def __init__(self, sequence_parallel: bool) -> None:
-        super().__init__()
-        self.sequence_parallel = sequence_parallel
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        for name, p in list(module.named_parameters(recurse=False)):
-            module.register_parameter(name, nn.Parameter(DTensor.from_local(p.data, device_mesh, [Replicate()])))
-        module.tp_sum_group = device_mesh.get_group() if self.sequence_parallel else None
-        return module
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 def replicated(module: nn.Module, param: torch.Tensor) -> torch.Tensor:
     """A parameter of ``module`` as a whole local tensor, differentiably: a :class:`ReplicatedParameters`
     DTensor's local copy (its gradient summed over the tp ranks when they hold sequence shards); any other
     tensor as it is."""
-    if not isinstance(param, DTensor):
+    if not is_dtensor(param):
         return param
+    from zoo.core.tp_styles import SumOverRanks
+
     value = param.to_local()
     group = getattr(module, "tp_sum_group", None)
-    return value if group is None else _SumOverRanks.apply(value, value.shape[-1], group)
+    return value if group is None else SumOverRanks.apply(value, value.shape[-1], group)
 
 
 def norm_plan(self: nn.Module, sequence_parallel: bool) -> Plan:
     """A norm over the feature axis: sequence parallel (each rank normalizes its tokens; parameters
     replicated), or run whole on every rank."""
+    from zoo.core.tp_styles import Replicated, SequenceParallel
+
     return {"": SequenceParallel(use_local_output=True) if sequence_parallel else Replicated()}
 
 
 def heads_norm() -> ParallelStyle:
     """A norm over d_head applied to (b, heads, t, d_head) local heads: sharded on the heads axis."""
+    from zoo.core.tp_styles import SequenceParallel
+
     return SequenceParallel(sequence_dim=1, use_local_output=True)
 
 
 def gather_sequence() -> ParallelStyle:
     """A branch (attention, MLP) under sequence parallelism: its input, sharded on the sequence, is
     gathered whole before its column-wise projections."""
+    from zoo.core.tp_styles import PrepareModuleInput, Replicate, Shard
+
     return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
 
 
 def row_output(sequence_parallel: bool) -> ParallelStyle:
     """A branch's last projection: row-wise, its partial sums reduce-scattered to sequence shards
     under sequence parallelism, else all-reduced."""
+    from zoo.core.tp_styles import Replicate, RowwiseParallel, Shard
+
     return RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
 
 
 def column_branch(sequence_parallel: bool, columns: tuple[str, ...], rows: str) -> Plan:
     """The usual branch: ``columns`` column-wise, ``rows`` row-wise, the input gathered under sequence
     parallelism."""
+    from zoo.core.tp_styles import ColwiseParallel
+
     plan: Plan = {name: ColwiseParallel() for name in columns}
     plan[rows] = row_output(sequence_parallel)
     if sequence_parallel:
@@ -202,47 +156,3 @@ def no_plan(self: nn.Module, sequence_parallel: bool) -> Plan:
     return {}
 
 
-class Chain(ParallelStyle):
-    """Several styles on one module, applied in order (their output hooks run in that order too)."""
-
-    def __init__(self, *styles: ParallelStyle) -> None:
-        super().__init__()
-        self.styles = styles
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        for style in self.styles:
-            module = style._apply(module, device_mesh)
-        return module
-
-
-class _SumOverRanks(torch.autograd.Function):
-    """Identity forward; backward: the gradient of the last ``width`` features summed over ``group``."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, width: int, group: Any) -> torch.Tensor:
-        ctx.width, ctx.group = width, group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        from torch.distributed import _functional_collectives as funcol
-
-        head, tail = grad.split([grad.shape[-1] - ctx.width, ctx.width], dim=-1)
-        tail = funcol.all_reduce(tail.contiguous(), "sum", ctx.group)
-        return torch.cat([head, tail], dim=-1), None, None
-
-
-class PartialGradient(ParallelStyle):
-    """For a module run whole on every rank (after :class:`Replicated`) whose last ``width`` output
-    features are then read by this rank's heads only, such as latent attention's rotary key shared by
-    every head: each rank's gradient of those features is a partial sum, so the backward pass
-    all-reduces it over the tp mesh (identity forward), making every gradient upstream whole."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.width = width
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        group = device_mesh.get_group()
-        module.register_forward_hook(lambda mod, args, out: _SumOverRanks.apply(out, self.width, group))
-        return module

@@ -83,7 +83,7 @@ NEUTRAL_OPTIM: dict[str, Any] = {"ns": "quintic", "cautious_wd": False, "normuon
 
 #: ``task`` options added after runs were recorded, left out of the hash at the value that changes nothing
 #: (no held-out sources: zoo.lab.data.heldout).
-NEUTRAL_TASK: dict[str, Any] = {"heldout": []}
+NEUTRAL_TASK: dict[str, Any] = {"heldout": [], "doc_mask": False, "packing": "concat"}
 
 #: The keys a variant's runs repeat over: the seed, and the data order's own seed.
 REPLICATES = ("seed", "data_seed")

@@ -9,11 +9,11 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
 
 from zoo.assembly.block import Block
 from zoo.assembly.init import seeded_parameters
 from zoo.assembly.match import active_count
+from zoo.core import tp
 from zoo.core.auxiliary import collect_aux
 from zoo.core.interface import defines, hook
 from zoo.parts.canon import Canon, init_canon
@@ -153,8 +153,8 @@ class TokenModel(nn.Module):
         its slice of the logits from the whole ``h`` (the same on every rank), then they are gathered.
         """
         weight = self.embed.weight if self.head is None else self.head.weight
-        if isinstance(weight, DTensor):
-            h = DTensor.from_local(h, weight.device_mesh, [Replicate()], run_check=False)
+        if tp.is_dtensor(weight):
+            h = tp.DTensor.from_local(h, weight.device_mesh, [tp.Replicate()], run_check=False)
             logits = F.linear(h, weight).full_tensor()
         else:
             logits = F.linear(h, weight)

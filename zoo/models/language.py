@@ -11,9 +11,11 @@ from omegaconf import DictConfig
 from torch import nn
 
 from zoo.assembly.spec import BlockSpec, to_dict
+from zoo.core import tp
 from zoo.core.errors import ConfigError
+from zoo.core.interface import hook
 from zoo.core.registry import OptionDoc
-from zoo.core.tp import ColwiseParallel, Plan, Replicate, RowwiseParallel, prefixed
+from zoo.core.tp import Plan, prefixed
 from zoo.models.base import TokenModel, init_stack, residual_branches, token_init_stds
 from zoo.models.config import MODEL_DEFAULTS, block_section, layer_field, model_options, stack_specs
 from zoo.models.generate import check_generate_args, continued_positions, generate_tokens, padded_prompt
@@ -22,6 +24,7 @@ from zoo.models.objectives import DEFAULT as OBJECTIVE_DEFAULT
 from zoo.models.objectives import Objective, objective_entry
 from zoo.models.smear_backout import BACKOUT_DOC, SMEAR_DOC, Smear
 from zoo.models.stack import Stack
+from zoo.parts.documents import Documents
 from zoo.parts.state import LayerState, query_slots
 
 #: The options of the ``model`` section that change a decoder-only model's computation outside its blocks, for the
@@ -173,16 +176,21 @@ class LanguageModel(TokenModel, Stack):
         key_mask: torch.Tensor | None = None,
         caches: list[LayerState] | None = None,
         positions: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids: (b, t) -> logits (b, t, vocab).
 
         key_mask: (b, t_k) bool, True at real tokens (t_k counts cached tokens too).
         caches: one LayerState per block (:meth:`new_caches`), written in place.
-        positions: (b, t) per-sample position ids (left-padded batches); default: cache slots.
+        positions: (b, t) per-sample position ids (left-padded batches); default: cache slots, or with
+        ``doc_ids`` each token's position inside its document.
+        doc_ids: (b, t_k) integer document ids (t_k counts cached tokens too; ``task.doc_mask``): no token reads
+        another document (:meth:`check_documents`, zoo.parts.documents), so a packed batch gives each document's
+        logits as it alone would.
         With extra heads (``objective=mtp``), a training forward with gradients also keeps their logits for
         :meth:`take_future_logits`.
         """
-        h = self.hidden_states(ids, key_mask=key_mask, caches=caches, positions=positions)
+        h = self.hidden_states(ids, key_mask=key_mask, caches=caches, positions=positions, doc_ids=doc_ids)
         if self.mtp is not None and caches is None and self.training and torch.is_grad_enabled():
             future = self.mtp(h, ids, self.embed_tokens)  # type: ignore[arg-type]
             self.__dict__["_future_logits"] = [self.logits(state) for state in future]
@@ -203,25 +211,50 @@ class LanguageModel(TokenModel, Stack):
         key_mask: torch.Tensor | None = None,
         caches: list[LayerState] | None = None,
         positions: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids: (b, t) -> the final-normed residual stream (b, t, d_model); arguments as in forward."""
         x = self.embed_tokens(ids)
-        real = None
-        if key_mask is not None and (self.smear is not None or self.ngram is not None):
-            first = None if caches is None else caches[0].mixer  # the new tokens' columns: after those it holds
-            real = key_mask.index_select(1, query_slots(first, ids.shape[1], ids.device)).bool()
+        slots = query_slots(None if caches is None else caches[0].mixer, ids.shape[1], ids.device)  # the new tokens
+        documents = None
+        if doc_ids is not None:
+            self.check_documents(caches)
+            span = (ids.shape[0], int(slots[-1]) + 1)
+            if doc_ids.shape != span:
+                raise ValueError(f"doc_ids must be (batch, cached + new tokens) = {span}, got {tuple(doc_ids.shape)}")
+            documents = Documents(doc_ids)
+            positions = documents.positions(slots) if positions is None else positions
+        real = None if key_mask is None else key_mask.index_select(1, slots).bool()
+        first = None if caches is None else caches[0]
         if self.smear is not None:
-            x = self.smear(x, real, None if caches is None else caches[0])
+            fresh = None if documents is None else documents.fresh(slots)  # a document's first token: nothing in
+            x = self.smear(x, real, first, fresh)
         before_layer = None
         if self.ngram is not None:
-            ngram, rows = self.ngram, self.ngram(ids, real, None if caches is None else caches[0])
+            taps = None if documents is None else documents.taps(slots, self.ngram.order)  # its n tokens' documents
+            ngram, rows = self.ngram, self.ngram(ids, real, first, taps)
 
             def before_layer(i: int, x: torch.Tensor) -> torch.Tensor:
                 return ngram.added(i, x, rows)
 
-        return Stack.forward(
-            self, x, key_mask=key_mask, caches=caches, positions=positions, ids=ids, before_layer=before_layer
-        )
+        return Stack.forward(self, x, key_mask=key_mask, caches=caches, positions=positions, ids=ids,
+                             documents=documents, before_layer=before_layer)  # fmt: skip
+
+    def check_documents(self, caches: list[LayerState] | None = None) -> None:
+        """Refuse document ids (``task.doc_mask``, a ConfigError naming it) where a layer's mixer states no reset at a
+        document's boundary (its ``doc_reset`` hook, zoo.core.interface), with multi-token prediction's extra depths
+        (they run without the boundaries), or with a static cache (``caches``)."""
+        why = None
+        for i, block in enumerate(self.blocks):
+            if hook(block.attn, "doc_reset") is None:
+                why = f"layer {i}'s attention ({type(block.attn).__name__}) states no reset at a document boundary"
+                break
+        if self.mtp is not None:
+            why = "multi-token prediction's extra depths (objective=mtp) run without the document boundaries"
+        if caches and caches[0].static:
+            why = "a static cache (StaticDecoder) holds no document ids"
+        if why is not None:
+            raise ConfigError("task.doc_mask", True, f"false here: {why}")
 
     def tp_plan(self, sequence_parallel: bool = True) -> Plan:
         """The model's tensor-parallel plan (``parallelize_module`` over the ``tp`` mesh dimension): the
@@ -230,12 +263,12 @@ class LanguageModel(TokenModel, Stack):
         if self.smear is not None or self.ngram is not None:
             raise ValueError("the smear and the n-gram table have no tensor-parallel plan (model.smear, model.ngram: "
                              "refused under tp)")  # fmt: skip
-        plan: Plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
+        plan: Plan = {"embed": tp.RowwiseParallel(input_layouts=tp.Replicate(), output_layouts=tp.Replicate())}
         if self.embedding_norm is not None:  # on the whole (replicated) embedding output, before the stack cuts it
             plan.update(prefixed("embedding_norm", self.embedding_norm.tp_plan(False)))
         plan.update(super().tp_plan(sequence_parallel))
         if self.head is not None:
-            plan["head"] = ColwiseParallel()  # its weight only: logits() reads it directly
+            plan["head"] = tp.ColwiseParallel()  # its weight only: logits() reads it directly
         return plan
 
     def new_caches(self, max_len: int | None = None, static: bool = False) -> list[LayerState]:

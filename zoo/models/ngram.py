@@ -4,9 +4,10 @@ scale per layer.
 
 The hash is modded-nanogpt's (``get_bigram_hash``): with ``rows`` the table's size, position t's n-gram
 (x_t, x_{t-1}, ..., x_{t-n+1}) goes to row (36313 x_t XOR 27191 x_{t-1} [XOR 51497 x_{t-2}]) mod (rows - 1), and
-a position with fewer than n - 1 real tokens before it (the sequence's first n - 1, those after padding) to the
-reserved row rows - 1. It reads the ids alone, and at position t only tokens <= t. Decoding keeps the last n - 1
-ids (each plus 1, 0 for none: the first layer's state, as the smear's last embedding).
+a position with fewer than n - 1 real tokens of its document before it (the sequence's first n - 1, those after
+padding or a document's start under ``task.doc_mask``) to the reserved row rows - 1. It reads the ids alone, and
+at position t only tokens <= t. Decoding keeps the last n - 1 ids (each plus 1, 0 for none: the first layer's
+state, as the smear's last embedding).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ NGRAM_DOC = OptionDoc(
     "ngram",
     values="null, 2, 3 (with ngram_table: null or rows >= 2, ngram_scale: a number > 0)",
     formula="x <- x + s_i T[h_t] before layer i, h_t = (36313 x_t XOR 27191 x_{t-1} [XOR 51497 x_{t-2}]) mod "
-    "(R - 1), h_t = R - 1 (a reserved row) where fewer than n - 1 real tokens precede t; T (R, d_model) zeros at "
-    "init, R = ngram_table (null: 5 x vocab_size), s_i learned per layer (init ngram_scale, default 0.1); the first "
-    "layer's decoding state keeps the last n - 1 ids",
+    "(R - 1), h_t = R - 1 (a reserved row) where fewer than n - 1 real tokens of its document (task.doc_mask) "
+    "precede t; T (R, d_model) zeros at init, R = ngram_table (null: 5 x vocab_size), s_i learned per layer (init "
+    "ngram_scale, default 0.1); the first layer's decoding state keeps the last n - 1 ids",
     cost="6 x n_layers x d_model (each layer's scale and sum); the lookup and the integer hash uncounted, and T's "
     "parameters outside 6 x parameters, as the token embedding's (counted apart: parameters' ngram)",
     reference="Jordan et al. 2026, modded-nanogpt records 62, 68, 71, 83 (PR 201: bigram hash embedding); "
@@ -83,15 +84,19 @@ def ngram_options(options: Mapping[str, Any]) -> None:
                           "at zeros, so a zero scale would never move)")  # fmt: skip
 
 
-def ngram_rows(marked: torch.Tensor, order: int, rows: int) -> torch.Tensor:
+def ngram_rows(marked: torch.Tensor, order: int, rows: int, taps: torch.Tensor | None = None) -> torch.Tensor:
     """marked (b, order - 1 + t): ids plus 1 (0: no token), the order - 1 before the call's first included ->
-    each of the t positions' table row (b, t), by the module docstring's hash."""
+    each of the t positions' table row (b, t), by the module docstring's hash. ``taps`` (b, t, order) bool,
+    whether each of a position's n tokens (the oldest first) lies in its document: one that does not counts as
+    no token (``task.doc_mask``)."""
     time = marked.shape[1] - (order - 1)
     window = [marked[:, order - 1 - k : order - 1 - k + time] for k in range(order)]  # the token k back, per position
     hashed = torch.zeros_like(window[0])
     for k, tokens in enumerate(window):
         hashed = hashed ^ (MULTIPLIERS[k] * (tokens - 1))
     missing = torch.stack(window).eq(0).any(dim=0)
+    if taps is not None:
+        missing = missing | ~taps.all(dim=-1)
     return torch.where(missing, rows - 1, hashed % (rows - 1))
 
 
@@ -127,11 +132,16 @@ class NgramEmbedding(nn.Module):
         return 3 * 2 * self.scales.numel() * self.table.embedding_dim
 
     def forward(
-        self, ids: torch.Tensor, real: torch.Tensor | None = None, cache: LayerState | None = None
+        self,
+        ids: torch.Tensor,
+        real: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+        taps: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids (b, t) -> each position's n-gram row (b, t, d_model), unscaled. ``real`` (b, t) bool: False at
         padding, which counts as no token. ``cache``: the first layer's decoding state, holding the ids before
-        ``ids`` (none without one) and given the last order - 1 (written in place)."""
+        ``ids`` (none without one) and given the last order - 1 (written in place). ``taps`` (b, t, order): which
+        of each position's n tokens lie in its document (zoo.parts.documents; the others count as none)."""
         marked = ids.long() + 1
         if real is not None:
             marked = marked * real.long()
@@ -141,7 +151,7 @@ class NgramEmbedding(nn.Module):
         joined = torch.cat([before, marked], dim=1)
         if cache is not None:
             cache.hold_canon(NGRAM_STATE, joined[:, joined.shape[1] - (self.order - 1) :])
-        return self.table(ngram_rows(joined, self.order, self.rows))
+        return self.table(ngram_rows(joined, self.order, self.rows, taps))
 
     def added(self, layer: int, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """x + layer ``layer``'s scale x ``rows`` (:meth:`forward`'s output)."""

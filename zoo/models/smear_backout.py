@@ -22,8 +22,9 @@ SMEAR_DOC = OptionDoc(
     values="false, true",
     formula="x_t <- x_t + lambda sigmoid(w . x_t[:k]) x_{t-1} on the token embeddings (after the scale and "
     "embedding_norm, before absolute positions), k = min(24, d_model), lambda a learned scalar (init 0), w (1, k); "
-    "the first token and a token after padding gain nothing; the first layer's decoding state keeps the last "
-    "embedding (d_model numbers per sample); multi-token prediction's extra heads embed without it",
+    "the first token, a token after padding and a document's first token (task.doc_mask) gain nothing; the first "
+    "layer's decoding state keeps the last embedding (d_model numbers per sample); multi-token prediction's extra "
+    "heads embed without it",
     cost="6 (k + 1): its parameters (the elementwise gate and sum uncounted)",
     reference="Jordan et al. 2024, modded-nanogpt (smear_gate); Karpathy 2025, nanochat (smear_gate, smear_lambda)",
 )
@@ -52,11 +53,16 @@ class Smear(nn.Module):
         return self.d_model
 
     def forward(
-        self, x: torch.Tensor, real: torch.Tensor | None = None, cache: LayerState | None = None
+        self,
+        x: torch.Tensor,
+        real: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+        fresh: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x (b, t, d_model) -> the smeared embeddings. ``real`` (b, t) bool: False at padding, which smears
         nothing into the next token. ``cache``: the first layer's decoding state, holding the embedding before
-        ``x`` (zeros without one) and given ``x``'s last (written in place)."""
+        ``x`` (zeros without one) and given ``x``'s last (written in place). ``fresh`` (b, t) bool: True at a
+        document's first token (``task.doc_mask``), which gains nothing from the token before it."""
         seen = x if real is None else x * real[..., None].to(x.dtype)
         before = None if cache is None else cache.canon_tail(SMEAR_STATE)
         if before is None:
@@ -65,7 +71,8 @@ class Smear(nn.Module):
         if cache is not None:
             cache.hold_canon(SMEAR_STATE, shifted[:, -1:])
         weight = self.scale.to(x.dtype) * torch.sigmoid(self.gate(x[..., : self.channels]))
-        return x + weight * shifted[:, :-1]
+        before = shifted[:, :-1] if fresh is None else shifted[:, :-1] * ~fresh[..., None]
+        return x + weight * before
 
 
 class Backout(nn.Module):

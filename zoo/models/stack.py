@@ -15,21 +15,14 @@ from torch.utils.checkpoint import checkpoint
 
 from zoo.assembly.build import build_block
 from zoo.assembly.spec import BlockSpec
+from zoo.core import tp
 from zoo.core.channel import ENTRIES, Channel
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
-from zoo.core.tp import (
-    Chain,
-    Plan,
-    PrepareModuleInput,
-    PrepareModuleOutput,
-    Replicate,
-    SequenceParallel,
-    Shard,
-    prefixed,
-)
+from zoo.core.tp import Plan, prefixed
 from zoo.models.smear_backout import Backout
 from zoo.parts.attention import Attention
+from zoo.parts.documents import Documents
 from zoo.parts.positions import LearnedEmbedding
 from zoo.parts.residuals import stream_count
 from zoo.parts.state import LayerState
@@ -229,6 +222,7 @@ class Stack(nn.Module):
         memory_mask: torch.Tensor | None = None,
         ids: torch.Tensor | None = None,
         before_layer: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+        documents: Documents | None = None,
     ) -> torch.Tensor:
         """(b, t, d_model) token embeddings -> the final-normed residual stream (b, t, d_model).
 
@@ -238,6 +232,7 @@ class Stack(nn.Module):
         memory, memory_mask: the encoder's output and its mask, for blocks with cross-attention.
         ids: (b, t) the tokens' ids, the side channel's ``ids`` (needed by value embeddings).
         before_layer: (i, x) -> layer i's input, applied to the stream before each block (``model.ngram``'s sum).
+        documents: every token's document (cached ones included, zoo.parts.documents), handed to every block.
         """
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
@@ -251,6 +246,8 @@ class Stack(nn.Module):
             cache = None if caches is None else caches[i]
             inputs = {"key_mask": key_mask, "cache": cache, "positions": positions}
             inputs |= {"memory": memory, "memory_mask": memory_mask}
+            if documents is not None:
+                inputs["documents"] = documents
             if hook(block.residual, "uses_x0"):  # block.residual=scaled: the embedding output re-injected
                 inputs["x0"] = x0
             if channel is not None and self.channel_layers[i]:
@@ -310,23 +307,23 @@ class Stack(nn.Module):
             plan.update(prefixed(f"blocks.{i}", block.tp_plan(sequence_parallel)))
         final = {} if isinstance(self.final_norm, nn.Identity) else self.final_norm.tp_plan(sequence_parallel)
         if sequence_parallel:
-            plan["blocks.0"] = PrepareModuleInput(
-                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+            plan["blocks.0"] = tp.PrepareModuleInput(
+                input_layouts=(tp.Replicate(),), desired_input_layouts=(tp.Shard(1),), use_local_output=True
             )
             for i, block in enumerate(self.blocks):  # x0 (block.residual=scaled): cut as the stream is
                 if hook(block.residual, "uses_x0"):
-                    plan[f"blocks.{i}"] = PrepareModuleInput(
-                        input_layouts=(Replicate(),) if i == 0 else (None,),
-                        desired_input_layouts=(Shard(1),) if i == 0 else (None,),
-                        input_kwarg_layouts={"x0": Replicate()},
-                        desired_input_kwarg_layouts={"x0": Shard(1)},
+                    plan[f"blocks.{i}"] = tp.PrepareModuleInput(
+                        input_layouts=(tp.Replicate(),) if i == 0 else (None,),
+                        desired_input_layouts=(tp.Shard(1),) if i == 0 else (None,),
+                        input_kwarg_layouts={"x0": tp.Replicate()},
+                        desired_input_kwarg_layouts={"x0": tp.Shard(1)},
                         use_local_output=True,
                     )
-            gather = PrepareModuleOutput(
-                output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True
+            gather = tp.PrepareModuleOutput(
+                output_layouts=tp.Shard(1), desired_output_layouts=tp.Replicate(), use_local_output=True
             )
-            norm = SequenceParallel(use_local_output=False)
-            final = {"": Chain(norm, gather) if final else gather}
+            norm = tp.SequenceParallel(use_local_output=False)
+            final = {"": tp.Chain(norm, gather) if final else gather}
         plan.update(prefixed("final_norm", final))
         return plan
 

@@ -16,21 +16,15 @@ import torch
 from einops import rearrange, reduce, repeat
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.channel import Channel, ChannelUse
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
-from zoo.core.tp import (
-    ColwiseParallel,
-    Plan,
-    has_plan,
-    heads_norm,
-    local,
-    prefixed,
-    row_output,
-)
-from zoo.parts.canon import Canon
+from zoo.core.tp import Plan, has_plan, heads_norm, local, prefixed, row_output
+from zoo.parts.canon import KERNEL, Canon
 from zoo.parts.cross_attention import CrossAttention
+from zoo.parts.documents import Documents
 from zoo.parts.head_outputs import (
     Gate,
     Sink,
@@ -115,6 +109,7 @@ class Attention(nn.Module):
     shares_block_norm: ClassVar[bool] = True
     #: Canon site b: a canon layer on q, k and v after qk-norm, before the rotation (``canon``).
     canon_sites: ClassVar[frozenset[str]] = frozenset({"b"})
+    doc_reset: ClassVar[str | None] = "a block-diagonal causal mask: a query sees only its own document's keys"
 
     @classmethod
     def cross_attention(cls, dims: BlockDims, **options: Any) -> Callable[[], nn.Module]:
@@ -191,7 +186,7 @@ class Attention(nn.Module):
         part's own plan. Under sequence parallelism the input is gathered from the sequence shards and the
         output reduce-scattered back to them."""
         plan: Plan = {
-            "qkv": ColwiseParallel(),
+            "qkv": tp.ColwiseParallel(),
             "out": row_output(sequence_parallel),
             **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
         }
@@ -341,9 +336,11 @@ class Attention(nn.Module):
         positions: torch.Tensor,
         real: torch.Tensor | None = None,
         cache: LayerState | None = None,
+        taps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: (b, t, d_model) -> queries (b, h, t, d), keys and values (b, g, t, d): after qk-norm, the canon
-        layer (site b; ``real`` (b, t): the new tokens' padding mask, ``cache``: its decoding state) and the
+        layer (site b; ``real`` (b, t): the new tokens' padding mask, ``cache``: its decoding state, ``taps``: its
+        document mask) and the
         position's rotation at ``positions`` (slots (t,) or per-sample ids (b, t))."""
         # One reshape for all heads: per key/value group g, n = r query heads + its key + its value.
         # g is n_kv_heads, or this rank's share of them under tensor parallelism (whole groups).
@@ -354,7 +351,7 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.qk_normed(q, k)
         if self.canon is not None:
-            q, k, v = self.canon_qkv(q, k, v, real, cache)
+            q, k, v = self.canon_qkv(q, k, v, real, cache, taps)
         q, k = self.position.rotate(q, k, positions)
         return q, k, v
 
@@ -367,14 +364,15 @@ class Attention(nn.Module):
         return q, k
 
     def canon_qkv(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor | None, cache: LayerState | None
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor | None, cache: LayerState | None,
+        taps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The canon layer over q (b, h, t, d), k and v (b, g, t, d) as one tensor of channels in ``qkv``'s
         row order (each key/value group's query heads, then its key and its value), so that without qk-norm
         it is the layer on ``qkv``'s output."""
         group = self.n_heads // self.n_kv_heads
         heads = torch.cat([rearrange(q, "b (g r) t d -> b g r t d", r=group), k[:, :, None], v[:, :, None]], dim=2)
-        mixed = self.canon(rearrange(heads, "b g n t d -> b t (g n d)"), real, cache)  # type: ignore[misc]
+        mixed = self.canon(rearrange(heads, "b g n t d -> b t (g n d)"), real, cache, taps)  # type: ignore[misc]
         heads = rearrange(mixed, "b t (g n d) -> b g n t d", n=group + 2, d=self.d_head)
         return rearrange(heads[:, :, :-2], "b g r t d -> b (g r) t d"), heads[:, :, -2], heads[:, :, -1]
 
@@ -400,7 +398,8 @@ class Attention(nn.Module):
                              softcap=self.softcap)  # fmt: skip
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: LayerState | None = None,
-                positions: torch.Tensor | None = None, channel: Channel | None = None) -> torch.Tensor:  # fmt: skip
+                positions: torch.Tensor | None = None, channel: Channel | None = None,
+                documents: Documents | None = None) -> torch.Tensor:  # fmt: skip
         """x: (b, t, d_model) -> (b, t, d_model).
 
         key_mask: (b, t_k) bool, True at real keys (t_k counts cached keys too).
@@ -410,17 +409,20 @@ class Attention(nn.Module):
             cache slot ``s`` has position ``s``. The causal mask always follows slots.
         channel: the stack's side channel (zoo.core.channel), given when :meth:`join_channel` said it uses it:
             the new tokens' values take their value embedding and value residual before they are cached.
+        documents: every token's document (keys included, zoo.parts.documents): a query sees its own document's.
         """
         if self.kv_role == "reads":
             if channel is None:
                 raise ValueError("this attention reads an earlier layer's keys and values (model.kv_share): run it "
                                  "in its stack")  # fmt: skip
-            return self.forward_shared(x, key_mask=key_mask, cache=cache, positions=positions, channel=channel)
+            return self.forward_shared(x, key_mask=key_mask, cache=cache, positions=positions, channel=channel,
+                                       documents=documents)  # fmt: skip
         time = x.shape[1]
         state = None if cache is None else cache.mixer_state(KVCache)
         slots = query_slots(state, time, x.device)  # absolute indices of the queries (t,)
         real = None if key_mask is None or self.canon is None else key_mask.index_select(1, slots).bool()
-        q, k, v = self.project(x, slots if positions is None else positions, real, cache)
+        taps = None if documents is None or self.canon is None else documents.taps(slots, KERNEL)
+        q, k, v = self.project(x, slots if positions is None else positions, real, cache, taps)
         if channel is not None:
             v = self.side_values(v, x, channel)
         own = v  # the values at the queries' own positions (XSA)
@@ -435,10 +437,11 @@ class Attention(nn.Module):
             if k_positions is not None:
                 channel.write("shared_key_positions", k_positions)
         return self.attend(q, k, v, x, own, slots, state is not None and state.static, positions, k_positions,
-                           key_mask)  # fmt: skip
+                           key_mask, None if documents is None else documents.same(slots, k.shape[-2]))  # fmt: skip
 
     def forward_shared(self, x: torch.Tensor, *, key_mask: torch.Tensor | None, cache: LayerState | None,
-                       positions: torch.Tensor | None, channel: Channel) -> torch.Tensor:  # fmt: skip
+                       positions: torch.Tensor | None, channel: Channel,
+                       documents: Documents | None = None) -> torch.Tensor:  # fmt: skip
         """As :meth:`forward` with the keys and values its group's first layer wrote (cached ones included):
         its own queries, normed and rotated as the first layer's keys were."""
         time = x.shape[1]
@@ -456,13 +459,14 @@ class Attention(nn.Module):
             state.advance(time)
         own = channel.read("shared_new_values")
         return self.attend(q, k, v, x, own, slots, state is not None and state.static, positions, k_positions,
-                           key_mask)  # fmt: skip
+                           key_mask, None if documents is None else documents.same(slots, k.shape[-2]))  # fmt: skip
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, own: torch.Tensor,
                slots: torch.Tensor, preallocated: bool, positions: torch.Tensor | None,
-               k_positions: torch.Tensor | None, key_mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-        """The attention of queries q over keys k and values v, then XSA (``own``: the values at the queries'
-        positions), the gate and the output projection."""
+               k_positions: torch.Tensor | None, key_mask: torch.Tensor | None,
+               same: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """The attention of queries q over keys k and values v (``same``: the document mask), then XSA (``own``:
+        the values at the queries' positions), the gate and the output projection."""
         y = attend_at(
             q,
             k,
@@ -480,6 +484,7 @@ class Attention(nn.Module):
             softcap=self.softcap,
             scale=self.kernel_scale(),
             sink=None if self.sink is None else local(self.sink),
+            documents=same,
         )
         if self.xsa:
             y = exclude_own_value(y, own)

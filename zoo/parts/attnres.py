@@ -12,10 +12,11 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import RESIDUALS
-from zoo.core.tp import Plan, ReplicatedParameters
+from zoo.core.tp import Plan
 from zoo.parts.placements import Branch, Placement
 from zoo.parts.residuals import Residual
 
@@ -75,7 +76,7 @@ class AttentionResidual(Residual):
                 self.key_norm.fill_(1.0)
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
-        return {"": ReplicatedParameters(sequence_parallel)}
+        return {"": tp.ReplicatedParameters(sequence_parallel)}
 
     def sources_before(self, j: int) -> int:
         """The sources term ``j`` (over the stack) reads: the embedding, then one per block started before it."""

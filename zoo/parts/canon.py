@@ -49,7 +49,8 @@ DOC = OptionDoc(
     "canon",
     values="none, or sites from abcd in order (a, ac, abcd, ...)",
     formula="h -> h + conv(h), conv(h)_i = sum_j w_j ⊙ h_{i-3+j} (j = 0..3, one 4-tap filter per channel, "
-    "no bias, earlier tokens than the first are zeros, padding enters as zeros); at a: the attention's input "
+    "no bias, earlier tokens than the first are zeros, padding enters as zeros, so do other documents' tokens under "
+    "task.doc_mask); at a: the attention's input "
     "after the norm, b: q, k, v after qk-norm and before rotation, c: the MLP's input after the norm, d: the "
     "MLP's hidden units before the activation (a gated MLP's gate and up); a decoding state of the last 3 "
     "inputs per site",
@@ -79,18 +80,19 @@ OUT_CONV_DOC = OptionDoc(
     values="none, attn, mlp, attn,mlp",
     formula="o -> o + conv(o) on a branch's output o before the residual add (x + drop(o) under pre-norm; inside "
     "sandwich's output norm), conv as canon's: 4 taps per channel, no bias, earlier tokens than the first are "
-    "zeros, padding enters as zeros; a decoding state of the last 3 outputs per branch",
+    "zeros, padding enters as zeros, so do other documents' outputs under task.doc_mask; a decoding state of the "
+    "last 3 outputs per branch",
     cost="27 x d_model per branch: 6 x 4 x d_model (its parameters) + 3 x d_model (the residual sum)",
     reference="Marin PR 8227 (short convolutions on the branch outputs); Inkling; the layer itself: canon's",
 )
 #: Where zoo's branch-output convolutions stand (docs/parts.md, "Block options").
 OUT_CONV_NOTES = (
-    "`block.out_conv` puts canon's layer (the same `Canon` module, kernel draw and decoding state) on the attention "
-    "branch's output and/or the MLP branch's, after the branch's output projection and before the residual add, "
-    "with the residual form o + conv(o) (so the branch's own output passes through). Marin PR 8227's code was not "
-    "at hand where this was written: its kernel size and whether its convolution is residual are not checked "
-    "against it; zoo uses canon's 4 taps. A cross-attention branch takes none. Refused under `parallel.tp` > 1, "
-    "as canon is; a layer with it cannot rewind (`truncate`).",
+    "`block.out_conv` puts canon's layer (the same `Canon` module, kernel draw and decoding state) on the "
+    "attention branch's output and/or the MLP branch's, after the branch's output projection and before the "
+    "residual add, with the residual form o + conv(o) (so the branch's own output passes through) and canon's 4 "
+    "taps; Marin PR 8227's kernel size and whether its convolution is residual are not checked against its code. "
+    "A cross-attention branch takes none. Refused under `parallel.tp` > 1, as canon is; a layer with it cannot "
+    "rewind (`truncate`).",
 )
 
 
@@ -184,14 +186,19 @@ class Canon(nn.Module):
         return 3 * self.channels
 
     def forward(
-        self, h: torch.Tensor, real: torch.Tensor | None = None, cache: LayerState | None = None
+        self,
+        h: torch.Tensor,
+        real: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+        taps: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """h (b, t, channels) -> h + conv(h). ``real`` (b, t) bool: False at padding, which enters the
         convolution as zeros. ``cache``: the layer's decoding state, whose inputs before ``h`` the convolution
-        reads (zeros without one) and where it keeps its last 3 (written in place)."""
+        reads (zeros without one) and where it keeps its last 3 (written in place). ``taps`` (b, t, 4) bool
+        (zoo.parts.documents.Documents.taps): False where a tap reaches into another document (read as zero)."""
         x = h if real is None else h * real[..., None].to(h.dtype)
         tail = None if cache is None else cache.canon_tail(self.site)
-        mixed, tail = short_convolution(x, self.kernel, tail)
+        mixed, tail = short_convolution(x, self.kernel, tail, taps)
         if cache is not None:
             cache.hold_canon(self.site, tail)
         return h + mixed

@@ -18,24 +18,15 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
-from zoo.core.tp import (
-    Chain,
-    ColwiseParallel,
-    HeadParameters,
-    Plan,
-    gather_sequence,
-    heads_norm,
-    local,
-    prefixed,
-    require_whole_heads,
-    row_output,
-)
-from zoo.parts.canon import Canon
+from zoo.core.tp import Plan, gather_sequence, heads_norm, local, prefixed, require_whole_heads, row_output
+from zoo.parts.canon import KERNEL, Canon
 from zoo.parts.convolution import short_convolution
+from zoo.parts.documents import Documents, chunk_cuts
 from zoo.parts.linear_attention import RecurrentState, forget, keep
 from zoo.parts.norms import build_norm
 from zoo.parts.positions import Position
@@ -81,19 +72,23 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
 
 
 def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, log_decay: torch.Tensor,
-                    start: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                    start: torch.Tensor | None,
+                    fresh: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The gated delta rule one token at a time, the state H (b, h, d_key, d_head) (S = H^T):
     H_i = g_i H_{i-1} + k_i u_i^T, u_i = beta_i (v_i - g_i H_{i-1}^T k_i), y_i = H_i^T q_i;
     that is S_i = g_i S_{i-1} (I - beta_i k_i k_i^T) + beta_i v_i k_i^T.
 
     q, k: (b, h, t, d_key); v: (b, h, t, d_head); beta, log_decay (log g <= 0): (b, h, t);
-    start: H_0 or None (zeros). Returns y (b, h, t, d_head) and the last state.
+    start: H_0 or None (zeros); ``fresh`` (b, t) bool (zoo.parts.documents.Documents.fresh): g_i read as 0 at a
+    document's first token (the state reset). Returns y (b, h, t, d_head) and the last state.
     """
     state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if start is None else start
     ys = []
     for i in range(q.shape[2]):
         k_i = k[:, :, i]
         state = torch.exp(log_decay[:, :, i, None, None]) * state
+        if fresh is not None:
+            state = state * ~fresh[:, i, None, None, None]
         error = v[:, :, i] - torch.einsum("bhkd,bhk->bhd", state, k_i)  # what the state predicts for k_i, missed
         state = state + torch.einsum("bhk,bhd->bhkd", k_i, beta[:, :, i, None] * error)
         ys.append(torch.einsum("bhk,bhkd->bhd", q[:, :, i], state))
@@ -101,8 +96,11 @@ def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
 
 
 def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, log_decay: torch.Tensor,
-                  start: torch.Tensor | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The chunked form, equal to :func:`delta_recurrent` (same arguments; ``chunk`` tokens per chunk).
+                  start: torch.Tensor | None, chunk: int,
+                  segments: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The chunked form, equal to :func:`delta_recurrent` (same arguments; ``chunk`` tokens per chunk;
+    ``segments`` (zoo.parts.documents.Documents.segments): every decay product across a document boundary cut
+    to 0, as :func:`delta_recurrent`'s ``fresh``, zoo.parts.documents.chunk_cuts).
 
     Inside a chunk entered with state H_0, with G_i the decay's cumulative log up to token i:
     H_i = e^{G_i} H_0 + sum_{j<=i} e^{G_i - G_j} k_j u_j^T, so the corrections U solve the unit
@@ -124,14 +122,17 @@ def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
     diff = rearrange(total, "b h n i -> b h n i 1") - rearrange(total, "b h n j -> b h n 1 j")  # G_i - G_j
     ones = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device)
     within = torch.exp(diff.masked_fill(~ones.tril(), float("-inf")))  # D: -inf first, exp never overflows
+    entry, to_end, through = torch.exp(total), torch.exp(total[..., -1:] - total), torch.exp(total[..., -1])
+    if segments is not None:  # documents: no product of decays across a boundary
+        within, to_end, through, entry = chunk_cuts(segments, chunk).cut(within, to_end, through, entry)
     a = beta * (k @ k.transpose(-1, -2)) * within  # (b, h, n, c, c): A below the diagonal, zero above it
-    rhs = torch.cat([beta * v, beta * torch.exp(total)[..., None] * k], dim=-1)
+    rhs = torch.cat([beta * v, beta * entry[..., None] * k], dim=-1)
     solved = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)  # I + A: the diagonal read as 1
     u0, w = solved.split([v.shape[-1], d_key], dim=-1)
     scores = (q @ k.transpose(-1, -2)) * within  # (b, h, n, c, c)
-    q_in = q * torch.exp(total)[..., None]  # how much of H_0 each query reads
-    k_out = k * torch.exp(total[..., -1:] - total)[..., None]  # how much of each key the chunk's end keeps
-    through = torch.exp(total[..., -1])  # (b, h, n): how much of H_0 the chunk's end keeps
+    q_in = q * entry[..., None]  # how much of H_0 each query reads
+    k_out = k * to_end[..., None]  # how much of each key the chunk's end keeps
+    # through (b, h, n): how much of H_0 the chunk's end keeps
     state = q.new_zeros(batch, heads, d_key, v.shape[-1]) if start is None else start
     ys = []
     # t / chunk steps; unbind, not indexing: its backward is one stack
@@ -202,6 +203,10 @@ class GatedDeltaNet(nn.Module):
 
     #: Canon site b: a canon layer on q, k and v after the short convolution and SiLU (the reference's place).
     canon_sites: ClassVar[frozenset[str]] = frozenset({"b"})
+    doc_reset: ClassVar[str | None] = (
+        "the state reset at each document's first token (in the chunked form every product of decays across a "
+        "boundary cut to 0) and the short convolution's taps kept inside the document"
+    )
     conflicts: ClassVar[dict[str, str]] = {
         "score bias": "Gated DeltaNet never forms the score matrix a score bias is added to; use pos=rotary "
         "or pos=none (its convolution and decay carry order)"
@@ -252,12 +257,12 @@ class GatedDeltaNet(nn.Module):
         alike; the output norm on each rank's heads; the position part's own plan. Under sequence parallelism the
         input is gathered whole first (the convolution and the state run along time) and the output reduce-scattered
         back."""
-        plan: Plan = {name: ColwiseParallel() for name in ("qkv", "beta", "decay", "gate")}
+        plan: Plan = {name: tp.ColwiseParallel() for name in ("qkv", "beta", "decay", "gate")}
         plan["out"] = row_output(sequence_parallel)
         plan["norm"] = heads_norm()
         plan.update(prefixed("position", self.position.tp_plan(sequence_parallel)))  # type: ignore[attr-defined]
         whole = [gather_sequence()] if sequence_parallel else []
-        plan[""] = Chain(*whole, HeadParameters("conv", "a_log", "dt"))
+        plan[""] = tp.Chain(*whole, tp.HeadParameters("conv", "a_log", "dt"))
         return plan
 
     def __init__(
@@ -349,14 +354,15 @@ class GatedDeltaNet(nn.Module):
         return -rearrange(torch.exp(local(self.a_log).to(dtype)), "h -> h 1") * step
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: LayerState | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                positions: torch.Tensor | None = None, documents: Documents | None = None) -> torch.Tensor:  # fmt: skip
         """x: (b, t, d_model) -> (b, t, d_model).
 
         key_mask: (b, t_k) bool, True at real tokens (t_k counts earlier tokens too): a padding token
             enters the convolution as zeros, adds nothing to the state and does not decay it.
             cache: this layer's state; its :class:`DeltaState` carries the matrix and the convolution's
             last inputs across calls. positions: (b, t) per-sample position ids for the ``pos`` axis
-            (left-padded batches); default: token index.
+            (left-padded batches); default: token index. documents: every token's document
+            (zoo.parts.documents): the convolution and the state start anew at each one.
         """
         time = x.shape[1]
         state = None if cache is None else cache.mixer_state(DeltaState)
@@ -365,10 +371,13 @@ class GatedDeltaNet(nn.Module):
         mixed = self.qkv(x)
         if real is not None:
             mixed = mixed * real[..., None]
-        mixed, tail = short_convolution(mixed, local(self.conv) + self.present, None if state is None else state.conv)
+        width = self.conv.shape[-1]
+        taps = None if documents is None else documents.taps(slots, width)
+        mixed, tail = short_convolution(mixed, local(self.conv) + self.present, None if state is None else state.conv,
+                                        taps)  # fmt: skip
         mixed = F.silu(mixed)
         if self.canon is not None:
-            mixed = self.canon(mixed, real, cache)
+            mixed = self.canon(mixed, real, cache, None if documents is None else documents.taps(slots, KERNEL))
         work = torch.promote_types(x.dtype, torch.float32)  # the recurrence in at least float32
         q, k, v = rearrange(mixed.to(work), "b t (g n) -> b g t n", n=self.group_width).split(
             [self.d_key, self.d_key, self.group * self.d_head], dim=-1
@@ -387,9 +396,11 @@ class GatedDeltaNet(nn.Module):
             log_decay = log_decay * rearrange(real, "b t -> b 1 t")
         start = None if state is None else state.matrix
         if self.backend == "math" or (time == 1 and start is not None):
-            y, end = delta_recurrent(q, k, v, beta, log_decay, start)
+            fresh = None if documents is None else documents.fresh(slots)
+            y, end = delta_recurrent(q, k, v, beta, log_decay, start, fresh)
         else:
-            y, end = delta_chunked(q, k, v, beta, log_decay, start, self.chunk)
+            segments = None if documents is None else documents.segments(slots)
+            y, end = delta_chunked(q, k, v, beta, log_decay, start, self.chunk, segments)
         if state is not None:
             state.hold(end, tail, time)
         gate = F.silu(rearrange(self.gate(x), "b t (h d) -> b h t d", d=self.d_head))  # this rank's heads

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.dims import BlockDims
-from zoo.core.tp import Chain, ColwiseParallel, HeadParameters, Plan, gather_sequence
+from zoo.core.tp import Plan, gather_sequence
 
 #: The output gate: none, one sigmoid per head, or one per output feature (Qiu et al. 2025).
 Gate = Literal["none", "headwise", "elementwise"]
@@ -86,9 +87,9 @@ def output_plan(attention: nn.Module, sequence_parallel: bool) -> Plan:
     parallelism, the input gathered from the sequence shards."""
     plan: Plan = {}
     if attention.gate is not None:
-        plan["gate"] = ColwiseParallel()
+        plan["gate"] = tp.ColwiseParallel()
     whole = [gather_sequence()] if sequence_parallel else []
-    parameters = [HeadParameters("sink")] if attention.sink is not None else []
+    parameters = [tp.HeadParameters("sink")] if attention.sink is not None else []
     if whole or parameters:
-        plan[""] = Chain(*whole, *parameters)
+        plan[""] = tp.Chain(*whole, *parameters)
     return plan

@@ -168,6 +168,7 @@ def attend_at(
     preallocated: bool = False,
     scale: float | None = None,
     sink: torch.Tensor | None = None,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Self-attention of queries at cache slots ``slots`` (t_q,) to the keys at slots 0..t_k-1.
 
@@ -176,7 +177,9 @@ def attend_at(
     slots (causality, the window) and ``key_mask``; with neither padding, bias, window nor cached
     keys, the plain causal case goes to the fused kernel's ``is_causal``. ``preallocated``: the keys
     include empty slots after the last query (a static cache), which the causal mask must hide.
-    ``scale``, ``sink``: as for ``attend``. -> (b, h, t_q, d_v).
+    ``scale``, ``sink``: as for ``attend``. ``documents`` (b, 1, t_q, t_k) bool: True where query and key share
+    a document (zoo.parts.documents.Documents.same), the block-diagonal mask combined with the others.
+    -> (b, h, t_q, d_v).
     """
     time = q.shape[-2]
     k_slots = torch.arange(k.shape[-2], device=q.device)
@@ -186,7 +189,10 @@ def attend_at(
     # One query at the last slot of a growing cache may see every key: decoding steps need no causal mask.
     needs_causal = causal and (time > 1 or preallocated)
     mask = allowed_mask(slots, k_slots, needs_causal, key_mask, window)
-    plain_causal = causal and time > 1 and k.shape[-2] == time and key_mask is None and bias is None and window is None
+    if documents is not None:
+        mask = documents if mask is None else mask & documents
+    plain = key_mask is None and bias is None and window is None and documents is None
+    plain_causal = causal and time > 1 and k.shape[-2] == time and plain
     return attend(
         q,
         k,

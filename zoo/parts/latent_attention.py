@@ -4,28 +4,20 @@ and values."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
-from zoo.core.tp import (
-    Chain,
-    ColwiseParallel,
-    PartialGradient,
-    Plan,
-    Replicated,
-    local,
-    prefixed,
-    require_whole_heads,
-    row_output,
-)
+from zoo.core.tp import Plan, local, prefixed, require_whole_heads, row_output
 from zoo.parts.attention import OUTPUT_VARIANTS, scale_rows
+from zoo.parts.documents import Documents
 from zoo.parts.head_outputs import (
     Gate,
     Sink,
@@ -102,6 +94,8 @@ class LatentAttention(nn.Module):
         (:mod:`zoo.parts.head_outputs`); XSA removes each head's own up-projected value.
     """
 
+    doc_reset: ClassVar[str | None] = "a block-diagonal causal mask: a query sees only its own document's keys"
+
     @classmethod
     def check(cls, dims: BlockDims, **options: Any) -> None:
         for name in ("kv_rank", "q_rank"):
@@ -128,18 +122,18 @@ class LatentAttention(nn.Module):
         Under sequence parallelism the input is gathered from the sequence shards and the output
         reduce-scattered back to them."""
         plan: Plan = {
-            "kv_down": Chain(Replicated(), PartialGradient(self.rope_dim)),
-            "kv_up": ColwiseParallel(),
+            "kv_down": tp.Chain(tp.Replicated(), tp.PartialGradient(self.rope_dim)),
+            "kv_up": tp.ColwiseParallel(),
             "out": row_output(sequence_parallel),
             **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
         }
         if self.q_rank is None:
-            plan["q"] = ColwiseParallel()
+            plan["q"] = tp.ColwiseParallel()
         else:
-            plan.update({"q_down": Replicated(), "q_up": ColwiseParallel()})
+            plan.update({"q_down": tp.Replicated(), "q_up": tp.ColwiseParallel()})
         for name in ("kv_norm", "q_norm"):
             if not isinstance(getattr(self, name, nn.Identity()), nn.Identity):  # latent_norm: none is Identity
-                plan[name] = Replicated()
+                plan[name] = tp.Replicated()
         return {**plan, **output_plan(self, sequence_parallel)}
 
     def __init__(
@@ -252,7 +246,7 @@ class LatentAttention(nn.Module):
         return masked_logits(q, k, scale=self.score_scale, causal=self.causal, bias=bias)
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: LayerState | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                positions: torch.Tensor | None = None, documents: Documents | None = None) -> torch.Tensor:  # fmt: skip
         """x: (b, t, d_model) -> (b, t, d_model); arguments as in :meth:`zoo.parts.attention.Attention.forward`."""
         state = None if cache is None else cache.mixer_state(LatentCache)
         time = x.shape[1]
@@ -281,6 +275,7 @@ class LatentAttention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             scale=self.score_scale,
             sink=None if self.sink is None else local(self.sink),
+            documents=None if documents is None else documents.same(slots, k.shape[-2]),
         )
         y = y[..., : self.d_head]
         if self.xsa:

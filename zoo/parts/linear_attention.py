@@ -15,21 +15,14 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
-from zoo.core.tp import (
-    Chain,
-    ColwiseParallel,
-    LocalHeads,
-    Plan,
-    gather_sequence,
-    prefixed,
-    require_whole_heads,
-    row_output,
-)
-from zoo.parts.canon import Canon
+from zoo.core.tp import Plan, gather_sequence, prefixed, require_whole_heads, row_output
+from zoo.parts.canon import KERNEL, Canon
+from zoo.parts.documents import Documents, chunk_cuts
 from zoo.parts.kernels import Backend
 from zoo.parts.positions import Position
 from zoo.parts.state import LayerState, MixerState, forget, keep, nbytes, query_slots
@@ -98,28 +91,38 @@ def decay_weights(log_decay: torch.Tensor, causal: bool) -> torch.Tensor:
 
 
 def quadratic(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, start: torch.Tensor | None, causal: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, start: torch.Tensor | None,
+    causal: bool, segments: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The full form: y_i = sum_j D[i, j] (q_i . k_j) v_j + exp(L_i) q_i S_0, and the final state.
 
     q, k: (b, h, t, d_key); v: (b, h, t, d_head); log_decay (b, h, t); start: S_0 (b, h, d_key, d_head) or None.
+    ``segments`` (b, 1 + t) (zoo.parts.documents.Documents.segments): every product of decays that spans a
+    document boundary is cut to 0 (the state reset at each document's first token).
     """
+    cut = None if segments is None else chunk_cuts(segments, q.shape[2])  # one chunk: the whole call
     weights = decay_weights(log_decay, causal).to(q.dtype) * torch.einsum("bhik,bhjk->bhij", q, k)
-    y = torch.einsum("bhij,bhjd->bhid", weights, v)
+    y = torch.einsum("bhij,bhjd->bhid", weights if cut is None else weights * cut.within[:, :, 0], v)
     total = log_decay.cumsum(-1)
     to_end = torch.exp(total[..., -1:] - total).to(q.dtype)  # (b, h, t)
+    to_end = to_end if cut is None else to_end * cut.kept[:, :, 0]
     end = torch.einsum("bhjk,bhjd->bhkd", k * to_end[..., None], v)
     if start is not None:
-        y = y + torch.exp(total).to(q.dtype)[..., None] * torch.einsum("bhik,bhkd->bhid", q, start)
-        end = end + torch.exp(total[..., -1, None, None]).to(q.dtype) * start
+        entry, through = torch.exp(total).to(q.dtype), torch.exp(total[..., -1, None, None]).to(q.dtype)
+        if cut is not None:
+            entry, through = entry * cut.entered[:, :, 0], through * cut.through[:, :, 0, None, None]
+        y = y + entry[..., None] * torch.einsum("bhik,bhkd->bhid", q, start)
+        end = end + through * start
     return y, end
 
 
 def chunked(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, start: torch.Tensor | None, chunk: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, start: torch.Tensor | None,
+    chunk: int, segments: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The chunked (causal) form, equal to :func:`quadratic`: within each chunk of ``chunk`` tokens the
-    quadratic form, across chunks a (d_key, d_head) state per head, so the cost is linear in t."""
+    quadratic form, across chunks a (d_key, d_head) state per head, so the cost is linear in t. ``segments``:
+    as for :func:`quadratic`, the cuts made per chunk (zoo.parts.documents.chunk_cuts)."""
     batch, heads, time, d_key = q.shape
     pad = -time % chunk
     if pad:  # zero keys and values and no decay: padding changes nothing
@@ -131,11 +134,14 @@ def chunked(
     diff = rearrange(total, "b h n i -> b h n i 1") - rearrange(total, "b h n j -> b h n 1 j")
     allowed = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
     within = torch.exp(diff.masked_fill(~allowed, float("-inf"))).to(q.dtype)
-    y = ((q @ k.transpose(-1, -2)) * within) @ v  # (b, h, n, c, d_head): within each chunk
     # Each chunk's own contribution to the state at its end, and how much it decays what came before.
     to_end = torch.exp(total[..., -1:] - total).to(q.dtype)  # (b, h, n, c)
-    own = (k * to_end[..., None]).transpose(-1, -2) @ v  # (b, h, n, d_key, d_head)
     through = torch.exp(total[..., -1]).to(q.dtype)  # (b, h, n)
+    entry = torch.exp(total).to(q.dtype)  # (b, h, n, c): how much of the entering state each query reads
+    if segments is not None:  # documents: no product of decays across a boundary
+        within, to_end, through, entry = chunk_cuts(segments, chunk).cut(within, to_end, through, entry)
+    y = ((q @ k.transpose(-1, -2)) * within) @ v  # (b, h, n, c, d_head): within each chunk
+    own = (k * to_end[..., None]).transpose(-1, -2) @ v  # (b, h, n, d_key, d_head)
     state = q.new_zeros(batch, heads, d_key, v.shape[-1]) if start is None else start
     starts = []
     # t / chunk steps, each a (d_key, d_head) update; unbind, not indexing: its backward is one stack
@@ -143,18 +149,22 @@ def chunked(
         starts.append(state)
         state = kept[..., None, None] * state + added
     before = torch.stack(starts, dim=2)  # (b, h, n, d_key, d_head): the state entering each chunk
-    y = y + (q * torch.exp(total).to(q.dtype)[..., None]) @ before  # what entered each chunk, decayed
+    y = y + (q * entry[..., None]) @ before  # what entered each chunk, decayed
     return rearrange(y, "b h n c d -> b h (n c) d")[:, :, :time], state
 
 
 def recurrent(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, start: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The recurrent form, one token at a time: S_i = exp(a_i) S_{i-1} + k_i v_i^T, y_i = q_i S_i."""
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, start: torch.Tensor | None,
+    fresh: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The recurrent form, one token at a time: S_i = exp(a_i) S_{i-1} + k_i v_i^T, y_i = q_i S_i; ``fresh``
+    (b, t) bool (zoo.parts.documents.Documents.fresh): S_{i-1} is forgotten (times 0) at a document's first token."""
     state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if start is None else start
     ys = []
     for i in range(q.shape[2]):
         kept = torch.exp(log_decay[:, :, i, None, None]).to(q.dtype)
+        if fresh is not None:
+            kept = kept * ~fresh[:, i, None, None, None]
         state = kept * state + torch.einsum("bhk,bhd->bhkd", k[:, :, i], v[:, :, i])
         ys.append(torch.einsum("bhk,bhkd->bhd", q[:, :, i], state))
     return torch.stack(ys, dim=2), state
@@ -202,6 +212,10 @@ class LinearAttention(nn.Module):
 
     #: Canon site b: a canon layer on q, k and v as ``qkv`` gives them, before the feature map.
     canon_sites: ClassVar[frozenset[str]] = frozenset({"b"})
+    doc_reset: ClassVar[str | None] = (
+        "the state reset at each document's first token: in the chunked and quadratic forms every product of "
+        "decays that spans a boundary cut to 0"
+    )
     conflicts: ClassVar[dict[str, str]] = {
         "score bias": "linear attention never forms the score matrix a score bias is added to; "
         "use pos=rotary, or decay: fixed (RetNet's decay plays ALiBi's part)"
@@ -223,13 +237,13 @@ class LinearAttention(nn.Module):
         with them), row-wise ``out``; the position part's own plan. Under sequence parallelism the input
         is gathered from the sequence shards and the output reduce-scattered back to them."""
         plan: Plan = {
-            "qkv": ColwiseParallel(),
+            "qkv": tp.ColwiseParallel(),
             "out": row_output(sequence_parallel),
             **prefixed("position", self.position.tp_plan(sequence_parallel)),  # type: ignore[attr-defined]
         }
         if self.gate is not None:
-            plan["gate"] = ColwiseParallel()
-        plan[""] = Chain(gather_sequence(), LocalHeads("heads")) if sequence_parallel else LocalHeads("heads")
+            plan["gate"] = tp.ColwiseParallel()
+        plan[""] = tp.Chain(gather_sequence(), tp.LocalHeads("heads")) if sequence_parallel else tp.LocalHeads("heads")
         return plan
 
     def __init__(
@@ -286,13 +300,14 @@ class LinearAttention(nn.Module):
         return None
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, cache: LayerState | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                positions: torch.Tensor | None = None, documents: Documents | None = None) -> torch.Tensor:  # fmt: skip
         """x: (b, t, d_model) -> (b, t, d_model).
 
         key_mask: (b, t_k) bool, True at real tokens (t_k counts earlier tokens too): a padding token
             adds nothing to the state and does not decay it. cache: this layer's state; its
             :class:`RecurrentState` carries the matrix across calls. positions: (b, t) per-sample
             position ids for the ``pos`` axis (left-padded batches); default: token index.
+        documents: every token's document (zoo.parts.documents): the state starts anew at each one.
         """
         time = x.shape[1]
         state = None if cache is None else cache.mixer_state(RecurrentState)
@@ -302,7 +317,7 @@ class LinearAttention(nn.Module):
         mixed = self.qkv(x)
         if self.canon is not None:
             real = None if key_mask is None else key_mask.index_select(1, slots).bool()
-            mixed = self.canon(mixed, real, cache)
+            mixed = self.canon(mixed, real, cache, None if documents is None else documents.taps(slots, KERNEL))
         q, k, v = rearrange(mixed, "b t (h n) -> b h t n", n=2 * self.d_key + self.d_head).split(
             [self.d_key, self.d_key, self.d_head], dim=-1
         )
@@ -314,12 +329,13 @@ class LinearAttention(nn.Module):
             k = k * real[..., None]
             log_decay = log_decay * real
         start = None if state is None else state.matrix
+        segments = None if documents is None else documents.segments(slots)
         if not self.causal or self.backend == "math":
-            y, end = quadratic(q, k, v, log_decay, start, self.causal)
+            y, end = quadratic(q, k, v, log_decay, start, self.causal, segments)
         elif time == 1 and start is not None:
-            y, end = recurrent(q, k, v, log_decay, start)
+            y, end = recurrent(q, k, v, log_decay, start, None if documents is None else documents.fresh(slots))
         else:
-            y, end = chunked(q, k, v, log_decay, start, self.chunk)
+            y, end = chunked(q, k, v, log_decay, start, self.chunk, segments)
         if state is not None:
             state.update(end, time)
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + NORM_EPS)  # per head, no gain

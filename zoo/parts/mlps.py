@@ -18,7 +18,7 @@ from torch import nn
 from zoo.core.dims import BlockDims, dropout
 from zoo.core.errors import ConfigError
 from zoo.core.registry import MLPS
-from zoo.core.tp import DTensor, Plan, column_branch
+from zoo.core.tp import Plan, column_branch, is_dtensor
 from zoo.parts.canon import Canon
 from zoo.parts.state import LayerState
 
@@ -70,13 +70,18 @@ class PlainMLP(MLP):
         return {}
 
     def forward(
-        self, x: torch.Tensor, *, real: torch.Tensor | None = None, cache: LayerState | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        real: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+        taps: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (b, t, d_model) -> (b, t, d_model); ``real`` (the new tokens' padding mask) and ``cache`` (the
-        layer's decoding state): the canon layer's, at site d."""
+        """x (b, t, d_model) -> (b, t, d_model); ``real`` (the new tokens' padding mask), ``cache`` (the
+        layer's decoding state) and ``taps`` (its document mask, zoo.parts.documents): the canon layer's, at site d."""
         hidden = self.up(x)
         if self.canon is not None:
-            hidden = self.canon(hidden, real, cache)
+            hidden = self.canon(hidden, real, cache, taps)
         return self.down(self.drop(self.activation(hidden)))
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
@@ -125,13 +130,18 @@ class GatedMLP(MLP):
         return {"gate_up.weight": {"gate": gate, "up": up}}
 
     def forward(
-        self, x: torch.Tensor, *, real: torch.Tensor | None = None, cache: LayerState | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        real: torch.Tensor | None = None,
+        cache: LayerState | None = None,
+        taps: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (b, t, d_model) -> (b, t, d_model); ``real`` (the new tokens' padding mask) and ``cache`` (the
-        layer's decoding state): the canon layer's, at site d."""
+        """x (b, t, d_model) -> (b, t, d_model); ``real`` (the new tokens' padding mask), ``cache`` (the
+        layer's decoding state) and ``taps`` (its document mask, zoo.parts.documents): the canon layer's, at site d."""
         gate, up = self.gate_and_up(x)
         if self.canon is not None:
-            gate, up = self.canon(torch.cat([gate, up], dim=-1), real, cache).chunk(2, dim=-1)
+            gate, up = self.canon(torch.cat([gate, up], dim=-1), real, cache, taps).chunk(2, dim=-1)
         return self.down(self.drop(self.glu(gate, up)))
 
     def glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -142,9 +152,9 @@ class GatedMLP(MLP):
         """gate(x) and up(x), (b, t, f) each: one matmul per matrix of ``gate_up`` (its rows as strided views,
         no copy), so each comes out contiguous. Halves of the one fused output would be strided views: the
         activation and the product run slower on them, and their backward copies both back into one.
-        Under tensor parallelism (a DTensor weight) ``gate_up``'s own call, whose hooks gather the input
+        Under tensor parallelism (a tp.DTensor weight) ``gate_up``'s own call, whose hooks gather the input
         and sum its gradient over the ranks."""
-        if isinstance(self.gate_up.weight, DTensor):
+        if is_dtensor(self.gate_up.weight):
             gate, up = rearrange(self.gate_up(x), "... (f two) -> two ... f", two=2)  # (b, t, 2f) -> 2 x (b, t, f)
             return gate, up
         weights = split_gate_up(self.gate_up.weight)

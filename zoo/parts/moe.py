@@ -24,11 +24,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.auxiliary import record_aux
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import MLPS
-from zoo.core.tp import Chain, Plan, PrepareModuleOutput, Replicate, Replicated, Shard, gather_sequence, prefixed
+from zoo.core.tp import Plan, gather_sequence, prefixed
 from zoo.parts.mlps import MLP
 
 Routing = Literal["softmax", "sigmoid"]
@@ -239,18 +240,18 @@ class MoE(MLP):
         expert and the shared expert shard as their MLP does (hidden units split, outputs all-reduced).
         Under sequence parallelism the input is gathered whole and the output cut back to this rank's
         tokens."""
-        plan: Plan = {"router": Replicated()}
+        plan: Plan = {"router": tp.Replicated()}
         if self.shared_gate is not None:
-            plan["shared_gate"] = Replicated()
+            plan["shared_gate"] = tp.Replicated()
         for i, expert in enumerate(self.experts):
             plan.update(prefixed(f"experts.{i}", expert.tp_plan(False)))
         if self.shared is not None:
             plan.update(prefixed("shared", self.shared.tp_plan(False)))
         if sequence_parallel:
-            keep_mine = PrepareModuleOutput(
-                output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True
+            keep_mine = tp.PrepareModuleOutput(
+                output_layouts=(tp.Replicate(),), desired_output_layouts=(tp.Shard(1),), use_local_output=True
             )
-            plan[""] = Chain(gather_sequence(), keep_mine)
+            plan[""] = tp.Chain(gather_sequence(), keep_mine)
         return plan
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:

@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import POSITIONS
-from zoo.core.tp import LocalHeads, Plan, Replicated, no_plan
+from zoo.core.tp import Plan, no_plan
 
 
 class Position(nn.Module):
@@ -172,7 +173,7 @@ class ALiBi(Position):
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
         """Each rank keeps the slopes of its own query heads."""
-        return {"": LocalHeads("slopes")}
+        return {"": tp.LocalHeads("slopes")}
 
     def __init__(self, dims: BlockDims) -> None:
         super().__init__()
@@ -195,7 +196,7 @@ class LearnedEmbedding(nn.Module):
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
         """The table, replicated: every rank adds it to the whole sequence before the blocks."""
-        return {"": Replicated()}
+        return {"": tp.Replicated()}
 
     def __init__(self, max_len: int, d_model: int) -> None:
         super().__init__()

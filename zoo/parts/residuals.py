@@ -28,11 +28,12 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
+from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import RESIDUALS
-from zoo.core.tp import Plan, ReplicatedParameters, no_plan, replicated
+from zoo.core.tp import Plan, no_plan, replicated
 from zoo.parts.placements import Branch, Placement
 
 
@@ -103,7 +104,7 @@ class Scaled(Residual):
             self.x0_lambda.fill_(0.0)
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
-        return {"": ReplicatedParameters(sequence_parallel)}
+        return {"": tp.ReplicatedParameters(sequence_parallel)}
 
     def extra_flops(self, seq_len: int) -> int:
         """Two products and a sum per feature (x 3 for forward and backward)."""
@@ -260,7 +261,7 @@ class Hyper(Streams):
                 self.dynamic_weight.zero_()
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
-        return {"": ReplicatedParameters(sequence_parallel)}
+        return {"": tp.ReplicatedParameters(sequence_parallel)}
 
     def extra_flops(self, seq_len: int) -> int:
         """Per term, forward: the read (2 n d), the mix (2 n^2 d) and the write (2 n d); with ``dynamic`` the
@@ -368,7 +369,7 @@ class ManifoldHyper(Streams):
             self.scale.fill_(1.0)
 
     def tp_plan(self, sequence_parallel: bool) -> Plan:
-        return {"": ReplicatedParameters(sequence_parallel)}
+        return {"": tp.ReplicatedParameters(sequence_parallel)}
 
     def extra_flops(self, seq_len: int) -> int:
         """Per term, forward: the norm (3 n d), the read (2 n d), the mix (2 n^2 d), the write (2 n d) and the

@@ -270,3 +270,15 @@ def shard(items: list[Any], index: int, count: int) -> list[Any]:
 def every_covering(test: Any) -> Any:
     """Parametrize ``test`` over :func:`covering_combinations`, ids as in :func:`every_combination`."""
     return parametrize(test, covering_combinations())
+
+
+def every_part_once(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The first ``rows`` until every part (variants included) of them has appeared: where a check that belongs
+    to a part (a graph break, a host sync) costs a compilation per row."""
+    kept, seen = [], set()
+    for combo in rows:
+        parts = set(combo.items())
+        if not parts <= seen:
+            kept.append(combo)
+            seen |= parts
+    return kept

@@ -41,11 +41,13 @@ def read_spread(
     *,
     read: Callable[[Path], bytes] = Path.read_bytes,
     exclude: frozenset[str] = frozenset(),
+    separator: bytes = b"",
 ) -> tuple[bytes, int, frozenset[str]]:
     """Up to ``max_bytes`` of ``root``'s ``files`` (relative paths, read by ``read``) joined, taken in the order
     of a hash of their paths (a spread, deterministic subset when ``max_bytes`` cuts it short): the bytes, how
     many files they hold, and the sha256 of each file taken. Files holding a NUL byte (binaries), files that
-    cannot be read and files whose sha256 is in ``exclude`` are skipped."""
+    cannot be read and files whose sha256 is in ``exclude`` are skipped. ``separator``: put before every file
+    (a BOS byte: each file a document, zoo.lab.data.packing)."""
     parts, total, hashes = [], 0, set()
     for rel in sorted(files, key=lambda rel: hashlib.sha1(rel.encode()).hexdigest()):
         if total >= max_bytes:
@@ -60,4 +62,4 @@ def read_spread(
         parts.append(text[: max_bytes - total])
         total += len(parts[-1])
         hashes.add(digest)
-    return b"".join(parts), len(parts), frozenset(hashes)
+    return b"".join(separator + part for part in parts), len(parts), frozenset(hashes)

@@ -112,8 +112,22 @@ def plan_run(
     )
     check_on_meta(lambda: RunModel(task_cls, tuple(specs), param).build(raw), recipe.optim["lr_ratios"])
     check_qk_clip(lambda: RunModel(task_cls, tuple(specs), param).build(raw), recipe.optim["qk_clip"])
+    if task_opts.get("doc_mask"):
+        check_documents(lambda: RunModel(task_cls, tuple(specs), param).build(raw))
     check_init(raw.get("init"), mup=param is not None, custom_model=custom_model)
     return RunPlan(train_cfg, device, logger, mesh, options, tuple(specs), task_cls, task_opts, recipe, branch, param)
+
+
+def check_documents(build: Any) -> None:
+    """``task.doc_mask=true``: the run's model, built on the meta device, must keep documents apart (every layer's
+    mixer states its reset, zoo.models.language.LanguageModel.check_documents); a model that takes no document ids
+    (an encoder-decoder) is refused by name."""
+    with torch.device("meta"):
+        model = build()
+    check = getattr(model, "check_documents", None)
+    if check is None:
+        raise ConfigError("task.doc_mask", True, f"false: the task's {type(model).__name__} takes no document ids")
+    check()
 
 
 def check_sharded(mesh: ProcessMesh, train_cfg: Any, options: Mapping[str, Any]) -> None:

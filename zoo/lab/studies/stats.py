@@ -23,10 +23,18 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
 
 from zoo.core.errors import ConfigError
 from zoo.lab.planning.options import TESTS
+
+
+def sps():  # noqa: ANN201  (the module)
+    """``scipy.stats``, imported on first use: a training process imports this module through the tuning and
+    report code it shares with sweeps and never computes a statistic (the import costs it a second)."""
+    from scipy import stats
+
+    return stats
+
 
 #: Fewer pairs than this (or, unpaired, fewer runs on either side) give no interval.
 MIN_PAIRS = 3
@@ -85,8 +93,8 @@ def t_interval(diffs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[
     se = sd / math.sqrt(n)
     if se == 0:  # every pair differs by the same amount: the interval is that point
         return mean, mean, mean, (1.0 if mean == 0 else 0.0)
-    half = sps.t.ppf(0.5 + confidence / 2, n - 1) * se
-    p = 2 * sps.t.sf(abs(mean) / se, n - 1)
+    half = sps().t.ppf(0.5 + confidence / 2, n - 1) * se
+    p = 2 * sps().t.sf(abs(mean) / se, n - 1)
     return mean, mean - half, mean + half, float(p)
 
 
@@ -100,8 +108,8 @@ def welch_interval(
     if se == 0:
         return mean, mean, mean, (1.0 if mean == 0 else 0.0)
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = sps.t.ppf(0.5 + confidence / 2, df) * se
-    p = 2 * sps.t.sf(abs(mean) / se, df)
+    half = sps().t.ppf(0.5 + confidence / 2, df) * se
+    p = 2 * sps().t.sf(abs(mean) / se, df)
     return mean, mean - half, mean + half, float(p)
 
 
@@ -120,7 +128,7 @@ def permutation_interval(
     n = len(x)
     exact = n <= EXACT_MAX
     rng = np.random.default_rng(0)
-    result = sps.permutation_test((x,), np.mean, permutation_type="samples", vectorized=True,
+    result = sps().permutation_test((x,), np.mean, permutation_type="samples", vectorized=True,
                                   n_resamples=RESAMPLES, rng=rng)  # fmt: skip
     if exact:  # every nonempty subset: its members' mean
         signs = (np.arange(1, 2**n)[:, None] >> np.arange(n)) & 1
@@ -139,7 +147,7 @@ def bootstrap_interval(diffs: Sequence[float], confidence: float = CONFIDENCE) -
     x = np.asarray(diffs, dtype=float)
     if np.all(x == x[0]):  # every pair differs by the same amount: the interval is that point
         return float(x[0]), float(x[0]), float(x[0]), (1.0 if x[0] == 0 else 0.0)
-    result = sps.bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=RESAMPLES, method="percentile",
+    result = sps().bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=RESAMPLES, method="percentile",
                            vectorized=True, rng=np.random.default_rng(0))  # fmt: skip
     means = result.bootstrap_distribution
     p = min(1.0, 2 * min(float(np.mean(means <= 0)), float(np.mean(means >= 0))))
@@ -275,5 +283,5 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tu
     if len(values) < 2:
         return None
     mean = statistics.fmean(values)
-    half = sps.t.ppf(0.5 + confidence / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    half = sps().t.ppf(0.5 + confidence / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
