@@ -166,3 +166,30 @@ def test_bytes_task_hands_the_model_its_document_ids():
 
     task.logits(model, batch)
     assert torch.equal(seen["doc_ids"], document_ids(batch.inputs, BOS))
+
+
+@pytest.mark.slow
+def test_a_run_trains_on_packed_documents_and_refuses_a_model_that_cannot_keep_them_apart(tmp_path):
+    """``task.doc_mask=true`` end to end: a run over best-fit windows trains (its documents reach the model: the
+    loss differs from the same run without the mask), and one whose model cannot keep documents apart (multi-token
+    prediction's extra depths) is refused by name before it trains."""
+    from helpers import tiny
+
+    from zoo.lab.records.metrics import read_metrics
+    from zoo.lab.training.run import run
+
+    texts = tmp_path / "texts"  # documents shorter than a window, so windows hold several
+    texts.mkdir()
+    for n in range(60):
+        (texts / f"{n:02d}.txt").write_text(f"document {n}: " + "ab cd ef "[n % 5 :] * (1 + n % 4) + "\n")
+    common = [f"task.path={texts}", "task.glob=*.txt", "task.packing=best_fit", "train.steps=3", "train.log_every=1",
+              "train.eval_every=0"]  # fmt: skip
+    losses = {}
+    for mask in ("true", "false"):
+        result = run(tiny(*common, f"task.doc_mask={mask}"), tmp_path / mask)
+        assert result["status"] == "ok", result["error"]
+        losses[mask] = [r["loss"] for r in read_metrics(tmp_path / mask) if r["kind"] == "train"]
+    assert len(losses["true"]) == 3 and losses["true"] != losses["false"]
+    refused = run(tiny(*common, "task.doc_mask=true", "objective=mtp"), tmp_path / "mtp")
+    assert refused["status"] == "failed" and "task.doc_mask" in refused["error"] and "multi-token" in refused["error"]
+    assert not (tmp_path / "mtp" / "metrics.jsonl").exists(), "the refused run trained"
