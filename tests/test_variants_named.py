@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from helpers import SMALL, summaries, zoo_cli
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
@@ -40,6 +41,16 @@ def test_variants_times_seeds_and_nothing_else():
     assert jobs[0] == ["mlp=gelu", "train.steps=4", "seed=0", "variant=base"]
     assert jobs[3] == ["train.steps=4", "seed=1", "mlp=swiglu", "variant=glu"]  # the variant's mlp, not the fixed one
     assert len({run_folder_name(j) for j in jobs}) == 6
+
+
+def test_a_keys_last_override_wins_as_in_hydras_sweeper():
+    """The sweep file's seeds narrowed on the command line (tune.lr's tuning sweep passes ``seed=0`` after the
+    sweep file's ``seed: 0,1,2``): every job runs the last value given, as Hydra's basic sweeper's product does."""
+    lines = ("seed=0,1,2", "block.d_model=32,64", "mlp=gelu", "seed=0", "mlp=relu,gelu", "train.lr=0.1,0.3")
+    jobs = named_jobs(named_variants({"base": []}, None), parsed(*lines))
+    grid = [job for batch in BasicSweeper.split_arguments(parsed(*lines), None) for job in batch]
+    assert sorted(sorted(j[:-1]) for j in jobs) == sorted(sorted(j) for j in grid)
+    assert len(jobs) == 8 and all([o for o in j if o.startswith("seed=")] == ["seed=0"] for j in jobs)
 
 
 def test_hold_one_out_and_add_one_name_their_variants():

@@ -140,9 +140,12 @@ def config_variants(config: DictConfig) -> dict[str, list[str]] | None:
 def named_jobs(named: Mapping[str, Sequence[str]], overrides: Sequence[Override]) -> list[list[str]]:
     """Each variant x the product of the sweep's swept values (``overrides``: its sweep file's ``params`` and
     command line, parsed), variants outermost: a job is the sweep's other overrides (a fixed one of a key the
-    variant sets left out), the variant's, and ``variant=<name>``. A variant setting a swept key is refused."""
-    swept = {o.get_key_element(): list(o.sweep_string_iterator()) for o in overrides if o.is_sweep_override()}
-    fixed = [f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in overrides if not o.is_sweep_override()]
+    variant sets left out), the variant's, and ``variant=<name>``. A key's last override wins, as in Hydra's basic
+    sweeper (the command line's ``seed=0`` over the sweep file's ``seed: 0,1,2``). A variant setting a swept key
+    is refused."""
+    last = {o.get_key_element(): o for o in overrides}
+    swept = {key: list(o.sweep_string_iterator()) for key, o in last.items() if o.is_sweep_override()}
+    fixed = [f"{key}={o.get_value_element_as_str()}" for key, o in last.items() if not o.is_sweep_override()]
     for name, change in named.items():
         for override in change:
             hit = next((k for k in swept if collide(override_key(k), override_key(override))), None)
