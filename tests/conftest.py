@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from collections import Counter  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -77,10 +78,16 @@ def parse_part(option: str) -> tuple[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _seed() -> None:
+def _seed_and_threads(request: pytest.FixtureRequest) -> Iterator[None]:
     # The CPU generator only: torch.manual_seed also queues a CUDA seeding that formats a stack trace
     # (milliseconds per test, thousands of tests).
     torch.random.default_generator.manual_seed(0)
+    yield
+    # A test that trained in this process at threads=null (the machine's cores) must not leave every later test
+    # in this worker fighting the other worker for the cores (spinning threads: tiny ops 10x slower and more).
+    if (threads := torch.get_num_threads()) != 1:
+        request.node.user_properties.append(("threads left", threads))
+        torch.set_num_threads(1)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
@@ -110,6 +117,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
             write(f"  skipped {n}: {reason}")
         for note, n in notes.most_common():
             write(f"  {n} x {note}")
+    teardowns = [r for reports in stats.values() for r in reports if getattr(r, "when", None) == "teardown"]
+    leaks = sorted({r.nodeid for r in teardowns for key, _ in r.user_properties if key == "threads left"})
+    if leaks:
+        write(f"{len(leaks)} tests left torch at more than one thread (reset to 1 after each): " + ", ".join(leaks))
     contract = [r for r in every if "test_contract.py::" in r.nodeid and r.when == "call"]
     declared = Counter(value for r in contract for key, value in r.user_properties if key == "declared")
     if declared:

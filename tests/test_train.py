@@ -436,3 +436,19 @@ def test_a_run_checks_each_section_once_and_builds_from_what_it_resolved(tmp_pat
         cfg = {**cfg, "parallel": {"tp": 2}}
         with pytest.raises(ConfigError, match=f"parallel.tp=2: must divide the sequence length {length} "):
             plan.plan_run(cfg, {}, world=2)  # the task's length from its options: no data read
+
+
+def test_default_threads_share_the_cores_and_obey_omp_num_threads(monkeypatch):
+    """``threads: null``: the cores over the jobs beside this one, never more than OMP_NUM_THREADS asks (a run
+    started by a process that set it, as a test suite's worker does, must not fight its parent for the cores)."""
+    from zoo.lab.training import processes
+
+    monkeypatch.setattr(processes, "usable_cores", lambda: 8)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert [processes.default_threads(jobs) for jobs in (1, 2, 3, 16)] == [8, 4, 2, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert [processes.default_threads(jobs) for jobs in (1, 2, 4)] == [3, 3, 2]
+    for ignored in ("", "0", "auto"):  # unset in effect: torch's own reading of these is its default
+        monkeypatch.setenv("OMP_NUM_THREADS", ignored)
+        assert processes.default_threads(1) == 8

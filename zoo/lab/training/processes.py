@@ -24,10 +24,13 @@ from zoo.lab.records.summary import RunRecord
 
 
 def default_threads(parallel_jobs: int = 1) -> int:
-    """Cores this process may use, shared among the jobs running beside it on this machine."""
+    """Cores this process may use, shared among the jobs running beside it on this machine; at most
+    ``OMP_NUM_THREADS`` where that is set (torch's own default obeys it, and so does a run)."""
     cores = usable_cores()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    return max(1, cores // max(1, local * parallel_jobs))
+    share = max(1, cores // max(1, local * parallel_jobs))
+    asked = os.environ.get("OMP_NUM_THREADS", "")
+    return min(share, int(asked)) if asked.isdigit() and int(asked) > 0 else share
 
 
 def take_device(device: torch.device, world: int, local_rank: int) -> torch.device:
