@@ -21,7 +21,7 @@ BASE = {"placement": "pre", "norm": "rmsnorm", "pos": "rotary", "mlp": "swiglu"}
 MIXERS = {
     "mha": {}, "mha+window": {}, "gqa": {"backend": "math"}, "mla": {}, "linear": {"chunk": 2},
     "linear+gated": {"chunk": 2}, "linear+retnet": {"backend": "math"}, "gated_deltanet": {"chunk": 2},
-    "gated_deltanet+negeig": {"backend": "math"},
+    "gated_deltanet+negeig": {"backend": "math"}, "kda": {"chunk": 2}, "kda+grouped": {"backend": "math"},
 }  # fmt: skip
 IDS = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0, 1, 1, 1, 1, 1, 2, 2]])
 
