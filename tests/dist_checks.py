@@ -245,7 +245,7 @@ def train_loop(
 
 def check_generation_under_tp(tp: int) -> None:
     """Cached greedy generation with the model split over ``tp`` ranks (no sequence parallelism: each
-    rank holds its heads' cache, or Gated DeltaNet's state) gives the one-process tokens."""
+    rank holds its heads' cache, or Gated DeltaNet's and KDA's state) gives the one-process tokens."""
     parallel = ProcessMesh(tp=tp)
     mesh = parallel.mesh("cpu")
     for pos in ("rotary", "alibi", "learned"):
@@ -260,17 +260,18 @@ def check_generation_under_tp(tp: int) -> None:
         heads = model.blocks[0].attn.n_kv_heads // tp
         model.hidden_states(prompt, caches=caches)
         assert caches[0].mixer_state(KVCache).k.shape[1] == heads  # this rank's key/value heads only
-    model = tiny_model({**TRAIN_COMBO, "attn": "gated_deltanet"})
-    one = copy.deepcopy(model)
-    parallelize(model, parallel, mesh, sequence_parallel=False)
-    prompt = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(3))
-    got = model.generate(prompt, 4)
-    assert torch.equal(got, one.generate(prompt, 4)), ("gated_deltanet", got)
-    caches = model.new_caches(7)
-    model.hidden_states(prompt, caches=caches)
-    state, attn = caches[0].mixer_state(DeltaState), one.blocks[0].attn
-    assert state.matrix.shape[1] == attn.n_heads // tp  # this rank's heads' matrices
-    assert state.conv.shape[-1] == attn.channels // tp  # and their channels' last convolution inputs
+    for mixer in ("gated_deltanet", "kda"):
+        model = tiny_model({**TRAIN_COMBO, "attn": mixer})
+        one = copy.deepcopy(model)
+        parallelize(model, parallel, mesh, sequence_parallel=False)
+        prompt = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(3))
+        got = model.generate(prompt, 4)
+        assert torch.equal(got, one.generate(prompt, 4)), (mixer, got)
+        caches = model.new_caches(7)
+        model.hidden_states(prompt, caches=caches)
+        state, attn = caches[0].mixer_state(DeltaState), one.blocks[0].attn
+        assert state.matrix.shape[1] == attn.n_heads // tp  # this rank's heads' matrices
+        assert state.conv.shape[-1] == attn.channels // tp  # and their channels' last convolution inputs
 
 
 def check_dcp_save(folder: str) -> None:

@@ -5,15 +5,14 @@ fla's naive recurrence (grouped key heads, negative eigenvalues), its FLOPs and 
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
+from helpers import assert_forms_equal, fla_naive, two_steps_by_hand
 
 from zoo import ConfigError, LayerState, build_block
 from zoo.parts.gated_deltanet import DeltaState, delta_chunked, delta_recurrent
@@ -34,17 +33,8 @@ def kda(seed: int = 0, **attn: Any) -> torch.nn.Module:
 
 
 def fla_kda_naive():
-    """fla-core's pure-PyTorch KDA references (fla/ops/kda/naive.py), loaded by file path (``import fla`` needs
-    triton, which a CPU machine lacks)."""
-    found = importlib.util.find_spec("fla")
-    if found is None or not found.submodule_search_locations:
-        pytest.skip("fla-core is not installed: pip install -e '.[reference]' (dev includes it)")
-    path = Path(next(iter(found.submodule_search_locations))) / "ops" / "kda" / "naive.py"
-    spec = importlib.util.spec_from_file_location("fla_kda_naive", path)
-    assert spec is not None and spec.loader is not None, f"fla-core has no {path}"
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """fla-core's pure-PyTorch KDA references (fla/ops/kda/naive.py)."""
+    return fla_naive("kda")
 
 
 def kda_inputs(t: int = 37, key_heads: int = 3, group: int = 1, scale: float = 3.0, dtype=torch.float64):
@@ -62,24 +52,15 @@ def test_the_delta_rule_with_a_decay_per_key_channel_by_hand():
     """Two steps, one head, two key channels decaying by 1/2 and 1/4: H_i = diag(a_i) H_{i-1} + k_i u_i^T,
     u_i = beta_i (v_i - (diag(a_i) H_{i-1})^T k_i), y_i = H_i^T q_i; with beta = 1 the state returns v for its key.
     A decay per head (both channels by 1/2) gives another state: the channels' decays are not averaged."""
-    q = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)[None, None]
-    k = torch.tensor([[0.0, 1.0], [0.6, 0.8]], dtype=torch.float64)[None, None]
-    v = torch.tensor([[2.0, 3.0], [1.0, -1.0]], dtype=torch.float64)[None, None]
-    beta = torch.tensor([0.5, 1.0], dtype=torch.float64)[None, None]
     log_decay = torch.tensor([0.5, 0.25], dtype=torch.float64).log().expand(1, 1, 2, 2)
+    forms, k, v = two_steps_by_hand(log_decay, [0.0, 1.0])
     # Step 1: H_1 = k_1 (0.5 (2, 3))^T = [[0, 0], [1, 1.5]], y_1 = H_1^T (1, 1) = (1, 1.5).
     # Step 2: diag(1/2, 1/4) H_1 = [[0, 0], [0.25, 0.375]] reads (0.2, 0.3) at k_2; u_2 = (0.8, -1.3);
     #         H_2 = [[0.48, -0.78], [0.25 + 0.64, 0.375 - 1.04]], y_2 = H_2^T (1, 0) = (0.48, -0.78).
-    expected_y = torch.tensor([[1.0, 1.5], [0.48, -0.78]], dtype=torch.float64)[None, None]
-    expected_state = torch.tensor([[0.48, -0.78], [0.89, -0.665]], dtype=torch.float64)[None, None]
-    forms = {"recurrent": delta_recurrent(q, k, v, beta, log_decay, None)}
-    forms |= {f"chunk {c}": delta_chunked(q, k, v, beta, log_decay, None, c) for c in (1, 2)}
-    for name, (y, state) in forms.items():
-        torch.testing.assert_close(y, expected_y, rtol=0, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
-        torch.testing.assert_close(state, expected_state, rtol=0, atol=1e-12)
-        torch.testing.assert_close(state[0, 0].T @ k[0, 0, 1], v[0, 0, 1], rtol=0, atol=1e-12)  # beta = 1: v back
-    _, per_head = delta_recurrent(q, k, v, beta, log_decay[..., 0], None)
-    assert not torch.allclose(per_head, expected_state)
+    state = [[0.48, -0.78], [0.89, -0.665]]
+    assert_forms_equal(forms, k, v, y=[[1.0, 1.5], [0.48, -0.78]], state=state)
+    per_head, _, _ = two_steps_by_hand(log_decay[..., 0], [0.0, 1.0])
+    assert not torch.allclose(per_head["recurrent"][1], torch.tensor(state, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 16, 24, 37, 64])
