@@ -94,9 +94,11 @@ def check_tp_matches_one_process(tp: int, dp_shard: int = 1) -> None:
         if refusal is not None:
             # By design, without a plan: canon layers and the branch-output convolutions (a convolution over the
             # sequence), the value residual (its weights mix every key/value head, which no rank holds whole), a
-            # qk-norm over all heads (the same), the norm's low-rank gate (not planned)
+            # qk-norm over all heads (the same), the norm's low-rank gate (not planned), Mamba-2 (its norm over each
+            # group's heads: not planned)
             by_design = refusal.field in ("block.canon", "block.out_conv", "block.attn.value_residual",
-                                          "block.attn.qk_norm_scope", "block.norm.gate_rank")  # fmt: skip
+                                          "block.attn.qk_norm_scope", "block.norm.gate_rank") or (
+                refusal.field == "block.attn.name" and refusal.value == "mamba2")  # fmt: skip
             assert by_design or (refusal.field == "parallel.tp" and "n_kv_heads" in str(refusal)), (
                 combo_id(combo),
                 refusal,

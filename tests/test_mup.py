@@ -52,6 +52,8 @@ DOCUMENTED = [
     )),
     ("gated_deltanet", "attn.decay.weight", "output"),  # one decay per head: (n_heads, d_model)
     ("gated_deltanet", "attn.dt", "fixed"),
+    *(("mamba2", f"attn.{name}", role) for name, role in (("bc.weight", "output"), ("bc.bias", "fixed"),
+      ("step.weight", "output"), ("a_log", "fixed"), ("dt", "fixed"), ("skip", "fixed"), ("conv", "vector"))),
     ("kda", "attn.dt", "vector"),  # one per key channel: (n_heads d_key,); decay.0, decay.1, gate.0, gate.1 through
     # the rank head_dim: hidden
     ("pre+out_conv", ".kernel", "vector"),  # branch-output convolutions: canon layers on d_model channels

@@ -17,9 +17,9 @@ from zoo.parts import (
 from zoo.parts import attnres, gated_deltanet  # after residuals, linear_attention: each axis in registration order
 
 # isort: split
-from zoo.parts import kda  # after gated_deltanet, whose part it extends
+from zoo.parts import kda, mamba2  # after gated_deltanet, whose part the one extends and the other's state uses
 
 __all__ = [
     "attention", "attention_options", "attnres", "gated_deltanet", "kda", "latent_attention", "linear_attention",
-    "mlps", "moe", "norms", "placements", "positions", "residuals",
+    "mamba2", "mlps", "moe", "norms", "placements", "positions", "residuals",
 ]  # fmt: skip

@@ -25,7 +25,7 @@ from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
 from zoo.core.tp import Plan, gather_sequence, heads_norm, local, prefixed, require_whole_heads, row_output
 from zoo.parts.canon import KERNEL, Canon
-from zoo.parts.convolution import short_convolution
+from zoo.parts.convolution import add_kernel, short_convolution
 from zoo.parts.documents import Documents, chunk_cuts
 from zoo.parts.linear_attention import RecurrentState, forget, keep
 from zoo.parts.norms import build_norm
@@ -190,6 +190,37 @@ def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
     return y[:, :, :time], state
 
 
+#: How a scanning mixer with a short convolution keeps documents apart (its ``doc_reset``).
+SCAN_RESET = (
+    "the state reset at each document's first token (in the chunked form every product of decays across a boundary "
+    "cut to 0) and the short convolution's taps kept inside the document"
+)
+
+
+def check_scan(name: str, dims: BlockDims, options: dict[str, Any]) -> None:
+    """The options a scanning mixer with a short convolution shares (Gated DeltaNet, KDA, Mamba-2): ``head_dim``,
+    ``conv``, ``chunk``, ``norm_eps``; and a causal block (the scan reads tokens in order)."""
+    if options["head_dim"] is not None and options["head_dim"] < 1:
+        raise ConfigError(
+            "block.attn.head_dim", options["head_dim"], "must be a positive integer, or null for d_model / n_heads"
+        )
+    if options["conv"] < 1:
+        raise ConfigError(
+            "block.attn.conv", options["conv"], "must be a positive integer (taps of the short convolution)"
+        )
+    if options["chunk"] < 1:
+        raise ConfigError("block.attn.chunk", options["chunk"], "must be a positive integer")
+    if not options["norm_eps"] > 0:
+        raise ConfigError("block.attn.norm_eps", options["norm_eps"], "must be > 0 (the output norm's epsilon)")
+    if not dims.causal:
+        raise ConfigError(
+            "block.attn.name",
+            name,
+            "is causal only (the scan reads tokens in order); an encoder block needs a mixer that sees both directions "
+            "(mha, linear, ...)",
+        )
+
+
 def initial_rates(n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(log A, softplus^-1(dt)) per head, A spread evenly over :data:`A_RANGE` and dt geometrically over
     :data:`DT_RANGE` (fla draws both at random in these ranges): head 0 keeps 1 - 0.001 of its state per
@@ -250,10 +281,7 @@ class GatedDeltaNet(nn.Module):
     part_name: ClassVar[str] = "gated_deltanet"
     #: Canon site b: a canon layer on q, k and v after the short convolution and SiLU (the reference's place).
     canon_sites: ClassVar[frozenset[str]] = frozenset({"b"})
-    doc_reset: ClassVar[str | None] = (
-        "the state reset at each document's first token (in the chunked form every product of decays across a "
-        "boundary cut to 0) and the short convolution's taps kept inside the document"
-    )
+    doc_reset: ClassVar[str | None] = SCAN_RESET
     conflicts: ClassVar[dict[str, str]] = {
         "score bias": "Gated DeltaNet never forms the score matrix a score bias is added to; use pos=rotary "
         "or pos=none (its convolution and decay carry order)"
@@ -263,30 +291,12 @@ class GatedDeltaNet(nn.Module):
     def check(cls, dims: BlockDims, **options: Any) -> None:
         if options["d_key"] is not None and options["d_key"] < 1:
             raise ConfigError("block.attn.d_key", options["d_key"], "must be a positive integer, or null for d_head")
-        if options["head_dim"] is not None and options["head_dim"] < 1:
-            raise ConfigError(
-                "block.attn.head_dim", options["head_dim"], "must be a positive integer, or null for d_model / n_heads"
-            )
-        if options["conv"] < 1:
-            raise ConfigError(
-                "block.attn.conv", options["conv"], "must be a positive integer (taps of the short convolution)"
-            )
-        if options["chunk"] < 1:
-            raise ConfigError("block.attn.chunk", options["chunk"], "must be a positive integer")
         key_heads = options["n_key_heads"]
         if key_heads is not None and (key_heads < 1 or dims.n_heads % key_heads):
             raise ConfigError(
                 "block.attn.n_key_heads", key_heads, f"must divide block.n_heads={dims.n_heads}, or null for n_heads"
             )
-        if not options["norm_eps"] > 0:
-            raise ConfigError("block.attn.norm_eps", options["norm_eps"], "must be > 0 (the output norm's epsilon)")
-        if not dims.causal:
-            raise ConfigError(
-                "block.attn.name",
-                cls.part_name,
-                "is causal only (the delta rule reads tokens in order); an encoder block needs a mixer that "
-                "sees both directions (mha, linear, ...)",
-            )
+        check_scan(cls.part_name, dims, options)
 
     @classmethod
     def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:
@@ -346,12 +356,9 @@ class GatedDeltaNet(nn.Module):
         self.group_width = 2 * self.d_key + self.group * self.d_head
         self.channels = self.n_key_heads * self.group_width
         self.qkv = nn.Linear(dims.d_model, self.channels, bias=dims.bias)
-        self.conv = nn.Parameter(torch.empty(self.channels, 1, conv))  # the kernel less the identity
-        nn.init.kaiming_uniform_(self.conv, a=math.sqrt(5))  # nn.Conv1d's own default draw
-        present = torch.zeros(conv)
-        present[-1] = 1.0
+        self.conv: nn.Parameter  # (channels, 1, conv): the kernel less the identity
         self.present: torch.Tensor  # (conv,): the identity kernel, one at the present token
-        self.register_buffer("present", present, persistent=False)
+        add_kernel(self, self.channels, conv)
         self.beta = nn.Linear(dims.d_model, self.n_heads, bias=dims.bias)
         self.build_decay(dims)
         self.norm = build_norm("rmsnorm", dims, width=self.d_head, shared={"eps": norm_eps})
