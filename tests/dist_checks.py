@@ -94,9 +94,11 @@ def check_tp_matches_one_process(tp: int, dp_shard: int = 1) -> None:
         if refusal is not None:
             # By design, without a plan: canon layers and the branch-output convolutions (a convolution over the
             # sequence), the value residual (its weights mix every key/value head, which no rank holds whole), a
-            # qk-norm over all heads (the same), the norm's low-rank gate (not planned)
+            # qk-norm over all heads (the same), the norm's low-rank gate (not planned), Mamba-2 (its norm over each
+            # group's heads: not planned)
             by_design = refusal.field in ("block.canon", "block.out_conv", "block.attn.value_residual",
-                                          "block.attn.qk_norm_scope", "block.norm.gate_rank")  # fmt: skip
+                                          "block.attn.qk_norm_scope", "block.norm.gate_rank") or (
+                refusal.field == "block.attn.name" and refusal.value == "mamba2")  # fmt: skip
             assert by_design or (refusal.field == "parallel.tp" and "n_kv_heads" in str(refusal)), (
                 combo_id(combo),
                 refusal,
@@ -245,7 +247,7 @@ def train_loop(
 
 def check_generation_under_tp(tp: int) -> None:
     """Cached greedy generation with the model split over ``tp`` ranks (no sequence parallelism: each
-    rank holds its heads' cache, or Gated DeltaNet's state) gives the one-process tokens."""
+    rank holds its heads' cache, or Gated DeltaNet's and KDA's state) gives the one-process tokens."""
     parallel = ProcessMesh(tp=tp)
     mesh = parallel.mesh("cpu")
     for pos in ("rotary", "alibi", "learned"):
@@ -260,17 +262,18 @@ def check_generation_under_tp(tp: int) -> None:
         heads = model.blocks[0].attn.n_kv_heads // tp
         model.hidden_states(prompt, caches=caches)
         assert caches[0].mixer_state(KVCache).k.shape[1] == heads  # this rank's key/value heads only
-    model = tiny_model({**TRAIN_COMBO, "attn": "gated_deltanet"})
-    one = copy.deepcopy(model)
-    parallelize(model, parallel, mesh, sequence_parallel=False)
-    prompt = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(3))
-    got = model.generate(prompt, 4)
-    assert torch.equal(got, one.generate(prompt, 4)), ("gated_deltanet", got)
-    caches = model.new_caches(7)
-    model.hidden_states(prompt, caches=caches)
-    state, attn = caches[0].mixer_state(DeltaState), one.blocks[0].attn
-    assert state.matrix.shape[1] == attn.n_heads // tp  # this rank's heads' matrices
-    assert state.conv.shape[-1] == attn.channels // tp  # and their channels' last convolution inputs
+    for mixer in ("gated_deltanet", "kda"):
+        model = tiny_model({**TRAIN_COMBO, "attn": mixer})
+        one = copy.deepcopy(model)
+        parallelize(model, parallel, mesh, sequence_parallel=False)
+        prompt = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(3))
+        got = model.generate(prompt, 4)
+        assert torch.equal(got, one.generate(prompt, 4)), (mixer, got)
+        caches = model.new_caches(7)
+        model.hidden_states(prompt, caches=caches)
+        state, attn = caches[0].mixer_state(DeltaState), one.blocks[0].attn
+        assert state.matrix.shape[1] == attn.n_heads // tp  # this rank's heads' matrices
+        assert state.conv.shape[-1] == attn.channels // tp  # and their channels' last convolution inputs
 
 
 def check_dcp_save(folder: str) -> None:

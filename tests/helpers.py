@@ -258,3 +258,46 @@ def lift_to_float64(monkeypatch: Any, module: types.ModuleType) -> None:
     its ``torch.float32`` and ``torch.float``, and ``Tensor.float()`` everywhere, keep float64."""
     monkeypatch.setattr(module, "torch", Float64Torch("torch"))
     monkeypatch.setattr(torch.Tensor, "float", lambda self, *args, **kwargs: self)
+
+
+def fla_naive(op: str) -> types.ModuleType:
+    """fla-core's pure-PyTorch references of ``op`` (fla/ops/<op>/naive.py: ``gated_delta_rule``, ``kda``), loaded by
+    file path: ``import fla`` needs triton, which a CPU machine lacks; these files need torch and einops."""
+    import importlib.util
+
+    import pytest
+
+    found = importlib.util.find_spec("fla")
+    if found is None or not found.submodule_search_locations:
+        pytest.skip("fla-core is not installed: pip install -e '.[reference]' (dev includes it)")
+    path = Path(next(iter(found.submodule_search_locations))) / "ops" / op / "naive.py"
+    spec = importlib.util.spec_from_file_location(f"fla_{op}_naive", path)
+    assert spec is not None and spec.loader is not None, f"fla-core has no {path}"
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def two_steps_by_hand(log_decay: torch.Tensor, k_1: list[float]) -> tuple[torch.Tensor, ...]:
+    """The two-step delta-rule case worked by hand in the tests (one head, 2 key channels, 2 values): q = (1, 1),
+    (1, 0); keys ``k_1``, (0.6, 0.8); v = (2, 3), (1, -1); beta = 0.5, 1 (so the state returns v_2 for k_2); the
+    decay ``log_decay`` (1, 1, 2) or (1, 1, 2, 2). Returns the recurrent form's and the chunked form's (chunks of 1
+    and 2) outputs and final states, by name, and k."""
+    from zoo.parts.gated_deltanet import delta_chunked, delta_recurrent
+
+    q = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)[None, None]
+    k = torch.tensor([k_1, [0.6, 0.8]], dtype=torch.float64)[None, None]
+    v = torch.tensor([[2.0, 3.0], [1.0, -1.0]], dtype=torch.float64)[None, None]
+    beta = torch.tensor([0.5, 1.0], dtype=torch.float64)[None, None]
+    forms = {"recurrent": delta_recurrent(q, k, v, beta, log_decay, None)}
+    return forms | {f"chunk {c}": delta_chunked(q, k, v, beta, log_decay, None, c) for c in (1, 2)}, k, v
+
+
+def assert_forms_equal(forms: dict, k: torch.Tensor, v: torch.Tensor, y: list, state: list) -> None:
+    """Every form of :func:`two_steps_by_hand` gives the outputs ``y`` and final state ``state`` (to 1e-12), and,
+    beta being 1 at the second step, the state returns v_2 for k_2 (the delta rule overwrites)."""
+    for name, (got_y, got_state) in forms.items():
+        expected_y = torch.tensor(y, dtype=torch.float64)[None, None]
+        torch.testing.assert_close(got_y, expected_y, rtol=0, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(got_state, torch.tensor(state, dtype=torch.float64)[None, None], rtol=0, atol=1e-12)
+        torch.testing.assert_close(got_state[0, 0].T @ k[0, 0, 1], v[0, 0, 1], rtol=0, atol=1e-12)

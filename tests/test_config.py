@@ -25,7 +25,7 @@ def cfg(**changes):
 
 def test_available_lists_every_axis():
     assert set(zoo.available()) == {"placement", "norm", "attn", "pos", "mlp", "residual"}
-    assert zoo.available()["attn"] == ["mha", "gqa", "mqa", "mla", "linear", "gated_deltanet"]
+    assert zoo.available()["attn"] == ["mha", "gqa", "mqa", "mla", "linear", "gated_deltanet", "kda", "mamba2"]
 
 
 def test_compose_then_build_like_the_command_line():

@@ -21,7 +21,8 @@ BASE = {"placement": "pre", "norm": "rmsnorm", "pos": "rotary", "mlp": "swiglu"}
 MIXERS = {
     "mha": {}, "mha+window": {}, "gqa": {"backend": "math"}, "mla": {}, "linear": {"chunk": 2},
     "linear+gated": {"chunk": 2}, "linear+retnet": {"backend": "math"}, "gated_deltanet": {"chunk": 2},
-    "gated_deltanet+negeig": {"backend": "math"},
+    "gated_deltanet+negeig": {"backend": "math"}, "kda": {"chunk": 2}, "kda+grouped": {"backend": "math"},
+    "mamba2": {"chunk": 2}, "mamba2+groups": {"backend": "math"},
 }  # fmt: skip
 IDS = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0, 1, 1, 1, 1, 1, 2, 2]])
 
@@ -42,7 +43,7 @@ def test_a_token_never_reads_another_document(attn):
     """Perturb the earlier documents: the outputs of every later document stay put (every canon site on), and
     perturbing a document does move its own outputs; cached decoding across the boundaries equals the full pass."""
     name = attn.partition("+")[0]
-    cfg = block_config({**BASE, "attn": attn}, canon="acd" if name == "mla" else "abcd")  # mla: no site b
+    cfg = block_config({**BASE, "attn": attn}, canon="acd" if name in ("mla", "mamba2") else "abcd")  # no site b
     cfg["attn"] = {**cfg["attn"], **MIXERS[attn]}
     block = build_block(cfg, context="model").double().eval()
     randomize(block)

@@ -28,6 +28,8 @@ CONFIGS = {
     "linear-gated": ["attn=linear", "block.attn.decay=gated", "block.attn.d_key=4", "mlp=relu2"],
     "gated_deltanet": ["attn=gated_deltanet", "block.attn.d_key=4", "mlp=gelu"],
     "gated_deltanet-grouped": ["attn=gated_deltanet", "block.attn.d_key=4", "block.attn.n_key_heads=2", "mlp=gelu"],
+    "kda": ["attn=kda", "block.attn.d_key=4", "block.attn.n_key_heads=2", "mlp=gelu"],
+    "mamba2": ["attn=mamba2", "block.attn.d_state=4", "block.attn.n_groups=2", "mlp=gelu"],
 }
 
 

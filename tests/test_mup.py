@@ -44,12 +44,18 @@ DOCUMENTED = [
     *((f"{attn}+{variant}", suffix, role) for attn in ("mha", "gqa", "mqa")  # block.attn.head_dim: heads of set width
       for variant in ("headdim", "wide")  # (wide: gated_deltanet's variant, which softmax attention takes too)
       for suffix, role in (("attn.qkv.weight", "output"), ("attn.qkv.bias", "fixed"), ("attn.out.weight", "input"))),
-    ("gated_deltanet", "attn.beta.weight", "output"),  # one rate per head: (n_heads, d_model)
-    ("gated_deltanet", "attn.beta.bias", "fixed"),
+    *((attn, suffix, role) for attn in ("gated_deltanet", "kda") for suffix, role in (
+        ("attn.beta.weight", "output"),  # one rate per head: (n_heads, d_model)
+        ("attn.beta.bias", "fixed"),
+        ("attn.a_log", "fixed"),  # per head
+        ("attn.conv", "vector"),  # one 4-tap filter per channel: (channels, 1, 4)
+    )),
     ("gated_deltanet", "attn.decay.weight", "output"),  # one decay per head: (n_heads, d_model)
-    ("gated_deltanet", "attn.a_log", "fixed"),  # per head
     ("gated_deltanet", "attn.dt", "fixed"),
-    ("gated_deltanet", "attn.conv", "vector"),  # one 4-tap filter per channel: (channels, 1, 4)
+    *(("mamba2", f"attn.{name}", role) for name, role in (("bc.weight", "output"), ("bc.bias", "fixed"),
+      ("step.weight", "output"), ("a_log", "fixed"), ("dt", "fixed"), ("skip", "fixed"), ("conv", "vector"))),
+    ("kda", "attn.dt", "vector"),  # one per key channel: (n_heads d_key,); decay.0, decay.1, gate.0, gate.1 through
+    # the rank head_dim: hidden
     ("pre+out_conv", ".kernel", "vector"),  # branch-output convolutions: canon layers on d_model channels
     ("pre+canon", ".kernel", "vector"),  # canon layers: one 4-tap filter per channel, (channels, 1, 4), each site
     ("mla+qrank", "attn.q_down.weight", "output"),  # to the set q_rank

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_forms_equal, two_steps_by_hand
+from helpers import fla_naive as load_fla_naive
 
 from zoo import build_block, compose
 from zoo.parts.attention import fuse_qkv
@@ -397,20 +399,8 @@ def test_moe_grouped_path_equals_a_per_token_loop(options):
 
 
 def fla_naive():
-    """fla-core's pure-PyTorch Gated DeltaNet references (fla/ops/gated_delta_rule/naive.py), loaded by
-    file path: ``import fla`` needs triton, which a CPU machine lacks; this file needs torch and einops."""
-    import importlib.util
-    from pathlib import Path
-
-    found = importlib.util.find_spec("fla")
-    if found is None or not found.submodule_search_locations:
-        pytest.skip("fla-core is not installed: pip install -e '.[reference]' (dev includes it)")
-    path = Path(next(iter(found.submodule_search_locations))) / "ops" / "gated_delta_rule" / "naive.py"
-    spec = importlib.util.spec_from_file_location("fla_gated_delta_rule_naive", path)
-    assert spec is not None and spec.loader is not None, f"fla-core has no {path}"
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """fla-core's pure-PyTorch Gated DeltaNet references (fla/ops/gated_delta_rule/naive.py)."""
+    return load_fla_naive("gated_delta_rule")
 
 
 def delta_inputs(b: int = 2, h: int = 3, t: int = 11, d_key: int = 5, d_head: int = 4, dtype=torch.float64):
@@ -425,26 +415,12 @@ def delta_inputs(b: int = 2, h: int = 3, t: int = 11, d_key: int = 5, d_head: in
 def test_gated_delta_rule_by_hand():
     """Two steps, one head, written out: H_i = g_i H_{i-1} + k_i u_i^T, u_i = beta_i (v_i - g_i H_{i-1}^T k_i),
     y_i = H_i^T q_i. With beta = 1 the state returns v exactly for its key (the delta rule overwrites)."""
-    from zoo.parts.gated_deltanet import delta_chunked, delta_recurrent
-
-    def row(*values: float) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float64).reshape(1, 1, -1)
-
-    q = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)[None, None]
-    k = torch.tensor([[1.0, 0.0], [0.6, 0.8]], dtype=torch.float64)[None, None]
-    v = torch.tensor([[2.0, 3.0], [1.0, -1.0]], dtype=torch.float64)[None, None]
-    beta, log_decay = row(0.5, 1.0), row(math.log(0.5), math.log(0.5))
+    log_decay = torch.tensor([math.log(0.5), math.log(0.5)], dtype=torch.float64).reshape(1, 1, -1)
+    forms, k, v = two_steps_by_hand(log_decay, [1.0, 0.0])
     # Step 1: H_1 = k_1 (0.5 (2, 3))^T = [[1, 1.5], [0, 0]], y_1 = H_1^T (1, 1) = (1, 1.5).
     # Step 2: 0.5 H_1 = [[0.5, 0.75], [0, 0]] reads (0.3, 0.45) at k_2; u_2 = (1, -1) - (0.3, 0.45) = (0.7, -1.45);
     #         H_2 = [[0.5 + 0.42, 0.75 - 0.87], [0.56, -1.16]], y_2 = H_2^T (1, 0) = (0.92, -0.12).
-    expected_y = torch.tensor([[1.0, 1.5], [0.92, -0.12]], dtype=torch.float64)[None, None]
-    expected_state = torch.tensor([[0.92, -0.12], [0.56, -1.16]], dtype=torch.float64)[None, None]
-    forms = {"recurrent": delta_recurrent(q, k, v, beta, log_decay, None)}
-    forms |= {f"chunk {c}": delta_chunked(q, k, v, beta, log_decay, None, c) for c in (1, 2)}
-    for name, (y, state) in forms.items():
-        torch.testing.assert_close(y, expected_y, rtol=0, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
-        torch.testing.assert_close(state, expected_state, rtol=0, atol=1e-12)
-        torch.testing.assert_close(state[0, 0].T @ k[0, 0, 1], v[0, 0, 1], rtol=0, atol=1e-12)  # beta = 1: v back
+    assert_forms_equal(forms, k, v, y=[[1.0, 1.5], [0.92, -0.12]], state=[[0.92, -0.12], [0.56, -1.16]])
 
 
 def test_short_convolution_is_the_causal_sum_and_continues_from_its_tail():

@@ -62,7 +62,8 @@ LR_RULES: dict[str, dict[Role, str]] = {
 }  # fmt: skip
 
 #: Attentions without a softmax over scaled scores (nothing to rescale): linear attention's and Gated
-#: DeltaNet's outputs are RMS-normalized per head and linear in q, so a multiplier on q cancels.
+#: DeltaNet's (KDA's, its subclass, with them) outputs are RMS-normalized per head and linear in q, so a multiplier
+#: on q cancels.
 NO_SCORES: tuple[type[nn.Module], ...] = (LinearAttention, GatedDeltaNet)
 
 

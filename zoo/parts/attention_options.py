@@ -35,7 +35,8 @@ ATTENTIONS.document(
     formula="q, k, v: n_heads (n_kv_heads) heads of head_dim features each, out: n_heads head_dim -> d_model; the "
     "position part, the gate, the cache and value embeddings at that width; n_heads need not divide d_model; "
     "gated_deltanet: n_heads value heads of head_dim features (state (d_key, head_dim) per head, gate and out at that "
-    "width: OLMo-Hybrid's and Qwen3-Next's linear_value_head_dim)",
+    "width: OLMo-Hybrid's and Qwen3-Next's linear_value_head_dim); kda: as gated_deltanet's, and the rank of its "
+    "low-rank decay and output gates",
     cost="6 seq_len n_heads head_dim for scores and weighted values in place of 6 seq_len d_model; under param=mup a "
     "set head_dim stays fixed (qkv an output matrix, out an input one, the scores at their standard scale)",
     reference="Gemma Team 2025, Gemma 3 Technical Report, arXiv:2503.19786 (head_dim 256); Qwen3-Next; OLMo-Hybrid; "

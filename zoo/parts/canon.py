@@ -62,16 +62,17 @@ DOC = OptionDoc(
 
 #: Where zoo's canon layers differ from the reference, and why (docs/parts.md, "Block options").
 NOTES = (
-    "As the reference (PhysicsLM4 `canon_helper.py` with its defaults: residual, no bias, no activation, 4 taps): "
-    "a at the attention's input after the norm, c at the MLP's, b on the concatenated q, k, v after qk-norm and "
-    "before rotation, d on a gated MLP's concatenated gate and up before the activation; kernels drawn as torch's "
-    "Conv1d draws them (uniform within ±1/2), padding masked to zeros. Where zoo goes beyond it: d on a plain MLP "
-    "(gelu, relu, relu2) is on up(x), before the activation (the reference has gated MLPs only); b on "
-    "`gated_deltanet` follows its short convolution and SiLU (the reference's GDN2Canon), on `linear` it is on "
-    "`qkv`'s output before the feature map. Refused: b with `mla` (its keys and values come from a cached latent, "
-    "which the reference has no canon for) and d with `moe` (a token's hidden units are its experts', so "
-    "neighbours' differ); any site under `parallel.tp` > 1 (a convolution along the sequence); a model cannot "
-    "rewind a layer with canon layers (`truncate`), as they keep only their last 3 inputs.",
+    "As the reference (PhysicsLM4 `canon_helper.py` with its defaults: residual, no bias, no activation, 4 taps): a "
+    "at the attention's input after the norm, c at the MLP's, b on the concatenated q, k, v after qk-norm and before "
+    "rotation, d on a gated MLP's concatenated gate and up before the activation; kernels drawn as torch's Conv1d "
+    "draws them (uniform within ±1/2), padding masked to zeros. Where zoo goes beyond it: d on a plain MLP (gelu, "
+    "relu, relu2) is on up(x), before the activation (the reference has gated MLPs only); b on `gated_deltanet` and "
+    "`kda` follows their short convolution and SiLU (the reference's GDN2Canon), on `linear` it is on `qkv`'s output "
+    "before the feature map. Refused: b with `mla` (its keys and values come from a cached latent, which the "
+    "reference has no canon for) and with `mamba2` (none placed on its x, B, C yet) and d with `moe` (a token's "
+    "hidden units are its experts', so neighbours' differ); any site under `parallel.tp` > 1 (a convolution along "
+    "the sequence); a model cannot rewind a layer with canon layers (`truncate`), as they keep only their last 3 "
+    "inputs.",
 )
 
 

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange
+from torch import nn
 
 
 def short_convolution(
@@ -25,3 +28,14 @@ def short_convolution(
         return einsum(windows, kernel[:, 0], "b t c w, c w -> b t c"), rest
     y = F.conv1d(rearrange(padded, "b t c -> b c t"), kernel, groups=x.shape[-1])
     return rearrange(y, "b c t -> b t c"), rest
+
+
+def add_kernel(module: nn.Module, channels: int, taps: int) -> None:
+    """Give ``module`` a short convolution's kernel ``conv`` (channels, 1, taps), stored as its difference from the
+    identity (so the model's std-0.02 draw starts it near a kernel that passes the present token through; drawn here
+    as nn.Conv1d draws its own), and the identity ``present`` (taps,), a buffer: the kernel is ``conv + present``."""
+    module.conv = nn.Parameter(torch.empty(channels, 1, taps))
+    nn.init.kaiming_uniform_(module.conv, a=math.sqrt(5))  # nn.Conv1d's own default draw
+    present = torch.zeros(taps)
+    present[-1] = 1.0
+    module.register_buffer("present", present, persistent=False)

@@ -25,7 +25,7 @@ from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
 from zoo.core.tp import Plan, gather_sequence, heads_norm, local, prefixed, require_whole_heads, row_output
 from zoo.parts.canon import KERNEL, Canon
-from zoo.parts.convolution import short_convolution
+from zoo.parts.convolution import add_kernel, short_convolution
 from zoo.parts.documents import Documents, chunk_cuts
 from zoo.parts.linear_attention import RecurrentState, forget, keep
 from zoo.parts.norms import build_norm
@@ -41,6 +41,10 @@ OUTPUT_NORM_EPS = 1e-5
 #: Initial per-head rates A (Mamba-2's range, spread over the heads) and step sizes dt (fla's range).
 A_RANGE = (1.0, 16.0)
 DT_RANGE = (1e-3, 1e-1)
+
+#: Tokens per sub-chunk of a decay per key channel's products (:func:`channel_products`; fla's KDA kernels' 16);
+#: the chunk's greatest common divisor with it where it does not divide the chunk.
+SUB = 16
 
 
 class DeltaState(RecurrentState):
@@ -78,15 +82,18 @@ def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     H_i = g_i H_{i-1} + k_i u_i^T, u_i = beta_i (v_i - g_i H_{i-1}^T k_i), y_i = H_i^T q_i;
     that is S_i = g_i S_{i-1} (I - beta_i k_i k_i^T) + beta_i v_i k_i^T.
 
-    q, k: (b, h, t, d_key); v: (b, h, t, d_head); beta, log_decay (log g <= 0): (b, h, t);
-    start: H_0 or None (zeros); ``fresh`` (b, t) bool (zoo.parts.documents.Documents.fresh): g_i read as 0 at a
-    document's first token (the state reset). Returns y (b, h, t, d_head) and the last state.
+    q, k: (b, h, t, d_key); v: (b, h, t, d_head); beta: (b, h, t); log_decay (log g <= 0): (b, h, t), or
+    (b, h, t, d_key) for a decay per key channel (KDA: H_i = diag(g_i) H_{i-1} + k_i u_i^T, u_i = beta_i (v_i -
+    (diag(g_i) H_{i-1})^T k_i)); start: H_0 or None (zeros); ``fresh`` (b, t) bool
+    (zoo.parts.documents.Documents.fresh): g_i read as 0 at a document's first token (the state reset).
+    Returns y (b, h, t, d_head) and the last state.
     """
     state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if start is None else start
+    log_decay = per_channel(log_decay)
     ys = []
     for i in range(q.shape[2]):
         k_i = k[:, :, i]
-        state = torch.exp(log_decay[:, :, i, None, None]) * state
+        state = torch.exp(log_decay[:, :, i, :, None]) * state  # (b, h, 1 or d_key, 1): each key row's decay
         if fresh is not None:
             state = state * ~fresh[:, i, None, None, None]
         error = v[:, :, i] - torch.einsum("bhkd,bhk->bhd", state, k_i)  # what the state predicts for k_i, missed
@@ -95,44 +102,82 @@ def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     return torch.stack(ys, dim=2), state
 
 
+def per_channel(log_decay: torch.Tensor) -> torch.Tensor:
+    """log g (b, h, t) -> (b, h, t, 1): one decay for every key channel; (b, h, t, d_key) (KDA) as it is."""
+    return log_decay[..., None] if log_decay.ndim == 3 else log_decay
+
+
+def channel_products(x: torch.Tensor, y: torch.Tensor, total: torch.Tensor, strict: bool) -> torch.Tensor:
+    """Each chunk's decayed products M_ij = sum_d x_id y_jd e^{G_id - G_jd} for j <= i (j < i when ``strict``),
+    0 above: x, y (b, h, n, c, d), ``total`` G (b, h, n, c, d) the decay's cumulative log in each chunk -> (b, h, n,
+    c, c). Never an exponent above 0: within a sub-chunk of :data:`SUB` tokens the (sub, sub, d) weights
+    themselves; across sub-chunks through the last token r of key j's sub-chunk, e^{G_i - G_r} x_i . e^{G_r - G_j}
+    y_j (fla's KDA kernels' split), a product of matrices."""
+    chunk = x.shape[-2]
+    sub = math.gcd(chunk, SUB)
+    xs, ys, gs = (rearrange(t, "b h n (s c) d -> b h n s c d", c=sub) for t in (x, y, total))
+    below = torch.ones(sub, sub, dtype=torch.bool, device=x.device).tril(-1 if strict else 0)
+    diff = rearrange(gs, "b h n s i d -> b h n s i 1 d") - rearrange(gs, "b h n s j d -> b h n s 1 j d")
+    weights = torch.exp(diff.masked_fill(~below[..., None], float("-inf")))  # -inf first: exp never overflows
+    near = torch.einsum("bhnsid,bhnsjd,bhnsijd->bhnsij", xs, ys, weights)  # (b, h, n, s, sub, sub)
+    parts = chunk // sub
+    eye = torch.eye(parts, dtype=x.dtype, device=x.device)
+    near = rearrange(torch.einsum("bhnpij,pq->bhnpiqj", near, eye), "b h n p i q j -> b h n (p i) (q j)")
+    last = gs[..., -1, :]  # (b, h, n, s, d): G at each sub-chunk's last token
+    after = torch.arange(chunk, device=x.device) // sub > torch.arange(parts, device=x.device)[:, None]  # (s, c)
+    lift = rearrange(total, "b h n c d -> b h n 1 c d") - rearrange(last, "b h n s d -> b h n s 1 d")
+    x_far = rearrange(x, "b h n c d -> b h n 1 c d") * torch.exp(lift.masked_fill(~after[..., None], float("-inf")))
+    y_far = ys * torch.exp(rearrange(last, "b h n s d -> b h n s 1 d") - gs)  # (b, h, n, s, sub, d)
+    far = rearrange(x_far @ y_far.transpose(-1, -2), "b h n s i j -> b h n i (s j)")  # key j in sub-chunk s
+    return near + far
+
+
 def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, log_decay: torch.Tensor,
                   start: torch.Tensor | None, chunk: int,
                   segments: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The chunked form, equal to :func:`delta_recurrent` (same arguments; ``chunk`` tokens per chunk;
-    ``segments`` (zoo.parts.documents.Documents.segments): every decay product across a document boundary cut
-    to 0, as :func:`delta_recurrent`'s ``fresh``, zoo.parts.documents.chunk_cuts).
+    """The chunked form, equal to :func:`delta_recurrent` (same arguments, the decay per head or per key channel;
+    ``chunk`` tokens per chunk; ``segments`` (zoo.parts.documents.Documents.segments): every decay product across
+    a document boundary cut to 0, as :func:`delta_recurrent`'s ``fresh``, zoo.parts.documents.chunk_cuts).
 
     Inside a chunk entered with state H_0, with G_i the decay's cumulative log up to token i:
     H_i = e^{G_i} H_0 + sum_{j<=i} e^{G_i - G_j} k_j u_j^T, so the corrections U solve the unit
     lower-triangular system (I + A) U = beta V - (beta e^G K) H_0, A_ij = beta_i e^{G_i - G_j} k_i.k_j
     (j < i): U = U_0 - W H_0 with U_0 = T beta V and W = T beta e^G K, T = (I + A)^-1 (the WY form).
     Then Y = (e^G Q) H_0 + (Q K^T o D) U, D_ij = e^{G_i - G_j} (j <= i), and the state leaving the chunk
-    is e^{G_c} H_0 + (e^{G_c - G} K)^T U. Everything but the last three products runs for every chunk at
-    once; the t / chunk state steps run in turn.
+    is e^{G_c} H_0 + (e^{G_c - G} K)^T U. A decay per key channel (KDA) puts e^G inside the products over
+    d_key (:func:`channel_products`) and multiplies H_0's rows. Everything but the last three products runs
+    for every chunk at once; the t / chunk state steps run in turn.
     """
     batch, heads, time, d_key = q.shape
     chunk = min(chunk, time)
+    channels = log_decay.ndim == 4
+    log_decay = per_channel(log_decay)
     pad = -time % chunk
     if pad:  # zero keys, values and rates and no decay: padding changes nothing
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-        beta, log_decay = F.pad(beta, (0, pad)), F.pad(log_decay, (0, pad))
+        beta, log_decay = F.pad(beta, (0, pad)), F.pad(log_decay, (0, 0, 0, pad))
     q, k, v = (rearrange(t, "b h (n c) d -> b h n c d", c=chunk) for t in (q, k, v))
     beta = rearrange(beta, "b h (n c) -> b h n c 1", c=chunk)
-    total = rearrange(log_decay, "b h (n c) -> b h n c", c=chunk).cumsum(-1)  # G within each chunk
-    diff = rearrange(total, "b h n i -> b h n i 1") - rearrange(total, "b h n j -> b h n 1 j")  # G_i - G_j
-    ones = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device)
-    within = torch.exp(diff.masked_fill(~ones.tril(), float("-inf")))  # D: -inf first, exp never overflows
-    entry, to_end, through = torch.exp(total), torch.exp(total[..., -1:] - total), torch.exp(total[..., -1])
+    total = rearrange(log_decay, "b h (n c) e -> b h n c e", c=chunk).cumsum(-2)  # G within each chunk; e: 1 or d_key
+    if channels:
+        a, scores = channel_products(k, k, total, strict=True), channel_products(q, k, total, strict=False)
+    else:
+        diff = rearrange(total, "b h n i 1 -> b h n i 1") - rearrange(total, "b h n j 1 -> b h n 1 j")  # G_i - G_j
+        ones = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device)
+        within = torch.exp(diff.masked_fill(~ones.tril(), float("-inf")))  # D: -inf first, exp never overflows
+        a, scores = (k @ k.transpose(-1, -2)) * within, (q @ k.transpose(-1, -2)) * within  # (b, h, n, c, c)
+    entry, to_end, through = torch.exp(total), torch.exp(total[..., -1:, :] - total), torch.exp(total[..., -1, :])
     if segments is not None:  # documents: no product of decays across a boundary
-        within, to_end, through, entry = chunk_cuts(segments, chunk).cut(within, to_end, through, entry)
-    a = beta * (k @ k.transpose(-1, -2)) * within  # (b, h, n, c, c): A below the diagonal, zero above it
-    rhs = torch.cat([beta * v, beta * entry[..., None] * k], dim=-1)
+        cuts = chunk_cuts(segments, chunk)
+        a, scores, through = a * cuts.within, scores * cuts.within, through * cuts.through[..., None]
+        entry, to_end = entry * cuts.entered[..., None], to_end * cuts.kept[..., None]
+    a = beta * a  # A below the diagonal (its diagonal read as 1 below)
+    rhs = torch.cat([beta * v, beta * entry * k], dim=-1)
     solved = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)  # I + A: the diagonal read as 1
     u0, w = solved.split([v.shape[-1], d_key], dim=-1)
-    scores = (q @ k.transpose(-1, -2)) * within  # (b, h, n, c, c)
-    q_in = q * entry[..., None]  # how much of H_0 each query reads
-    k_out = k * to_end[..., None]  # how much of each key the chunk's end keeps
-    # through (b, h, n): how much of H_0 the chunk's end keeps
+    q_in = q * entry  # how much of H_0 each query reads
+    k_out = k * to_end  # how much of each key the chunk's end keeps
+    # through (b, h, n, 1 or d_key): how much of each row of H_0 the chunk's end keeps
     state = q.new_zeros(batch, heads, d_key, v.shape[-1]) if start is None else start
     ys = []
     # t / chunk steps; unbind, not indexing: its backward is one stack
@@ -140,9 +185,40 @@ def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
     for u0_n, w_n, scores_n, q_n, k_n, kept in steps:
         u = u0_n - w_n @ state
         ys.append(q_n @ state + scores_n @ u)
-        state = kept[..., None, None] * state + k_n.transpose(-1, -2) @ u
+        state = kept[..., None] * state + k_n.transpose(-1, -2) @ u
     y = rearrange(torch.stack(ys, dim=2), "b h n c d -> b h (n c) d")
     return y[:, :, :time], state
+
+
+#: How a scanning mixer with a short convolution keeps documents apart (its ``doc_reset``).
+SCAN_RESET = (
+    "the state reset at each document's first token (in the chunked form every product of decays across a boundary "
+    "cut to 0) and the short convolution's taps kept inside the document"
+)
+
+
+def check_scan(name: str, dims: BlockDims, options: dict[str, Any]) -> None:
+    """The options a scanning mixer with a short convolution shares (Gated DeltaNet, KDA, Mamba-2): ``head_dim``,
+    ``conv``, ``chunk``, ``norm_eps``; and a causal block (the scan reads tokens in order)."""
+    if options["head_dim"] is not None and options["head_dim"] < 1:
+        raise ConfigError(
+            "block.attn.head_dim", options["head_dim"], "must be a positive integer, or null for d_model / n_heads"
+        )
+    if options["conv"] < 1:
+        raise ConfigError(
+            "block.attn.conv", options["conv"], "must be a positive integer (taps of the short convolution)"
+        )
+    if options["chunk"] < 1:
+        raise ConfigError("block.attn.chunk", options["chunk"], "must be a positive integer")
+    if not options["norm_eps"] > 0:
+        raise ConfigError("block.attn.norm_eps", options["norm_eps"], "must be > 0 (the output norm's epsilon)")
+    if not dims.causal:
+        raise ConfigError(
+            "block.attn.name",
+            name,
+            "is causal only (the scan reads tokens in order); an encoder block needs a mixer that sees both directions "
+            "(mha, linear, ...)",
+        )
 
 
 def initial_rates(n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,12 +277,11 @@ class GatedDeltaNet(nn.Module):
     encoder (non-causal) block is refused, and it declares no cross-attention.
     """
 
+    #: The name it is registered under, for its refusals.
+    part_name: ClassVar[str] = "gated_deltanet"
     #: Canon site b: a canon layer on q, k and v after the short convolution and SiLU (the reference's place).
     canon_sites: ClassVar[frozenset[str]] = frozenset({"b"})
-    doc_reset: ClassVar[str | None] = (
-        "the state reset at each document's first token (in the chunked form every product of decays across a "
-        "boundary cut to 0) and the short convolution's taps kept inside the document"
-    )
+    doc_reset: ClassVar[str | None] = SCAN_RESET
     conflicts: ClassVar[dict[str, str]] = {
         "score bias": "Gated DeltaNet never forms the score matrix a score bias is added to; use pos=rotary "
         "or pos=none (its convolution and decay carry order)"
@@ -216,30 +291,12 @@ class GatedDeltaNet(nn.Module):
     def check(cls, dims: BlockDims, **options: Any) -> None:
         if options["d_key"] is not None and options["d_key"] < 1:
             raise ConfigError("block.attn.d_key", options["d_key"], "must be a positive integer, or null for d_head")
-        if options["head_dim"] is not None and options["head_dim"] < 1:
-            raise ConfigError(
-                "block.attn.head_dim", options["head_dim"], "must be a positive integer, or null for d_model / n_heads"
-            )
-        if options["conv"] < 1:
-            raise ConfigError(
-                "block.attn.conv", options["conv"], "must be a positive integer (taps of the short convolution)"
-            )
-        if options["chunk"] < 1:
-            raise ConfigError("block.attn.chunk", options["chunk"], "must be a positive integer")
         key_heads = options["n_key_heads"]
         if key_heads is not None and (key_heads < 1 or dims.n_heads % key_heads):
             raise ConfigError(
                 "block.attn.n_key_heads", key_heads, f"must divide block.n_heads={dims.n_heads}, or null for n_heads"
             )
-        if not options["norm_eps"] > 0:
-            raise ConfigError("block.attn.norm_eps", options["norm_eps"], "must be > 0 (the output norm's epsilon)")
-        if not dims.causal:
-            raise ConfigError(
-                "block.attn.name",
-                "gated_deltanet",
-                "is causal only (the delta rule reads tokens in order); an encoder block needs a mixer that "
-                "sees both directions (mha, linear, ...)",
-            )
+        check_scan(cls.part_name, dims, options)
 
     @classmethod
     def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:
@@ -299,20 +356,29 @@ class GatedDeltaNet(nn.Module):
         self.group_width = 2 * self.d_key + self.group * self.d_head
         self.channels = self.n_key_heads * self.group_width
         self.qkv = nn.Linear(dims.d_model, self.channels, bias=dims.bias)
-        self.conv = nn.Parameter(torch.empty(self.channels, 1, conv))  # the kernel less the identity
-        nn.init.kaiming_uniform_(self.conv, a=math.sqrt(5))  # nn.Conv1d's own default draw
-        present = torch.zeros(conv)
-        present[-1] = 1.0
+        self.conv: nn.Parameter  # (channels, 1, conv): the kernel less the identity
         self.present: torch.Tensor  # (conv,): the identity kernel, one at the present token
-        self.register_buffer("present", present, persistent=False)
+        add_kernel(self, self.channels, conv)
         self.beta = nn.Linear(dims.d_model, self.n_heads, bias=dims.bias)
-        self.decay = nn.Linear(dims.d_model, self.n_heads, bias=False)  # ``dt`` is its bias
-        a_log, dt = initial_rates(self.n_heads)
-        self.a_log, self.dt = nn.Parameter(a_log), nn.Parameter(dt)
+        self.build_decay(dims)
         self.norm = build_norm("rmsnorm", dims, width=self.d_head, shared={"eps": norm_eps})
-        self.gate = nn.Linear(dims.d_model, self.n_heads * self.d_head, bias=dims.bias)
+        self.gate = self.build_gate(dims)
         self.out = nn.Linear(self.n_heads * self.d_head, dims.d_model, bias=dims.bias)
         self.canon = Canon(self.channels, "b") if "b" in dims.canon_sites else None
+
+    def build_decay(self, dims: BlockDims) -> None:
+        """The decay's projection ``decay`` (one logit per value head; ``dt`` is its bias) and rates."""
+        self.decay = nn.Linear(dims.d_model, self.n_heads, bias=False)
+        a_log, dt = initial_rates(self.n_heads)
+        self.a_log, self.dt = nn.Parameter(a_log), nn.Parameter(dt)
+
+    def build_gate(self, dims: BlockDims) -> nn.Module:
+        """The output gate's projection: d_model -> n_heads x d_head."""
+        return nn.Linear(dims.d_model, self.n_heads * self.d_head, bias=dims.bias)
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (b, t, d_model) -> silu(``gate`` x) (b, h, t, d_head), this rank's heads."""
+        return F.silu(rearrange(self.gate(x), "b t (h d) -> b h t d", d=self.d_head))
 
     def matrix_blocks(self) -> dict[str, dict[str, torch.Tensor]]:
         """``qkv``'s rows as the query, key and value matrices (each key head's d_key, d_key and
@@ -393,7 +459,8 @@ class GatedDeltaNet(nn.Module):
         log_decay = self.log_decay(x)
         if real is not None:  # padding: no key, no decay
             k = k * rearrange(real, "b t -> b 1 t 1")
-            log_decay = log_decay * rearrange(real, "b t -> b 1 t")
+            kept = rearrange(real, "b t -> b 1 t")
+            log_decay = log_decay * (kept if log_decay.ndim == 3 else kept[..., None])  # KDA's: (b, h, t, d_key)
         start = None if state is None else state.matrix
         if self.backend == "math" or (time == 1 and start is not None):
             fresh = None if documents is None else documents.fresh(slots)
@@ -403,6 +470,5 @@ class GatedDeltaNet(nn.Module):
             y, end = delta_chunked(q, k, v, beta, log_decay, start, self.chunk, segments)
         if state is not None:
             state.hold(end, tail, time)
-        gate = F.silu(rearrange(self.gate(x), "b t (h d) -> b h t d", d=self.d_head))  # this rank's heads
-        y = self.norm(y.to(x.dtype)) * gate
+        y = self.norm(y.to(x.dtype)) * self.output_gate(x)
         return self.out(rearrange(y, "b h t d -> b t (h d)"))
