@@ -72,6 +72,22 @@ def test_a_finished_tuned_run_is_known_before_its_tuning_and_no_failed_tuning_wr
     assert run(tuned, out, multirun=True, tune_dir=tune_dir) == first
 
 
+def test_a_rerun_over_a_wider_grid_that_keeps_the_rate_skips_the_run_and_records_the_wider_grid(tmp_path):
+    """A finished tuned run whose rate a wider tune.lr keeps is skipped, not retrained, and its summary's
+    ``tune.searched`` becomes the wider grid's: the report reads the grid from it (the old one would call the
+    rate the grid's edge and leave the new rates' tuning runs out)."""
+    tune_dir, out, rate = tmp_path / "tune", tmp_path / "run", 3e-3
+    assert run(tiny(f"train.lr={rate}"), tune_dir / "lr", multirun=True)["status"] == "ok"
+    assert run(tiny(f"tune.lr=[{rate}]", "seed=1"), out, multirun=True, tune_dir=tune_dir)["status"] == "ok"
+    first = read_summary(out)
+    assert run(tiny("train.lr=1000.0"), tune_dir / "high", multirun=True)["status"] == "diverged"
+    wider = run(tiny(f"tune.lr=[{rate},1000.0]", "seed=1"), out, multirun=True, tune_dir=tune_dir)
+    after = read_summary(out)
+    assert after["tune"]["searched"] == {str(rate): first["tune"]["searched"][str(rate)], "1000.0": None}
+    assert after["tune"]["lr"] == rate and wider["tune"] == after["tune"]
+    assert {k: v for k, v in after.items() if k != "tune"} == {k: v for k, v in first.items() if k != "tune"}
+
+
 @pytest.mark.slow
 def test_tune_lr_picks_each_variants_best_rate_then_runs_the_seeds(tmp_path):
     # Two MLPs at matched parameters, a FLOPs budget, and two rates: all three compose.

@@ -214,6 +214,10 @@ def done_or_refused(
         record.config_hash = prior.config_hash  # recorded before branches were named by their start
     same = prior is not None and prior.config_hash == record.config_hash and same_start(prior.branch, start)
     if resume and world == 1 and same and prior.status == "ok":  # type: ignore[union-attr]
+        if record.tune is not None and record.tune != prior.tune:  # type: ignore[union-attr]
+            prior.tune = record.tune  # type: ignore[union-attr]  # a wider grid kept its rate: the report reads it
+            write_record(out_dir, prior)  # type: ignore[arg-type]
+            prior = read_record(out_dir)  # as a skipped run returns it: the summary's (rates as strings)
         log.info("skip %s: already ok (%s)", shown(out_dir), metric_text(prior))  # type: ignore[arg-type]
         return prior
     refused = refusal(out_dir, prior, raw, start) if resume and not same else None
