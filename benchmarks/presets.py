@@ -4,6 +4,8 @@
     python benchmarks/presets.py --presets gemma3 gpt_oss --repeats 5
     python benchmarks/presets.py --match active                   # Llama matched to each preset's active parameters
     python benchmarks/presets.py --device cuda --batch 32 --seq-len 512
+    python benchmarks/presets.py --variants base: bigram:model.ngram=2 wide:block.d_ff=415 --seq-len 64 --batch 24 \
+        --threads 1 +sweeps=bigram                                # named variants of one model, against the first
 
 Each preset trains at the size its option file sets (conf/preset/<name>.yaml) on the bytes task's batches; its
 Llama peer has the same depth, with the d_model (a multiple of 16, 8 heads) whose parameter count is nearest
@@ -13,11 +15,17 @@ losses, backward, clipping, AdamW), on one fixed batch, timed round-robin across
 ``--repeats`` rounds of ``--steps`` steps), so drift in machine load hits all alike. Prints a Markdown table: each
 model's parameters, training FLOPs per token, tokens/s, and the preset / its Llama peer ratio of tokens/s
 (below 1: the family costs more per token on this machine).
+
+``--variants NAME:OVERRIDE,... ...`` times named variants of the model the positional overrides compose (a sweep's,
+with ``+sweeps=NAME``) in place of the presets, the same step round-robin, against the first variant: each one's
+parameters (an n-gram table's apart: it is a lookup, no FLOP), FLOPs per token, ms per step, tokens/s and its
+step time over the first's (above 1: slower), with the load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,6 +91,47 @@ def train_step(raw: dict, device: torch.device) -> tuple[Callable[[], None], int
     return lambda: step(batch), model.flops_per_token(task.seq_len)
 
 
+def parse_variants(specs: list[str]) -> dict[str, list[str]]:
+    """``["base:", "bigram:model.ngram=2", "wide:block.d_ff=415,block.bias=false"]`` -> {name: overrides}."""
+    variants = {}
+    for spec in specs:
+        name, sep, overrides = spec.partition(":")
+        if not sep or not name or name in variants:
+            raise SystemExit(f"--variants: {spec!r} is not NAME:OVERRIDE,... with a new NAME (base: for none)")
+        variants[name] = [o for o in overrides.split(",") if o]
+    return variants
+
+
+def load() -> str:
+    """The 1-, 5- and 15-minute load averages."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def run_variants(args: argparse.Namespace, device: torch.device) -> None:
+    """Each named variant's training step against the first's, round-robin in this process."""
+    variants = parse_variants(args.variants)
+    steps, rows = {}, {}
+    before = load()
+    for name, overrides in variants.items():
+        raw = run_config([*args.overrides, *overrides], args)
+        step, flops = train_step(raw, device)
+        steps[name] = lambda step=step: [step() for _ in range(args.steps)]
+        rows[name] = (build_run_model(raw).parameter_counts(), flops)
+    seconds = time_interleaved(steps, device, args.repeats)
+    tokens = args.steps * args.batch * args.seq_len
+    first = next(iter(variants))
+    print(f"T={args.seq_len} batch={args.batch} device={args.device} threads={torch.get_num_threads()} "
+          f"steps={args.steps} repeats={args.repeats} {' '.join(args.overrides)}")  # fmt: skip
+    print(f"load average {before} before, {load()} after")
+    columns = "parameters | of them n-gram | training FLOPs/token | ms/step | tokens/s"
+    print(f"| variant | {columns} | step time / {first} |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (counted, flops) in rows.items():
+        ms, rate, ratio = 1e3 * seconds[name] / args.steps, tokens / seconds[name], seconds[name] / seconds[first]
+        print(f"| {name} | {counted['total']:,} | {counted.get('ngram', 0):,} | {flops:,} | {ms:.2f} | {rate:,.0f} | "
+              f"{ratio:.3f} |")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", nargs="*", default=None, help="default: every family preset in conf/preset")
@@ -93,11 +142,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per timed call")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--variants", nargs="+", default=None, help="NAME:OVERRIDE,... each (the first the baseline), "
+                        "in place of the presets")  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="overrides for every preset, e.g. model.n_layers=4")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.variants:
+        run_variants(args, device)
+        return
     presets = args.presets if args.presets is not None else family_presets()
     rows, steps, peers = {}, {}, {}
     for preset in presets:

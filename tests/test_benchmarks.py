@@ -217,3 +217,30 @@ def test_presets_benchmark_times_each_preset_beside_a_llama_of_matched_parameter
 
     assert llama(width) == int(rows[peer][0].replace(",", ""))
     assert abs(llama(width) - total) <= min(abs(llama(width + d) - total) for d in (-16, 16))  # the nearest width
+
+
+def test_presets_benchmark_times_named_variants_against_the_first(monkeypatch, capsys):
+    model = ["block.d_model=32", "block.n_heads=4", "model.n_layers=2"]
+    tiny = ["--steps", "1", "--repeats", "1", "--batch", "2", "--seq-len", "8", "--threads", "1", *model]
+    variants = ["base:", "bigram:model.ngram=2", "wide:block.d_ff=160,block.bias=false"]
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["presets.py", "--variants", *variants, *tiny])
+    script = runpy.run_path(str(BENCHMARKS / "presets.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "load average " in out and "| variant | parameters | of them n-gram |" in out
+    rows = {cells[0].removeprefix("| "): cells[1:] for line in out.splitlines()
+            if (cells := line.split(" | "))[0] in ("| base", "| bigram", "| wide")}  # fmt: skip
+    assert list(rows) == ["base", "bigram", "wide"] and rows["base"][-1] == "1.000 |"
+    for name, overrides in script["parse_variants"](variants).items():
+        args = script["argparse"].Namespace(seq_len=8, batch=2, device="cpu")
+        raw = script["run_config"]([*model, *overrides], args)
+        counted = script["build_run_model"](raw).parameter_counts()
+        assert rows[name][0] == f"{counted['total']:,}" and rows[name][1] == f"{counted.get('ngram', 0):,}"
+    assert rows["bigram"][1] != "0" and rows["base"][1] == rows["wide"][1] == "0"  # the table counted apart
+    assert float(rows["wide"][-1].removesuffix(" |")) > 0
+    try:
+        script["parse_variants"](["base:", "base:model.ngram=2"])
+    except SystemExit as error:
+        assert "NAME:OVERRIDE" in str(error)
+    else:
+        raise AssertionError("a repeated variant name was accepted")
