@@ -22,7 +22,7 @@ from zoo.testing.contract import (
     settle,
 )
 
-ROUND_TRIP, EVAL, BACKENDS = "state_dict round trip", "dropout only in train()", "sdpa and math agree"
+ROUND_TRIP, EVAL, BACKENDS = "state_dict round trip", "dropout only in train()", "backends agree"
 
 
 class Reseeded(GeluMLP):

@@ -17,10 +17,12 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
 
+from zoo.parts.flex import flex_attend, slot_mask
 from zoo.parts.positions import Position
 
-#: The attention kernels: ``sdpa`` (torch's fused scaled_dot_product_attention) or ``math`` (explicit).
-Backend = Literal["sdpa", "math"]
+#: The attention kernels: ``sdpa`` (torch's fused scaled_dot_product_attention), ``math`` (explicit) or ``flex``
+#: (torch's FlexAttention: masks as block masks, biases and the soft-cap as score modifications, zoo.parts.flex).
+Backend = Literal["sdpa", "math", "flex"]
 
 
 def allowed_mask(
@@ -96,9 +98,15 @@ def attend(
 
     ``sdpa``: torch's fused scaled_dot_product_attention (GQA without copying keys); a sink is one more key
     (:func:`with_sink`). ``math``: explicit scores in at least float32, optional soft-capping, softmax
-    (over the scores and the sink's column, dropped after), weights @ v (the reference).
+    (over the scores and the sink's column, dropped after), weights @ v (the reference). ``flex``: FlexAttention with
+    the mask as a score modification (:func:`zoo.parts.flex.flex_attend`; no dropout).
     """
     group = q.shape[1] // k.shape[1]
+    if backend == "flex":
+        if dropout > 0:
+            raise ValueError("attention dropout needs the sdpa or math backend (FlexAttention has none)")
+        causal = (lambda b, h, q, kv: kv <= q) if is_causal else None
+        return flex_attend(q, k, v, mask_mod=causal, bias=mask, softcap=softcap, scale=scale, sink=sink)
     if backend == "sdpa":
         if softcap is not None:
             raise ValueError("softcap needs the math backend (SDPA has no hook to cap the scores)")
@@ -188,6 +196,17 @@ def attend_at(
     )
     # One query at the last slot of a growing cache may see every key: decoding steps need no causal mask.
     needs_causal = causal and (time > 1 or preallocated)
+    if backend == "flex":  # the mask as a block mask from the slots, the bias as a score modification
+        if dropout > 0:
+            raise ValueError("attention dropout needs the sdpa or math backend (FlexAttention has none)")
+        empty = None
+        if key_mask is not None:  # queries before any real key (left padding) see none
+            seen = allowed_mask(slots, k_slots, needs_causal, key_mask, window)
+            seen = seen if documents is None else seen & documents
+            empty = ~seen.any(-1)[:, 0]  # (b, t_q)
+        mod = slot_mask(slots, causal=needs_causal, window=window, key_mask=key_mask, documents=documents)
+        return flex_attend(q, k, v, mask_mod=mod, batched=key_mask is not None or documents is not None,
+                           empty=empty, bias=bias, softcap=softcap, scale=scale, sink=sink)  # fmt: skip
     mask = allowed_mask(slots, k_slots, needs_causal, key_mask, window)
     if documents is not None:
         mask = documents if mask is None else mask & documents
