@@ -7,6 +7,8 @@ import runpy
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -217,3 +219,16 @@ def test_presets_benchmark_times_each_preset_beside_a_llama_of_matched_parameter
 
     assert llama(width) == int(rows[peer][0].replace(",", ""))
     assert abs(llama(width) - total) <= min(abs(llama(width + d) - total) for d in (-16, 16))  # the nearest width
+
+
+@pytest.mark.slow
+def test_flex_benchmark_times_flex_against_sdpa_with_an_explicit_mask(monkeypatch, capsys):
+    tiny = "--lengths 32 --batch 1 --heads 2 --kv-heads 1 --head-dim 16 --window 8 --docs 3 --repeats 1"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["flex.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "flex.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| window", "| documents"))]
+    assert [row[0] for row in rows] == ["| window", "| documents"], out
+    for row in rows:
+        assert float(row[4]) > 0 and float(row[5].rstrip(" |")) < 1e-5, row  # a ratio; the same function
