@@ -121,6 +121,60 @@ def flex_attend(
     return out * torch.sigmoid(aux.lse - sink.to(aux.lse.dtype)[:, None])[..., None].to(out.dtype)
 
 
+def no_dropout(dropout: float) -> None:
+    """Refuse attention dropout (FlexAttention has none; the config check refuses it before this)."""
+    if dropout > 0:
+        raise ValueError("attention dropout needs the sdpa or math backend (FlexAttention has none)")
+
+
+def flex_additive(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    is_causal: bool,
+    dropout: float,
+    softcap: float | None,
+    scale: float | None,
+    sink: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`zoo.parts.kernels.attend`'s arguments on flex: the additive float ``mask`` as a score bias (a query
+    that sees no key gets lowest / 2 at every key from it, as math does), ``is_causal`` as a top-left mask_mod."""
+    no_dropout(dropout)
+    causal = (lambda b, h, q, kv: kv <= q) if is_causal else None
+    return flex_attend(q, k, v, mask_mod=causal, bias=mask, softcap=softcap, scale=scale, sink=sink)
+
+
+def flex_at(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    slots: torch.Tensor,
+    causal: bool,
+    window: int | None,
+    key_mask: torch.Tensor | None,
+    seen: torch.Tensor | None,
+    documents: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    dropout: float,
+    softcap: float | None,
+    scale: float | None,
+    sink: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`zoo.parts.kernels.attend_at`'s attention on flex: :func:`slot_mask` as the block mask, ``bias`` (the
+    position's) as a score modification. ``seen``: with a key mask, the boolean mask without the documents
+    (b, 1, t_q, t_k), from which the queries that see no key are found."""
+    no_dropout(dropout)
+    empty = None
+    if seen is not None:  # queries before any real key (left padding) see none
+        empty = ~(seen if documents is None else seen & documents).any(-1)[:, 0]  # (b, t_q)
+    mod = slot_mask(slots, causal=causal, window=window, key_mask=key_mask, documents=documents)
+    return flex_attend(q, k, v, mask_mod=mod, batched=key_mask is not None or documents is not None, empty=empty,
+                       bias=bias, softcap=softcap, scale=scale, sink=sink)  # fmt: skip
+
+
 def _or_empty(inner: MaskMod, empty: torch.Tensor) -> MaskMod:
     """``inner``, and every key for the queries marked ``empty`` (b, t_q)."""
     return lambda b, h, q, kv: inner(b, h, q, kv) | empty[b, q]

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
 
-from zoo.parts.flex import flex_attend, slot_mask
+from zoo.parts.flex import flex_additive, flex_at
 from zoo.parts.positions import Position
 
 #: The attention kernels: ``sdpa`` (torch's fused scaled_dot_product_attention), ``math`` (explicit) or ``flex``
@@ -103,10 +103,8 @@ def attend(
     """
     group = q.shape[1] // k.shape[1]
     if backend == "flex":
-        if dropout > 0:
-            raise ValueError("attention dropout needs the sdpa or math backend (FlexAttention has none)")
-        causal = (lambda b, h, q, kv: kv <= q) if is_causal else None
-        return flex_attend(q, k, v, mask_mod=causal, bias=mask, softcap=softcap, scale=scale, sink=sink)
+        return flex_additive(q, k, v, mask, is_causal=is_causal, dropout=dropout, softcap=softcap, scale=scale,
+                             sink=sink)  # fmt: skip
     if backend == "sdpa":
         if softcap is not None:
             raise ValueError("softcap needs the math backend (SDPA has no hook to cap the scores)")
@@ -197,16 +195,9 @@ def attend_at(
     # One query at the last slot of a growing cache may see every key: decoding steps need no causal mask.
     needs_causal = causal and (time > 1 or preallocated)
     if backend == "flex":  # the mask as a block mask from the slots, the bias as a score modification
-        if dropout > 0:
-            raise ValueError("attention dropout needs the sdpa or math backend (FlexAttention has none)")
-        empty = None
-        if key_mask is not None:  # queries before any real key (left padding) see none
-            seen = allowed_mask(slots, k_slots, needs_causal, key_mask, window)
-            seen = seen if documents is None else seen & documents
-            empty = ~seen.any(-1)[:, 0]  # (b, t_q)
-        mod = slot_mask(slots, causal=needs_causal, window=window, key_mask=key_mask, documents=documents)
-        return flex_attend(q, k, v, mask_mod=mod, batched=key_mask is not None or documents is not None,
-                           empty=empty, bias=bias, softcap=softcap, scale=scale, sink=sink)  # fmt: skip
+        seen = None if key_mask is None else allowed_mask(slots, k_slots, needs_causal, key_mask, window)
+        return flex_at(q, k, v, slots=slots, causal=needs_causal, window=window, key_mask=key_mask, seen=seen,
+                       documents=documents, bias=bias, dropout=dropout, softcap=softcap, scale=scale, sink=sink)
     mask = allowed_mask(slots, k_slots, needs_causal, key_mask, window)
     if documents is not None:
         mask = documents if mask is None else mask & documents
