@@ -7,6 +7,8 @@ import runpy
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -244,3 +246,16 @@ def test_presets_benchmark_times_named_variants_against_the_first(monkeypatch, c
         assert "NAME:OVERRIDE" in str(error)
     else:
         raise AssertionError("a repeated variant name was accepted")
+
+
+@pytest.mark.slow
+def test_flex_benchmark_times_flex_against_sdpa_with_an_explicit_mask(monkeypatch, capsys):
+    tiny = "--lengths 32 --batch 1 --heads 2 --kv-heads 1 --head-dim 16 --window 8 --docs 3 --repeats 1"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["flex.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "flex.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| window", "| documents"))]
+    assert [row[0] for row in rows] == ["| window", "| documents"], out
+    for row in rows:
+        assert float(row[4]) > 0 and float(row[5].rstrip(" |")) < 1e-5, row  # a ratio; the same function

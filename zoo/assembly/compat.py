@@ -3,7 +3,7 @@
 The rules live in the parts, not in a table here (each hook written in zoo.core.interface):
 
 - a part's ``check(dims, **options)`` classmethod rejects its own bad options and sizes
-  (``attn.softcap`` without ``backend: math``, an ``attn.window`` as wide as ``block.max_len``, ...);
+  (``attn.softcap`` with ``backend: sdpa``, an ``attn.window`` as wide as ``block.max_len``, ...);
 - a part class may declare ``needs = {"embedding": "why"}``: what its surroundings must provide,
   ``provides = frozenset({...})``: what it provides to the other parts, and
   ``conflicts = {"score bias": "why"}``: what no other part of its block may provide (a position's

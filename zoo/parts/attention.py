@@ -25,6 +25,7 @@ from zoo.core.tp import Plan, has_plan, heads_norm, local, prefixed, row_output
 from zoo.parts.canon import KERNEL, Canon
 from zoo.parts.cross_attention import CrossAttention
 from zoo.parts.documents import Documents
+from zoo.parts.flex import check_flex
 from zoo.parts.head_outputs import (
     Gate,
     Sink,
@@ -82,8 +83,9 @@ class Attention(nn.Module):
     the queries and the keys and values they read, which is what a tensor-parallel shard needs;
     :func:`fuse_qkv` and :func:`split_qkv` convert from and to separate q, k, v weights.
 
-    Backends: ``sdpa`` (torch's fused scaled_dot_product_attention) and ``math`` (explicit scores,
-    mask, float32 softmax, weights @ v).
+    Backends: ``sdpa`` (torch's fused scaled_dot_product_attention), ``math`` (explicit scores,
+    mask, float32 softmax, weights @ v) and ``flex`` (torch's FlexAttention: causality, the window, padding and
+    documents as one block mask, ALiBi and the soft-cap as score modifications; zoo.parts.flex).
 
     Options: ``head_dim`` (each head's width, d_model / n_heads by default: Gemma's, Qwen3-Next's and gpt-oss's
     heads are wider or narrower; the assembly builds the position part at that width too), ``scale_dim`` (the
@@ -94,7 +96,7 @@ class Attention(nn.Module):
     each head's d_head features; ``all_heads``: over all the queries' n_heads d_head features jointly, and the
     keys' n_kv_heads d_head, as OLMo 2 and 3), ``window`` (sliding-window
     attention: each query sees at most ``window`` keys, itself included; a float mask keeps SDPA on its
-    fused kernels), ``softcap`` (scores become softcap * tanh(scores / softcap); math backend only), and
+    fused kernels), ``softcap`` (scores become softcap * tanh(scores / softcap); math and flex backends), and
     the output options of :mod:`zoo.parts.head_outputs`: ``gate`` (``headwise`` or ``elementwise``: heads'
     outputs times sigmoid(x W_g), parameter ``gate``), ``sink`` (``learned``: a logit per head in the
     softmax's denominator, parameter ``sink``) and ``xsa`` (each head's output less its component along
@@ -147,10 +149,12 @@ class Attention(nn.Module):
             )
         if softcap is not None and not softcap > 0:
             raise ConfigError("block.attn.softcap", softcap, "must be > 0, or null for no cap")
-        if softcap is not None and backend != "math":
+        if softcap is not None and backend == "sdpa":
             raise ConfigError(
-                "block.attn.softcap", softcap, "needs block.attn.backend=math (SDPA has no hook to cap the scores)"
-            )
+                "block.attn.softcap", softcap,
+                "needs block.attn.backend=math or flex (SDPA has no hook to cap the scores)",
+            )  # fmt: skip
+        check_flex(dims, backend)
 
     @classmethod
     def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:

@@ -22,6 +22,19 @@ ATTENTIONS.register(
 )(Attention)
 
 ATTENTIONS.document(
+    "backend",
+    values="sdpa, math, flex (the softmax attentions; the linear mixers take sdpa and math)",
+    formula="one function, softmax(scale q k^T + mask) v, three kernels: sdpa torch's scaled_dot_product_attention "
+    "with the mask as an additive float tensor; math explicit scores in at least float32 (the reference); flex "
+    "torch's FlexAttention: causality, the window, padding and documents as one block mask (blocks of keys no query "
+    "sees are skipped), ALiBi's bias and the soft-cap as score modifications, a sink as softmax(s) sigmoid(lse(s) - "
+    "sink_h). flex on CUDA under torch.compile: one fused kernel, the path for windows and document masks; on CPU "
+    "an unfused reference, forward only (no FlexAttention backward there), and no dropout",
+    cost="none (the same FLOPs counted); flex's block mask skips the key blocks a window or a document hides",
+    reference="Dong et al. 2024, Flex Attention: A Programming Model for Generating Optimized Attention Kernels, "
+    "arXiv:2412.05496",
+)
+ATTENTIONS.document(
     "window",
     values="null, a positive integer below block.max_len",
     formula="query i sees keys j with i - window < j <= i, itself included (abs(i - j) < window in an encoder block)",

@@ -17,10 +17,12 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
 
+from zoo.parts.flex import flex_additive, flex_at
 from zoo.parts.positions import Position
 
-#: The attention kernels: ``sdpa`` (torch's fused scaled_dot_product_attention) or ``math`` (explicit).
-Backend = Literal["sdpa", "math"]
+#: The attention kernels: ``sdpa`` (torch's fused scaled_dot_product_attention), ``math`` (explicit) or ``flex``
+#: (torch's FlexAttention: masks as block masks, biases and the soft-cap as score modifications, zoo.parts.flex).
+Backend = Literal["sdpa", "math", "flex"]
 
 
 def allowed_mask(
@@ -96,9 +98,13 @@ def attend(
 
     ``sdpa``: torch's fused scaled_dot_product_attention (GQA without copying keys); a sink is one more key
     (:func:`with_sink`). ``math``: explicit scores in at least float32, optional soft-capping, softmax
-    (over the scores and the sink's column, dropped after), weights @ v (the reference).
+    (over the scores and the sink's column, dropped after), weights @ v (the reference). ``flex``: FlexAttention with
+    the mask as a score modification (:func:`zoo.parts.flex.flex_attend`; no dropout).
     """
     group = q.shape[1] // k.shape[1]
+    if backend == "flex":
+        return flex_additive(q, k, v, mask, is_causal=is_causal, dropout=dropout, softcap=softcap, scale=scale,
+                             sink=sink)  # fmt: skip
     if backend == "sdpa":
         if softcap is not None:
             raise ValueError("softcap needs the math backend (SDPA has no hook to cap the scores)")
@@ -188,6 +194,10 @@ def attend_at(
     )
     # One query at the last slot of a growing cache may see every key: decoding steps need no causal mask.
     needs_causal = causal and (time > 1 or preallocated)
+    if backend == "flex":  # the mask as a block mask from the slots, the bias as a score modification
+        seen = None if key_mask is None else allowed_mask(slots, k_slots, needs_causal, key_mask, window)
+        return flex_at(q, k, v, slots=slots, causal=needs_causal, window=window, key_mask=key_mask, seen=seen,
+                       documents=documents, bias=bias, dropout=dropout, softcap=softcap, scale=scale, sink=sink)
     mask = allowed_mask(slots, k_slots, needs_causal, key_mask, window)
     if documents is not None:
         mask = documents if mask is None else mask & documents

@@ -18,6 +18,7 @@ from zoo.core.registry import ATTENTIONS, NORMS
 from zoo.core.tp import Plan, local, prefixed, require_whole_heads, row_output
 from zoo.parts.attention import OUTPUT_VARIANTS, scale_rows
 from zoo.parts.documents import Documents
+from zoo.parts.flex import check_flex
 from zoo.parts.head_outputs import (
     Gate,
     Sink,
@@ -110,6 +111,7 @@ class LatentAttention(nn.Module):
                 options["latent_norm"],
                 f"none or a registered norm: {', '.join(NORMS.names())}",
             )
+        check_flex(dims, options["backend"])
 
     @classmethod
     def check_tp(cls, dims: BlockDims, tp: int, **options: Any) -> None:
@@ -258,7 +260,7 @@ class LatentAttention(nn.Module):
             k_positions = state.key_positions()
         k, v = self.keys_values(latent, rope_key)  # (b, h, s, d + r), (b, h, s, d)
         own = v[:, :, slots]  # each query's own value (XSA): the cache holds it at the query's slot
-        if self.backend == "sdpa":  # fused kernels want values as wide as keys: zeros, sliced off below
+        if self.backend != "math":  # fused kernels want values as wide as keys: zeros, sliced off below
             v = F.pad(v, (0, self.rope_dim))
         y = attend_at(
             q,

@@ -29,6 +29,7 @@ B, T, D = 2, 6, 16
 PADS = (2, 0)  # left padding of each sample: sample 0's queries 0 and 1 see no real key at all
 CHUNKS = (3, 2, 1)  # cached decoding: a 3-token prompt, a 2-token chunk, then a single token
 BACKENDS = ("sdpa", "math")
+FLEX = "flex"  # compared with math by "backends agree" alone (it has no CPU backward)
 DROPOUT = 0.5
 HUGE = 1e4  # "finite on huge inputs": the inputs' scale (standard normal inputs times this), in float32
 
@@ -158,6 +159,7 @@ class Subject:
     cfg: dict[str, Any]
     context: str
     backends: list[str]  # the configured backend first, then the others the config allows
+    flex: bool = False  # whether the config allows block.attn.backend=flex
     x: torch.Tensor = field(default_factory=lambda: torch.randn(B, T, D, dtype=torch.float64))
     key_mask: torch.Tensor = field(init=False)
     _blocks: dict[Any, nn.Module] = field(default_factory=dict)
@@ -177,7 +179,8 @@ class Subject:
             return str(reason)
         configured = cfg["attn"].get("backend", "sdpa")
         others = [b for b in BACKENDS if b != configured and context_of(with_backend(cfg, b))[0] is not None]
-        return cls(combo, cfg, context, [configured, *others])
+        flex = configured != FLEX and context_of(with_backend(cfg, FLEX))[0] is not None
+        return cls(combo, cfg, context, [configured, *others], flex=flex)
 
     def build(self, **overrides: Any) -> nn.Module:
         """A fresh float64 block of this combination (``attn={...}`` or size overrides), in eval()."""
@@ -361,12 +364,17 @@ def batch_independence(s: Subject) -> None:
     close(s.block()(s.x[1:]), y[1:], 1e-12, "sample 1 alone differs from sample 1 in the batch")
 
 
-@prop("sdpa and math agree")
+@prop("backends agree")
 def backends_agree(s: Subject) -> str | None:
-    if len(s.backends) < 2:
+    # flex (FlexAttention, uncompiled: the function its compiled kernel computes) is compared here only, against
+    # math; the other per-backend properties run sdpa and math.
+    others = [b for b in ("sdpa", FLEX) if b in s.backends or b == FLEX and s.flex]
+    if "math" not in s.backends or not others:
         return f"not applicable: only {s.backends[0]} is valid"
-    close(s.y("sdpa"), s.y("math"), 1e-10, "sdpa vs math, without a key mask")
-    close(s.y("sdpa", masked=True), s.y("math", masked=True), 1e-10, f"sdpa vs math, with left padding {PADS}")
+    for backend in others:
+        close(s.y(backend), s.y("math"), 1e-10, f"{backend} vs math, without a key mask")
+        close(s.y(backend, masked=True), s.y("math", masked=True), 1e-10,
+              f"{backend} vs math, with left padding {PADS}")  # fmt: skip
     return None
 
 

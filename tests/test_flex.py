@@ -1,0 +1,151 @@
+"""block.attn.backend=flex (zoo/parts/flex.py): FlexAttention gives the math backend's output with every mask
+and score modification together (windows, padding, documents, ALiBi, soft-cap, sinks), decodes with a cache as
+its full forward does, is refused by name where it cannot compute a part, and compiled computes the same.
+
+The contract compares flex with math over every combination where it is valid ("backends agree")."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from zoo import build_block
+from zoo.core.errors import ConfigError
+from zoo.parts.documents import Documents
+from zoo.parts.flex import flex_attend, slot_mask
+from zoo.parts.kernels import additive, allowed_mask, attend
+from zoo.parts.state import LayerState
+from zoo.testing.combos import TINY
+
+B, T = 3, 7
+#: Sample 0: two padding tokens first (its queries 0 and 1 see no real key); sample 2: three documents.
+PADS = (2, 0, 0)
+IDS = torch.tensor([[0] * T, [0] * T, [0, 0, 1, 1, 1, 2, 2]])
+
+
+def pair(attn: dict, pos: str = "none", backends: tuple[str, ...] = ("flex", "math")) -> list[torch.nn.Module]:
+    """Tiny float64 blocks, one per backend, with the same random weights (sinks away from zero)."""
+    blocks = []
+    for backend in backends:
+        cfg = {**TINY, "placement": "pre", "norm": "layernorm", "pos": pos, "mlp": "gelu",
+               "attn": {**attn, "backend": backend}}  # fmt: skip
+        blocks.append(build_block(cfg).double().eval())
+    torch.manual_seed(0)
+    for p in blocks[0].parameters():
+        p.data.normal_(0, 0.5)
+    for block in blocks[1:]:
+        block.load_state_dict(blocks[0].state_dict())
+    return blocks
+
+
+def key_mask() -> torch.Tensor:
+    mask = torch.ones(B, T, dtype=torch.bool)
+    for i, pad in enumerate(PADS):
+        mask[i, :pad] = False
+    return mask
+
+
+CASES = [
+    ({"name": "mha"}, "none"),
+    ({"name": "gqa", "window": 3}, "alibi"),
+    ({"name": "mqa", "softcap": 2.0, "sink": "learned"}, "rotary"),
+    ({"name": "gqa", "window": 2, "softcap": 1.5, "sink": "learned"}, "alibi"),
+    ({"name": "mla", "sink": "learned"}, "none"),
+]
+
+
+@pytest.mark.parametrize(("attn", "pos"), CASES, ids=[f"{a['name']}-{p}-{len(a)}" for a, p in CASES])
+def test_flex_equals_math_with_padding_and_documents(attn, pos):
+    """Every mask and modification at once: with and without left padding and packed documents, flex gives math's
+    output to 1e-10, the padding queries that see no real key included."""
+    flex, math_ = pair(attn, pos)
+    x = torch.randn(B, T, TINY["d_model"], dtype=torch.float64)
+    with torch.no_grad():
+        for mask, ids in itertools.product((None, key_mask()), (None, IDS)):
+            docs = None if ids is None else Documents(ids)
+            got, want = (b(x, key_mask=mask, documents=docs) for b in (flex, math_))
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-10, msg=f"key mask {mask is not None}, docs {ids}")
+
+
+@pytest.mark.parametrize(("attn", "pos"), CASES[1:4:2])
+def test_flex_decodes_with_a_cache_as_its_full_forward(attn, pos):
+    """Cached decoding through flex (a 3-token prompt, a 2-token chunk, then single tokens) equals its full forward
+    at every real position, with left padding, and the full forward equals math's."""
+    flex, math_ = pair(attn, pos)
+    x, mask = torch.randn(B, T, TINY["d_model"], dtype=torch.float64), key_mask()
+    with torch.no_grad():
+        full = flex(x, key_mask=mask)
+        cache, steps = LayerState(), []
+        for start, end in ((0, 3), (3, 5), (5, 6), (6, 7)):
+            steps.append(flex(x[:, start:end], key_mask=mask[:, :end], cache=cache))
+        real = mask[..., None]  # a padding query's output (uniform weights over the call's keys) depends on them
+        torch.testing.assert_close(torch.cat(steps, dim=1) * real, full * real, rtol=0, atol=1e-10)
+        torch.testing.assert_close(full, math_(x, key_mask=mask), rtol=0, atol=1e-10)
+
+
+def test_flex_cross_attention_equals_math():
+    """A decoder block's cross-attention takes the block's backend: flex with a memory mask gives math's output."""
+    cross = []
+    for backend in ("flex", "math"):
+        torch.manual_seed(1)
+        cfg = {**TINY, "placement": "pre", "norm": "layernorm", "pos": "none", "mlp": "gelu", "cross_attention": True,
+               "attn": {"name": "gqa", "backend": backend}}  # fmt: skip
+        cross.append(build_block(cfg).double().eval())
+    cross[1].load_state_dict(cross[0].state_dict())
+    x, memory = torch.randn(2, 4, TINY["d_model"], dtype=torch.float64), torch.randn(2, 6, TINY["d_model"]).double()
+    memory_mask = torch.ones(2, 6, dtype=torch.bool)
+    memory_mask[1, 4:] = False
+    with torch.no_grad():
+        got, want = (b(x, memory=memory, memory_mask=memory_mask) for b in cross)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "field", "allowed"),
+    [
+        ({"dropout": 0.1}, "block.attn.backend", "sdpa or math with block.dropout=0.1"),
+        ({"attn": {"name": "mha", "softcap": 2.0, "backend": "sdpa"}}, "block.attn.softcap", "math or flex"),
+        ({"attn": {"name": "gated_deltanet", "backend": "flex"}}, "block.attn.backend", "flex"),
+    ],
+)
+def test_flex_is_refused_by_name_where_it_cannot_compute(cfg, field, allowed):
+    """Dropout (FlexAttention has none), a linear mixer's backend; and softcap names flex as an alternative."""
+    full = {**TINY, "placement": "pre", "norm": "layernorm", "pos": "none", "mlp": "gelu",
+            "attn": {"name": "mha", "backend": "flex"}, **cfg}  # fmt: skip
+    with pytest.raises(ConfigError, match=field) as error:
+        build_block(full)
+    assert allowed in str(error.value)
+
+
+def test_flex_refuses_to_train_on_cpu():
+    """torch has no FlexAttention backward on CPU: a forward that would need one is refused, naming the option."""
+    (flex,) = pair({"name": "mha"}, backends=("flex",))
+    with pytest.raises(ConfigError, match="block.attn.backend.*sdpa or math to train on CPU"):
+        flex.train()(torch.randn(1, 3, TINY["d_model"], dtype=torch.float64))
+
+
+@pytest.mark.slow
+def test_compiled_flex_equals_math():
+    """torch.compile(fullgraph=True) turns flex into one generated kernel (inductor, C++ on CPU): with a window, a
+    soft-cap, an ALiBi bias, left padding and documents it computes math's output (float32). On CPU the kernel is
+    compiled with the mask's tensors as the compiled function's inputs (inductor's CPU template takes no tensor
+    made inside the compiled graph in a mask), and without a sink (it returns no log-sum-exp there)."""
+
+    def kernel(q, k, v, slots, real, same, empty, bias):
+        mod = slot_mask(slots, causal=True, window=3, key_mask=real, documents=same)
+        return flex_attend(q, k, v, mask_mod=mod, batched=True, empty=empty, bias=bias, softcap=2.0)
+
+    torch.manual_seed(0)
+    q, (k, v) = torch.randn(B, 4, T, 8), torch.randn(2, B, 2, T, 8)
+    slots, real = torch.arange(T), key_mask()
+    same = Documents(IDS).same(slots, T)
+    bias = -torch.rand(4, 1, 1) * (slots[:, None] - slots).abs()  # ALiBi's, slopes drawn
+    seen = allowed_mask(slots, slots, True, real, 3) & same
+    empty = ~seen.any(-1)[:, 0]
+    assert empty.any(), "a query that sees no key is part of the check"
+    with torch.no_grad():
+        got = torch.compile(kernel, fullgraph=True)(q, k, v, slots, real, same, empty, bias)
+    want = attend(q, k, v, additive(seen, bias, q.dtype), is_causal=False, backend="math", softcap=2.0)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
