@@ -143,6 +143,7 @@ VOCAB = 32
 PATTERNS: dict[str, list[dict[str, Any]]] = {
     "hybrid": [{"attn": "gated_deltanet"}] * 3 + [{}],
     "sssl": [{"attn": {"window": 3}}] * 3 + [{"pos": "none"}],
+    "linear": [{"attn": "kda"}, {"attn": "mamba2"}, {"attn": "gated_deltanet"}, {}],  # three states, one cache
 }
 #: The pattern cases the model contract runs, (pattern, combination): a handful, not a product.
 PATTERN_CASES: list[tuple[str, dict[str, str]]] = [
@@ -150,6 +151,7 @@ PATTERN_CASES: list[tuple[str, dict[str, str]]] = [
     ("hybrid", {"placement": "post", "norm": "layernorm", "attn": "gqa", "pos": "none", "mlp": "gelu"}),
     ("sssl", {"placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rotary", "mlp": "swiglu"}),
     ("sssl", {"placement": "sandwich", "norm": "layernorm", "attn": "mqa", "pos": "alibi", "mlp": "gelu"}),
+    ("linear", {"placement": "pre", "norm": "rmsnorm", "attn": "gqa", "pos": "rotary", "mlp": "swiglu"}),
 ]
 
 
