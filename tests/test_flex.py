@@ -149,3 +149,19 @@ def test_compiled_flex_equals_math():
         got = torch.compile(kernel, fullgraph=True)(q, k, v, slots, real, same, empty, bias)
     want = attend(q, k, v, additive(seen, bias, q.dtype), is_causal=False, backend="math", softcap=2.0)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_a_run_with_flex_on_cpu_is_refused_by_its_config_before_any_tensor_work(tmp_path, monkeypatch):
+    """zoo-train with the flex backend on this CPU fails on the config, naming the option: no forward runs."""
+    from helpers import tiny
+
+    import zoo.parts.flex
+    from zoo.lab.training.run import run
+
+    def called(*args, **kwargs):
+        raise AssertionError("FlexAttention ran before the config was refused")
+
+    monkeypatch.setattr(zoo.parts.flex, "flex_attend", called)
+    summary = run(tiny("block.attn.backend=flex"), tmp_path)
+    assert summary["status"] == "failed"
+    assert "block.attn.backend='flex': sdpa or math to train on CPU" in summary["error"]

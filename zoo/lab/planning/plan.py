@@ -105,6 +105,7 @@ def plan_run(
     mesh.check_model(specs, options["vocab_size"], lengths)  # parts' plans, divisibility, sequence parallel
     check_sharded(mesh, train_cfg, options)
     check_positions_fit(specs, task_opts.get("seq_len"))
+    check_flex_trains(specs, device)
     custom_model = task_cls.builds_own_model()
     check_objective(recipe, custom_model=custom_model, mesh=mesh, seq_len=seq_len)
     param = check_param(
@@ -199,3 +200,12 @@ def check_positions_fit(specs: Sequence[BlockSpec], seq_len: int | None) -> None
         f"below task.seq_len={seq_len}: learned positions need block.max_len >= task.seq_len; "
         f"set block.max_len={seq_len} or lower task.seq_len",
     )
+
+
+def check_flex_trains(specs: Sequence[BlockSpec], device: torch.device) -> None:
+    """``block.attn.backend=flex`` trains on CUDA only: torch's FlexAttention has no backward on the CPU. Refused
+    from the config, before any tensor work (the forward refuses too, for a model trained outside a run)."""
+    if device.type == "cpu" and any(spec["attn"].options.get("backend") == "flex" for spec in specs):
+        raise ConfigError(
+            "block.attn.backend", "flex", "sdpa or math to train on CPU (torch's FlexAttention has no CPU backward)"
+        )
