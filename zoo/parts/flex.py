@@ -31,6 +31,9 @@ from zoo.core.errors import ConfigError
 #: A FlexAttention mask modification: (batch, head, query, key) index tensors -> True where the key is seen.
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
+#: Why flex cannot train on the CPU (refused by the forward and by a run's config).
+NO_CPU_BACKWARD = "sdpa or math to train on CPU (torch's FlexAttention has no CPU backward)"
+
 
 def check_flex(dims: BlockDims, backend: str) -> None:
     """Refuse what ``flex`` cannot compute: attention-weight dropout (FlexAttention has none)."""
@@ -86,9 +89,7 @@ def flex_attend(
     ``sink``: (h,) logits, as :func:`zoo.parts.kernels.attend`'s. -> (b, h, t_q, d_v).
     """
     if torch.is_grad_enabled() and q.device.type == "cpu" and any(t.requires_grad for t in (q, k, v)):
-        raise ConfigError(
-            "block.attn.backend", "flex", "sdpa or math to train on CPU (torch's FlexAttention has no CPU backward)"
-        )
+        raise ConfigError("block.attn.backend", "flex", NO_CPU_BACKWARD)
     (b, h, t_q, _), t_k = q.shape, k.shape[-2]
     dtype = torch.promote_types(q.dtype, torch.float32)
     lowest = torch.finfo(dtype).min / 2

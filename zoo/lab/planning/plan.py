@@ -33,6 +33,7 @@ from zoo.lab.records.trackers import check_logger
 from zoo.lab.tasks import Task
 from zoo.lab.tasks.base import task_options
 from zoo.models.config import block_section, model_options, stack_specs
+from zoo.parts.flex import NO_CPU_BACKWARD
 from zoo.parts.positions import LearnedPosition
 
 
@@ -206,6 +207,4 @@ def check_flex_trains(specs: Sequence[BlockSpec], device: torch.device) -> None:
     """``block.attn.backend=flex`` trains on CUDA only: torch's FlexAttention has no backward on the CPU. Refused
     from the config, before any tensor work (the forward refuses too, for a model trained outside a run)."""
     if device.type == "cpu" and any(spec["attn"].options.get("backend") == "flex" for spec in specs):
-        raise ConfigError(
-            "block.attn.backend", "flex", "sdpa or math to train on CPU (torch's FlexAttention has no CPU backward)"
-        )
+        raise ConfigError("block.attn.backend", "flex", NO_CPU_BACKWARD)
