@@ -114,7 +114,8 @@ def pairwise_combinations() -> list[dict[str, str]]:
 
 def covering_combinations(fixed: dict[str, str] | None = None) -> list[dict[str, str]]:
     """A small pairwise covering set: every pair of part names of two axes appears in some combination
-    (greedy covering array, deterministic), then each option variant once, swapped into a row.
+    (greedy covering array, deterministic), then each option variant once, beside the other axes' defaults
+    (:func:`default`; a row of the covering set holding its part where the defaults refuse it).
 
     For costly properties (compiling, several processes) where :func:`pairwise_combinations`' one row
     per pair would take minutes; any two parts that could interact still meet once. ``fixed``
@@ -148,9 +149,20 @@ def covering_combinations(fixed: dict[str, str] | None = None) -> list[dict[str,
         labels = {label.partition("+")[2]: label for label in reversed(variant_labels)}
         for i, label in enumerate(labels.values()):  # each variant on the first part that takes it
             base = label.partition("+")[0]
-            row = next(r for r in rows[i:] + rows[:i] if r[axis] == base)
-            rows.append({**row, axis: label})
+            plain = {a: fixed.get(a, default(a)) for a in axes}
+            if builds({**plain, axis: label}):
+                rows.append({**plain, axis: label})
+            else:
+                rows.append({**next(r for r in rows[i:] + rows[:i] if r[axis] == base), axis: label})
     return rows
+
+
+def builds(combo: dict[str, str]) -> bool:
+    """Whether ``combo`` builds as a model's block (at the block's default sizes)."""
+    from zoo.assembly.compat import check_combination
+
+    cfg = {**{axis: node(axis, label) for axis, label in combo.items()}, **block_settings(combo)}
+    return check_combination(cfg, "model") is None
 
 
 def node(axis: str, label: str) -> dict[str, Any]:
