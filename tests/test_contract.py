@@ -91,6 +91,9 @@ class Built:
 MODEL_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for every combination
 PAIR_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for every pair of parts (combos.every_pair)
 PATTERN_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for each layer pattern (combos.PATTERN_CASES)
+#: The checks that take gradients; every other runs under no_grad (the eval-mode models compute the same function
+#: either way, and recording the autograd graph of each tiny forward would take 40% of the model checks' time).
+GRAD_CHECKS = {"gradients reach every parameter", "cross attention gradients reach memory and every parameter"}
 
 
 def model_check(check: Callable[[Built], None]) -> Callable[[Built], None]:
@@ -123,10 +126,16 @@ def run_checks(combo: dict[str, str], checks: dict[str, Callable[[Built], None]]
         checks = {name: check for name, check in checks.items() if not name.startswith("encoder")}
     for name, check in checks.items():
         try:
-            check(built)
+            run_check(name, check, built)
         except AssertionError as error:
             failures[name] = str(error)
     conclude(failures, declared_exceptions(combo), checks, record_property, combo)
+
+
+def run_check(name: str, check: Callable[[Built], None], built: Built) -> None:
+    """``check`` on ``built``, under no_grad unless it is one of GRAD_CHECKS."""
+    with torch.enable_grad() if name in GRAD_CHECKS else torch.no_grad():
+        check(built)
 
 
 @every_combination
@@ -161,7 +170,7 @@ def run_model_checks(built: Built, more: dict[str, Callable[[Built], None]], rec
     failures = {}
     for check_name, check in checks.items():
         try:
-            check(built)
+            run_check(check_name, check, built)
         except AssertionError as error:
             failures[check_name] = str(error)
     conclude(failures, declared_exceptions(built.combo), checks, record_property, shown)
@@ -352,6 +361,7 @@ def test_declared_exceptions_name_real_checks():
     from zoo.testing.contract import exception_entry, part_exceptions
 
     known = set(PROPERTIES) | set(MODEL_CHECKS) | set(PAIR_CHECKS)
+    assert GRAD_CHECKS <= known | set(PATTERN_CHECKS), GRAD_CHECKS - known - set(PATTERN_CHECKS)
     for axis, registry in AXES.items():
         for part in registry.parts():
             for name, value in part_exceptions(part.cls, option_defaults(part)).items():
