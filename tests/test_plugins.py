@@ -345,3 +345,27 @@ def test_a_run_records_its_plugins_and_one_evaluated_without_them_names_the_miss
     with pytest.raises(SystemExit) as exited:
         eval_main([str(tmp_path / "run")])
     assert "zoo-tanh 0.1 (not installed)" in str(exited.value.code)
+
+
+def test_a_compose_remembered_is_redone_when_an_option_file_changes_and_hands_out_copies(plugins):
+    """compose_with_choices answers a request it composed before from memory (zoo.assembly.config_tree.compose_key):
+    an option file edited or added since is read anew, and a config handed out can be changed freely."""
+    from omegaconf import open_dict
+
+    from zoo.assembly.config_tree import _composed, compose_key
+
+    options = {"norm/tanhnorm.yaml": "# @package block.norm\nname: tanhnorm\ngain_init: 1.0\n"}
+    plugins.add("zoo-tanh", {"zoo_tanh": NORM.format(name="tanhnorm")}, {"tanh": "zoo_tanh"}, options, "zoo_tanh.conf")
+    request = ["norm=tanhnorm", "block.d_model=32"]
+    first = compose(request)
+    assert first.block.norm.gain_init == 1.0 and compose_key(request, "config") in _composed
+    for _ in range(2):  # the first compose's config, then one answered from memory
+        with open_dict(first):
+            first.block.norm.gain_init = 3.0
+        first = compose(request)
+        assert first.block.norm.gain_init == 1.0  # a copy went out: the remembered config is untouched
+    conf = plugins.root / "zoo_tanh" / "conf" / "norm"
+    (conf / "tanhnorm.yaml").write_text("# @package block.norm\nname: tanhnorm\ngain_init: 0.25\n")
+    assert compose(request).block.norm.gain_init == 0.25  # edited (a new size or modification time)
+    (conf / "tanhnorm_half.yaml").write_text("# @package block.norm\nname: tanhnorm\ngain_init: 0.5\n")
+    assert compose(["norm=tanhnorm_half", "block.d_model=32"]).block.norm.gain_init == 0.5  # added

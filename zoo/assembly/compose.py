@@ -10,13 +10,12 @@ and :func:`compose`. A Hydra app of one's own can list the same entries (docs/co
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from zoo.assembly.config_tree import CONF_DIR, compose_with_choices, search_path  # noqa: F401 (zoo.assembly.compose's API)
+from zoo.assembly.config_tree import CONF_DIR, compose_with_choices, entry_folder, search_path  # noqa: F401 (zoo.assembly.compose's API)
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
@@ -72,16 +71,9 @@ def resolve_composed(
 def option_file(axis: str, choice: str) -> Path | None:
     """The option file Hydra composes for ``<axis>=<choice>``: zoo's, else the first plugin's that has it."""
     for entry in search_path():
-        if entry.startswith("pkg://"):
-            try:
-                folder = Path(str(files(entry.removeprefix("pkg://"))))
-            except ModuleNotFoundError:
-                continue
-        else:
-            folder = Path(entry.removeprefix("file://"))
-        path = folder / axis / f"{choice}.yaml"
-        if path.is_file():
-            return path
+        folder = entry_folder(entry)
+        if folder is not None and (folder / axis / f"{choice}.yaml").is_file():
+            return folder / axis / f"{choice}.yaml"
     return None
 
 

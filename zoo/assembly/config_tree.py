@@ -5,6 +5,8 @@ not validated) is here too, so that a command answers ``--help`` or refuses a mi
 
 from __future__ import annotations
 
+import copy
+import os
 import warnings
 from collections.abc import Sequence
 from importlib.resources import files
@@ -63,14 +65,71 @@ for _axis in AXES:
 ConfigStore.instance().store(name="zoo_open_axes", node=_axes)
 
 
+#: What :func:`compose_with_choices` composed, by :func:`compose_key`: a compose reads and merges dozens of YAML
+#: files (about 0.1 s); the same request over the same files gives the same config.
+_composed: dict[tuple[Any, ...], tuple[DictConfig, dict[str, Any]]] = {}
+_COMPOSED_MAX = 256
+
+
 def compose_with_choices(
     overrides: Sequence[str] = (), config_name: str = "config"
 ) -> tuple[DictConfig, dict[str, Any]]:
     """The composed config, not validated, and Hydra's group choices (``{"norm": "rmsnorm", ...}``).
 
     Works inside a running Hydra app too (a sweep's report, a user's task function): its Hydra is set
-    aside for the compose and put back.
+    aside for the compose and put back. A request composed before over unchanged files (:func:`compose_key`) is
+    answered from memory, as a copy.
     """
+    key = compose_key(overrides, config_name)
+    if key in _composed:
+        cfg, choices = _composed[key]
+        return copy.deepcopy(cfg), dict(choices)
+    cfg, choices = _compose(overrides, config_name)
+    if key is not None:
+        if len(_composed) >= _COMPOSED_MAX:
+            _composed.clear()
+        _composed[key] = copy.deepcopy(cfg), dict(choices)
+    return cfg, choices
+
+
+def compose_key(overrides: Sequence[str], config_name: str) -> tuple[Any, ...] | None:
+    """A compose's request, Hydra's search path and the state of every config file on it (None: not kept, where
+    an override moves the search path itself)."""
+    overrides = tuple(overrides)
+    if any("hydra.searchpath" in override for override in overrides):
+        return None
+    entries = tuple(search_path())
+    return config_name, overrides, entries, files_state(entries)
+
+
+def entry_folder(entry: str) -> Path | None:
+    """The folder of a search-path entry (``pkg://zoo.conf``, ``file:///...``); None for a package that is gone."""
+    if entry.startswith("pkg://"):
+        try:
+            return Path(str(files(entry.removeprefix("pkg://"))))
+        except ModuleNotFoundError:
+            return None
+    return Path(entry.removeprefix("file://"))
+
+
+def files_state(entries: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
+    """(path, modification time, size) of every folder and YAML file Hydra may read from ``entries`` (of the
+    sweeps' root, its ``sweeps`` group only)."""
+    state = []
+    for entry in entries:
+        folder = entry_folder(entry)
+        if folder is None:
+            continue
+        folder = folder / "sweeps" if folder == SWEEPS_ROOT else folder
+        for path, dirs, names in os.walk(folder):
+            dirs[:] = [name for name in dirs if name != "__pycache__"]
+            for name in [".", *(n for n in names if n.endswith((".yaml", ".yml")))]:
+                stat = os.stat(os.path.join(path, name))
+                state.append((os.path.join(path, name), stat.st_mtime_ns, stat.st_size))
+    return tuple(state)
+
+
+def _compose(overrides: Sequence[str], config_name: str) -> tuple[DictConfig, dict[str, Any]]:
     running = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
     GlobalHydra.instance().clear()
     try:
