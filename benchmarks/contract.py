@@ -6,7 +6,7 @@ a shard's start-up (Python, torch, the registry) counts as it would in a CI job.
 other, in one session, on whatever zoo and plugins this interpreter has installed.
 
     python benchmarks/contract.py --part norm=dyt --shards 4           # the figures in docs/testing.md
-    python benchmarks/contract.py --part pos=alibi --coverage pairwise --shards 2 --no-part-full  # quick
+    python benchmarks/contract.py --part attn=mla+qrank --within attn=mla+qrank --shards 2 --no-part-full  # quick
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def main() -> None:
     parser.add_argument("--coverage", choices=("full", "pairwise"), default="full", help="of the whole and its shards")
     parser.add_argument("--workers", type=int, default=1, help="-n of every run (default 1)")
     parser.add_argument("--no-part-full", action="store_true", help="skip the part's full run")
+    parser.add_argument("--within", action="append", default=[], metavar="AXIS=NAME",
+                        help="the whole and its shards over the combinations with this part only (repeat for "
+                        "several: those with any of them), e.g. what one plugin's CI jobs run")  # fmt: skip
     args = parser.parse_args()
     if args.shards < 1 or args.workers < 1:
         parser.error(f"--shards={args.shards} and --workers={args.workers} must be at least 1")
@@ -45,10 +48,11 @@ def main() -> None:
     rows = [(f"{args.part} pairwise", *timed(args.part, "--coverage", "pairwise", *n)[:2])]
     if not args.no_part_full:
         rows.append((f"{args.part} full", *timed(args.part, *n)[:2]))
-    whole = timed("--coverage", args.coverage, *n)
-    rows.append((f"every part, {args.coverage}", *whole[:2]))
+    whole = timed(*args.within, "--coverage", args.coverage, *n)  # the shards' sum is checked against it
+    rows.append((f"{' or '.join(args.within) or 'every part'}, {args.coverage}", *whole[:2]))
     count = args.shards
-    shards = [timed("--coverage", args.coverage, "--shard", f"{i}/{count}", *n) for i in range(1, count + 1)]
+    whole_args = [*args.within, "--coverage", args.coverage, *n]
+    shards = [timed(*whole_args, "--shard", f"{i}/{count}") for i in range(1, count + 1)]
     rows += [(f"shard {i}/{args.shards}", s, c) for i, (s, c, _) in enumerate(shards, 1)]
     print(f"zoo-contract, one process after another, -n {args.workers}, OMP_NUM_THREADS=1\n")
     print("| run | combinations | wall s |\n|---|---:|---:|")

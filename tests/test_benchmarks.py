@@ -74,11 +74,12 @@ def test_block_benchmark_times_moe_against_per_expert_loops_and_dense(monkeypatc
 
 
 def test_contract_benchmark_times_a_part_the_whole_and_shards_that_add_up(monkeypatch, capsys):
-    tiny = "--part pos=alibi --coverage pairwise --shards 2 --no-part-full"
+    tiny = "--part attn=mla+qrank --within attn=mla+qrank --shards 2 --no-part-full"  # 53 rows, then 34 twice
     monkeypatch.setattr(sys, "argv", ["contract.py", *tiny.split()])
     runpy.run_path(str(BENCHMARKS / "contract.py"), run_name="__main__")
     out = capsys.readouterr().out
-    assert "| pos=alibi pairwise |" in out and "| every part, pairwise |" in out and "| shard 2/2 |" in out
+    assert "| attn=mla+qrank pairwise | 53 |" in out and "| attn=mla+qrank, full | 34 |" in out
+    assert "| shard 2/2 | 17 |" in out
     assert "slowest shard / whole: " in out and "(ideal 1/2 = 0.50)" in out
 
 
