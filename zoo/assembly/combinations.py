@@ -142,14 +142,14 @@ def covering_combinations(fixed: dict[str, str] | None = None) -> list[dict[str,
         row = {axis: row[axis] for axis in axes}
         uncovered -= {(a, row[a], b, row[b]) for a, b in itertools.combinations(axes, 2)}
         rows.append(row)
+    plain = {axis: fixed.get(axis, default(axis)) for axis in axes}  # the row each variant joins, if it builds
     for axis in axes:
         variant_labels = choices(axis)[len(AXES[axis].names()) :]
         if axis in fixed:
             variant_labels = [label for label in variant_labels if label.partition("+")[0] == fixed[axis]]
         labels = {label.partition("+")[2]: label for label in reversed(variant_labels)}
-        for i, label in enumerate(labels.values()):  # each variant on the first part that takes it
+        for i, label in enumerate(labels.values()):  # each variant once, on the first part that takes it
             base = label.partition("+")[0]
-            plain = {a: fixed.get(a, default(a)) for a in axes}
             if builds({**plain, axis: label}):
                 rows.append({**plain, axis: label})
             else:

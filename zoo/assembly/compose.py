@@ -72,8 +72,8 @@ def option_file(axis: str, choice: str) -> Path | None:
     """The option file Hydra composes for ``<axis>=<choice>``: zoo's, else the first plugin's that has it."""
     for entry in search_path():
         folder = entry_folder(entry)
-        if folder is not None and (folder / axis / f"{choice}.yaml").is_file():
-            return folder / axis / f"{choice}.yaml"
+        if folder is not None and (path := folder / axis / f"{choice}.yaml").is_file():
+            return path
     return None
 
 
