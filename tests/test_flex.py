@@ -14,7 +14,7 @@ import torch
 from zoo import build_block
 from zoo.core.errors import ConfigError
 from zoo.parts.documents import Documents
-from zoo.parts.flex import flex_attend, slot_mask
+from zoo.parts.flex import BLOCK, block_mask_of, flex_attend, slot_mask
 from zoo.parts.kernels import additive, allowed_mask, attend
 from zoo.parts.state import LayerState
 from zoo.testing.combos import TINY
@@ -67,6 +67,40 @@ def test_flex_equals_math_with_padding_and_documents(attn, pos):
             docs = None if ids is None else Documents(ids)
             got, want = (b(x, key_mask=mask, documents=docs) for b in (flex, math_))
             torch.testing.assert_close(got, want, rtol=0, atol=1e-10, msg=f"key mask {mask is not None}, docs {ids}")
+
+
+def test_the_block_mask_skips_hidden_blocks_when_compiled_and_eager_flex_never_evaluates_it_twice(monkeypatch):
+    """Compiled (``torch.compiler.is_compiling()``), the block mask is torch's ``create_block_mask``: with a window
+    of one block, a query block sees at most two key blocks of four. Uncompiled, every block is partial (torch's
+    unfused implementation reads only ``mask_mod``), ``mask_mod`` is not evaluated to build it, and flex gives the
+    same output with either mask."""
+    import zoo.parts.flex as flex
+
+    t = 4 * BLOCK
+    mod = slot_mask(torch.arange(t), causal=True, window=BLOCK, key_mask=None, documents=None)
+    calls = []
+
+    def counted(b, h, q, kv):
+        calls.append(1)
+        return mod(b, h, q, kv)
+
+    sparse = block_mask_of(mod, None, t, t, torch.device("cpu"), sparse=True)
+    dense = block_mask_of(counted, None, t, t, torch.device("cpu"), sparse=False)
+    assert not calls, "the eager block mask evaluated mask_mod"
+    assert int(dense.kv_num_blocks.sum()) == 16 and dense.full_kv_num_blocks is None
+    seen = sparse.kv_num_blocks + (0 if sparse.full_kv_num_blocks is None else sparse.full_kv_num_blocks)
+    assert seen.flatten().tolist() == [1, 2, 2, 2], "the compiled block mask skips no block the window hides"
+    made = []
+    record = lambda *args, sparse: made.append(sparse) or block_mask_of(*args, sparse=sparse)  # noqa: E731
+    monkeypatch.setattr(flex, "block_mask_of", record)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    q, k, v = torch.randn(3, 1, 2, t, 4, dtype=torch.float64)
+    with torch.no_grad():
+        compiled_mask = flex_attend(q, k, v, mask_mod=mod)
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+        eager_mask = flex_attend(q, k, v, mask_mod=mod)
+    assert made == [True, False]
+    torch.testing.assert_close(eager_mask, compiled_mask, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(("attn", "pos"), CASES[1:4:2])

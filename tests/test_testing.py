@@ -108,6 +108,19 @@ def run_cli(capsys, *argv: str) -> tuple[int, str]:
     return done.value.code, out.out + out.err
 
 
+def test_a_subjects_other_backends_take_the_configured_blocks_weights_in_any_order():
+    """Asked for math first, the subject builds its configured block (sdpa) first and loads its weights into the
+    math block: both compute the same function, and the configured block is the one randomized."""
+    from zoo.testing.contract import Subject
+
+    subject = Subject.of({"placement": "pre", "norm": "rmsnorm", "attn": "mha", "pos": "none", "mlp": "gelu"})
+    assert subject.backends[:2] == ["sdpa", "math"]
+    with torch.no_grad():
+        math = subject.block("math")
+        assert list(subject._blocks) == ["sdpa", "math"]
+        torch.testing.assert_close(math(subject.x), subject.block()(subject.x), rtol=0, atol=1e-12)
+
+
 def test_zoo_contract_names_the_combination_property_and_values_that_failed(broken_norms, capsys):
     code, out = run_cli(capsys, "norm=leaky", "--coverage", "pairwise")
     assert code == 1

@@ -2,9 +2,9 @@
 modification, so that one kernel computes them all.
 
 A block mask (:func:`slot_mask`) says which keys a query may see, from its cache slot: causality, the window,
-the key mask (padding) and the documents; blocks of keys no query of a block sees are skipped. A score
-modification adds the position's score bias (ALiBi) and the soft-cap. A sink divides by one more term,
-exp(sink_h), through the kernel's log-sum-exp: softmax(s) sigmoid(lse(s) - sink_h).
+the key mask (padding) and the documents; compiled, blocks of keys no query of a block sees are skipped
+(:func:`block_mask_of`). A score modification adds the position's score bias (ALiBi) and the soft-cap. A sink
+divides by one more term, exp(sink_h), through the kernel's log-sum-exp: softmax(s) sigmoid(lse(s) - sink_h).
 
 Compiled (``torch.compile``), FlexAttention generates one fused kernel for the mask and the modifications: on
 CUDA the path for windows and document masks, which SDPA only takes as a dense float mask. Uncompiled, and on
@@ -23,13 +23,17 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.nn.attention.flex_attention import AuxRequest, and_masks, create_block_mask, flex_attention
+from einops import repeat
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, and_masks, create_block_mask, flex_attention
 
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 
 #: A FlexAttention mask modification: (batch, head, query, key) index tensors -> True where the key is seen.
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: The side of a block mask's blocks, in queries and keys (torch's default).
+BLOCK = 128
 
 #: Why flex cannot train on the CPU (refused by the forward and by a run's config).
 NO_CPU_BACKWARD = "sdpa or math to train on CPU (torch's FlexAttention has no CPU backward)"
@@ -100,7 +104,7 @@ def flex_attend(
         mask_mod = _or_empty(inner, empty)
     if mask_mod is not None:
         batch = b if batched or empty is not None else None
-        block_mask = create_block_mask(mask_mod, batch, None, t_q, t_k, device=q.device)
+        block_mask = block_mask_of(mask_mod, batch, t_q, t_k, q.device, sparse=torch.compiler.is_compiling())
 
     def score_mod(score: torch.Tensor, b: Any, h: Any, q_idx: Any, kv: Any) -> torch.Tensor:
         if softcap is not None:
@@ -120,6 +124,21 @@ def flex_attend(
         return out
     out, aux = out  # exp(s_j) / (exp(sink_h) + sum_j' exp(s_j')) = softmax(s)_j sigmoid(lse - sink_h)
     return out * torch.sigmoid(aux.lse - sink.to(aux.lse.dtype)[:, None])[..., None].to(out.dtype)
+
+
+def block_mask_of(
+    mask_mod: MaskMod, batch: int | None, t_q: int, t_k: int, device: torch.device, *, sparse: bool
+) -> BlockMask:
+    """``mask_mod`` as a block mask. ``sparse`` (compiled): torch's ``create_block_mask``, which evaluates
+    ``mask_mod`` at every query and key to find the blocks of keys no query of a block sees, which the fused kernel
+    skips. Otherwise every block is marked partial: torch's unfused implementation evaluates ``mask_mod`` at every
+    score itself and reads no block structure, so the output is the same without evaluating the mask twice."""
+    if sparse:
+        return create_block_mask(mask_mod, batch, None, t_q, t_k, device=device)
+    n_q, n_k = -(-t_q // BLOCK), -(-t_k // BLOCK)
+    counts = torch.full((1, 1, n_q), n_k, dtype=torch.int32, device=device)  # (1, 1, query blocks): all partial
+    blocks = repeat(torch.arange(n_k, dtype=torch.int32, device=device), "k -> 1 1 q k", q=n_q).contiguous()
+    return BlockMask.from_kv_blocks(counts, blocks, BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(t_q, t_k))
 
 
 def no_dropout(dropout: float) -> None:

@@ -192,10 +192,10 @@ class Subject:
         backend = backend or self.backends[0]
         if backend not in self._blocks:
             block = self.build(attn={"backend": backend})
-            if self._blocks:
-                block.load_state_dict(self.block().state_dict())
-            else:
+            if backend == self.backends[0]:
                 randomize(block)
+            else:  # the configured block's weights (built first if it was not)
+                block.load_state_dict(self.block().state_dict())
             self._blocks[backend] = block
         return self._blocks[backend]
 
