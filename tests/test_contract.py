@@ -46,7 +46,7 @@ from zoo.testing.combos import (  # noqa: E402
     pattern_id,
     randomize,
 )
-from zoo.testing.contract import close  # noqa: E402
+from zoo.testing.contract import OUTSIDE_INFERENCE, close  # noqa: E402
 
 B, T, D = 2, 6, 16
 S = 5  # source (encoder memory) length
@@ -64,7 +64,8 @@ class Built:
 
     def _get(self, key: str, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
         if key not in self._made:
-            self._made[key] = make()
+            with OUTSIDE_INFERENCE:  # parameters autograd can use, whichever check builds them
+                self._made[key] = make()
         return self._made[key]
 
     @property
@@ -91,8 +92,8 @@ class Built:
 MODEL_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for every combination
 PAIR_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for every pair of parts (combos.every_pair)
 PATTERN_CHECKS: dict[str, Callable[[Built], None]] = {}  # run for each layer pattern (combos.PATTERN_CASES)
-#: The checks that take gradients (@takes_gradients); every other runs under no_grad (the eval-mode models compute the
-#: same function either way, and recording the autograd graph of each tiny forward took 40% of the checks' time).
+#: The checks that take gradients (@takes_gradients); every other runs under inference_mode (the eval-mode models
+#: compute the same function either way, and autograd's bookkeeping of each tiny forward took 40% of the checks' time).
 GRAD_CHECKS: set[str] = set()
 
 
@@ -138,8 +139,8 @@ def run_checks(combo: dict[str, str], checks: dict[str, Callable[[Built], None]]
 
 
 def run_check(name: str, check: Callable[[Built], None], built: Built) -> None:
-    """``check`` on ``built``, under no_grad unless it is one of GRAD_CHECKS."""
-    with torch.enable_grad() if name in GRAD_CHECKS else torch.no_grad():
+    """``check`` on ``built``, under inference_mode unless it is one of GRAD_CHECKS."""
+    with torch.enable_grad() if name in GRAD_CHECKS else torch.inference_mode():
         check(built)
 
 

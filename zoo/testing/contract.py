@@ -33,6 +33,10 @@ FLEX = "flex"  # compared with math by "backends agree" alone (it has no CPU bac
 DROPOUT = 0.5
 HUGE = 1e4  # "finite on huge inputs": the inputs' scale (standard normal inputs times this), in float32
 
+#: Blocks are built, and gradients taken, outside the inference mode most properties run in (their parameters and
+#: inputs are then tensors autograd can use).
+OUTSIDE_INFERENCE = torch.inference_mode(False)
+
 #: bfloat16 keeps 8 mantissa bits (~0.4% per rounding); a block compounds a few dozen roundings.
 BF16_RELATIVE_ERROR = 0.05
 
@@ -44,7 +48,7 @@ NEEDS_GRAD: set[str] = set()
 def prop(name: str, grad: bool = False) -> Callable[[Property], Property]:
     """Register a property. It raises AssertionError when violated, and may return a note
     ("not applicable: ...") when the combination has nothing to check. Without ``grad`` it runs
-    under no_grad."""
+    under inference_mode (no autograd bookkeeping: the blocks it reads are built outside it)."""
 
     def register(check: Property) -> Property:
         PROPERTIES[name] = check
@@ -182,11 +186,13 @@ class Subject:
         flex = configured != FLEX and context_of(with_backend(cfg, FLEX))[0] is not None
         return cls(combo, cfg, context, [configured, *others], flex=flex)
 
+    @OUTSIDE_INFERENCE
     def build(self, **overrides: Any) -> nn.Module:
         """A fresh float64 block of this combination (``attn={...}`` or size overrides), in eval()."""
         cfg = {**self.cfg, **{k: ({**self.cfg[k], **v} if isinstance(v, dict) else v) for k, v in overrides.items()}}
         return build(cfg, self.context).double().eval()
 
+    @OUTSIDE_INFERENCE
     def block(self, backend: str | None = None) -> nn.Module:
         """The block with ``backend`` (default: configured); every backend shares the same weights."""
         backend = backend or self.backends[0]
@@ -199,6 +205,7 @@ class Subject:
             self._blocks[backend] = block
         return self._blocks[backend]
 
+    @OUTSIDE_INFERENCE
     def reloaded(self) -> nn.Module:
         """A fresh build with ``block.dropout`` = DROPOUT, loaded with the block's state_dict (once)."""
         if "reloaded" not in self._blocks:
@@ -207,6 +214,7 @@ class Subject:
             self._blocks["reloaded"] = block
         return self._blocks["reloaded"]
 
+    @OUTSIDE_INFERENCE
     def float32(self, consume: bool = False) -> nn.Module:
         """A float32 block with the same weights (made from the reloaded block, if one was built, so
         no other property gets that one afterwards). ``consume``: the caller converts it further,
@@ -223,6 +231,7 @@ class Subject:
             self._cached[key] = self.block(key[0])(self.x, key_mask=self.key_mask if masked else None)
         return self._cached[key]
 
+    @OUTSIDE_INFERENCE
     def causal(self, backend: str) -> dict[str, Any]:
         """One forward and one backward, computed once per backend, read by the causality properties
         (and, for the configured backend, by "gradients reach ...").
@@ -262,7 +271,7 @@ def run_contract(subject: Subject) -> tuple[dict[str, str], list[str]]:
     failures, notes = {}, []
     for name, check in PROPERTIES.items():
         try:
-            with torch.enable_grad() if name in NEEDS_GRAD else torch.no_grad():
+            with torch.enable_grad() if name in NEEDS_GRAD else torch.inference_mode():
                 note = check(subject)
         except AssertionError as error:
             failures[name] = one_line(str(error) or "failed (the assertion gave no message)")
