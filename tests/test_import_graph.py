@@ -121,6 +121,27 @@ def test_import_zoo_reads_no_torch_and_a_registry_brings_the_built_in_parts():
     assert done.stdout.strip() == str(sorted(["attn", "mlp", "norm", "placement", "pos", "residual"]))
 
 
+def test_the_sweep_callbacks_every_run_process_builds_import_no_plotting_or_fitting():
+    """Hydra builds every callback of conf/config.yaml in every process it starts (each single run, each launcher
+    worker): their modules import neither matplotlib nor scipy, about a second of each run's start-up, which only
+    the report at a sweep's end needs."""
+    import subprocess
+    import sys
+
+    from omegaconf import OmegaConf
+
+    targets = [c["_target_"] for c in OmegaConf.load(ROOT / "conf" / "config.yaml").hydra.callbacks.values()]
+    assert "zoo.lab.reports.callback.ReportCallback" in targets
+    modules = sorted({target.rpartition(".")[0] for target in targets})
+    code = (
+        f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; "
+        "print(sorted(m for m in ('matplotlib', 'scipy') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"a callback's module imports {done.stdout.strip()}"
+
+
 def answers_without_torch(module: str, function: str, argv: list[str]) -> tuple[bool, str]:
     """Run ``module.function()`` with ``argv`` in a fresh interpreter: (torch stayed out, what it printed)."""
     import subprocess

@@ -408,7 +408,7 @@ def test_a_sweep_whose_report_fails_exits_1_with_the_reports_error(tmp_path, cap
     from omegaconf import OmegaConf
 
     from zoo.lab.records.exit_status import SweepStatus, exit_if_a_run_failed
-    from zoo.lab.reports.report import ReportCallback
+    from zoo.lab.reports.callback import ReportCallback
 
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}, "report": {"baseline": None}})
     SweepStatus().on_multirun_end(config)

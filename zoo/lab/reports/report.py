@@ -1,6 +1,7 @@
 """A sweep's report written: ``report.md``, ``report.csv`` (a row per variant), ``runs.csv`` (a row per run),
 ``effects.csv`` (several axes) and the plots, stale optional files removed; at the end of every sweep
-(:class:`ReportCallback`) and by ``zoo-report``. The statistics are :mod:`zoo.lab.studies.stats`'."""
+(:func:`report_sweep`, from zoo.lab.reports.callback) and by ``zoo-report``. The statistics are
+:mod:`zoo.lab.studies.stats`'."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.lab.planning.options import ladder_options, report_interaction, report_options, target_options
@@ -136,26 +136,24 @@ def asked_budgets(config: DictConfig) -> list[int] | None:
     return ladder_options(section, int(config.train.steps))[0]
 
 
-class ReportCallback(Callback):
-    """Hydra callback: when a sweep ends, write its report (a ladder's on the budgets it asked for) and print the
-    table."""
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        root = Path(config.hydra.sweep.dir)
-        try:
-            section = OmegaConf.to_container(config.report, resolve=True) if "report" in config else None
-            baseline, correction, test = report_options(section)
-            named = report_interaction((section or {}).get("interaction"))  # the sweep's, its runs skipped or not
-            with report_lock(root):  # a second sweep into this folder writes its report after this one
-                report = build_report(root, baseline=baseline, correction=correction, test=test, interaction=named,
-                                      ladder=asked_budgets(config), target=target_options(section))  # fmt: skip
-                text = write_built(report, gates=(section or {}).get("gates") or [])
-                write_sweep_record(root, sys.argv)  # the command line, for zoo-results
-        except Exception as error:  # a report problem must not hide the runs' own results: the sweep exits 1
-            log.error("report for %s failed: %s: %s", root, type(error).__name__, error)
-            report_failed(root, f"{type(error).__name__}: {error}")
-            return
-        others = ", ".join(p.name for p in written(root, True) if p.name != "report.md")
-        print("\n" + text + f"\nreport: {root / 'report.md'} (and {others})")
-        for d in report.dropped:
-            log.error("report for %s left out %s: %s", root, relative_to(d.path, root), d.reason)
+def report_sweep(config: DictConfig) -> None:
+    """When a sweep ends (zoo.lab.reports.callback): write its report (a ladder's on the budgets it asked for) and
+    print the table; a report that fails is logged and marks the sweep failed, and the runs stay as they are."""
+    root = Path(config.hydra.sweep.dir)
+    try:
+        section = OmegaConf.to_container(config.report, resolve=True) if "report" in config else None
+        baseline, correction, test = report_options(section)
+        named = report_interaction((section or {}).get("interaction"))  # the sweep's, its runs skipped or not
+        with report_lock(root):  # a second sweep into this folder writes its report after this one
+            report = build_report(root, baseline=baseline, correction=correction, test=test, interaction=named,
+                                  ladder=asked_budgets(config), target=target_options(section))  # fmt: skip
+            text = write_built(report, gates=(section or {}).get("gates") or [])
+            write_sweep_record(root, sys.argv)  # the command line, for zoo-results
+    except Exception as error:  # a report problem must not hide the runs' own results: the sweep exits 1
+        log.error("report for %s failed: %s: %s", root, type(error).__name__, error)
+        report_failed(root, f"{type(error).__name__}: {error}")
+        return
+    others = ", ".join(p.name for p in written(root, True) if p.name != "report.md")
+    print("\n" + text + f"\nreport: {root / 'report.md'} (and {others})")
+    for d in report.dropped:
+        log.error("report for %s left out %s: %s", root, relative_to(d.path, root), d.reason)
