@@ -2,6 +2,8 @@
 
     python benchmarks/flex.py --device cuda --dtype bfloat16 --backward    # the device check (a CUDA GPU)
     python benchmarks/flex.py --lengths 64 128 --heads 2 --head-dim 16     # CPU, forward only, unfused-scale sizes
+    python benchmarks/flex.py --uncompiled --lengths 6 --heads 4 --kv-heads 4 --head-dim 4 --window 3 --docs 2
+                                                                           # the contract's sizes, uncompiled
 
 Each step is one causal self-attention of ``--heads`` query heads over ``--kv-heads`` key/value heads: ``sdpa``
 builds zoo's boolean mask (zoo.parts.kernels.allowed_mask, and the document mask), turns it into the additive
@@ -13,6 +15,11 @@ flex is faster), and the largest difference of the outputs (both compute the sam
 
 On CPU torch has no FlexAttention backward (``--backward`` is refused) and inductor's CPU kernel is a
 reference for correctness more than speed; on CUDA flex is the path for windows and document masks.
+
+``--uncompiled`` times zoo's flex path as it runs uncompiled (the contract's "backends agree"): its block mask with
+every block partial (zoo.parts.flex.block_mask_of) against torch's ``create_block_mask`` of the same mask, which
+evaluates the mask once more to find blocks torch's unfused implementation never skips; the ratio is
+create_block_mask / zoo's (above 1: zoo's is faster).
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ import argparse
 import torch
 from einops import rearrange, repeat
 from timing import time_interleaved
+from torch.nn.attention.flex_attention import flex_attention
 
-from zoo.parts.flex import flex_attend, slot_mask
+from zoo.parts.flex import block_mask_of, flex_attend, slot_mask
 from zoo.parts.kernels import additive, allowed_mask, attend
 
 
@@ -31,6 +39,15 @@ def flex_kernel(q, k, v, slots, same, window: int | None) -> torch.Tensor:  # no
     """zoo's flex path for a causal mask with ``window`` and the document mask ``same`` (or None)."""
     mod = slot_mask(slots, causal=True, window=window, key_mask=None, documents=same)
     return flex_attend(q, k, v, mask_mod=mod, batched=same is not None)
+
+
+def sparse_kernel(q, k, v, slots, same, window: int | None) -> torch.Tensor:  # noqa: ANN001
+    """zoo's flex mask, its block mask torch's create_block_mask (compiled zoo's; uncompiled, its path until the
+    all-partial block mask)."""
+    mod = slot_mask(slots, causal=True, window=window, key_mask=None, documents=same)
+    batch = None if same is None else q.shape[0]
+    mask = block_mask_of(mod, batch, q.shape[-2], k.shape[-2], q.device, sparse=True)
+    return flex_attention(q, k, v, block_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def sdpa_kernel(q, k, v, slots, same, window: int | None) -> torch.Tensor:  # noqa: ANN001
@@ -60,15 +77,21 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--backward", action="store_true", help="time forward and backward (CUDA only)")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--uncompiled", action="store_true",
+                        help="zoo's uncompiled flex path against create_block_mask's block mask (both uncompiled)")
     args = parser.parse_args()
     if args.backward and args.device == "cpu":
         parser.error("--backward needs a CUDA device: torch has no FlexAttention backward on CPU")
     dtype = getattr(torch, args.dtype)
-    compiled = torch.compile(flex_kernel, fullgraph=True, dynamic=False)
+    if args.uncompiled:  # (name, kernel) pairs: the first / the second is the ratio
+        pair = ("create_block_mask", sparse_kernel), ("zoo", flex_kernel)
+    else:
+        pair = ("sdpa", sdpa_kernel), ("flex", torch.compile(flex_kernel, fullgraph=True, dynamic=False))
+    (first, first_kernel), (second, second_kernel) = pair
     mode = "forward + backward" if args.backward else "forward"
     print(f"{args.device} {args.dtype}, batch {args.batch}, {args.heads} heads over {args.kv_heads}, "
           f"head_dim {args.head_dim}, {mode}, median of {args.repeats}\n")  # fmt: skip
-    print("| mask | length | sdpa ms | flex ms | sdpa / flex | max abs difference |")
+    print(f"| mask | length | {first} ms | {second} ms | {first} / {second} | max abs difference |")
     print("|---|---|---|---|---|---|")
     for mask_name in ("window", "documents"):
         for length in args.lengths:
@@ -88,12 +111,12 @@ def main() -> None:
                         y.float().square().sum().backward()
                 return y
 
-            times = time_interleaved({"sdpa": lambda: step(sdpa_kernel), "flex": lambda: step(compiled)},
+            times = time_interleaved({first: lambda: step(first_kernel), second: lambda: step(second_kernel)},
                                      args.device, args.repeats)  # fmt: skip
             with torch.no_grad():
-                diff = (step(sdpa_kernel).float() - step(compiled).float()).abs().max().item()
-            print(f"| {mask_name} | {length} | {times['sdpa'] * 1e3:.3f} | {times['flex'] * 1e3:.3f} | "
-                  f"{times['sdpa'] / times['flex']:.2f} | {diff:.2e} |", flush=True)  # fmt: skip
+                diff = (step(first_kernel).float() - step(second_kernel).float()).abs().max().item()
+            print(f"| {mask_name} | {length} | {times[first] * 1e3:.3f} | {times[second] * 1e3:.3f} | "
+                  f"{times[first] / times[second]:.2f} | {diff:.2e} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -260,3 +260,16 @@ def test_flex_benchmark_times_flex_against_sdpa_with_an_explicit_mask(monkeypatc
     assert [row[0] for row in rows] == ["| window", "| documents"], out
     for row in rows:
         assert float(row[4]) > 0 and float(row[5].rstrip(" |")) < 1e-5, row  # a ratio; the same function
+
+
+def test_flex_benchmark_uncompiled_times_zoos_block_mask_against_create_block_mask(monkeypatch, capsys):
+    tiny = "--uncompiled --lengths 6 --batch 2 --heads 4 --kv-heads 2 --head-dim 4 --window 3 --docs 2 --repeats 2"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["flex.py", *tiny.split()])
+    runpy.run_path(str(BENCHMARKS / "flex.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "| mask | length | create_block_mask ms | zoo ms | create_block_mask / zoo |" in out, out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| window", "| documents"))]
+    assert [row[0] for row in rows] == ["| window", "| documents"], out
+    for row in rows:
+        assert float(row[4]) > 0 and float(row[5].rstrip(" |")) == 0, row  # a ratio; the very same output
