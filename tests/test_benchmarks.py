@@ -249,27 +249,28 @@ def test_presets_benchmark_times_named_variants_against_the_first(monkeypatch, c
         raise AssertionError("a repeated variant name was accepted")
 
 
-@pytest.mark.slow
-def test_flex_benchmark_times_flex_against_sdpa_with_an_explicit_mask(monkeypatch, capsys):
-    tiny = "--lengths 32 --batch 1 --heads 2 --kv-heads 1 --head-dim 16 --window 8 --docs 3 --repeats 1"
+def flex_benchmark(monkeypatch, capsys, args: str) -> tuple[str, list[list[str]]]:  # noqa: ANN001
+    """benchmarks/flex.py run with ``args``: what it printed, and its table's rows (a window row, then documents)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    monkeypatch.setattr(sys, "argv", ["flex.py", *tiny.split()])
+    monkeypatch.setattr(sys, "argv", ["flex.py", *args.split()])
     runpy.run_path(str(BENCHMARKS / "flex.py"), run_name="__main__")
     out = capsys.readouterr().out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| window", "| documents"))]
     assert [row[0] for row in rows] == ["| window", "| documents"], out
+    return out, rows
+
+
+@pytest.mark.slow
+def test_flex_benchmark_times_flex_against_sdpa_with_an_explicit_mask(monkeypatch, capsys):
+    tiny = "--lengths 32 --batch 1 --heads 2 --kv-heads 1 --head-dim 16 --window 8 --docs 3 --repeats 1"
+    _, rows = flex_benchmark(monkeypatch, capsys, tiny)
     for row in rows:
         assert float(row[4]) > 0 and float(row[5].rstrip(" |")) < 1e-5, row  # a ratio; the same function
 
 
 def test_flex_benchmark_uncompiled_times_zoos_block_mask_against_create_block_mask(monkeypatch, capsys):
     tiny = "--uncompiled --lengths 6 --batch 2 --heads 4 --kv-heads 2 --head-dim 4 --window 3 --docs 2 --repeats 2"
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    monkeypatch.setattr(sys, "argv", ["flex.py", *tiny.split()])
-    runpy.run_path(str(BENCHMARKS / "flex.py"), run_name="__main__")
-    out = capsys.readouterr().out
+    out, rows = flex_benchmark(monkeypatch, capsys, tiny)
     assert "| mask | length | create_block_mask ms | zoo ms | create_block_mask / zoo |" in out, out
-    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| window", "| documents"))]
-    assert [row[0] for row in rows] == ["| window", "| documents"], out
     for row in rows:
         assert float(row[4]) > 0 and float(row[5].rstrip(" |")) == 0, row  # a ratio; the very same output
