@@ -131,8 +131,9 @@ def block_mask_of(
 ) -> BlockMask:
     """``mask_mod`` as a block mask. ``sparse`` (compiled): torch's ``create_block_mask``, which evaluates
     ``mask_mod`` at every query and key to find the blocks of keys no query of a block sees, which the fused kernel
-    skips. Otherwise every block is marked partial: torch's unfused implementation evaluates ``mask_mod`` at every
-    score itself and reads no block structure, so the output is the same without evaluating the mask twice."""
+    skips. Otherwise every block is marked partial, one structure for every sample (``batch`` unread): torch's
+    unfused implementation evaluates ``mask_mod`` at every score itself and reads no block structure, so the output
+    is the same without evaluating the mask twice."""
     if sparse:
         return create_block_mask(mask_mod, batch, None, t_q, t_k, device=device)
     n_q, n_k = -(-t_q // BLOCK), -(-t_k // BLOCK)
