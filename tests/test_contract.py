@@ -46,7 +46,7 @@ from zoo.testing.combos import (  # noqa: E402
     pattern_id,
     randomize,
 )
-from zoo.testing.contract import OUTSIDE_INFERENCE, close  # noqa: E402
+from zoo.testing.contract import OUTSIDE_INFERENCE, check_mode, close  # noqa: E402
 
 B, T, D = 2, 6, 16
 S = 5  # source (encoder memory) length
@@ -140,7 +140,7 @@ def run_checks(combo: dict[str, str], checks: dict[str, Callable[[Built], None]]
 
 def run_check(name: str, check: Callable[[Built], None], built: Built) -> None:
     """``check`` on ``built``, under inference_mode unless it is one of GRAD_CHECKS."""
-    with torch.enable_grad() if name in GRAD_CHECKS else torch.inference_mode():
+    with check_mode(name in GRAD_CHECKS):
         check(built)
 
 

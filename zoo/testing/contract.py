@@ -37,6 +37,12 @@ HUGE = 1e4  # "finite on huge inputs": the inputs' scale (standard normal inputs
 #: inputs are then tensors autograd can use).
 OUTSIDE_INFERENCE = torch.inference_mode(False)
 
+
+def check_mode(grad: bool) -> Any:
+    """The autograd mode a check runs in: gradients recorded (``grad``), else inference_mode."""
+    return torch.enable_grad() if grad else torch.inference_mode()
+
+
 #: bfloat16 keeps 8 mantissa bits (~0.4% per rounding); a block compounds a few dozen roundings.
 BF16_RELATIVE_ERROR = 0.05
 
@@ -271,7 +277,7 @@ def run_contract(subject: Subject) -> tuple[dict[str, str], list[str]]:
     failures, notes = {}, []
     for name, check in PROPERTIES.items():
         try:
-            with torch.enable_grad() if name in NEEDS_GRAD else torch.inference_mode():
+            with check_mode(name in NEEDS_GRAD):
                 note = check(subject)
         except AssertionError as error:
             failures[name] = one_line(str(error) or "failed (the assertion gave no message)")
