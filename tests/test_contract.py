@@ -12,7 +12,8 @@ from collections.abc import Callable
 import pytest
 
 from zoo.testing.combos import every_combination, every_pair
-from zoo.testing.contract import PROPERTIES, Subject, conclude, declared_exceptions, run_contract
+from zoo.testing.contract import PROPERTIES, Subject, run_contract
+from zoo.testing.exceptions import conclude, declared_exceptions
 
 
 @every_combination
@@ -366,7 +367,7 @@ def test_declared_exceptions_name_real_checks():
     that exist."""
     from zoo import AXES
     from zoo.core.options import option_defaults
-    from zoo.testing.contract import exception_entry, part_exceptions
+    from zoo.testing.exceptions import exception_entry, part_exceptions
 
     known = set(PROPERTIES) | set(MODEL_CHECKS) | set(PAIR_CHECKS)
     assert GRAD_CHECKS <= known | set(PATTERN_CHECKS), GRAD_CHECKS - known - set(PATTERN_CHECKS)

@@ -12,15 +12,8 @@ import torch
 
 from zoo import MLPS
 from zoo.parts.mlps import GeluMLP
-from zoo.testing.contract import (
-    PROPERTIES,
-    Subject,
-    conclude,
-    declared_exceptions,
-    exception_entry,
-    run_contract,
-    settle,
-)
+from zoo.testing.contract import PROPERTIES, Subject, run_contract
+from zoo.testing.exceptions import conclude, declared_exceptions, exception_entry, settle
 
 ROUND_TRIP, EVAL, BACKENDS = "state_dict round trip", "dropout only in train()", "backends agree"
 

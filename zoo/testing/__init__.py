@@ -1,7 +1,8 @@
 """The block contract as a tool: the properties every combination of parts must have
-(:mod:`zoo.testing.contract`), the combinations they run on (:mod:`zoo.testing.combos`), the
-``zoo-contract`` command (:mod:`zoo.testing.cli`) and, through the top-level module ``pytest_zoo``, a
-pytest plugin (``pytest --zoo-part norm=dyt``). docs/testing.md describes each property.
+(:mod:`zoo.testing.contract`; the exceptions parts declare, :mod:`zoo.testing.exceptions`), the
+combinations they run on (:mod:`zoo.testing.combos`), the ``zoo-contract`` command
+(:mod:`zoo.testing.cli`) and, through the top-level module ``pytest_zoo``, a pytest plugin
+(``pytest --zoo-part norm=dyt``). docs/testing.md describes each property.
 
 pytest is needed only by the helpers that parametrize, skip or xfail a test; ``zoo-contract`` runs
 without it.
@@ -16,7 +17,8 @@ from typing import Any
 #: zoo.testing (zoo-contract --help, the pytest plugin) imports no torch until a name is used.
 PUBLIC = {
     **dict.fromkeys(["combinations", "combo_id", "covering_combinations", "select", "shard"], "zoo.testing.combos"),
-    **dict.fromkeys(["PROPERTIES", "Subject", "declared_exceptions", "run_contract"], "zoo.testing.contract"),
+    **dict.fromkeys(["PROPERTIES", "Subject", "run_contract"], "zoo.testing.contract"),
+    "declared_exceptions": "zoo.testing.exceptions",
     **dict.fromkeys(["Outcome", "check", "summary"], "zoo.testing.run"),
 }
 __all__ = sorted(PUBLIC)

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from zoo.testing.combos import combo_id
-from zoo.testing.contract import PROPERTIES, Subject, declared_exceptions, run_contract, settle
+from zoo.testing.contract import PROPERTIES, Subject, run_contract
+from zoo.testing.exceptions import declared_exceptions, settle
 
 #: The contexts a combination runs in, in words.
 CONTEXTS = {"block": "as a lone block", "model": "behind a model's position embedding"}
