@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ HUGE = 1e4  # "finite on huge inputs": the inputs' scale (standard normal inputs
 OUTSIDE_INFERENCE = torch.inference_mode(False)
 
 
-def check_mode(grad: bool) -> Any:
+def check_mode(grad: bool) -> AbstractContextManager[Any]:
     """The autograd mode a check runs in: gradients recorded (``grad``), else inference_mode."""
     return torch.enable_grad() if grad else torch.inference_mode()
 
