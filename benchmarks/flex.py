@@ -4,6 +4,7 @@
     python benchmarks/flex.py --lengths 64 128 --heads 2 --head-dim 16     # CPU, forward only, unfused-scale sizes
     python benchmarks/flex.py --uncompiled --lengths 6 --heads 4 --kv-heads 4 --head-dim 4 --window 3 --docs 2
                                                                            # the contract's sizes, uncompiled
+    python benchmarks/flex.py --uncompiled-paths --lengths 6 --heads 4 --kv-heads 4 --head-dim 4 --window 3 --docs 2
 
 Each step is one causal self-attention of ``--heads`` query heads over ``--kv-heads`` key/value heads: ``sdpa``
 builds zoo's boolean mask (zoo.parts.kernels.allowed_mask, and the document mask), turns it into the additive
@@ -20,6 +21,11 @@ reference for correctness more than speed; on CUDA flex is the path for windows 
 every block partial (zoo.parts.flex.block_mask_of) against torch's ``create_block_mask`` of the same mask, which
 evaluates the mask once more to find blocks torch's unfused implementation never skips; the ratio is
 create_block_mask / zoo's (above 1: zoo's is faster).
+
+``--uncompiled-paths`` times the same uncompiled call two ways: its masks reading their captured tensors with ``[]``
+(torch turns each into a differentiable indexing Function) through the Dynamo trace torch wraps an uncompiled call
+in, against zoo's masks (``zoo.parts.flex.at``) in torch's unfused implementation called directly, as the contract
+calls it (zoo.testing.contract.flex_without_dynamo); the ratio is the first / the second.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ import argparse
 import torch
 from einops import rearrange, repeat
 from timing import time_interleaved
-from torch.nn.attention.flex_attention import flex_attention
+from torch.nn.attention.flex_attention import and_masks, flex_attention
 
 from zoo.parts.flex import block_mask_of, flex_attend, slot_mask
 from zoo.parts.kernels import additive, allowed_mask, attend
+from zoo.testing.contract import flex_without_dynamo
 
 
 def flex_kernel(q, k, v, slots, same, window: int | None) -> torch.Tensor:  # noqa: ANN001
@@ -48,6 +55,23 @@ def sparse_kernel(q, k, v, slots, same, window: int | None) -> torch.Tensor:  # 
     batch = None if same is None else q.shape[0]
     mask = block_mask_of(mod, batch, q.shape[-2], k.shape[-2], q.device, sparse=True)
     return flex_attention(q, k, v, block_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def bracket_kernel(q, k, v, slots, same, window: int | None) -> torch.Tensor:  # noqa: ANN001
+    """:func:`flex_kernel`'s mask read with ``[]``, through the Dynamo trace of an uncompiled call (torch's default)."""
+    mods = [lambda b, h, i, kv: kv <= slots[i]]
+    if window is not None:
+        mods.append(lambda b, h, i, kv: (slots[i] - kv).abs() < window)
+    if same is not None:
+        pairs = same[:, 0]  # (b, t_q, t_k)
+        mods.append(lambda b, h, i, kv: pairs[b, i, kv])
+    return flex_attend(q, k, v, mask_mod=and_masks(*mods), batched=same is not None)
+
+
+def direct_kernel(q, k, v, slots, same, window: int | None) -> torch.Tensor:  # noqa: ANN001
+    """:func:`flex_kernel` in torch's unfused implementation called directly, as the contract calls it."""
+    with flex_without_dynamo():
+        return flex_kernel(q, k, v, slots, same, window)
 
 
 def sdpa_kernel(q, k, v, slots, same, window: int | None) -> torch.Tensor:  # noqa: ANN001
@@ -79,12 +103,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--uncompiled", action="store_true",
                         help="zoo's uncompiled flex path against create_block_mask's block mask (both uncompiled)")
+    parser.add_argument("--uncompiled-paths", action="store_true",
+                        help="masks read by [] through Dynamo against zoo's, called directly (both uncompiled)")
     args = parser.parse_args()
     if args.backward and args.device == "cpu":
         parser.error("--backward needs a CUDA device: torch has no FlexAttention backward on CPU")
     dtype = getattr(torch, args.dtype)
     if args.uncompiled:  # (name, kernel) pairs: the first / the second is the ratio
         pair = ("create_block_mask", sparse_kernel), ("zoo", flex_kernel)
+    elif args.uncompiled_paths:
+        pair = ("[] through Dynamo", bracket_kernel), ("at, direct", direct_kernel)
     else:
         pair = ("sdpa", sdpa_kernel), ("flex", torch.compile(flex_kernel, fullgraph=True, dynamic=False))
     (first, first_kernel), (second, second_kernel) = pair

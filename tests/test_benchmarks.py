@@ -274,3 +274,12 @@ def test_flex_benchmark_uncompiled_times_zoos_block_mask_against_create_block_ma
     assert "| mask | length | create_block_mask ms | zoo ms | create_block_mask / zoo |" in out, out
     for row in rows:
         assert float(row[4]) > 0 and float(row[5].rstrip(" |")) == 0, row  # a ratio; the very same output
+
+
+def test_flex_benchmark_times_bracket_masks_through_dynamo_against_the_contracts_direct_call(monkeypatch, capsys):
+    tiny = "--uncompiled-paths --lengths 6 --batch 2 --heads 4 --kv-heads 2 --head-dim 4 --window 3 --docs 2"
+    tiny += " --repeats 2"
+    out, rows = flex_benchmark(monkeypatch, capsys, tiny)
+    assert "| [] through Dynamo ms | at, direct ms | [] through Dynamo / at, direct |" in out, out
+    for row in rows:
+        assert float(row[4]) > 0 and float(row[5].rstrip(" |")) == 0, row  # a ratio; the very same output

@@ -199,3 +199,27 @@ def test_a_run_with_flex_on_cpu_is_refused_by_its_config_before_any_tensor_work(
     summary = run(tiny("block.attn.backend=flex"), tmp_path)
     assert summary["status"] == "failed"
     assert "block.attn.backend='flex': sdpa or math to train on CPU" in summary["error"]
+
+
+def test_the_contracts_direct_flex_call_computes_the_traced_call_and_traces_nothing():
+    """zoo.testing.contract.flex_without_dynamo: torch's unfused implementation called directly gives the output of the
+    call through Dynamo's trace, to the bit, where that call traces anew (a soft-cap no other call uses: a constant
+    Dynamo guards on); it traces nothing, and the switch is off again after it, an error inside included."""
+    from torch._dynamo.utils import counters
+    from torch.nn.attention import flex_attention as torch_flex
+
+    from zoo.testing.contract import flex_without_dynamo
+
+    flex, _ = pair({"name": "gqa", "window": 3, "softcap": 2.75}, "alibi")
+    x, mask = torch.randn(B, T, TINY["d_model"], dtype=torch.float64), key_mask()
+    with torch.no_grad():
+        traces = counters["stats"]["unique_graphs"]
+        with flex_without_dynamo():
+            direct = flex(x, key_mask=mask)
+        assert counters["stats"]["unique_graphs"] == traces, "the direct call traced with Dynamo"
+        traced = flex(x, key_mask=mask)
+        assert counters["stats"]["unique_graphs"] > traces, "the default call did not trace: nothing was compared"
+    assert torch.equal(direct, traced)
+    with pytest.raises(RuntimeError), flex_without_dynamo():
+        raise RuntimeError
+    assert torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is False

@@ -15,6 +15,10 @@ kernel returns no log-sum-exp, so a sink runs there uncompiled only.
 A query that sees no key at all (a padding query before any real key) sees every key at the score
 lowest / 2, as the additive mask of the other backends gives (zoo.parts.kernels.additive): uniform weights,
 and no weight beside a sink.
+
+The masks and modifications read their captured tensors with :func:`at`, not ``[]``: inside FlexAttention
+torch turns ``t[i]`` into a differentiable indexing function, a Python autograd Function that its unfused
+implementation runs under four nested vmaps; a tensor without a gradient to carry needs only the index itself.
 """
 
 from __future__ import annotations
@@ -39,6 +43,13 @@ BLOCK = 128
 NO_CPU_BACKWARD = "sdpa or math to train on CPU (torch's FlexAttention has no CPU backward)"
 
 
+def at(tensor: torch.Tensor, *indices: Any) -> torch.Tensor:
+    """``tensor[indices]`` inside a mask or score modification: ``aten.index`` directly (what ``[]`` becomes there,
+    less torch's differentiable wrapper, which took most of an uncompiled call's time), or ``[]`` where ``tensor``
+    requires a gradient, which the wrapper then carries."""
+    return tensor[indices] if tensor.requires_grad else torch.ops.aten.index(tensor, list(indices))
+
+
 def check_flex(dims: BlockDims, backend: str) -> None:
     """Refuse what ``flex`` cannot compute: attention-weight dropout (FlexAttention has none)."""
     if backend == "flex" and dims.dropout > 0:
@@ -60,15 +71,15 @@ def slot_mask(
     True at real keys; documents: (b, 1, t_q, t_k) bool, True where query and key share a document."""
     mods: list[MaskMod] = []
     if causal:
-        mods.append(lambda b, h, q, kv: kv <= slots[q])
+        mods.append(lambda b, h, q, kv: kv <= at(slots, q))
     if window is not None:
-        mods.append(lambda b, h, q, kv: (slots[q] - kv).abs() < window)
+        mods.append(lambda b, h, q, kv: (at(slots, q) - kv).abs() < window)
     if key_mask is not None:
         real = key_mask.bool()
-        mods.append(lambda b, h, q, kv: real[b, kv])
+        mods.append(lambda b, h, q, kv: at(real, b, kv))
     if documents is not None:
         same = documents[:, 0]  # (b, t_q, t_k)
-        mods.append(lambda b, h, q, kv: same[b, q, kv])
+        mods.append(lambda b, h, q, kv: at(same, b, q, kv))
     return and_masks(*mods) if mods else None
 
 
@@ -110,9 +121,9 @@ def flex_attend(
         if softcap is not None:
             score = softcap * torch.tanh(score / softcap)
         if full is not None:
-            score = score + full[b, h, q_idx, kv]
+            score = score + at(full, b, h, q_idx, kv)
         if empty is not None:
-            score = torch.where(empty[b, q_idx], lowest, score)
+            score = torch.where(at(empty, b, q_idx), lowest, score)
         return score
 
     plain = softcap is None and full is None and empty is None
@@ -198,4 +209,4 @@ def flex_at(
 
 def _or_empty(inner: MaskMod, empty: torch.Tensor) -> MaskMod:
     """``inner``, and every key for the queries marked ``empty`` (b, t_q)."""
-    return lambda b, h, q, kv: inner(b, h, q, kv) | empty[b, q]
+    return lambda b, h, q, kv: inner(b, h, q, kv) | at(empty, b, q)

@@ -10,14 +10,15 @@ float64, where a real difference cannot hide in rounding.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from einops import repeat
 from torch import nn
+from torch.nn.attention import flex_attention as torch_flex
 
 from zoo.parts.residuals import Residual, Streams
 from zoo.parts.state import LayerState
@@ -289,10 +290,25 @@ def backends_agree(s: Subject) -> str | None:
     if "math" not in s.backends or not others:
         return f"not applicable: only {s.backends[0]} is valid"
     for backend in others:
-        close(s.y(backend), s.y("math"), 1e-10, f"{backend} vs math, without a key mask")
-        close(s.y(backend, masked=True), s.y("math", masked=True), 1e-10,
-              f"{backend} vs math, with left padding {PADS}")  # fmt: skip
+        with flex_without_dynamo() if backend == FLEX else nullcontext():
+            close(s.y(backend), s.y("math"), 1e-10, f"{backend} vs math, without a key mask")
+            close(s.y(backend, masked=True), s.y("math", masked=True), 1e-10,
+                  f"{backend} vs math, with left padding {PADS}")  # fmt: skip
     return None
+
+
+@contextmanager
+def flex_without_dynamo() -> Iterator[None]:
+    """Uncompiled FlexAttention calls torch's unfused implementation directly (torch's switch for debugging a mask),
+    not through the Dynamo trace torch wraps each such call in: the same function, without a trace per new
+    combination of shapes and masks (the combinations recompile it a hundred times). That every mask and score
+    modification traces under Dynamo, uncompiled and compiled, is tests/test_flex.py's."""
+    before = torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        yield
+    finally:
+        torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = before
 
 
 @prop("state_dict round trip")
