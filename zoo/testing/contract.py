@@ -301,7 +301,7 @@ def backends_agree(s: Subject) -> str | None:
 def flex_without_dynamo() -> Iterator[None]:
     """Uncompiled FlexAttention calls torch's unfused implementation directly (torch's switch for debugging a mask),
     not through the Dynamo trace torch wraps each such call in: the same function, without a trace per new
-    combination of shapes and masks (the combinations recompile it a hundred times). That every mask and score
+    combination of shapes and masks (56 traces over every third combination, in one process). That every mask and score
     modification traces under Dynamo, uncompiled and compiled, is tests/test_flex.py's."""
     before = torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
     torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
