@@ -409,6 +409,55 @@ def test_the_tuning_sweep_is_checked_with_the_sweep_and_reports_only_the_axes_it
         "report.baseline='pos=rotary'", "report.interaction=[[pos,mlp]]"]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("overrides", "composed"),
+    [
+        (("+sweeps=quick",), 12),
+        (("mlp=gelu,swiglu", "+sweeps=quick,mlp"), 4),  # a group the sweep's own config does not choose
+        (("mlp=gelu,swiglu", "+block.attn.extra=1", "seed=0,1"), 4),
+        (("mlp=gelu,swiglu", "seed=0,1", "+data_seed=3"), 0),  # a seed set otherwise than as key=value
+    ],
+    ids=["quick", "swept-group", "added-key", "added-seed"],
+)
+def test_the_config_the_check_composed_for_a_job_is_the_one_hydra_composes_for_its_run(overrides, composed, tmp_path):
+    """The check before any run composes each job as Hydra will for its run (the same config, a group the sweep's
+    own config does not choose included); the jobs it so composed are those whose seeds it set as Hydra does."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from zoo.lab.planning.jobs import composed_jobs, job_configs, sweep_jobs, without_hydra
+
+    with multirun_config(*overrides, f"hydra.sweep.dir={tmp_path}") as config:
+        loader = GlobalHydra.instance().config_loader()
+        jobs = list(job_configs(config, sweep_jobs(config)))
+        for job in jobs:
+            run_config, _ = without_hydra(loader.load_sweep_config(config, list(job.overrides)))
+            assert job.config == OmegaConf.to_container(run_config, resolve=True), job.overrides
+        assert len(jobs) == max(composed, 4) and len(composed_jobs(config)) == composed
+        assert composed_jobs(config) <= {job.overrides for job in jobs}
+
+
+def test_hydra_checks_that_a_job_composes_unless_the_check_before_any_run_composed_it(tmp_path, monkeypatch):
+    """Hydra's sweeper composes each job before launching it (it composes, or the sweep stops before any run):
+    zoo's sweeper leaves out the jobs the check before any run composed, and has Hydra compose every other."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import HydraContext
+
+    from zoo.lab.planning.jobs import job_configs, sweep_jobs
+    from zoo.lab.planning.sweeper import VariantSweeper
+
+    with multirun_config("+sweeps=quick", f"hydra.sweep.dir={tmp_path}") as config:
+        loader = GlobalHydra.instance().config_loader()
+        launched = [tuple(job) for job in sweep_jobs(config)]
+        list(job_configs(config, launched[:5]))  # the check composed the first five
+        sweeper = VariantSweeper()
+        sweeper.basic.config, sweeper.basic.hydra_context = config, HydraContext(loader, callbacks=None)
+        validated = []
+        monkeypatch.setattr(type(loader), "load_sweep_config",
+                            lambda _, master_config, sweep_overrides: validated.append(tuple(sweep_overrides)))
+        sweeper.basic.validate_batch_is_legal([list(job) for job in launched])
+    assert len(launched) == 12 and validated == launched[5:]
+
+
 def test_a_grid_of_many_combinations_of_parts_is_checked_on_the_first_run_of_each_value(tmp_path):
     """Each choice of config groups takes Hydra a composition: sweeps/card.yaml's grid (every option file of five
     groups: thousands of runs) is checked on the first run of each value (every value of every swept key, each at

@@ -10,8 +10,9 @@ of parts the compatibility map refuses is a result of the grid (its run records 
 from __future__ import annotations
 
 import copy
+import functools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -64,18 +66,22 @@ def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
 
 
 def job_configs(config: DictConfig, jobs: Sequence[Sequence[str]]) -> Iterator[Job]:
-    """Each job's run config, as Hydra composes it: once per choice of config groups, the job's other overrides
-    set on a copy (a mistake Hydra refuses, an interpolation that does not resolve: a ConfigError naming it)."""
+    """Each job's run config, as Hydra composes it: once per choice of config groups (an override is a group's
+    choice where Hydra finds that group, as it decides), the job's other overrides set on a copy (a mistake Hydra
+    refuses, an interpolation that does not resolve: a ConfigError naming it). Each job so composed is one of
+    :func:`composed_jobs`, unless a seed of it is set otherwise than as a plain ``key=value`` of a key the config
+    has (the seeds are set on top, not as Hydra sets them)."""
     loader = GlobalHydra.instance().config_loader()
     parser = OverridesParser.create(config_loader=loader)
-    groups = set(config.hydra.runtime.choices)
+    is_group = group_finder(config)
+    done = _COMPOSED.setdefault(sweep_key(config), set())
     composed: dict[tuple[str, ...], tuple[DictConfig, dict[str, str]]] = {}
     variants: dict[tuple[str, ...], dict[str, Any]] = {}
     for job in jobs:
         parsed = parser.parse_overrides(list(job))
-        seeds = {o.key_or_group: o.value() for o in parsed if o.key_or_group in REPLICATES}
+        seeds = [o for o in parsed if o.key_or_group in REPLICATES]
         rest = [o for o in parsed if o.key_or_group not in REPLICATES]
-        chosen = tuple(o.input_line for o in rest if o.key_or_group in groups)
+        chosen = tuple(o.input_line for o in rest if is_group(o.key_or_group))
         try:
             if chosen not in composed:
                 composed[chosen] = without_hydra(loader.load_sweep_config(config, list(chosen)))
@@ -83,11 +89,39 @@ def job_configs(config: DictConfig, jobs: Sequence[Sequence[str]]) -> Iterator[J
             variant = tuple(o.input_line for o in rest)
             if variant not in variants:  # a variant's seeds share its config but for the seeds, set on top
                 cfg = copy.deepcopy(base)
-                ConfigLoaderImpl._apply_overrides_to_config([o for o in rest if o.key_or_group not in groups], cfg)
+                ConfigLoaderImpl._apply_overrides_to_config([o for o in rest if not is_group(o.key_or_group)], cfg)
                 variants[variant] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
         except (HydraException, OmegaConfBaseException) as error:
             raise ConfigError("the run", " ".join(job), f"does not compose: {error}".replace("\n", " ")) from None
-        yield Job(tuple(job), {**variants[variant], **seeds}, choices)
+        if all(o.type == OverrideType.CHANGE and o.key_or_group in base for o in seeds):
+            done.add(tuple(job))
+        yield Job(tuple(job), {**variants[variant], **{o.key_or_group: o.value() for o in seeds}}, choices)
+
+
+#: The jobs :func:`job_configs` composed, by sweep (:func:`sweep_key`), in this process.
+_COMPOSED: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+
+
+def composed_jobs(config: DictConfig) -> set[tuple[str, ...]]:
+    """The jobs of ``config``'s sweep whose run config :func:`job_configs` composed in this process, as Hydra
+    composes it: Hydra's sweeper composes each job again before launching it, only to see that it composes
+    (zoo.lab.planning.sweeper leaves these out)."""
+    return _COMPOSED.get(sweep_key(config), set())
+
+
+def sweep_key(config: DictConfig) -> tuple[str, ...]:
+    """A sweep's config as its command line made it: the config's name, then Hydra's overrides and the task's."""
+    overrides = config.hydra.overrides
+    return (str(config.hydra.job.config_name), *overrides.hydra, "|", *overrides.task)
+
+
+def group_finder(config: DictConfig) -> Callable[[str], bool]:
+    """Whether an override's key names a config group, as Hydra decides when it composes a job of ``config``'s
+    sweep (a group under the search path the sweep's Hydra overrides give, chosen by the sweep's config or not)."""
+    loader = GlobalHydra.instance().config_loader()
+    name, overrides = config.hydra.job.config_name, list(config.hydra.overrides.hydra)
+    _, repository = loader._parse_overrides_and_create_caching_repo(name, overrides)  # type: ignore[attr-defined]
+    return functools.cache(repository.group_exists)
 
 
 def without_hydra(config: DictConfig) -> tuple[DictConfig, dict[str, str]]:

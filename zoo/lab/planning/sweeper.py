@@ -6,6 +6,7 @@ skipped because a grid run of the same config had finished in that folder."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ class VariantSweeper(Sweeper):
 
         self.basic = Loaded(max_batch_size, params)
         self.basic.split_arguments = self.split_arguments  # type: ignore[method-assign]
+        self.basic.validate_batch_is_legal = self.validate_batch_is_legal  # type: ignore[method-assign]
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.basic.setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -52,6 +54,15 @@ class VariantSweeper(Sweeper):
             folder.mkdir(parents=True, exist_ok=True)
             write_json_atomic(folder / VARIANTS_FILE, {"variants": named, "folders": variant_folders(jobs)})
         return list(BasicSweeper.split_overrides_to_chunks(jobs, max_batch_size))
+
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        """Hydra's check that each job of ``batch`` composes before it is launched (a composition each, as long as a
+        run's start), less the jobs whose config the sweep's check before any run composed as Hydra does
+        (zoo.lab.planning.jobs.composed_jobs)."""
+        from zoo.lab.planning.jobs import composed_jobs  # imported by the check before any run already
+
+        done = composed_jobs(self.basic.config)
+        Sweeper.validate_batch_is_legal(self.basic, [job for job in batch if tuple(job) not in done])
 
 
 #: The override that sends a job into a folder other than the one its overrides name.
