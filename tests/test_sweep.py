@@ -458,6 +458,35 @@ def test_hydra_checks_that_a_job_composes_unless_the_check_before_any_run_compos
     assert len(launched) == 12 and validated == launched[5:]
 
 
+def test_the_jobs_recorded_as_composed_are_those_the_latest_check_composed(tmp_path, monkeypatch):
+    """A second check of the same sweep in one process (its option files may have changed since) records only the
+    jobs it composed itself: a job the first check composed and the second did not is composed by Hydra again."""
+    from zoo.lab.planning import jobs as jobs_module
+    from zoo.lab.planning.sweep import checked_jobs
+
+    with multirun_config("+sweeps=quick", f"hydra.sweep.dir={tmp_path}") as config:
+        launched = {tuple(job) for job in jobs_module.sweep_jobs(config)}
+        checked_jobs(config)
+        assert jobs_module.composed_jobs(config) == launched
+        monkeypatch.setattr(jobs_module, "MAX_COMPOSED", 1)  # the next check composes the first run of each value
+        checked_jobs(config)
+        covering = {tuple(job) for job in jobs_module.covering(jobs_module.sweep_jobs(config))}
+    assert len(launched) == 12 and len(covering) < 12
+    assert jobs_module.composed_jobs(config) == covering
+
+
+def test_a_swept_group_the_sweeps_config_does_not_choose_counts_among_its_choices_of_groups(tmp_path, monkeypatch):
+    """Which jobs the check composes one by one counts the choices of config groups as Hydra decides what a group
+    is: ``+sweeps=quick,mlp`` is one (its config chooses no ``sweeps``), so 2 x 2 choices exceed a limit of 3."""
+    from zoo.lab.planning import jobs as jobs_module
+
+    monkeypatch.setattr(jobs_module, "MAX_COMPOSED", 3)
+    with multirun_config("mlp=gelu,swiglu", "+sweeps=quick,mlp", f"hydra.sweep.dir={tmp_path}") as config:
+        launched = jobs_module.sweep_jobs(config)
+        selected = jobs_module.checked_selection(config, launched)
+    assert len(launched) == 4 and selected == jobs_module.covering(launched) and len(selected) == 3
+
+
 def test_a_grid_of_many_combinations_of_parts_is_checked_on_the_first_run_of_each_value(tmp_path):
     """Each choice of config groups takes Hydra a composition: sweeps/card.yaml's grid (every option file of five
     groups: thousands of runs) is checked on the first run of each value (every value of every swept key, each at

@@ -103,10 +103,16 @@ _COMPOSED: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
 
 
 def composed_jobs(config: DictConfig) -> set[tuple[str, ...]]:
-    """The jobs of ``config``'s sweep whose run config :func:`job_configs` composed in this process, as Hydra
-    composes it: Hydra's sweeper composes each job again before launching it, only to see that it composes
-    (zoo.lab.planning.sweeper leaves these out)."""
+    """The jobs of ``config``'s sweep whose run config :func:`job_configs` composed in this process since its last
+    :func:`forget_composed`, as Hydra composes it: Hydra's sweeper composes each job again before launching it, only
+    to see that it composes (zoo.lab.planning.sweeper leaves these out)."""
     return _COMPOSED.get(sweep_key(config), set())
+
+
+def forget_composed(config: DictConfig) -> None:
+    """Forget the jobs of ``config``'s sweep composed so far (a new check starts: its option files may have changed
+    since the last one)."""
+    _COMPOSED.pop(sweep_key(config), None)
 
 
 def sweep_key(config: DictConfig) -> tuple[str, ...]:
@@ -204,8 +210,8 @@ MAX_COMPOSED = 64
 def checked_selection(config: DictConfig, launched: Sequence[Sequence[str]]) -> list[Sequence[str]]:
     """The jobs a sweep's check composes: every one, unless they choose more than :data:`MAX_COMPOSED` different
     config groups, then :func:`covering`'s."""
-    groups = set(config.hydra.runtime.choices)
-    chosen = {tuple(o for o in job if o.partition("=")[0].lstrip("+~") in groups) for job in launched}
+    is_group = group_finder(config)
+    chosen = {tuple(o for o in job if is_group(o.partition("=")[0].lstrip("+~"))) for job in launched}
     return list(launched) if len(chosen) <= MAX_COMPOSED else covering(launched)
 
 

@@ -26,7 +26,7 @@ from zoo.core.errors import ConfigError
 from zoo.lab.keys import NOT_AXES
 from zoo.lab.planning.branch import decay_start
 from zoo.lab.planning.gates import check_gates
-from zoo.lab.planning.jobs import Job, check_jobs, checked_selection, job_configs, sweep_jobs
+from zoo.lab.planning.jobs import Job, check_jobs, checked_selection, forget_composed, job_configs, sweep_jobs
 from zoo.lab.planning.options import (
     TUNE_DIR,
     check_interaction,
@@ -132,6 +132,7 @@ def checked_jobs(config: DictConfig) -> list[Job]:
     if len(selected) < len(launched):
         log.info("checking %d of the %d runs' configs before any run: the first run of each value", len(selected),
                  len(launched))  # fmt: skip
+    forget_composed(config)  # only what this check composes is known to compose now
     jobs = list(job_configs(config, selected))
     check_jobs(config, jobs, launched)
     return jobs
