@@ -65,15 +65,18 @@ def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
     return sweep_job_lists(config, parsed)
 
 
-def job_configs(config: DictConfig, jobs: Sequence[Sequence[str]]) -> Iterator[Job]:
+def job_configs(
+    config: DictConfig, jobs: Sequence[Sequence[str]], is_group: Callable[[str], bool] | None = None
+) -> Iterator[Job]:
     """Each job's run config, as Hydra composes it: once per choice of config groups (an override is a group's
     choice where Hydra finds that group, as it decides), the job's other overrides set on a copy (a mistake Hydra
     refuses, an interpolation that does not resolve: a ConfigError naming it). Each job so composed is one of
     :func:`composed_jobs`, unless a seed of it is set otherwise than as a plain ``key=value`` of a key the config
-    has (the seeds are set on top, not as Hydra sets them)."""
+    has (the seeds are set on top, not as Hydra sets them). ``is_group``: the sweep's :func:`group_finder`, if the
+    caller has it."""
     loader = GlobalHydra.instance().config_loader()
     parser = OverridesParser.create(config_loader=loader)
-    is_group = group_finder(config)
+    is_group = is_group or group_finder(config)
     done = _COMPOSED.setdefault(sweep_key(config), set())
     composed: dict[tuple[str, ...], tuple[DictConfig, dict[str, str]]] = {}
     variants: dict[tuple[str, ...], dict[str, Any]] = {}
@@ -207,10 +210,12 @@ def swept_keys(launched: Sequence[Sequence[str]]) -> set[str]:
 MAX_COMPOSED = 64
 
 
-def checked_selection(config: DictConfig, launched: Sequence[Sequence[str]]) -> list[Sequence[str]]:
+def checked_selection(
+    config: DictConfig, launched: Sequence[Sequence[str]], is_group: Callable[[str], bool] | None = None
+) -> list[Sequence[str]]:
     """The jobs a sweep's check composes: every one, unless they choose more than :data:`MAX_COMPOSED` different
-    config groups, then :func:`covering`'s."""
-    is_group = group_finder(config)
+    config groups, then :func:`covering`'s (``is_group``: the sweep's :func:`group_finder`, if the caller has it)."""
+    is_group = is_group or group_finder(config)
     chosen = {tuple(o for o in job if is_group(o.partition("=")[0].lstrip("+~"))) for job in launched}
     return list(launched) if len(chosen) <= MAX_COMPOSED else covering(launched)
 

@@ -26,7 +26,15 @@ from zoo.core.errors import ConfigError
 from zoo.lab.keys import NOT_AXES
 from zoo.lab.planning.branch import decay_start
 from zoo.lab.planning.gates import check_gates
-from zoo.lab.planning.jobs import Job, check_jobs, checked_selection, forget_composed, job_configs, sweep_jobs
+from zoo.lab.planning.jobs import (
+    Job,
+    check_jobs,
+    checked_selection,
+    forget_composed,
+    group_finder,
+    job_configs,
+    sweep_jobs,
+)
 from zoo.lab.planning.options import (
     TUNE_DIR,
     check_interaction,
@@ -128,12 +136,15 @@ def checked_jobs(config: DictConfig) -> list[Job]:
     """The sweep's jobs, each run config checked (zoo.lab.planning.jobs: a grid of many combinations of parts on the
     first run of each value); none under a sweeper that does not say."""
     launched = sweep_jobs(config) or []
-    selected = checked_selection(config, launched)
+    forget_composed(config)  # only what this check composes is known to compose now
+    if not launched:
+        return []
+    is_group = group_finder(config)  # Hydra's repository of config groups, read once for the check
+    selected = checked_selection(config, launched, is_group)
     if len(selected) < len(launched):
         log.info("checking %d of the %d runs' configs before any run: the first run of each value", len(selected),
                  len(launched))  # fmt: skip
-    forget_composed(config)  # only what this check composes is known to compose now
-    jobs = list(job_configs(config, selected))
+    jobs = list(job_configs(config, selected, is_group))
     check_jobs(config, jobs, launched)
     return jobs
 
