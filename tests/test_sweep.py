@@ -458,6 +458,20 @@ def test_hydra_checks_that_a_job_composes_unless_the_check_before_any_run_compos
     assert len(launched) == 12 and validated == launched[5:]
 
 
+def test_runs_of_different_configs_sent_to_one_run_folder_are_refused_before_any_run(tmp_path):
+    """A run folder's name leaves out the sweep file (and the runtime keys): sweeping sweep files whose settings differ
+    would send two configs to one folder, where the second run is refused after the first trained. The check
+    refuses it before any run, naming the key left out, the folder and what differs; runs of one config sharing a
+    folder (a runtime key swept) are no mistake."""
+    where = f"hydra.sweep.dir={tmp_path}"
+    refused = refusal("mlp=gelu,swiglu", "+sweeps=quick,mlp", where)
+    assert refused.startswith("sweeps='mlp': the runs +sweeps=quick and +sweeps=mlp differ (block.bias: True there, "
+                              "False here; "), refused  # fmt: skip
+    assert refused.endswith("but share the run folder mlp=gelu, whose name leaves out sweeps: sweep each in a sweep "
+                            "of its own"), refused  # fmt: skip
+    assert refusal("+sweeps=quick", "report.test=t,permutation", where) == ""
+
+
 def test_the_jobs_recorded_as_composed_are_those_the_latest_check_composed(tmp_path, monkeypatch):
     """A second check of the same sweep in one process (its option files may have changed since) records only the
     jobs it composed itself: a job the first check composed and the second did not is composed by Hydra again."""

@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.core.errors import ConfigError
-from zoo.lab.keys import NOT_AXES
+from zoo.lab.keys import NOT_AXES, run_folder_name
 from zoo.lab.planning.branch import decay_start
 from zoo.lab.planning.gates import check_gates
 from zoo.lab.planning.jobs import (
@@ -43,7 +43,9 @@ from zoo.lab.planning.options import (
     report_options,
     tune_options,
 )
+from zoo.lab.planning.run_model import with_task_vocab
 from zoo.lab.planning.tuning import search_argv
+from zoo.lab.records.config import config_differences, differences_text
 from zoo.lab.records.settings import parse_overrides, setting
 from zoo.lab.records.summary import RunRecord, read_record
 
@@ -120,6 +122,7 @@ def check_before_any_run(config: DictConfig) -> None:
     values the jobs give (:func:`check_baseline`), then the tuning sweep of ``tune.lr`` the same way."""
     check_sweep(config)
     jobs = checked_jobs(config)
+    check_run_folders(jobs)
     check_baseline(config, jobs, earlier_runs(Path(config.hydra.sweep.dir)))
     tuning = tuning_sweep(config)
     if tuning is not None:
@@ -147,6 +150,26 @@ def checked_jobs(config: DictConfig) -> list[Job]:
     jobs = list(job_configs(config, selected, is_group))
     check_jobs(config, jobs, launched)
     return jobs
+
+
+def check_run_folders(jobs: Sequence[Job]) -> None:
+    """Two jobs of different run configs (as a run compares them: zoo.lab.records.config) named to one run folder (its
+    name leaves out the sweep file and the runtime keys): a ConfigError naming the key left out, before any run (the
+    second run would be refused there after the first trained)."""
+    first_in: dict[str, Job] = {}
+    for job in jobs:
+        folder = run_folder_name(job.overrides)
+        first = first_in.setdefault(folder, job)
+        if first is job:
+            continue
+        differ = config_differences(with_task_vocab(first.config), with_task_vocab(job.config))
+        if differ:
+            apart = [o for o in job.overrides if o not in first.overrides]
+            key = apart[0].partition("=")[0].lstrip("+~") if apart else "hydra.sweep.subdir"
+            shown = " ".join(o for o in first.overrides if o not in job.overrides)
+            raise ConfigError(key, parse_overrides(apart).get(key, folder), f"the runs {shown} and {' '.join(apart)} "
+                              f"differ ({differences_text(differ, 2)}) but share the run folder {folder}, whose name "
+                              f"leaves out {key}: sweep each in a sweep of its own")  # fmt: skip
 
 
 def tuning_sweep(config: DictConfig) -> DictConfig | None:
