@@ -35,9 +35,16 @@ def wanted(config: pytest.Config) -> bool:
     return bool(config.getoption("zoo_part") or config.getoption("zoo_contract"))
 
 
+#: The --zoo-part options, parsed when pytest starts: under xdist a bad one is a usage error before any worker starts
+#: (at collection, each worker failed alone and xdist reported only "no tests ran").
+PARTS = pytest.StashKey[list[tuple[str, str]]]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("zoo_shard") is not None:
         config.pluginmanager.register(Sharder(parse(config.getoption("zoo_shard"))), "zoo-shard")
+    if config.getoption("zoo_part"):
+        config.stash[PARTS] = parse_parts(config.getoption("zoo_part"))
 
 
 def parse(text: str) -> tuple[int, int]:
@@ -50,18 +57,27 @@ def parse(text: str) -> tuple[int, int]:
         raise pytest.UsageError(f"--zoo-shard {text}: {error}") from None
 
 
+def parse_parts(options: list[str]) -> list[tuple[str, str]]:
+    from zoo.core.errors import ConfigError
+    from zoo.testing.combos import parse_part
+
+    parts = []
+    for option in options:
+        try:
+            parts.append(parse_part(option))
+        except ConfigError as error:
+            raise pytest.UsageError(f"--zoo-part {option}: {error}") from None
+    return parts
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Add the contract's tests (before -k, -m and sharding select among them)."""
     if not wanted(config):
         return
-    from zoo.core.errors import ConfigError
-    from zoo.testing.combos import combo_id, parse_part, select
+    from zoo.testing.combos import combo_id, select
 
-    try:
-        parts = [parse_part(option) for option in config.getoption("zoo_part")]
-    except ConfigError as error:
-        raise pytest.UsageError(f"--zoo-part: {error}") from None
+    parts = config.stash.get(PARTS, [])
     parent = Contract.from_parent(session, name=NAME, path=session.path, nodeid=NAME)
     added = [
         ContractItem.from_parent(parent, name=combo_id(c), combo=c)

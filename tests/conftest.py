@@ -21,6 +21,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 CONTRACT = "test_contract.py::test_block_contract["
+WANTED_PARTS = pytest.StashKey[list[tuple[str, str]]]()  # the --part options, parsed
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,6 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SlowFirst(), "zoo-slow-first")
+    # Checked here, not at collection: under xdist the controlling process reports a usage error before any worker
+    # starts, where a worker failing at collection left only xdist's internal error.
+    config.stash[WANTED_PARTS] = [parse_part(option) for option in config.getoption("part")]
 
 
 class SlowFirst:
@@ -59,7 +63,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from zoo.testing.combos import has_part
 
-    wanted = [parse_part(item) for item in config.getoption("part")]
+    wanted = config.stash[WANTED_PARTS]
     if not wanted:
         return
     keep, drop = [], []

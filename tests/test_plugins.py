@@ -244,8 +244,8 @@ def test_pytest_part_option_selects_exactly_the_combinations_with_that_part():
     items = [SimpleNamespace(callspec=SimpleNamespace(params={"combo": dict(zip(axes, c.split("-"), strict=True))}))
              for c in combos] + [SimpleNamespace()]  # fmt: skip
     deselected = []
-    config = SimpleNamespace(
-        getoption=lambda name: ["mlp=gelu", "attn=gqa"],
+    config = SimpleNamespace(  # the options as pytest_configure parsed them
+        stash={conftest.WANTED_PARTS: [conftest.parse_part(option) for option in ("mlp=gelu", "attn=gqa")]},
         hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)),
     )
     kept = list(items)

@@ -243,3 +243,18 @@ def test_pytest_plugin_adds_nothing_and_imports_neither_zoo_nor_torch_unless_ask
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.stdout.splitlines()[-1] == "0 False False True", done.stdout[-2000:]
     assert "1 passed" in done.stdout
+
+
+def test_a_bad_part_option_is_a_usage_error_naming_it_under_xdist_too(tmp_path):
+    """``pytest -n 2 --part norm=nosuch`` (zoo's own tests) and ``pytest -n 2 --zoo-part norm=nosuch`` (the plugin, in
+    any project): pytest's usage error naming the option and the registered norms, from the controlling process
+    before any worker starts. Checked at collection, each worker failed alone: xdist answered the first with an
+    internal error that hid the message, the second with "no tests ran"."""
+    root = Path(__file__).parent.parent
+    for cwd, option in ((root, ["tests/test_contract.py", "--part"]), (tmp_path, ["--zoo-part"])):
+        argv = [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", *option, "norm=nosuch"]
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300)
+        shown = done.stdout[-2000:] + done.stderr[-2000:]
+        assert done.returncode == pytest.ExitCode.USAGE_ERROR, shown
+        assert f"{option[-1]} norm=nosuch: block.norm.name='nosuch': unknown norm; registered: layernorm" in shown
+        assert "INTERNALERROR" not in shown
