@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+from contextlib import nullcontext
 
 import pytest
 from helpers import BYTES
@@ -41,3 +42,30 @@ def test_slopes_are_least_squares_in_log_width():
     found = slopes(rows)
     assert found[("mup", 0, "x")] == pytest.approx(0.5) and found[("mup", 0, "y")] == pytest.approx(0.0)
     assert math.isfinite(found[("mup", 0, "y")])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--widths", "64,x"], "argument --widths: '64,x': block.d_model values, two or more distinct positive"),
+        (["--widths", "64,64"], "argument --widths: '64,64': block.d_model values, two or more distinct"),
+        (["--widths", "64"], "argument --widths: '64': block.d_model values, two or more"),
+        (["--widths", "0,64"], "argument --widths: '0,64': block.d_model values, two or more distinct positive"),
+        (["--steps", "0"], "argument --steps: '0': a positive integer"),
+        (["--seeds", "-1"], "argument --seeds: '-1': a positive integer"),
+        (["nrom=rmsnorm"], "zoo-coordcheck: nrom='rmsnorm': unknown key 'nrom'; did you mean 'norm'?"),
+        (["block.n_heads=5"], "zoo-coordcheck: block.n_heads=5: must divide d_model=32"),
+        (["param=mup"], "zoo-coordcheck: param='mup': set by zoo-coordcheck"),
+        (["train.lr=[1"], "zoo-coordcheck: no viable alternative at input '[1'"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name_before_any_training(tmp_path, capsys, argv, message):
+    """A bad width list, count or override: one line naming it (status 2), before any model is built or file written
+    (a bad override once surfaced as Hydra's traceback after the first widths had trained)."""
+    with pytest.raises(SystemExit) if argv[0].startswith("--") else nullcontext():
+        small = ["--widths", "32,64", "--steps", "1", "--seeds", "1"]
+        code = main([*MODEL, *small, *argv, "--out", str(tmp_path / "out")])
+        assert code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err, captured.err
+    assert not (tmp_path / "out").exists()

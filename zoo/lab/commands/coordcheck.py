@@ -31,9 +31,10 @@ TOLERANCE = 0.25
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zoo-coordcheck", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="config overrides, as for zoo-train")
-    p.add_argument("--widths", default="64,128,256,512,1024", help="block.d_model values; the first is μP's base")
-    p.add_argument("--steps", type=int, default=5, help="training steps recorded at each width")
-    p.add_argument("--seeds", type=int, default=3, help="seeds each mean |x| is averaged over")
+    p.add_argument("--widths", type=width_list, default="64,128,256,512,1024",
+                   help="block.d_model values, two or more; the smallest is μP's base")  # fmt: skip
+    p.add_argument("--steps", type=positive, default=5, help="training steps recorded at each width")
+    p.add_argument("--seeds", type=positive, default=3, help="seeds each mean |x| is averaged over")
     p.add_argument("--out", type=Path, default=Path("runs/coordcheck"), help="folder for coordcheck.csv and .png")
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest μP slope against log width")
     p.add_argument("--covering", action="store_true", help="every row of the contract's covering set (no files)")
@@ -43,13 +44,64 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def width_list(text: str) -> list[int]:
+    """``--widths 64,128,256`` -> [64, 128, 256] (sorted), or argparse's error naming the value."""
+    try:
+        widths = sorted(int(w) for w in text.split(","))
+    except ValueError:
+        widths = []
+    if len(widths) < 2 or len(set(widths)) < len(widths) or widths[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: block.d_model values, two or more distinct positive integers "
+                                         "separated by commas (64,128,256)")  # fmt: skip
+    return widths
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive integer")
+    return value
+
+
+#: Keys the command sets itself, per width and parametrization.
+OWN_KEYS = {"block.d_model": "the widths are --widths", "param": "it runs both parametrizations (--check picks whose "
+            "curves must be flat)", "param.base_width": "μP's base width is the smallest of --widths"}  # fmt: skip
+
+
+def check_arguments(overrides: Sequence[str], widths: list[int]) -> None:
+    """Raise ConfigError for a misspelt or misplaced override, a key this command sets, or a config that does not
+    plan at some width under either parametrization: before any model is built."""
+    from zoo.core.errors import ConfigError
+    from zoo.lab.commands.argv import check_overrides
+    from zoo.lab.planning.plan import plan_run
+    from zoo.lab.studies.coordcheck import PARAMS, config
+
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key in OWN_KEYS:
+            raise ConfigError(key, value, f"set by zoo-coordcheck: {OWN_KEYS[key]}")
+    check_overrides(overrides)
+    for param in PARAMS:
+        for width in widths:
+            plan_run(*config(overrides, param, width, widths[0]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the check; 0 when every μP curve is flat within the tolerance, 1 when one is not."""
+    """Run the check; 0 when every μP curve is flat within the tolerance, 1 when one is not; 2 for bad arguments."""
     args = parser().parse_intermixed_args(argv)
+    from hydra.errors import HydraException
+
+    from zoo.core.errors import ConfigError
     from zoo.lab.studies.coordcheck import PARAMS, averaged, covering, plot, verdict, write_csv  # torch
-    widths = sorted(int(w) for w in args.widths.split(","))
-    if len(widths) < 2 or args.steps < 1 or args.seeds < 1:
-        print("zoo-coordcheck: needs two widths or more, --steps >= 1 and --seeds >= 1", file=sys.stderr)
+
+    widths = args.widths
+    try:
+        check_arguments(args.overrides, widths)
+    except (ConfigError, HydraException) as error:  # Hydra's: an override its grammar cannot read
+        print(f"zoo-coordcheck: {error}".splitlines()[0], file=sys.stderr)
         return 2
     if args.covering:
         return covering(args, widths)
