@@ -221,6 +221,25 @@ def test_a_folder_that_is_no_run_is_one_line_from_zoo_eval_and_zoo_generate(tmp_
 
 
 @pytest.mark.parametrize(
+    ("device", "expected"),
+    [
+        ("nosuch", "device='nosuch': cpu, cuda or cuda:<index>"),
+        ("mps", "device='mps': cpu, cuda or cuda:<index>"),
+        pytest.param("cuda", "device='cuda': CUDA is not available on this machine; use --device=cpu",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
+    ],
+)
+def test_a_device_the_machine_cannot_run_is_one_line_from_zoo_eval_and_zoo_generate(trained, device, expected):
+    """--device as zoo-train's ``device`` takes it, refused with one line before the weights load (torch's own errors
+    were a traceback: "Torch not compiled with CUDA enabled", "Expected one of cpu, cuda, ... device type")."""
+    root = trained[0]
+    for main, argv in ((eval_main, []), (generate_main, ["x"])):
+        with pytest.raises(SystemExit) as exited:
+            main([str(root / "bytes"), *argv, "--device", device])
+        assert str(exited.value.code) == f"zoo-{'eval' if main is eval_main else 'generate'}: {expected}"
+
+
+@pytest.mark.parametrize(
     ("damage", "problem"),
     [
         ("cut", "summary.json is not valid JSON ("),

@@ -40,9 +40,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="at most this many documents per task (--harness)")
     parser.add_argument("--batch-size", type=int, default=8, help="requests per forward pass (--harness)")
     args = parser.parse_args(argv)
+    from zoo.lab.planning.train_config import checked_device  # after the arguments: --help answers before torch
+
+    try:
+        checked_device(args.device, cpu="--device=cpu")
+    except ConfigError as error:
+        sys.exit(f"zoo-eval: {error}")
     if args.harness is not None:
         return harness_main(args)
-    from zoo.lab.finished.runs import evaluate_run  # after the arguments: --help answers before torch
+    from zoo.lab.finished.runs import evaluate_run
 
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else None

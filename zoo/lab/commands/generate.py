@@ -32,8 +32,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from zoo.lab.finished.runs import load_codec, load_run
     from zoo.lab.planning.run_model import is_language_model
+    from zoo.lab.planning.train_config import checked_device
 
     try:
+        checked_device(args.device, cpu="--device=cpu")
         model, _ = load_run(args.run, args.device)
         is_language_model(model, "zoo-generate", " (an encoder-decoder run decodes its sources: zoo-eval scores it)")
         codec = load_codec(args.run)

@@ -156,7 +156,13 @@ def check_run_config(raw: dict[str, Any], *, here: bool = True) -> tuple[TrainCo
         raise ConfigError(
             "threads", raw["threads"], "must be a positive integer (or null: every core this job may use)"
         )
-    device = check_type("device", raw.get("device", "cpu"), str)
+    return TrainConfig.from_config(raw.get("train")), checked_device(raw.get("device", "cpu"), here=here)
+
+
+def checked_device(device: object, *, here: bool = True, cpu: str = "device=cpu") -> torch.device:
+    """``device`` (cpu, cuda or cuda:<index>) as a torch.device, or a ConfigError naming it; ``here``: used on this
+    machine, whose CUDA a ``cuda`` device needs (``cpu``: how the error spells the way back)."""
+    device = check_type("device", device, str)
     try:
         dev = torch.device(device)
     except RuntimeError:
@@ -164,5 +170,5 @@ def check_run_config(raw: dict[str, Any], *, here: bool = True) -> tuple[TrainCo
     if dev is None or dev.type not in ("cpu", "cuda"):
         raise ConfigError("device", device, "cpu, cuda or cuda:<index>")
     if here and dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device", device, "CUDA is not available on this machine; use device=cpu")
-    return TrainConfig.from_config(raw.get("train")), dev
+        raise ConfigError("device", device, f"CUDA is not available on this machine; use {cpu}")
+    return dev
