@@ -188,6 +188,23 @@ def test_zoo_eval_harness_accuracy_is_the_hand_computed_one(runs, kind, tmp_path
         eval_main([str(runs[kind]), "--harness", "no_such_task", "--include-path", str(tasks)])
 
 
+def test_a_task_whose_data_cannot_be_fetched_is_one_line_naming_it(runs, tmp_path, monkeypatch):
+    """A built-in task's dataset on the Hub, from a machine with no route to it: one line naming the task and the way
+    out, not the traceback of datasets' ConnectionError."""
+    import lm_eval
+
+    def unreachable(**kwargs):
+        raise ConnectionError("Couldn't reach 'Rowan/hellaswag' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", unreachable)
+    tasks = write_task(tmp_path / "tasks")
+    with pytest.raises(SystemExit) as exited:
+        eval_main([str(runs["bytes"]), "--harness", "zoo_mc", "--include-path", str(tasks)])
+    message = str(exited.value.code)
+    assert message.startswith("zoo-eval: --harness='zoo_mc': its data could not be fetched (Couldn't reach"), message
+    assert "HF_DATASETS_OFFLINE=1" in message and "\n" not in message
+
+
 @pytest.mark.slow  # lm-eval's command line indexes its built-in tasks: half a minute
 def test_lm_evals_command_line_runs_the_zoo_model(runs, tmp_path):
     tasks = write_task(tmp_path / "tasks")

@@ -220,6 +220,17 @@ def test_a_folder_that_is_no_run_is_one_line_from_zoo_eval_and_zoo_generate(tmp_
             assert str(exited.value.code).endswith(message), exited.value.code
 
 
+@pytest.mark.parametrize("flag", ["--batches", "--limit", "--batch-size"])
+@pytest.mark.parametrize("value", ["0", "-2", "x"])
+def test_zoo_eval_refuses_a_count_below_one_naming_the_flag(tmp_path, capsys, flag, value):
+    """``--batches 0`` read as "the run's own count" and ``--batches -2`` raised torch's "number of steps must be
+    non-negative" after the weights loaded: argparse's error names the flag and the value, before anything loads."""
+    with pytest.raises(SystemExit) as exited:
+        eval_main([str(tmp_path / "missing"), flag, value])
+    assert exited.value.code == 2
+    assert f"argument {flag}: {value!r}: a positive integer" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("device", "expected"),
     [

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from zoo.lab.commands.arguments import positive_int
 from zoo.lab.keys import PARAM_VALUES
 
 #: The largest slope of log mean|x| against log width a flat curve may have.
@@ -33,8 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides, as for zoo-train")
     p.add_argument("--widths", type=width_list, default="64,128,256,512,1024",
                    help="block.d_model values, two or more; the smallest is μP's base")  # fmt: skip
-    p.add_argument("--steps", type=positive, default=5, help="training steps recorded at each width")
-    p.add_argument("--seeds", type=positive, default=3, help="seeds each mean |x| is averaged over")
+    p.add_argument("--steps", type=positive_int, default=5, help="training steps recorded at each width")
+    p.add_argument("--seeds", type=positive_int, default=3, help="seeds each mean |x| is averaged over")
     p.add_argument("--out", type=Path, default=Path("runs/coordcheck"), help="folder for coordcheck.csv and .png")
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest μP slope against log width")
     p.add_argument("--covering", action="store_true", help="every row of the contract's covering set (no files)")
@@ -54,16 +55,6 @@ def width_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: block.d_model values, two or more distinct positive integers "
                                          "separated by commas (64,128,256)")  # fmt: skip
     return widths
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a positive integer")
-    return value
 
 
 #: Keys the command sets itself, per width and parametrization.

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zoo.core.errors import ConfigError, install_extra
+from zoo.lab.commands.arguments import positive_int
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -30,15 +31,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zoo-eval", description="Re-evaluate a trained run on its task.")
     parser.add_argument("run", help="a run folder (or one of its checkpoints/step_<N> folders)")
     parser.add_argument("--lengths", default=None, help="multiples of the trained length, e.g. 1,2,4")
-    parser.add_argument("--batches", type=int, default=None, help="validation batches (default: the run's)")
+    parser.add_argument("--batches", type=positive_int, default=None, help="validation batches (default: the run's)")
     parser.add_argument(
         "--data", default=None, help="the run's data folder or files, moved (default: where the run read them)"
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--harness", default=None, help='lm-eval tasks separated by commas (pip install -e ".[eval]")')
     parser.add_argument("--include-path", default=None, help="a folder of lm-eval task YAML files (--harness)")
-    parser.add_argument("--limit", type=int, default=None, help="at most this many documents per task (--harness)")
-    parser.add_argument("--batch-size", type=int, default=8, help="requests per forward pass (--harness)")
+    parser.add_argument(
+        "--limit", type=positive_int, default=None, help="at most this many documents per task (--harness)"
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="requests per forward pass (--harness)")
     args = parser.parse_args(argv)
     from zoo.lab.planning.train_config import checked_device  # after the arguments: --help answers before torch
 

@@ -196,7 +196,12 @@ def evaluate(
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ConfigError("--harness", ",".join(unknown), "lm-eval task names (lm-eval ls tasks; --include-path DIR)")
-    return simple_evaluate(model=model, tasks=list(tasks), task_manager=manager, limit=limit)
+    try:
+        return simple_evaluate(model=model, tasks=list(tasks), task_manager=manager, limit=limit)
+    except ConnectionError as error:  # a task whose dataset is on the Hub, from a machine that cannot reach it
+        why = f"its data could not be fetched ({error}): with no route to the Hub, the dataset must be in the Hugging "
+        why += "Face cache (HF_DATASETS_OFFLINE=1), or the task a YAML file over local data under --include-path"
+        raise ConfigError("--harness", ",".join(tasks), why) from None
 
 
 def main() -> None:
