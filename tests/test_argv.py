@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -39,6 +40,33 @@ def test_a_misspelt_key_or_option_names_what_exists(args, message):
     with pytest.raises(ConfigError) as error:
         check_overrides(args)
     assert message in str(error.value) and "+" not in str(error.value).split(";")[0], str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nrom=rmsnorm"], "nrom='rmsnorm': unknown key 'nrom'; did you mean 'norm'?"),
+        (["norm=rmsnrom"], "norm='rmsnrom': unknown norm; did you mean 'rmsnorm'?"),
+        (["residual.n_streams=2"], "the residual group's options sit under block.residual: block.residual.n_streams=2"),
+        (["preset=llama", "block.nrom.eps=1"], "block.nrom.eps='1': unknown key 'nrom' of block; did you mean 'norm'?"),
+    ],
+)
+def test_zoo_compose_names_a_misspelt_key_or_option_as_the_command_line_does(args, message):
+    """From Python too (researchers composing in a notebook): zoo's error, not Hydra's "use +nrom=rmsnorm"."""
+    import zoo
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        zoo.compose(args)
+
+
+def test_zoo_compose_leaves_what_zoo_does_not_judge_to_hydra():
+    from hydra.errors import HydraException
+
+    import zoo
+
+    with pytest.raises(HydraException, match="no viable alternative"):  # the grammar's: not a key or an option
+        zoo.compose(["train.lr=[1"])
+    assert zoo.compose(["+x=1", "norm=rmsnorm"]).x == 1
 
 
 VALID = [

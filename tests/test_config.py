@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import zoo
@@ -90,7 +89,7 @@ def test_unknown_part_names_axis_value_closest_and_all():
 
 
 def test_unknown_part_on_the_command_line():
-    with pytest.raises(ConfigCompositionException, match="rmsnrom"):
+    with pytest.raises(ConfigError, match="norm='rmsnrom': unknown norm; did you mean 'rmsnorm'"):
         compose(["norm=rmsnrom"])
 
 
@@ -130,7 +129,7 @@ def test_bad_config_names_field_value_and_allowed(changes, field, allowed):
 
 
 def test_typo_on_the_command_line_fails_at_composition():
-    with pytest.raises(ConfigCompositionException, match="d_modle"):
+    with pytest.raises(ConfigError, match="block.d_modle='64': unknown key 'd_modle' of block; did you mean 'd_model'"):
         compose(["block.d_modle=64"])
     with pytest.raises(ConfigError, match="block.n_heads=5"):
         compose(["block.n_heads=5"])

@@ -13,9 +13,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from zoo.assembly.config_tree import CONF_DIR, compose_with_choices, entry_folder, search_path  # noqa: F401 (zoo.assembly.compose's API)
+from zoo.assembly.overrides import check_overrides
 from zoo.assembly.spec import BlockSpec, resolve_block, to_dict
 from zoo.core.errors import ConfigError
 from zoo.core.registry import AXES
@@ -26,7 +28,12 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
 
     >>> cfg = compose(["norm=rmsnorm", "attn=gqa", "preset=llama"])  # doctest: +SKIP
     """
-    cfg, choices = compose_with_choices(overrides, config_name)
+    try:
+        cfg, choices = compose_with_choices(overrides, config_name)
+    except HydraException:
+        if config_name == "config":  # zoo's error for a misspelt or misplaced key or option, where it finds one
+            check_overrides(overrides)
+        raise
     resolve_composed(cfg.block, choices, overrides)  # fail now, naming the field, rather than at build time
     return cfg
 
