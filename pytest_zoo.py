@@ -57,7 +57,9 @@ def parse(text: str) -> tuple[int, int]:
         raise pytest.UsageError(f"--zoo-shard {text}: {error}") from None
 
 
-def parse_parts(options: list[str]) -> list[tuple[str, str]]:
+def parse_parts(options: list[str], flag: str = "--zoo-part") -> list[tuple[str, str]]:
+    """``["norm=dyt"]`` -> [("norm", "dyt")], each checked against the registry; a bad one is pytest's usage error
+    naming ``flag`` (zoo's own tests take the same values as ``--part``)."""
     from zoo.core.errors import ConfigError
     from zoo.testing.combos import parse_part
 
@@ -66,7 +68,7 @@ def parse_parts(options: list[str]) -> list[tuple[str, str]]:
         try:
             parts.append(parse_part(option))
         except ConfigError as error:
-            raise pytest.UsageError(f"--zoo-part {option}: {error}") from None
+            raise pytest.UsageError(f"{flag} {option}: {error}") from None
     return parts
 
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from pytest_zoo import parse_parts  # noqa: E402  (the plugin's: --part takes what --zoo-part takes)
+
 torch.set_num_threads(1)
 
 CONTRACT = "test_contract.py::test_block_contract["
@@ -39,7 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SlowFirst(), "zoo-slow-first")
     # Checked here, not at collection: under xdist the controlling process reports a usage error before any worker
     # starts, where a worker failing at collection left only xdist's internal error.
-    config.stash[WANTED_PARTS] = [parse_part(option) for option in config.getoption("part")]
+    config.stash[WANTED_PARTS] = parse_parts(config.getoption("part"), "--part")
 
 
 class SlowFirst:
@@ -77,14 +79,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def parse_part(option: str) -> tuple[str, str]:
-    """``norm=dyt`` -> ("norm", "dyt"), checked against the registry (zoo.testing.combos.parse_part)."""
-    from zoo import ConfigError
-    from zoo.testing.combos import parse_part as parse
-
-    try:
-        return parse(option)
-    except ConfigError as error:
-        raise pytest.UsageError(f"--part {option}: {error}") from None
+    """``norm=dyt`` -> ("norm", "dyt"), checked against the registry as the plugin's ``--zoo-part`` is."""
+    return parse_parts([option], "--part")[0]
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,9 @@ import sys
 import pytest
 from helpers import ROOT
 
+from zoo.assembly.overrides import group_options
 from zoo.core.errors import ConfigError
-from zoo.lab.commands.argv import check_overrides, group_options
+from zoo.lab.commands.argv import check_overrides
 from zoo.lab.commands.sweep import sweep_main
 
 

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from zoo.assembly import overrides
-from zoo.assembly.overrides import group_options  # noqa: F401 (zoo.lab.commands.argv's API)
 from zoo.core.errors import ConfigError
 from zoo.lab.keys import ELSEWHERE
 
