@@ -283,3 +283,17 @@ def test_flex_benchmark_times_bracket_masks_through_dynamo_against_the_contracts
     assert "| [] through Dynamo ms | at, direct ms | [] through Dynamo / at, direct |" in out, out
     for row in rows:
         assert float(row[4]) > 0 and float(row[5].rstrip(" |")) == 0, row  # a ratio; the very same output
+
+
+def test_compile_benchmark_times_the_capture_with_einops_traced_and_with_static_plans(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["compile.py", "--rows", "1", "--repeats", "1"])
+    runpy.run_path(str(BENCHMARKS / "compile.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    row = out.strip().splitlines()[-1].strip("|").split("|")
+    blocks, traced, planned, ratio = int(row[0]), *map(float, row[1:])
+    assert blocks == 1 and traced > 0 and planned > 0
+    assert math.isclose(ratio, traced / planned, rel_tol=0.02, abs_tol=0.01)
+    import zoo.core.reshape
+
+    assert zoo.core.reshape.STATIC_PLANS  # restored after the einops-traced steps

@@ -13,7 +13,6 @@ from functools import partial
 from typing import Any, ClassVar, Literal
 
 import torch
-from einops import rearrange, reduce, repeat
 from torch import nn
 
 from zoo.core import tp
@@ -21,6 +20,7 @@ from zoo.core.channel import Channel, ChannelUse
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
+from zoo.core.reshape import rearrange, reduce, repeat
 from zoo.core.tp import Plan, has_plan, heads_norm, local, prefixed, row_output
 from zoo.parts.canon import KERNEL, Canon
 from zoo.parts.cross_attention import CrossAttention

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import RESIDUALS
+from zoo.core.reshape import rearrange
 from zoo.core.tp import Plan
 from zoo.parts.placements import Branch, Placement
 from zoo.parts.residuals import Residual

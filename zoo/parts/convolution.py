@@ -7,8 +7,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import einsum, rearrange
+from einops import einsum
 from torch import nn
+
+from zoo.core.reshape import rearrange
 
 
 def short_convolution(

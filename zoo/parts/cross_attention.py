@@ -7,10 +7,10 @@ and source positions are unrelated); a padding mask on memory, True at real sour
 from __future__ import annotations
 
 import torch
-from einops import rearrange
 from torch import nn
 
 from zoo.core.dims import BlockDims
+from zoo.core.reshape import rearrange
 from zoo.parts.kernels import Backend, additive, attend
 from zoo.parts.state import LayerState
 

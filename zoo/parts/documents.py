@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
+
+from zoo.core.reshape import rearrange
 
 
 class Documents:

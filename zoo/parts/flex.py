@@ -27,11 +27,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from einops import repeat
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, and_masks, create_block_mask, flex_attention
 
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
+from zoo.core.reshape import repeat
 
 #: A FlexAttention mask modification: (batch, head, query, key) index tensors -> True where the key is seen.
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -15,7 +15,6 @@ from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange, repeat
 from torch import nn
 
 from zoo.core import tp
@@ -23,6 +22,7 @@ from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
+from zoo.core.reshape import rearrange, repeat
 from zoo.core.tp import Plan, gather_sequence, heads_norm, local, prefixed, require_whole_heads, row_output
 from zoo.parts.canon import KERNEL, Canon
 from zoo.parts.convolution import add_kernel, short_convolution

@@ -13,11 +13,11 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from zoo.core import tp
 from zoo.core.dims import BlockDims
+from zoo.core.reshape import rearrange
 from zoo.core.tp import Plan, gather_sequence
 
 #: The output gate: none, one sigmoid per head, or one per output feature (Qiu et al. 2025).

@@ -14,12 +14,12 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange, repeat
 from torch import nn
 
 from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.registry import ATTENTIONS
+from zoo.core.reshape import rearrange, repeat
 from zoo.core.tp import Plan, local
 from zoo.parts.gated_deltanet import SUB, GatedDeltaNet, initial_rates
 

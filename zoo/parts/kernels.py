@@ -15,8 +15,8 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange, repeat
 
+from zoo.core.reshape import rearrange, repeat
 from zoo.parts.flex import flex_additive, flex_at
 from zoo.parts.positions import Position
 

@@ -8,13 +8,13 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange, repeat
 from torch import nn
 
 from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import ATTENTIONS, NORMS
+from zoo.core.reshape import rearrange, repeat
 from zoo.core.tp import Plan, local, prefixed, require_whole_heads, row_output
 from zoo.parts.attention import OUTPUT_VARIANTS, scale_rows
 from zoo.parts.documents import Documents

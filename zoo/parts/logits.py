@@ -9,8 +9,8 @@ score scale changes (muP's 1 / d) is probed at that scale.
 from __future__ import annotations
 
 import torch
-from einops import rearrange, repeat
 
+from zoo.core.reshape import rearrange, repeat
 from zoo.parts.kernels import allowed_mask, scaled
 
 

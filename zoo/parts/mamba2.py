@@ -14,13 +14,13 @@ from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange, repeat
 from torch import nn
 
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import ATTENTIONS
+from zoo.core.reshape import rearrange, repeat
 from zoo.parts.convolution import add_kernel, short_convolution
 from zoo.parts.documents import Documents
 from zoo.parts.gated_deltanet import SCAN_RESET, DeltaState, check_scan, initial_rates

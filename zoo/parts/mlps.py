@@ -12,12 +12,12 @@ from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from zoo.core.dims import BlockDims, dropout
 from zoo.core.errors import ConfigError
 from zoo.core.registry import MLPS
+from zoo.core.reshape import rearrange
 from zoo.core.tp import Plan, column_branch, is_dtensor
 from zoo.parts.canon import Canon
 from zoo.parts.state import LayerState

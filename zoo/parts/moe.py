@@ -21,7 +21,6 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from zoo.core import tp
@@ -29,6 +28,7 @@ from zoo.core.auxiliary import record_aux
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import MLPS
+from zoo.core.reshape import rearrange
 from zoo.core.tp import Plan, gather_sequence, prefixed
 from zoo.parts.mlps import MLP
 

@@ -12,13 +12,13 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from zoo.core import tp
 from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.registry import POSITIONS
+from zoo.core.reshape import rearrange
 from zoo.core.tp import Plan, no_plan
 
 

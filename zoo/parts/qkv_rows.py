@@ -4,8 +4,9 @@ grouped by key/value head, and back; and a linear layer's output rows scaled in 
 from __future__ import annotations
 
 import torch
-from einops import rearrange
 from torch import nn
+
+from zoo.core.reshape import rearrange
 
 
 @torch.no_grad()

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange, repeat
 from torch import nn
 
 from zoo.core import tp
@@ -33,6 +32,7 @@ from zoo.core.dims import BlockDims
 from zoo.core.errors import ConfigError
 from zoo.core.interface import hook
 from zoo.core.registry import RESIDUALS
+from zoo.core.reshape import rearrange, repeat
 from zoo.core.tp import Plan, no_plan, replicated
 from zoo.parts.placements import Branch, Placement
 

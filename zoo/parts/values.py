@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from einops import rearrange
 from torch import nn
 
 from zoo.core.dims import BlockDims
+from zoo.core.reshape import rearrange
 
 #: Value residual: none, two learned scalars per layer, or a learned weight per token and key/value head.
 ValueResidual = Literal["none", "learned", "per_token"]
