@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from helpers import registered
 
 from zoo import AXES
@@ -70,6 +71,32 @@ def test_zoo_parts_params_counts_a_restricted_grid_with_matching(capsys):
     assert len(reference) == 1  # every variant matched to the same mha + gelu block
     target = int(next(iter(reference)).replace(",", ""))
     assert all(abs(int(row[-2].replace(",", "")) - target) < 200 for row in matched)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["block.d_model=abc"], "block.d_model='abc': must be int, got str"),
+        (["attn=mha,gqa", "block.n_heads=0"], "block.n_heads=0"),
+    ],
+)
+def test_zoo_parts_params_names_a_value_every_combination_refuses_once(overrides, message, capsys):
+    """A block-wide value no combination accepts is one usage error, not the same reason on every row."""
+    with pytest.raises(SystemExit) as exit_info:
+        parts_main(["--params", *overrides])
+    captured = capsys.readouterr()
+    err, out = captured.err, captured.out
+    assert exit_info.value.code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("zoo-parts: error: every combination is invalid: ") and message in lines[-1], err
+
+
+def test_zoo_parts_params_keeps_a_row_per_combination_when_only_some_are_invalid(capsys):
+    grid = ["placement=pre", "norm=rmsnorm", "mlp=gelu", "residual=add", "pos=none", "attn=mha,gated_deltanet"]
+    parts_main(["--params", "--d-model", "64", *grid, "block.causal=false"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| pre ")]
+    assert len(rows) == 2 and "invalid" not in rows[0], rows
+    assert "invalid: block.attn.name='gated_deltanet': is causal only" in rows[1], rows
 
 
 def test_readme_axis_table_lists_every_built_in_part_and_option():

@@ -136,18 +136,27 @@ def parse_grid(overrides: Sequence[str]) -> tuple[dict[str, list[str]], dict[str
     return names, block
 
 
+class NothingValid(ValueError):
+    """Every combination of a ``--params`` grid is invalid, for one reason (a block-wide value none accepts)."""
+
+
 def print_param_table(d_model: int, n_heads: int, overrides: Sequence[str] = (), max_len: int = 1024) -> None:
     """Parameters of one block for every combination (all, and those one token uses), the MLP width it
     builds with, and the count it was matched to under ``block.mlp.match=params`` or ``active_params``;
     an invalid combination prints its reason instead."""
     names, block = parse_grid(overrides)
-    print(f"| {' | '.join(AXES)} | d_ff | block parameters | active per token | matched to |")
-    print("|" + "---|" * len(AXES) + "---:|---:|---:|---:|")
+    grid: list[tuple[tuple[str, ...], dict[str, Any], str | None]] = []
     for combo in itertools.product(*names.values()):
         cfg: dict[str, Any] = {"d_model": d_model, "n_heads": n_heads, "max_len": max_len, **block}
         for axis, name in zip(AXES, combo, strict=True):
             cfg[axis] = {**block.get(axis, {}), "name": name}
-        reason = check_combination(cfg, "model")
+        grid.append((combo, cfg, check_combination(cfg, "model")))
+    reasons = {reason for _, _, reason in grid}
+    if len(grid) > 1 and len(reasons) == 1 and None not in reasons:
+        raise NothingValid(f"every combination is invalid: {reasons.pop()}")
+    print(f"| {' | '.join(AXES)} | d_ff | block parameters | active per token | matched to |")
+    print("|" + "---|" * len(AXES) + "---:|---:|---:|---:|")
+    for combo, cfg, reason in grid:
         if reason is not None:
             print(f"| {' | '.join(combo)} | | invalid: {reason} | | |")
             continue

@@ -35,7 +35,7 @@ def parts_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-len", type=int, default=1024, help="with --params (sizes pos=learned)")
     parser.add_argument("overrides", nargs="*", help="AXIS=NAME (--check: Hydra overrides) or block.KEY=VALUE")
     args = parser.parse_args(argv)
-    from zoo.lab.commands.catalogue import parts_markdown, print_check, print_param_table, print_parts  # torch
+    from zoo.lab.commands.catalogue import NothingValid, parts_markdown, print_check, print_param_table, print_parts
 
     if args.check:
         sys.exit(print_check(args.overrides, "block" if args.block else "model"))
@@ -44,7 +44,7 @@ def parts_main(argv: Sequence[str] | None = None) -> None:
     elif args.params:
         try:
             print_param_table(args.d_model, args.n_heads, args.overrides, args.max_len)
-        except ConfigError as error:
+        except (ConfigError, NothingValid) as error:
             parser.error(str(error))
     elif args.markdown:
         print(parts_markdown(), end="")
