@@ -171,6 +171,17 @@ def test_zoo_sweep_lists_the_versioned_sweeps(capsys):
         sweep_main(["quikc"])
 
 
+@pytest.mark.parametrize("flag", ["--nosuch", "-x", "--cfg=nonsense"])
+def test_zoo_sweep_names_itself_for_a_flag_it_does_not_take(flag, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        sweep_main(["quick", "train.steps=1", flag])
+    message = str(exited.value.code) if exited.value.code != 2 else capsys.readouterr().err.strip().splitlines()[-1]
+    expected = "zoo-sweep NAME: error: argument --cfg/-c: invalid choice" if "=" in flag else "zoo-sweep: unrecognized"
+    assert message.startswith(expected) and flag.partition("=")[2 if "=" in flag else 0] in message, message
+    assert "zoo-train" not in message and not any(tmp_path.iterdir())
+
+
 def test_zoo_sweep_help_gives_each_sweeps_first_sentence_whole(capsys):
     sweep_main(["--help"])
     out = capsys.readouterr().out

@@ -66,6 +66,20 @@ def parallel_jobs(name: str, overrides: Sequence[str], cores: int | None = None)
     return ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n}"] if n > 1 else []
 
 
+def exit_on_unknown_flags(overrides: Sequence[str]) -> None:
+    """Read ``overrides`` with Hydra's own command line (zoo-sweep hands them to zoo-train's): a flag Hydra takes
+    with a bad value is argparse's usage error, a flag it does not take one line, both naming zoo-sweep."""
+    try:
+        from hydra._internal.utils import get_args_parser
+    except ImportError:  # a Hydra whose parser moved: zoo-train's entry reads the flags, under its own name
+        return
+    parser = get_args_parser()
+    parser.prog = "zoo-sweep NAME"
+    _, unknown = parser.parse_known_args(list(overrides))
+    if unknown:
+        sys.exit(f"zoo-sweep: unrecognized arguments: {' '.join(unknown)} (usage: zoo-sweep NAME [hydra overrides])")
+
+
 def sweep_main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: ``zoo-sweep NAME [overrides]``; ``zoo-sweep`` alone lists the sweeps."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -87,6 +101,7 @@ def sweep_main(argv: Sequence[str] | None = None) -> None:
     from zoo.lab.commands.argv import exit_on_bad_overrides
     from zoo.lab.commands.train import main
 
+    exit_on_unknown_flags(overrides)
     exit_on_bad_overrides("zoo-sweep", sweep_argv(name, overrides))
     sys.argv = [str(Path(sys.argv[0]).with_name("zoo-train")), *sweep_argv(name, overrides)]
     main()
