@@ -69,6 +69,14 @@ def test_a_list_of_tensors_is_stacked_as_einops_stacks_it():
     assert torch.equal(got(*parts), want)
 
 
+def test_a_callable_reduction_is_einops_own_call_compiled_too():
+    x = torch.randn(2, 3, 8)
+    want = einops.reduce(x, "b t (h d) -> b t h", torch.amax, h=2)
+    torch._dynamo.reset()
+    got = torch.compile(lambda x: reduce(x, "b t (h d) -> b t h", torch.amax, h=2), backend="eager", fullgraph=True)
+    assert torch.equal(got(x), want)
+
+
 def test_gradients_through_a_compiled_plan_equal_einops():
     x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
     weights = torch.randn(2, 2, 3, 4, dtype=torch.float64)

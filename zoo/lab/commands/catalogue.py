@@ -143,7 +143,8 @@ class NothingValid(ValueError):
 def print_param_table(d_model: int, n_heads: int, overrides: Sequence[str] = (), max_len: int = 1024) -> None:
     """Parameters of one block for every combination (all, and those one token uses), the MLP width it
     builds with, and the count it was matched to under ``block.mlp.match=params`` or ``active_params``;
-    an invalid combination prints its reason instead."""
+    an invalid combination prints its reason instead, and a grid of several whose every combination is invalid for
+    one reason raises :class:`NothingValid` before printing anything."""
     names, block = parse_grid(overrides)
     grid: list[tuple[tuple[str, ...], dict[str, Any], str | None]] = []
     for combo in itertools.product(*names.values()):
