@@ -45,10 +45,10 @@ def repeat(tensor: Tensors, pattern: str, **axes_lengths: int) -> torch.Tensor:
 
 
 def reduce(tensor: Tensors, pattern: str, reduction: str | Callable, **axes_lengths: int) -> torch.Tensor:
-    """``einops.reduce`` (``reduction`` one of einops' names, ``rearrange``/``repeat``, or einops' callable
-    ``f(tensor, reduced_axes)``, which is einops' own call under compile too: a function is no constant of a plan)."""
-    if not (STATIC_PLANS and torch.compiler.is_compiling() and isinstance(reduction, str)):
-        return einops.reduce(tensor, pattern, reduction, **axes_lengths)  # eager, or a callable reduction
+    """``einops.reduce`` (``reduction`` one of einops' names, ``rearrange``/``repeat``, or a callable
+    ``f(tensor, reduced_axes)`` as einops takes it)."""
+    if not (STATIC_PLANS and torch.compiler.is_compiling()):
+        return einops.reduce(tensor, pattern, reduction, **axes_lengths)
     if not isinstance(tensor, torch.Tensor):
         tensor = torch.stack(list(tensor))  # einops stacks a list on a new first axis
     lengths = tuple(axes_lengths.items())
