@@ -70,7 +70,9 @@ def reduce(tensor: Tensors, pattern: str, reduction: str | Callable, **axes_leng
 
 
 @torch._dynamo.assume_constant_result
-def _static_plan(pattern: str, reduction: str, lengths: tuple[tuple[str, int], ...], shape: tuple[int, ...]) -> Plan:
+def _static_plan(
+    pattern: str, reduction: str | Callable, lengths: tuple[tuple[str, int], ...], shape: tuple[int, ...]
+) -> Plan:
     """einops' plan for one call with static sizes, as hashable constants: the shape to split the input
     into, the permutation, the reduced axes, the added axes (position, length), the output shape and the
     rank after adding. Dynamo runs this at capture and keeps the result; the guards on the input's shape

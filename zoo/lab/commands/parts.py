@@ -35,6 +35,7 @@ def parts_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-len", type=int, default=1024, help="with --params (sizes pos=learned)")
     parser.add_argument("overrides", nargs="*", help="AXIS=NAME (--check: Hydra overrides) or block.KEY=VALUE")
     args = parser.parse_args(argv)
+    # imported once the arguments are read: the catalogue imports torch
     from zoo.lab.commands.catalogue import NothingValid, parts_markdown, print_check, print_param_table, print_parts
 
     if args.check:
