@@ -47,7 +47,7 @@ from zoo.testing.combos import (  # noqa: E402
     pattern_id,
     randomize,
 )
-from zoo.testing.contract import OUTSIDE_INFERENCE, check_mode, close  # noqa: E402
+from zoo.testing.contract import OUTSIDE_INFERENCE, check_gradients, check_mode, close  # noqa: E402
 
 B, T, D = 2, 6, 16
 S = 5  # source (encoder memory) length
@@ -292,8 +292,7 @@ def gradients_reach_every_parameter(built: Built) -> None:
     model.zero_grad(set_to_none=True)
     ids = torch.randint(0, VOCAB, (B, 7))
     (model(ids) * torch.randn(B, 7, VOCAB, dtype=torch.float64)).sum().backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    check_gradients({name: p.grad for name, p in model.named_parameters()})
 
 
 def memory_inputs(batch: int = B) -> tuple[torch.Tensor, torch.Tensor]:
@@ -342,8 +341,7 @@ def cross_attention_gradients_reach_memory_and_every_parameter(built: Built) -> 
     (block(x, memory=memory, memory_mask=memory_mask) * torch.randn(B, T, D, dtype=x.dtype)).sum().backward()
     assert memory.grad is not None and memory.grad[:, :-2].abs().sum() > 0
     assert torch.all(memory.grad[0, -2:] == 0), "gradient flows into padded memory"
-    for name, p in block.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    check_gradients({name: p.grad for name, p in block.named_parameters()})
 
 
 @pair_check

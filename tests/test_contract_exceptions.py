@@ -118,3 +118,36 @@ def test_a_malformed_exception_is_refused_naming_what_is_wrong(value, wrong):
     with pytest.raises(ValueError, match=wrong):
         exception_entry(value)
     assert exception_entry({"why": "w", "only_with": {"norm": "rmsnorm"}}) == ("w", {"norm": ["rmsnorm"]})
+
+
+class Faint(GeluMLP):
+    """A GELU MLP plus a weight that reaches the output only at 1e-20 of its scale: a gradient of rounding size."""
+
+    def __init__(self, dims) -> None:  # noqa: ANN001
+        super().__init__(dims)
+        self.faint = torch.nn.Parameter(torch.ones(dims.d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + 1e-20 * self.faint
+
+
+def test_a_gradient_of_rounding_size_does_not_reach_and_a_small_real_one_does():
+    """"gradients reach ...": a weight whose gradient is 1e-20 of the largest fails by name, whether it is 0 or 1e-33
+    on this CPU; one at 1e-8 (the smallest real one over the grid is 5e-8) passes."""
+    from zoo.testing.contract import check_gradients
+
+    MLPS.register("faint")(Faint)
+    try:
+        subject = Subject.of({**COMBO, "mlp": "faint"})
+        failures, _ = run_contract(subject)
+    finally:
+        MLPS.unregister("faint")
+    message = failures.get("gradients reach the input and every parameter", "")
+    assert message.startswith("mlp.faint: its gradient is rounding, at most "), failures
+    grads = {"w": torch.tensor([3.0, -1.0]), "small": torch.tensor([0.0, 3e-8])}
+    check_gradients(grads)
+    for rounding in (0.0, 1e-33):
+        with pytest.raises(AssertionError, match="^small: its gradient is rounding|^small has an all-zero gradient"):
+            check_gradients({**grads, "small": torch.tensor([0.0, rounding])})
+    with pytest.raises(AssertionError, match="^small gets no gradient"):
+        check_gradients({**grads, "small": None})

@@ -15,6 +15,7 @@ from zoo.core.registry import AXES, MLPS, RESIDUALS
 from zoo.models.config import layer_specs
 from zoo.models.language import LanguageModel, build_model
 from zoo.parts.residuals import Hyper, sinkhorn
+from zoo.testing.contract import ROUNDING
 
 D = 16
 BLOCK = {"d_model": D, "n_heads": 4, "d_ff": 24, "placement": "pre", "norm": "rmsnorm", "attn": "mha", "pos": "none",
@@ -167,6 +168,27 @@ def test_mhc_at_init_keeps_equal_streams_equal():
     streams = block(x[:, :, None].expand(2, 5, 4, D).contiguous())
     for k in range(1, 4):
         torch.testing.assert_close(streams[:, :, k], streams[:, :, 0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("placement", ["parallel", "pre"])
+def test_a_doubly_stochastic_mix_learns_only_from_streams_that_differ(placement):
+    """hyper with sinkhorn_iters: on equal streams (a lone block's input expanded, a model's embedding) ``mix^T H`` is
+    H whatever the logits, as every column sums to 1, and a lone block's last term is read only through the streams'
+    sum, which rows summing to 1 keep: the mix's gradient is rounding (the contract's declared exception, its floor
+    :data:`zoo.testing.contract.ROUNDING`). On streams that differ it gets one like every other weight."""
+    torch.manual_seed(0)
+    block = build_block({**BLOCK, "placement": placement, "residual": {"name": "hyper", "sinkhorn_iters": 20}})
+    block = block.double()
+    with torch.no_grad():
+        block.residual.mix.normal_()  # a mix away from its initial identity
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    equal = x[:, :, None].expand(2, 5, 4, D).contiguous()  # (b, t, n, d): returned whole, not summed
+    for streams, reaches in ((x, False), (equal, False), (torch.randn(2, 5, 4, D, dtype=torch.float64), True)):
+        block.zero_grad(set_to_none=True)
+        out = block(streams)
+        (out * torch.randn_like(out)).sum().backward()
+        mix, write = block.residual.mix.grad.abs().max(), block.residual.write.grad.abs().max()
+        assert (mix > 1e-3 * write) if reaches else (mix < ROUNDING * write), (tuple(streams.shape), mix, write)
 
 
 def test_mhc_starts_reading_the_streams_mean_writing_once_and_mixing_uniformly_and_the_model_init_keeps_it():

@@ -225,6 +225,21 @@ class Hyper(Streams):
     def check(cls, dims: BlockDims, **options: Any) -> None:
         check_streams(options, least_iters=0, why="0: plain hyper-connections")
 
+    @classmethod
+    def contract_exceptions(cls, *, sinkhorn_iters: int = 0, **options: Any) -> dict[str, str]:
+        """Under mHC's constraints a lone block's mix changes nothing its output shows: no gradient reaches it."""
+        if not sinkhorn_iters:
+            return {}
+        why = (
+            "in a lone block the doubly stochastic mix changes nothing the output shows: its first term mixes the "
+            "equal streams the block expands its input into (mix^T H = H, as every column sums to 1) and its last "
+            "is read only through the streams' sum (kept, as every row sums to 1), so the mix's gradient is rounding "
+            "(tests/test_residual.py: the mix learns from streams that differ, as in a model)"
+        )
+        gradients = ("gradients reach the input and every parameter",
+                     "cross attention gradients reach memory and every parameter")  # fmt: skip
+        return dict.fromkeys(gradients, why)
+
     def __init__(
         self,
         dims: BlockDims,
