@@ -133,7 +133,7 @@ class Faint(GeluMLP):
 
 def test_a_gradient_of_rounding_size_does_not_reach_and_a_small_real_one_does():
     """"gradients reach ...": a weight whose gradient is 1e-20 of the largest fails by name, whether it is 0 or 1e-33
-    on this CPU; one at 1e-8 (the smallest real one over the grid is 5e-8) passes."""
+    in this process; one at 1e-8 (the smallest real one over the grid is 5e-8) passes."""
     from zoo.testing.contract import check_gradients
 
     MLPS.register("faint")(Faint)

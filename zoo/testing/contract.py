@@ -263,8 +263,8 @@ def jacobian(s: Subject) -> None:
 
 
 #: A gradient whose largest value is below this fraction of the largest of them all is float64 rounding, not a path
-#: to the output: 0 on one CPU, 1e-33 on another. Over every combination the smallest real one is 5e-8 of its
-#: block's largest, the rounding ones 6e-18 and below (mHC's mix in a lone block, zoo.parts.residuals.Hyper).
+#: to the output: exactly 0 in one process, 1e-32 in another. Over every combination the smallest real one is 5e-8
+#: of its block's largest, the rounding ones 6e-18 and below (mHC's mix in a lone block, zoo.parts.residuals.Hyper).
 ROUNDING = 1e-12
 
 
