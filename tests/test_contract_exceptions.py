@@ -12,7 +12,7 @@ import torch
 
 from zoo import MLPS
 from zoo.parts.mlps import GeluMLP
-from zoo.testing.contract import PROPERTIES, Subject, run_contract
+from zoo.testing.contract import PROPERTIES, Subject, check_gradients, run_contract
 from zoo.testing.exceptions import conclude, declared_exceptions, exception_entry, settle
 
 ROUND_TRIP, EVAL, BACKENDS = "state_dict round trip", "dropout only in train()", "backends agree"
@@ -134,8 +134,6 @@ class Faint(GeluMLP):
 def test_a_gradient_of_rounding_size_does_not_reach_and_a_small_real_one_does():
     """"gradients reach ...": a weight whose gradient is 1e-20 of the largest fails by name, whether it is 0 or 1e-33
     in this process; one at 1e-8 (the smallest real one over the grid is 5e-8) passes."""
-    from zoo.testing.contract import check_gradients
-
     MLPS.register("faint")(Faint)
     try:
         subject = Subject.of({**COMBO, "mlp": "faint"})
